@@ -1,0 +1,49 @@
+"""The backend registry: names -> classes, imported lazily so a missing library is a clear
+'unavailable: <why>' and never an ImportError at start-up."""
+
+from __future__ import annotations
+
+import importlib
+
+from ccbench.backends.base import Backend, RankContext
+from ccbench.errors import BackendUnavailable, choices_error
+
+# name -> "module:Class". Each backend is one file; its library is imported only inside it.
+REGISTRY: dict[str, str] = {
+    "gloo": "ccbench.backends.gloo:GlooBackend",
+    "mpi": "ccbench.backends.mpi:MPIBackend",
+    "oneccl": "ccbench.backends.oneccl:OneCCLBackend",
+    "nccl": "ccbench.backends.nccl:NCCLBackend",
+    "rccl": "ccbench.backends.nccl:RCCLBackend",
+}
+
+__all__ = ["REGISTRY", "Backend", "RankContext", "backend_class", "backend_names", "parse_backends"]
+
+
+def backend_names() -> list[str]:
+    return list(REGISTRY)
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class for a backend name; `algo@transport` names come from algorithms/."""
+    if "@" in name:
+        from ccbench.backends.algorithmic import algorithm_backend_class
+
+        return algorithm_backend_class(name)
+    target = REGISTRY.get(name)
+    if target is None:
+        raise choices_error("backend", name, [*REGISTRY, "<algorithm>@<transport>"])
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:   # the backend's own file is missing or broken
+        raise BackendUnavailable(f"backend {name!r} unavailable: {exc}") from None
+    cls: type[Backend] = getattr(module, class_name)
+    return cls
+
+
+def parse_backends(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        backend_class(name)           # raises for unknown names
+    return names

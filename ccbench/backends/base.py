@@ -1,0 +1,127 @@
+"""The backend interface every library (and every algorithms/ schedule) plugs into.
+
+A backend owns one communicator over all ranks of the run. The harness calls it
+with the backend's *native* buffers (numpy arrays, torch tensors, cupy arrays),
+made by `alloc` and filled with `copy_from_numpy`, so that nothing is converted
+inside the timed region. In-place calls pass the same buffer (or, for allgather
+and reduce-scatter, a `view` of it) as send and receive buffer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ccbench.control import ControlClient
+
+
+@dataclass(kw_only=True)
+class RankContext:
+    """Where this process stands in the run, as the launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str                   # torchrun | mpiexec | srun | local | single
+    store: ControlClient            # control-plane key/value store hosted by rank 0
+    hostname: str
+    device: str = "cpu"             # cpu | cuda (the backend picks the index from local_rank)
+    options: dict[str, Any] = field(default_factory=dict)   # backend-specific CLI settings
+
+
+class Backend(ABC):
+    """One library's collectives on one communicator."""
+
+    name: ClassVar[str]
+    #: the ranks must be started by an MPI launcher (mpiexec) for this backend
+    needs_mpi_launcher: ClassVar[bool] = False
+    #: the algorithm recorded for this backend's collectives ("native": the library's choice)
+    algorithm: str = "native"
+
+    @classmethod
+    @abstractmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when the backend can be used in this process, else why not (no import side effects
+        beyond probing the library)."""
+
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+
+    # -- what it can do -------------------------------------------------------------
+    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        """None if (collective, dtype, op) can run, else a short reason."""
+        return None
+
+    @property
+    def transport(self) -> str:
+        return self.name
+
+    @abstractmethod
+    def info(self) -> dict[str, Any]:
+        """library, library_version, device and an `env` dict of the variables that steer it."""
+
+    # -- buffers --------------------------------------------------------------------
+    @abstractmethod
+    def alloc(self, count: int, dtype: np.dtype) -> Any: ...
+
+    @abstractmethod
+    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def to_numpy(self, buf: Any) -> np.ndarray: ...
+
+    def view(self, buf: Any, start: int, stop: int) -> Any:
+        return buf[start:stop]
+
+    # -- collectives (op is one of sum, max, min, prod) -----------------------------
+    @abstractmethod
+    def broadcast(self, buf: Any, root: int) -> None: ...
+
+    @abstractmethod
+    def allreduce(self, send: Any, recv: Any, op: str) -> None: ...
+
+    @abstractmethod
+    def allgather(self, send: Any, recv: Any) -> None: ...
+
+    @abstractmethod
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None: ...
+
+    @abstractmethod
+    def alltoall(self, send: Any, recv: Any) -> None: ...
+
+    # -- point to point (the transports of algorithms/) ------------------------------
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        raise NotImplementedError(f"{self.name} has no point-to-point send")
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        raise NotImplementedError(f"{self.name} has no point-to-point recv")
+
+    # -- control --------------------------------------------------------------------
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    def synchronize(self) -> None:
+        """Wait until the device finished every issued operation (no-op on host backends)."""
+
+    def finalize(self) -> None:
+        """Release the communicator; called once, also after a failed case."""
+
+    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
+        """Dispatch by collective name (the harness's one call site)."""
+        if collective == "broadcast":
+            self.broadcast(recv, root)
+        elif collective == "allreduce":
+            self.allreduce(send, recv, op or "sum")
+        elif collective == "allgather":
+            self.allgather(send, recv)
+        elif collective == "reduce-scatter":
+            self.reduce_scatter(send, recv, op or "sum")
+        elif collective == "alltoall":
+            self.alltoall(send, recv)
+        else:
+            raise ValueError(collective)
