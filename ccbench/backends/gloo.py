@@ -1,0 +1,32 @@
+"""gloo: torch.distributed's CPU library."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ccbench.backends.torch_dist import TorchDistBackend, torch_missing_reason
+
+
+class GlooBackend(TorchDistBackend):
+    name = "gloo"
+    process_group_backend = "gloo"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        missing = torch_missing_reason()
+        if missing:
+            return missing
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_gloo_available():
+            return "this torch build has no gloo"
+        return None
+
+    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        return None
+
+    def info(self) -> dict[str, Any]:
+        return {"library": "gloo", "library_version": f"torch {self.torch.__version__}",
+                "device": "cpu", "env": self._env("GLOO_", "TORCH_")}

@@ -1,0 +1,125 @@
+"""Common code of the torch.distributed backends (gloo here; nccl and rccl subclass it)."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import socket
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ccbench.backends.base import Backend, RankContext
+
+_RAW_INT = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def torch_missing_reason() -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed (pip install 'ccbench[torch]')"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class TorchDistBackend(Backend):
+    """One torch.distributed process group; buffers are torch tensors on `self.device`."""
+
+    process_group_backend: ClassVar[str]
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.device = self._device()
+        self._ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                     "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
+        # the library's own timeout stays above ccbench's, so the watchdog speaks first
+        timeout = datetime.timedelta(seconds=float(ctx.options.get("timeout", 300)) + 30)
+        if not dist.is_initialized():
+            dist.init_process_group(self.process_group_backend, init_method=self._init_method(),
+                                    rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
+        self._allgather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
+                                or dist.reduce_scatter_tensor)
+
+    def _device(self) -> Any:
+        return self.torch.device("cpu")
+
+    def _init_method(self) -> str:
+        """torchrun's env:// when it is there, else a port that rank 0 publishes in the store."""
+        if self.ctx.launcher == "torchrun":
+            return "env://"
+        key = f"torch/{self.process_group_backend}/address"
+        if self.ctx.rank == 0:
+            host = socket.gethostname() if self.ctx.options.get("multi_host") else "127.0.0.1"
+            self.ctx.store.set(key, f"{host}:{_free_port()}")
+        address = self.ctx.store.get(key, timeout=300)
+        return f"tcp://{address}"
+
+    # -- buffers ----------------------------------------------------------------------
+    def _torch_dtype(self, dtype: np.dtype) -> Any:
+        if dtype.name == "bfloat16":
+            return self.torch.bfloat16
+        return getattr(self.torch, dtype.name)
+
+    def alloc(self, count: int, dtype: np.dtype) -> Any:
+        return self.torch.empty(count, dtype=self._torch_dtype(dtype), device=self.device)
+
+    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
+        if values.dtype.name == "bfloat16":     # torch cannot read ml_dtypes' bfloat16: bits
+            source = self.torch.from_numpy(values.view(np.int16)).view(self.torch.bfloat16)
+        else:
+            source = self.torch.from_numpy(np.ascontiguousarray(values))
+        buf.copy_(source)
+
+    def to_numpy(self, buf: Any) -> np.ndarray:
+        host = buf.detach().cpu()
+        if host.dtype == self.torch.bfloat16:
+            import ml_dtypes
+
+            return host.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+        return host.numpy().copy()
+
+    # -- collectives --------------------------------------------------------------------
+    def broadcast(self, buf: Any, root: int) -> None:
+        self.dist.broadcast(buf, src=root)
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        if send is not recv:                 # torch has no out-of-place allreduce: copy first
+            recv.copy_(send)
+        self.dist.all_reduce(recv, op=self._ops[op])
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        self._allgather(recv, send)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        self._reduce_scatter(recv, send, op=self._ops[op])
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        if send is recv:
+            send = send.clone()              # all_to_all_single cannot alias its buffers
+        self.dist.all_to_all_single(recv, send)
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        self.dist.send(buf, dst=peer, tag=tag)
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        self.dist.recv(buf, src=peer, tag=tag)
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def finalize(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+    def _env(self, *prefixes: str) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k.startswith(prefixes)}

@@ -1,0 +1,179 @@
+"""Command line: `ccbench COLLECTIVE [options]` measures; `ccbench SUBCOMMAND ...` does the rest.
+
+Subcommands live in ccbench/commands/<name>.py, each with `register(subparsers)` and
+`main(args) -> int`, imported only when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from ccbench import __version__
+from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
+from ccbench.dtypes import DTYPES, parse_dtypes
+from ccbench.errors import RunFailure, UsageError
+from ccbench.harness import Method
+from ccbench.sizes import parse_sizes
+
+SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
+               "merge", "report", "compare")
+
+__all__ = ["main", "bench_parser", "config_from_args"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line `ccbench: error: ...` and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _quiet_rank() -> bool:
+    """Only one rank speaks about bad input; the others just exit 2."""
+    for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "0") not in ("0", ""):
+            return True
+    return False
+
+
+def _default_backend() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "rccl" if getattr(torch.version, "hip", None) else "nccl"
+    except ImportError:
+        pass
+    return "gloo"
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("collective", help=f"{', '.join(COLLECTIVES)}, a comma list, or all")
+    parser.add_argument("--backend", "-B", default=None,
+                        help="comma list: gloo, mpi, oneccl, nccl, rccl, <algorithm>@<transport> "
+                             "(default: nccl with CUDA, else gloo)")
+    parser.add_argument("--sizes", "-s", default="1K-16M",
+                        help="bytes: 1K-1G (powers of 2), 1K-1G:4 (factor 4), 8,1K,1M (default 1K-16M)")
+    parser.add_argument("--dtype", "-d", default="float32",
+                        help=f"{', '.join(DTYPES)}, a comma list or all (default float32)")
+    parser.add_argument("--op", "-o", default="sum", help="sum, max, min, prod or a comma list")
+    parser.add_argument("--inplace", action="store_true", help="only in-place")
+    parser.add_argument("--outofplace", action="store_true", help="only out-of-place")
+    parser.add_argument("--iters", "-n", type=int, default=20, help="timed iterations (default 20)")
+    parser.add_argument("--warmup", "-w", type=int, default=5, help="warm-up iterations (default 5)")
+    parser.add_argument("--min-time", type=float, default=0.0,
+                        help="raise iterations until the timed part lasts this many seconds")
+    parser.add_argument("--max-iters", type=int, default=100000)
+    parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op")
+    parser.add_argument("--pipeline", type=int, default=10,
+                        help="ops per sample with --timing pipelined (default 10)")
+    parser.add_argument("--check", "-c", type=int, default=1,
+                        help="validation iterations after timing, 0 to skip (default 1)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds one operation may take before the run is stopped (default 300)")
+    parser.add_argument("--root", type=int, default=0, help="broadcast root (default 0)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--output", "-O", default=None,
+                        help="append one JSON record per (case, size) to this file")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.add_argument("--nccl-algo", default=None, help="sets NCCL_ALGO for the run (nccl, rccl)")
+    parser.add_argument("--nccl-proto", default=None, help="sets NCCL_PROTO for the run")
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="ccbench", description="Measure collectives. Subcommands: "
+                           + ", ".join(SUBCOMMANDS))
+    add_bench_arguments(parser)
+    parser.add_argument("--version", action="version", version=f"ccbench {__version__}")
+    return parser
+
+
+def _positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
+
+
+def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> BenchConfig
+    """Validate every argument before any rank starts (bad input: exit 2)."""
+    from ccbench.backends import parse_backends
+    from ccbench.runner import BenchConfig
+
+    collectives = parse_collectives(args.collective)
+    backends = parse_backends(args.backend or _default_backend())
+    if not backends:
+        raise UsageError("empty --backend")
+    sizes = parse_sizes(args.sizes)
+    dtypes = parse_dtypes(args.dtype)
+    ops = parse_ops(args.op)
+    for name in ("iters", "pipeline", "max_iters"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    for name in ("warmup", "check", "min_time"):
+        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
+    _positive("timeout", args.timeout)
+    if args.inplace and args.outofplace:
+        modes: tuple[bool, ...] = (False, True)
+    elif args.inplace:
+        modes = (True,)
+    elif args.outofplace:
+        modes = (False,)
+    else:
+        modes = (False, True)
+    if args.nccl_algo:
+        os.environ["NCCL_ALGO"] = args.nccl_algo
+    if args.nccl_proto:
+        os.environ["NCCL_PROTO"] = args.nccl_proto
+    method = Method(iters=args.iters, warmup=args.warmup, min_time=args.min_time,
+                    max_iters=args.max_iters, timing=args.timing, pipeline=args.pipeline,
+                    check=args.check, timeout=args.timeout)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if any(b in ("nccl", "rccl") for b in backends) else "cpu"
+    return BenchConfig(collectives=collectives, backends=backends, sizes=sizes, dtypes=dtypes,
+                       ops=ops, modes=modes, method=method, root=args.root, device=device,
+                       output=args.output, fmt=args.format, quiet=args.quiet,
+                       options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto},
+                       argv=list(argv))
+
+
+def _run_subcommand(name: str, argv: Sequence[str]) -> int:
+    try:
+        module = importlib.import_module(f"ccbench.commands.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("ccbench.commands"):
+            raise UsageError(f"subcommand {name!r} is not available in this build") from None
+        raise
+    parser = OneLineParser(prog="ccbench")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    module.register(subparsers)
+    args = parser.parse_args([name, *argv])
+    return int(module.main(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return _run_subcommand(argv[0], argv[1:])
+        args = bench_parser().parse_args(argv)
+        config = config_from_args(args, argv)
+        if args.root < 0:
+            raise UsageError(f"--root must be >= 0, got {args.root}")
+        from ccbench.runner import run_benchmark
+
+        return run_benchmark(config)
+    except UsageError as exc:
+        if not _quiet_rank():
+            print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except RunFailure as exc:
+        print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("ccbench: interrupted", file=sys.stderr)
+        return 130

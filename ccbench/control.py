@@ -1,0 +1,174 @@
+"""The control plane: a small key/value store hosted by rank 0 over TCP.
+
+It carries everything that must not go through the library being measured:
+argument agreement, per-iteration times, unique ids (oneCCL), ports (gloo), and
+liveness. A rank whose connection drops without saying goodbye is marked dead,
+so the survivors can name it when a collective stops making progress.
+
+Wire format: one JSON object per line; bytes values travel as hex.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+from ccbench.errors import RunFailure
+
+__all__ = ["ControlClient", "ControlServer", "StoreLost"]
+
+
+class StoreLost(RunFailure):
+    """The connection to the control store (rank 0) broke: rank 0 died or the network did."""
+
+
+class ControlServer:
+    """Threaded server; one handler thread per rank connection."""
+
+    def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
+        self._data: dict[str, Any] = {}
+        self._cond = threading.Condition()
+        self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.port: int = self._sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept_loop, name="ccbench-store", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        rank: int | None = None
+        said_bye = False
+        with conn, conn.makefile("rwb") as stream:
+            for line in stream:
+                request = json.loads(line)
+                command = request["cmd"]
+                if command == "hello":
+                    rank = int(request["rank"])
+                    reply: dict[str, Any] = {"ok": True}
+                elif command == "bye":
+                    said_bye = True
+                    reply = {"ok": True}
+                else:
+                    reply = self._handle(command, request)
+                stream.write((json.dumps(reply) + "\n").encode())
+                stream.flush()
+        if rank is not None and not said_bye:
+            with self._cond:
+                self._data[f"dead/{rank}"] = time.time()
+                self._cond.notify_all()
+
+    def _handle(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
+        key = request.get("key", "")
+        with self._cond:
+            if command == "set":
+                self._data[key] = request["value"]
+                self._cond.notify_all()
+                return {"ok": True}
+            if command == "add":
+                self._data[key] = int(self._data.get(key, 0)) + int(request["value"])
+                self._cond.notify_all()
+                return {"ok": True, "value": self._data[key]}
+            if command == "get":
+                deadline = time.monotonic() + float(request["timeout"])
+                while key not in self._data:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return {"ok": False, "error": "timeout"}
+                    self._cond.wait(left)
+                return {"ok": True, "value": self._data[key]}
+            if command == "peek":
+                return {"ok": True, "value": self._data.get(key)}
+            if command == "prefix":
+                return {"ok": True,
+                        "value": {k: v for k, v in self._data.items() if k.startswith(key)}}
+        return {"ok": False, "error": f"unknown command {command!r}"}
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class ControlClient:
+    """One connection per rank. Thread-safe: the watchdog shares it with the main loop."""
+
+    def __init__(self, host: str, port: int, rank: int, connect_timeout: float = 60.0) -> None:
+        self.rank = rank
+        self._lock = threading.Lock()
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                self._sock = socket.create_connection((host, port), timeout=5.0)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise StoreLost(f"cannot reach the control store at {host}:{port}: {exc}") \
+                        from None
+                time.sleep(0.05)
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._stream = self._sock.makefile("rwb")
+        self._call({"cmd": "hello", "rank": rank})
+
+    def _call(self, request: dict[str, Any]) -> Any:
+        with self._lock:
+            try:
+                self._stream.write((json.dumps(request) + "\n").encode())
+                self._stream.flush()
+                line = self._stream.readline()
+            except OSError as exc:
+                raise StoreLost(f"lost the control store (rank 0): {exc}") from None
+        if not line:
+            raise StoreLost("lost the control store (rank 0 exited)")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            if reply.get("error") == "timeout":
+                raise TimeoutError(request.get("key"))
+            raise RunFailure(f"control store: {reply.get('error')}")
+        return reply.get("value")
+
+    def set(self, key: str, value: Any) -> None:
+        if isinstance(value, (bytes, bytearray)):
+            value = {"__bytes__": bytes(value).hex()}
+        self._call({"cmd": "set", "key": key, "value": value})
+
+    def get(self, key: str, timeout: float = 300.0) -> Any:
+        value = self._call({"cmd": "get", "key": key, "timeout": timeout})
+        if isinstance(value, dict) and "__bytes__" in value:
+            return bytes.fromhex(value["__bytes__"])
+        return value
+
+    def peek(self, key: str) -> Any:
+        return self._call({"cmd": "peek", "key": key})
+
+    def add(self, key: str, amount: int = 1) -> int:
+        return int(self._call({"cmd": "add", "key": key, "value": amount}))
+
+    def prefix(self, key: str) -> dict[str, Any]:
+        return dict(self._call({"cmd": "prefix", "key": key}))
+
+    def gather(self, key: str, value: Any, world_size: int, timeout: float) -> list[Any]:
+        """Every rank's value for `key`, in rank order (each rank calls it)."""
+        self.set(f"{key}/{self.rank}", value)
+        return [self.get(f"{key}/{r}", timeout) for r in range(world_size)]
+
+    def barrier(self, key: str, world_size: int, timeout: float) -> None:
+        arrived = self.add(f"{key}/count")
+        if arrived == world_size:
+            self.set(f"{key}/done", 1)
+        self.get(f"{key}/done", timeout)
+
+    def close(self) -> None:
+        try:
+            self._call({"cmd": "bye"})
+        except (StoreLost, RunFailure):
+            pass
+        self._sock.close()

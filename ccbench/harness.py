@@ -1,0 +1,195 @@
+"""What every rank runs: the timing loop of one case over its sizes.
+
+Method (the README's "Method" section says the same):
+- warm-up iterations, untimed; then timed iterations, their number raised to fill --min-time;
+- per-op timing: barrier, then one op timed up to device completion; pipelined timing:
+  --pipeline ops back to back, one synchronize, divided by their number;
+- one iteration's time is the max over ranks; median/mean/min/p5/p95/max/stdev over iterations;
+- validation: --check extra untimed iterations on fresh inputs, compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ccbench.backends.base import Backend
+from ccbench.collectives import Layout, busbw_factor, layout
+from ccbench.control import ControlClient
+from ccbench.dtypes import numpy_dtype
+from ccbench.sizes import format_size
+from ccbench.stats import summarize
+from ccbench.validation import count_wrong, initial_output, make_input
+from ccbench.watchdog import Watchdog
+
+__all__ = ["Case", "Method", "SizeResult", "measure_size"]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    collective: str
+    dtype: str
+    op: str | None          # None for collectives that move data without reducing
+    inplace: bool
+    root: int = 0
+
+    def label(self, size: int) -> str:
+        mode = "in-place" if self.inplace else "out-of-place"
+        op = f" {self.op}" if self.op else ""
+        return f"{self.collective} {self.dtype}{op} {mode} at {format_size(size)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    iters: int = 20
+    warmup: int = 5
+    min_time: float = 0.0       # seconds of timed iterations to fill, at least
+    max_iters: int = 100000
+    timing: str = "per-op"      # per-op | pipelined
+    pipeline: int = 10          # ops per sample in pipelined mode
+    check: int = 1              # untimed validation iterations
+    timeout: float = 300.0
+
+
+@dataclass(slots=True)
+class SizeResult:
+    """Rank 0's view of one finished size (other ranks get wrong=own count, no stats)."""
+
+    layout: Layout
+    iterations: int
+    samples_us: list[float]
+    rank_median_us: list[float]
+    time_us: dict[str, float]
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int | None
+
+
+class _Buffers:
+    """send/recv for one (case, size), with the in-place aliasing each collective needs."""
+
+    def __init__(self, backend: Backend, case: Case, lay: Layout, rank: int) -> None:
+        dtype = numpy_dtype(case.dtype)
+        self.backend, self.case, self.lay, self.rank = backend, case, lay, rank
+        self.input = make_input(lay, dtype, case.op, rank, case.root)
+        self.fresh_output = initial_output(lay, dtype)
+        if case.collective == "broadcast":
+            self.recv = backend.alloc(lay.recv_count, dtype)
+            self.send = self.recv
+        elif not case.inplace:
+            self.send = backend.alloc(lay.send_count, dtype)
+            self.recv = backend.alloc(lay.recv_count, dtype)
+        elif case.collective == "allgather":      # my shard lives inside the output
+            self.recv = backend.alloc(lay.recv_count, dtype)
+            self.send = backend.view(self.recv, rank * lay.block, (rank + 1) * lay.block)
+        elif case.collective == "reduce-scatter":  # my result lands inside the input
+            self.send = backend.alloc(lay.send_count, dtype)
+            self.recv = backend.view(self.send, rank * lay.block, (rank + 1) * lay.block)
+        else:
+            self.send = backend.alloc(lay.send_count, dtype)
+            self.recv = self.send
+        self.reset()
+
+    def reset(self) -> None:
+        """Fresh inputs (in-place runs overwrite them) and sentinel outputs."""
+        backend, case = self.backend, self.case
+        if case.collective == "broadcast" or (case.inplace and case.collective != "allgather"):
+            backend.copy_from_numpy(self.send, self.input)
+            return
+        if case.inplace:                           # allgather: sentinel, then my shard
+            backend.copy_from_numpy(self.recv, self.fresh_output)
+            backend.copy_from_numpy(self.send, self.input)
+            return
+        backend.copy_from_numpy(self.send, self.input)
+        backend.copy_from_numpy(self.recv, self.fresh_output)
+
+
+def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
+                   watchdog: Watchdog, count: int) -> list[float]:
+    """`count` samples in seconds, on this rank."""
+    run, send, recv = backend.run, bufs.send, bufs.recv
+    coll, op, root = case.collective, case.op, case.root
+    clock = time.perf_counter
+    samples = []
+    depth = method.pipeline if method.timing == "pipelined" else 1
+    for _ in range(count):
+        watchdog.enter()
+        backend.barrier()
+        start = clock()
+        for _ in range(depth):
+            run(coll, send, recv, op, root)
+        backend.synchronize()
+        samples.append((clock() - start) / depth)
+        watchdog.leave()
+    return samples
+
+
+def _validate(backend: Backend, case: Case, bufs: _Buffers, method: Method,
+              watchdog: Watchdog) -> int:
+    wrong = 0
+    for _ in range(method.check):
+        bufs.reset()
+        watchdog.enter()
+        backend.barrier()
+        backend.run(case.collective, bufs.send, bufs.recv, case.op, case.root)
+        backend.synchronize()
+        watchdog.leave()
+        wrong += count_wrong(backend.to_numpy(bufs.recv), bufs.lay, case.op, bufs.rank, case.root)
+    return wrong
+
+
+def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, case: Case,
+                 size: int, method: Method, step: int) -> tuple[SizeResult | None, int]:
+    """Measure one (case, size) on every rank. Returns (rank 0: the result, else None) and this
+    rank's own wrong-element count. Sizes whose per-rank count rounds to 0 return (None, 0)."""
+    ctx = backend.ctx
+    rank, world = ctx.rank, ctx.world_size
+    lay = layout(case.collective, size, numpy_dtype(case.dtype).itemsize, world)
+    if lay.send_count == 0 or lay.recv_count == 0:
+        return None, 0
+    key = f"m/{step}"
+    watchdog.begin_step(step, case.label(size))
+    bufs = _Buffers(backend, case, lay, rank)
+    warm = _timed_samples(backend, case, bufs, method, watchdog, method.warmup)
+    iterations = _agree_iterations(store, f"{key}/warm", warm, method, rank, world)
+    samples = _timed_samples(backend, case, bufs, method, watchdog, iterations)
+    wrong = _validate(backend, case, bufs, method, watchdog) if method.check else None
+    del bufs
+    store.set(f"{key}/times/{rank}", {"samples": samples, "wrong": wrong})
+    if rank != 0:
+        return None, wrong or 0
+    per_rank = [store.get(f"{key}/times/{r}", method.timeout) for r in range(world)]
+    return _summarize(lay, per_rank, iterations, wrong is not None), wrong or 0
+
+
+def _agree_iterations(store: ControlClient, key: str, warm: list[float], method: Method,
+                      rank: int, world: int) -> int:
+    """Timed-iteration count, the same on every rank (raised to fill --min-time)."""
+    if method.min_time <= 0:
+        return method.iters
+    estimate = float(np.median(warm)) if warm else 0.0
+    store.set(f"{key}/{rank}", estimate)
+    slowest = max(float(store.get(f"{key}/{r}", method.timeout)) for r in range(world))
+    if slowest <= 0:
+        return method.max_iters
+    wanted = math.ceil(method.min_time / slowest)
+    return max(method.iters, min(wanted, method.max_iters))
+
+
+def _summarize(lay: Layout, per_rank: list[dict[str, Any]], iterations: int, checked: bool
+               ) -> SizeResult:
+    matrix = np.asarray([entry["samples"] for entry in per_rank], dtype=np.float64) * 1e6
+    samples = matrix.max(axis=0)                      # an iteration lasts until its last rank
+    stats = summarize(samples.tolist())
+    seconds = stats["median"] * 1e-6
+    algbw = lay.size_used / seconds / 1e9 if seconds > 0 else float("inf")
+    wrong = sum(int(entry["wrong"]) for entry in per_rank) if checked else None
+    return SizeResult(
+        layout=lay, iterations=iterations, samples_us=[round(v, 4) for v in samples.tolist()],
+        rank_median_us=[round(float(v), 4) for v in np.median(matrix, axis=1)],
+        time_us=stats, algbw_gbps=algbw, busbw_gbps=algbw * busbw_factor(lay.collective, lay.world_size),
+        wrong=wrong)

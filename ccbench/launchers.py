@@ -1,0 +1,166 @@
+"""How ranks were started: map each launcher's environment to rank, world size, local rank,
+node count, and the address of the control store (hosted by rank 0).
+
+| launcher | rank / size / local rank                          | control store address            |
+|----------|---------------------------------------------------|----------------------------------|
+| local    | RANK, WORLD_SIZE, LOCAL_RANK + CCBENCH_CONTROL    | CCBENCH_CONTROL (set by launch)  |
+| torchrun | RANK, WORLD_SIZE, LOCAL_RANK (TORCHELASTIC_RUN_ID)| rank 0 publishes it in torchrun's store |
+| mpiexec  | PMI_RANK / OMPI_COMM_WORLD_RANK / PMIX_RANK / MPI | rank 0 broadcasts it with MPI    |
+| srun     | SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID         | first host of SLURM_NODELIST, port from the job and step ids |
+| single   | nothing set: one rank                             | in-process                        |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+from ccbench.control import ControlClient, ControlServer
+from ccbench.errors import UsageError
+
+__all__ = ["LaunchInfo", "connect_control", "detect_launch", "expand_nodelist"]
+
+_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchInfo:
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise UsageError(f"launcher variable {name} is not set")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"launcher variable {name}={value!r} is not an integer") from None
+
+
+def under_mpi_launcher() -> bool:
+    return any(name in os.environ for name in _MPI_RANK_VARS) or "PMI_SIZE" in os.environ
+
+
+def detect_launch() -> LaunchInfo:
+    env = os.environ
+    if "CCBENCH_CONTROL" in env and "RANK" in env:
+        return LaunchInfo("local", _env_int("RANK"), _env_int("WORLD_SIZE"),
+                          _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "MASTER_ADDR" in env):
+        return LaunchInfo("torchrun", _env_int("RANK"), _env_int("WORLD_SIZE"),
+                          _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
+    if under_mpi_launcher():
+        return _mpi_launch_info()
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        return LaunchInfo("srun", _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS"),
+                          _env_int("SLURM_LOCALID", 0),
+                          _tasks_on_this_node(env.get("SLURM_TASKS_PER_NODE", "1")))
+    return LaunchInfo("single", 0, 1, 0, 1)
+
+
+def _mpi_launch_info() -> LaunchInfo:
+    env = os.environ
+    for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
+        if rank_var in env and size_var in env:
+            local = env.get("OMPI_COMM_WORLD_LOCAL_RANK") or env.get("MPI_LOCALRANKID") \
+                or env.get("MPI_LOCALRANKID") or "0"
+            local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS") or "1"
+            return LaunchInfo("mpiexec", _env_int(rank_var), _env_int(size_var),
+                              int(local), int(local_size))
+    from mpi4py import MPI            # the variables differ between MPIs: ask MPI itself
+
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    info = LaunchInfo("mpiexec", world.Get_rank(), world.Get_size(), node.Get_rank(),
+                      node.Get_size())
+    node.Free()
+    return info
+
+
+def _tasks_on_this_node(spec: str) -> int:
+    # SLURM_TASKS_PER_NODE looks like "4(x2),3"; this node's count is good enough from the first
+    match = re.match(r"(\d+)", spec)
+    return int(match.group(1)) if match else 1
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """`node[01-03,07],gpu5` -> ['node01', 'node02', 'node03', 'node07', 'gpu5']."""
+    hosts: list[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
+        prefix, ranges = match.group(1), match.group(2)
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            for number in range(int(low), int(high or low) + 1):
+                hosts.append(f"{prefix}{number:0{len(low)}d}")
+    return hosts
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def connect_control(info: LaunchInfo, timeout: float) -> tuple[ControlClient, ControlServer | None]:
+    """Rank 0 starts the store; every rank (rank 0 too) connects to it."""
+    server: ControlServer | None = None
+    host, port = "127.0.0.1", 0
+    env = os.environ
+    if info.launcher == "local":
+        host, _, port_text = env["CCBENCH_CONTROL"].rpartition(":")
+        port = int(port_text)
+        if info.rank == 0:
+            server = ControlServer("0.0.0.0", port)
+    elif info.launcher == "single":
+        server = ControlServer("127.0.0.1", 0)
+        port = server.port
+    elif info.launcher == "srun":
+        host = expand_nodelist(env.get("SLURM_STEP_NODELIST", env.get("SLURM_NODELIST", "")))[0]
+        port = 20000 + (_env_int("SLURM_JOB_ID", 0) * 7 + _env_int("SLURM_STEP_ID", 0)) % 30000
+        if info.rank == 0:
+            server = ControlServer("0.0.0.0", port)
+    elif info.launcher == "torchrun":
+        server, host, port = _via_torchrun_store(info, timeout)
+    elif info.launcher == "mpiexec":
+        from mpi4py import MPI
+
+        if info.rank == 0:
+            server = ControlServer("0.0.0.0", 0)
+            address = (socket.gethostname(), server.port)
+        else:
+            address = None
+        host, port = MPI.COMM_WORLD.bcast(address, root=0)
+        if info.rank == 0:
+            host = "127.0.0.1"
+    return ControlClient(host, port, info.rank, connect_timeout=timeout), server
+
+
+def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    master, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = TCPStore(master, master_port, info.world_size, is_master=False,
+                     timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
+    key = "ccbench/control/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") \
+        + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if info.rank == 0:
+        server = ControlServer("0.0.0.0", 0)
+        store.set(key, f"{socket.gethostname()}:{server.port}")
+        return server, "127.0.0.1", server.port
+    host, _, port = store.get(key).decode().rpartition(":")
+    return None, host, int(port)

@@ -1,0 +1,271 @@
+"""The benchmark run of one rank: launcher -> control store -> backends -> cases -> records."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ccbench import __version__
+from ccbench.backends import backend_class
+from ccbench.backends.base import Backend, RankContext
+from ccbench.collectives import REDUCING, layout
+from ccbench.control import ControlClient, ControlServer
+from ccbench.dtypes import numpy_dtype
+from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.harness import Case, Method, SizeResult, measure_size
+from ccbench.launchers import LaunchInfo, connect_control, detect_launch
+from ccbench.output import Progress, TableWriter, make_writer
+from ccbench.record import Record, append_record
+from ccbench.watchdog import Watchdog
+
+__all__ = ["BenchConfig", "run_benchmark"]
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """Everything a run needs, already validated by the CLI."""
+
+    collectives: list[str]
+    backends: list[str]
+    sizes: list[int]
+    dtypes: list[str]
+    ops: list[str]
+    modes: tuple[bool, ...]           # inplace values to run, out-of-place first
+    method: Method
+    root: int = 0
+    device: str = "cpu"
+    output: str | None = None
+    fmt: str = "table"
+    quiet: bool = False
+    options: dict[str, Any] | None = None
+    argv: list[str] | None = None     # as typed, for the agreement check
+
+
+def _environment() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    env: dict[str, Any] = {"cpu": cpu, "num_cpus": os.cpu_count(), "python": platform.python_version(),
+                           "platform": platform.platform(), "hostname": socket.gethostname()}
+    try:
+        import numpy
+
+        env["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    if "torch" in sys.modules:
+        env["torch"] = sys.modules["torch"].__version__
+    prefixes = ("NCCL_", "CCL_", "MPIR_", "OMPI_MCA_", "I_MPI_", "FI_", "GLOO_", "UCX_", "CUDA_VISIBLE")
+    env["variables"] = {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
+    return env
+
+
+def _agree_on_arguments(store: ControlClient, info: LaunchInfo, argv: list[str], timeout: float
+                        ) -> None:
+    digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
+    store.set(f"args/{info.rank}", {"digest": digest, "argv": argv})
+    if info.rank == 0:
+        verdict = None
+        for rank in range(1, info.world_size):
+            other = store.get(f"args/{rank}", timeout)
+            if other["digest"] != digest:
+                verdict = (f"ranks launched with different arguments: rank 0 has "
+                           f"{' '.join(argv)!r}, rank {rank} has {' '.join(other['argv'])!r}")
+                break
+        store.set("args/verdict", verdict)
+    verdict = store.get("args/verdict", timeout)
+    if verdict:
+        raise UsageError(verdict)
+
+
+def _check_memory(config: BenchConfig, info: LaunchInfo) -> None:
+    """Refuse sizes that cannot fit before allocating anything."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return
+    largest = 0
+    for collective in config.collectives:
+        for dtype in config.dtypes:
+            lay = layout(collective, max(config.sizes), numpy_dtype(dtype).itemsize, info.world_size)
+            # native send + recv, the host input copy and the host copy read back to validate
+            largest = max(largest, 2 * (lay.send_count + lay.recv_count) * lay.elsize)
+    needed = largest * info.local_world_size
+    if needed > available:
+        raise UsageError(f"size {max(config.sizes)} needs about {needed / 2**30:.1f} GiB on this "
+                         f"node ({info.local_world_size} ranks) but {available / 2**30:.1f} GiB "
+                         f"is free (use smaller --sizes)")
+
+
+def _cases(config: BenchConfig) -> list[tuple[str, str, str | None]]:
+    groups = []
+    for collective in config.collectives:
+        for dtype in config.dtypes:
+            for op in (config.ops if collective in REDUCING else [None]):
+                groups.append((collective, dtype, op))
+    return groups
+
+
+class _Run:
+    def __init__(self, config: BenchConfig, info: LaunchInfo, store: ControlClient) -> None:
+        self.config, self.info, self.store = config, info, store
+        self.is_root = info.rank == 0
+        self.writer: TableWriter = make_writer(config.fmt)
+        self.run_id = uuid.uuid4().hex[:12] if self.is_root else ""
+        self.environment = _environment() if self.is_root else {}
+        self.hosts: list[str] = []
+        self.wrong_total = 0
+        self.step = 0
+
+    def run(self, watchdog: Watchdog) -> int:
+        config, info = self.config, self.info
+        hosts = self.store.gather("hosts", socket.gethostname(), info.world_size,
+                                  config.method.timeout)
+        self.hosts = sorted(set(hosts))
+        if self.is_root:
+            self.store.set("run_id", self.run_id)
+        self.run_id = self.store.get("run_id", config.method.timeout)
+        num_sizes = len(_cases(config)) * len(config.sizes) * len(config.modes) * len(config.backends)
+        progress = Progress(num_sizes, enabled=self.is_root and not config.quiet)
+        try:
+            for name in config.backends:
+                self._run_backend(name, watchdog, progress)
+        finally:
+            progress.close()
+        if self.is_root:
+            self.writer.footer(self.wrong_total)
+        return 1 if self.wrong_total else 0
+
+    def _run_backend(self, name: str, watchdog: Watchdog, progress: Progress) -> None:
+        config, info = self.config, self.info
+        cls = backend_class(name)
+        reason = cls.unavailable_reason()
+        if reason:
+            raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
+        if cls.needs_mpi_launcher and info.launcher not in ("mpiexec", "srun", "single"):
+            raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
+                             f"{info.launcher}; `ccbench launch` starts it under mpiexec")
+        ctx = RankContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+                          local_world_size=info.local_world_size, launcher=info.launcher,
+                          store=self.store, hostname=socket.gethostname(), device=config.device,
+                          options={**(config.options or {}), "timeout": config.method.timeout,
+                                   "multi_host": len(self.hosts) > 1})
+        watchdog.label = f"{name}: initialisation"
+        watchdog.enter()
+        backend = cls(ctx)
+        watchdog.leave()
+        try:
+            meta = backend.info()
+            if self.is_root:
+                self.writer.header(
+                    f"ccbench {__version__}  backend {name} ({meta['library']} "
+                    f"{meta['library_version']})  world {info.world_size} on {len(self.hosts)} "
+                    f"node(s)  launcher {info.launcher}  timing {config.method.timing}  "
+                    f"iters {config.method.iters} warmup {config.method.warmup}")
+            for collective, dtype, op in _cases(config):
+                self._run_group(backend, meta, watchdog, progress, collective, dtype, op)
+        finally:
+            backend.finalize()
+
+    def _run_group(self, backend: Backend, meta: dict[str, Any], watchdog: Watchdog,
+                   progress: Progress, collective: str, dtype: str, op: str | None) -> None:
+        config = self.config
+        reason = backend.unsupported(collective, numpy_dtype(dtype), op)
+        if reason:
+            if self.is_root:
+                self.writer.note(f"{collective} {dtype} {op or ''}: {reason}".replace("  ", " "))
+            return
+        modes = (True,) if collective == "broadcast" else config.modes
+        for size in config.sizes:
+            for inplace in modes:
+                case = Case(collective, dtype, op, inplace, config.root)
+                self.step += 1
+                try:
+                    result, own_wrong = measure_size(backend, self.store, watchdog, case, size,
+                                                     config.method, self.step)
+                except (UsageError, RunFailure):
+                    raise
+                except Exception as exc:   # a library error: one line naming the case
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                    raise RunFailure(f"{backend.name} {case.label(size)}: {first}") from exc
+                self.wrong_total += own_wrong if not self.is_root else 0
+                progress.step(case.label(size))
+                if result is not None:
+                    self._emit(backend, meta, case, size, result, modes)
+
+    def _emit(self, backend: Backend, meta: dict[str, Any], case: Case, size: int,
+              result: SizeResult, modes: tuple[bool, ...]) -> None:
+        config, info, lay = self.config, self.info, result.layout
+        record = Record(
+            run_id=self.run_id,
+            timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            ccbench_version=__version__, collective=case.collective, backend=backend.name,
+            library=meta["library"], library_version=meta["library_version"],
+            algorithm=backend.algorithm, transport=backend.transport, device=meta["device"],
+            dtype=case.dtype, op=case.op, inplace=case.inplace, timing=config.method.timing,
+            world_size=info.world_size, nodes=len(self.hosts),
+            ranks_per_node=max(1, info.world_size // max(1, len(self.hosts))), hosts=self.hosts,
+            root=case.root, size_asked=size, size_used=lay.size_used, count=lay.count,
+            iterations=result.iterations, warmup=config.method.warmup, time_us=result.time_us,
+            samples_us=result.samples_us, rank_median_us=result.rank_median_us,
+            algbw_gbps=result.algbw_gbps, busbw_gbps=result.busbw_gbps, wrong=result.wrong,
+            method={"timing": config.method.timing, "pipeline": config.method.pipeline,
+                    "min_time_s": config.method.min_time, "check": config.method.check,
+                    "combine": "max over ranks", "launcher": info.launcher,
+                    "timeout_s": config.method.timeout},
+            environment={**self.environment, "backend": meta.get("env", {}),
+                         **{k: v for k, v in meta.items() if k not in ("library", "library_version",
+                                                                       "device", "env")}},
+        )
+        self.wrong_total += result.wrong or 0
+        if config.output:
+            append_record(config.output, record)
+        self.writer.add(record, modes)
+
+
+def run_benchmark(config: BenchConfig) -> int:
+    """One rank's whole run; returns the exit status."""
+    info = detect_launch()
+    timeout = config.method.timeout
+    store, server = connect_control(info, timeout)
+    watchdog = Watchdog(store, info.rank, info.world_size, timeout)
+    watchdog.start()
+    try:
+        _agree_on_arguments(store, info, config.argv or [], timeout)
+        _check_memory(config, info)
+        status = _Run(config, info, store).run(watchdog)
+        store.barrier("end", info.world_size, timeout)
+    finally:
+        watchdog.stop()
+    _close(store, server, info)
+    return status
+
+
+def _close(store: ControlClient, server: ControlServer | None, info: LaunchInfo) -> None:
+    """Rank 0 hosts the store: it leaves last so no rank loses the store on its way out."""
+    if server is None:
+        store.add("closed")
+        store.close()
+        return
+    deadline = time.monotonic() + 10
+    while (store.peek("closed") or 0) < info.world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    store.close()
+    server.close()

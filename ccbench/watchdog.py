@@ -1,0 +1,105 @@
+"""Every wait has a timeout: a thread per rank that ends the process when a collective stops
+making progress, after naming the ranks that did not arrive.
+
+The hot loop only bumps two integers and a float (`enter` / `leave`); the watchdog thread
+posts them to the control store once a second, so timing is not disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from ccbench.control import ControlClient, StoreLost
+from ccbench.errors import RunFailure
+
+__all__ = ["Watchdog"]
+
+EXIT_HUNG = 3
+_POLL_S = 0.2
+_POST_S = 1.0
+_DEAD_GRACE_S = 2.0     # blocked this long while a peer is known dead: give up early
+
+
+class Watchdog:
+    def __init__(self, store: ControlClient, rank: int, world_size: int, timeout: float) -> None:
+        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self.label = "start-up"
+        self.position: tuple[int, int] = (0, 0)     # (case-size step, ops entered in it)
+        self.blocked_since: float | None = None
+        self._posted: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ccbench-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    # -- called by the harness --------------------------------------------------------
+    def begin_step(self, step: int, label: str) -> None:
+        self.label = label
+        self.position = (step, 0)
+
+    def enter(self) -> None:
+        step, ops = self.position
+        self.position = (step, ops + 1)
+        self.blocked_since = time.monotonic()
+
+    def leave(self) -> None:
+        self.blocked_since = None
+
+    # -- the thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        last_post = 0.0
+        while not self._stop.wait(_POLL_S):
+            now = time.monotonic()
+            blocked = self.blocked_since
+            try:
+                if now - last_post >= _POST_S and self.position != self._posted:
+                    self.store.set(f"progress/{self.rank}", list(self.position))
+                    self._posted = self.position
+                    last_post = now
+                if blocked is None:
+                    continue
+                waited = now - blocked
+                if waited > self.timeout:
+                    self._give_up(f"timed out after {self.timeout:g} s")
+                if waited > _DEAD_GRACE_S and self.store.prefix("dead/"):
+                    self._give_up("a rank died")
+            except StoreLost:
+                if not self._stop.is_set():
+                    self._give_up("lost the control store", store_lost=True)
+
+    def _give_up(self, why: str, store_lost: bool = False) -> None:
+        missing = self._missing_ranks(store_lost)
+        alive = [r for r in range(self.world_size) if r not in missing]
+        speaker = alive[0] if alive else self.rank
+        if self.rank == speaker:
+            names = ", ".join(f"{r}{' (dead)' if d else ''}" for r, d in sorted(missing.items()))
+            print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
+                  f"{names or 'unknown'}", file=sys.stderr, flush=True)
+        os._exit(EXIT_HUNG)
+
+    def _missing_ranks(self, store_lost: bool) -> dict[int, bool]:
+        """rank -> died?  A rank is missing when it is dead or has entered fewer ops than us."""
+        if store_lost:
+            return {0: True}
+        try:
+            dead = {int(k.split("/")[1]) for k in self.store.prefix("dead/")}
+            progress = self.store.prefix("progress/")
+        except (StoreLost, RunFailure):
+            return {0: True}
+        self.store.set(f"progress/{self.rank}", list(self.position))
+        missing: dict[int, bool] = {}
+        for rank in range(self.world_size):
+            if rank == self.rank:
+                continue
+            where = tuple(progress.get(f"progress/{rank}", (-1, -1)))
+            if rank in dead or where < self.position:
+                missing[rank] = rank in dead
+        return missing
