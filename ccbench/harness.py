@@ -11,6 +11,7 @@ Method (the README's "Method" section says the same):
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,9 @@ from ccbench.sizes import format_size
 from ccbench.stats import summarize
 from ccbench.validation import count_wrong, initial_output, make_input
 from ccbench.watchdog import Watchdog
+
+# fault injection for the test suite: flip one received element on rank 0 before validation
+_INJECT_CORRUPTION = os.environ.get("CCBENCH_CORRUPT") == "1"
 
 __all__ = ["Case", "Method", "SizeResult", "measure_size"]
 
@@ -138,7 +142,10 @@ def _validate(backend: Backend, case: Case, bufs: _Buffers, method: Method,
         backend.run(case.collective, bufs.send, bufs.recv, case.op, case.root)
         backend.synchronize()
         watchdog.leave()
-        wrong += count_wrong(backend.to_numpy(bufs.recv), bufs.lay, case.op, bufs.rank, case.root)
+        result = backend.to_numpy(bufs.recv)
+        if _INJECT_CORRUPTION and bufs.rank == 0:    # proves, in tests, that wrong values fail
+            result[0] = result[0] + result.dtype.type(1)
+        wrong += count_wrong(result, bufs.lay, case.op, bufs.rank, case.root)
     return wrong
 
 

@@ -202,9 +202,9 @@ class _Run:
                                                      config.method, self.step)
                 except (UsageError, RunFailure):
                     raise
-                except Exception as exc:   # a library error: one line naming the case
+                except Exception as exc:   # a library error: one line naming the case and ranks
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                    raise RunFailure(f"{backend.name} {case.label(size)}: {first}") from exc
+                    watchdog.abort(f"{backend.name} failed: {first[:160]}")
                 self.wrong_total += own_wrong if not self.is_root else 0
                 progress.step(case.label(size))
                 if result is not None:

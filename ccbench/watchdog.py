@@ -31,6 +31,7 @@ class Watchdog:
         self.blocked_since: float | None = None
         self._posted: tuple[int, int] | None = None
         self._stop = threading.Event()
+        self._giving_up = threading.RLock()
         self._thread = threading.Thread(target=self._loop, name="ccbench-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -53,6 +54,17 @@ class Watchdog:
     def leave(self) -> None:
         self.blocked_since = None
 
+    def abort(self, why: str) -> None:
+        """A library reported an error mid-collective: usually a peer died. Give the store a
+        moment to notice the dead connection, then stop like a timeout would (never returns)."""
+        deadline = time.monotonic() + _DEAD_GRACE_S
+        try:
+            while time.monotonic() < deadline and not self.store.prefix("dead/"):
+                time.sleep(0.1)
+        except StoreLost:
+            self._give_up(why, store_lost=True)
+        self._give_up(why)
+
     # -- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
         last_post = 0.0
@@ -66,6 +78,8 @@ class Watchdog:
                     last_post = now
                 if blocked is None:
                     continue
+                if self.store.peek("aborted") is not None:
+                    self._leave_quietly()         # another rank has already said why
                 waited = now - blocked
                 if waited > self.timeout:
                     self._give_up(f"timed out after {self.timeout:g} s")
@@ -75,7 +89,17 @@ class Watchdog:
                 if not self._stop.is_set():
                     self._give_up("lost the control store", store_lost=True)
 
+    def _leave_quietly(self) -> None:
+        with self._giving_up:
+            try:                      # leaving on purpose: not to be reported as a dead rank
+                self.store.set(f"left/{self.rank}", 1)
+            except StoreLost:
+                pass
+            os._exit(EXIT_HUNG)
+
     def _give_up(self, why: str, store_lost: bool = False) -> None:
+        # the main thread (a library error) and this thread (a timeout) may both get here
+        self._giving_up.acquire()
         missing = self._missing_ranks(store_lost)
         alive = [r for r in range(self.world_size) if r not in missing]
         speaker = alive[0] if alive else self.rank
@@ -83,23 +107,39 @@ class Watchdog:
             names = ", ".join(f"{r}{' (dead)' if d else ''}" for r, d in sorted(missing.items()))
             print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
                   f"{names or 'unknown'}", file=sys.stderr, flush=True)
-        os._exit(EXIT_HUNG)
+            self._linger_as_store_host(store_lost)
+            os._exit(EXIT_HUNG)
+        self._giving_up.release()
+        self._leave_quietly()
+
+    def _linger_as_store_host(self, store_lost: bool) -> None:
+        """Rank 0 hosts the store: keep it up a moment so the others read 'aborted' and leave
+        quietly instead of reporting a lost store."""
+        if store_lost:
+            return
+        try:
+            self.store.set("aborted", self.rank)
+            if self.rank == 0:
+                time.sleep(_POLL_S * 3)
+        except StoreLost:
+            pass
 
     def _missing_ranks(self, store_lost: bool) -> dict[int, bool]:
         """rank -> died?  A rank is missing when it is dead or has entered fewer ops than us."""
         if store_lost:
             return {0: True}
         try:
-            dead = {int(k.split("/")[1]) for k in self.store.prefix("dead/")}
+            left = {int(k.split("/")[1]) for k in self.store.prefix("left/")}
+            dead = {int(k.split("/")[1]) for k in self.store.prefix("dead/")} - left
             progress = self.store.prefix("progress/")
         except (StoreLost, RunFailure):
             return {0: True}
         self.store.set(f"progress/{self.rank}", list(self.position))
+        if dead:                  # a dead rank explains the stop; the others only wait for it
+            return {rank: True for rank in dead}
         missing: dict[int, bool] = {}
         for rank in range(self.world_size):
-            if rank == self.rank:
-                continue
             where = tuple(progress.get(f"progress/{rank}", (-1, -1)))
-            if rank in dead or where < self.position:
-                missing[rank] = rank in dead
+            if rank != self.rank and where < self.position:
+                missing[rank] = False
         return missing

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ccbench.errors import BackendUnavailable, UsageError
 
-_GRACE_S = 15.0   # after one rank fails, the rest get the op timeout plus this to report
+_GRACE_S = 5.0   # after one rank fails, the rest get the op timeout plus this to report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

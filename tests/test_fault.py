@@ -1,0 +1,111 @@
+"""A dying or hanging rank never hangs the rest, and finished sizes stay in the results."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ccbench.record import load_records
+
+from conftest import have_mpi
+
+TIMEOUT_S = 5.0
+MARGIN_S = 12.0
+
+
+def _ranks_of(launcher: subprocess.Popen[str], world: int, deadline: float) -> dict[int, int]:
+    """rank -> pid of the ccbench processes below the launcher (read from /proc)."""
+    while time.monotonic() < deadline:
+        found: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"ccbench" not in cmdline or b"launch" in cmdline or b"mpiexec" in cmdline:
+                continue
+            variables = dict(v.split(b"=", 1) for v in env if b"=" in v)
+            tag = variables.get(b"CCBENCH_TEST_TAG")
+            rank = variables.get(b"RANK") or variables.get(b"PMI_RANK")
+            if tag == str(launcher.pid).encode() or (tag and rank is not None):
+                if tag == os.environ.get("CCBENCH_TEST_TAG", "").encode():
+                    found[int(rank)] = int(entry.name)
+        if len(found) == world:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("ranks did not start")
+
+
+def _start(tmp_path: Path, backend: str, tag: str) -> tuple[subprocess.Popen[str], Path]:
+    out = tmp_path / "r.jsonl"
+    cmd = [sys.executable, "-m", "ccbench", "launch", "-n", "3", "allreduce", "--backend", backend,
+           "--sizes", "1K-4M", "--min-time", "0.4", "--timeout", str(TIMEOUT_S), "-q",
+           "--output", str(out)]
+    env = {**os.environ, "CCBENCH_TEST_TAG": tag}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env), out
+
+
+def _wait_records(out: Path, count: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if out.exists() and len(out.read_text().splitlines()) >= count:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("no records appeared")
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_gloo_rank_dies_or_hangs(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tag = f"fault-{how}-{os.getpid()}"
+    monkeypatch.setenv("CCBENCH_TEST_TAG", tag)
+    proc, out = _start(tmp_path, "gloo", tag)
+    ranks = _ranks_of(proc, 3, time.monotonic() + 60)
+    _wait_records(out, 3, proc)
+    victim = ranks[2]
+    os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        _, stderr = proc.communicate(timeout=TIMEOUT_S + MARGIN_S + 10)
+    finally:
+        if how == "stop":
+            try:
+                os.kill(victim, signal.SIGKILL)      # the launcher should have reaped it
+            except ProcessLookupError:
+                pass
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("ccbench: error:")]
+    assert len(errors) == 1, stderr
+    assert "allreduce" in errors[0] and "ranks that did not arrive: 2" in errors[0], errors
+    assert "Traceback" not in stderr
+    # the survivors stopped within the op timeout plus a margin (SIGSTOP: the launcher also
+    # has to reap the stopped rank)
+    assert elapsed < TIMEOUT_S + MARGIN_S, elapsed
+    records = load_records(out)
+    assert len(records) >= 3 and all(r.wrong == 0 for r in records)
+
+
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_mpi_rank_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tag = f"fault-mpi-{os.getpid()}"
+    monkeypatch.setenv("CCBENCH_TEST_TAG", tag)
+    proc, out = _start(tmp_path, "mpi", tag)
+    ranks = _ranks_of(proc, 3, time.monotonic() + 60)
+    _wait_records(out, 3, proc)
+    os.kill(ranks[1], signal.SIGKILL)
+    started = time.monotonic()
+    proc.communicate(timeout=TIMEOUT_S + MARGIN_S + 10)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < TIMEOUT_S + MARGIN_S
+    assert len(load_records(out)) >= 3

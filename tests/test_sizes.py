@@ -1,0 +1,46 @@
+from hypothesis import given
+from hypothesis import strategies as st
+import pytest
+
+from ccbench.errors import UsageError
+from ccbench.sizes import format_size, parse_size, parse_sizes
+
+
+def test_examples() -> None:
+    assert parse_sizes("1K-8K") == [1024, 2048, 4096, 8192]
+    assert parse_sizes("1K-1M:4") == [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20]
+    assert parse_sizes("8,1K,1M") == [8, 1024, 1 << 20]
+    assert parse_sizes("1G") == [1 << 30]
+    assert parse_sizes("8-64M")[0] == 8 and parse_sizes("8-64M")[-1] == 64 << 20
+    assert parse_size("4KiB") == 4096 and parse_size("16kb") == 16384
+
+
+@pytest.mark.parametrize("bad", ["", " ", "abc", "1X", "0", "-8", "8-", "-", "1K-1M:1",
+                                 "1K-1M:x", "1M-1K", "1,,2", "8:4", "1K-2K-4K"])
+def test_malformed(bad: str) -> None:
+    with pytest.raises(UsageError):
+        parse_sizes(bad)
+
+
+units = st.sampled_from(["", "K", "M", "G"])
+
+
+@given(st.integers(1, 4096), units)
+def test_single_roundtrip(value: int, unit: str) -> None:
+    parsed = parse_sizes(f"{value}{unit}")
+    assert len(parsed) == 1
+    assert parse_size(format_size(parsed[0])) == parsed[0]
+
+
+@given(st.integers(0, 30), st.integers(0, 12), st.integers(2, 8))
+def test_range_is_geometric(low_exp: int, span: int, factor: int) -> None:
+    low, high = 1 << low_exp, (1 << low_exp) * factor ** span
+    sizes = parse_sizes(f"{low}-{high}:{factor}")
+    assert sizes[0] == low and sizes[-1] == high
+    assert len(sizes) == span + 1
+    assert all(b == a * factor for a, b in zip(sizes, sizes[1:]))
+
+
+@given(st.lists(st.integers(1, 1 << 40), min_size=1, max_size=10))
+def test_list_sorted_unique(values: list[int]) -> None:
+    assert parse_sizes(",".join(map(str, values))) == sorted(set(values))
