@@ -29,6 +29,8 @@ from ccbench.watchdog import Watchdog
 
 __all__ = ["BenchConfig", "run_benchmark"]
 
+MPI_LAUNCHERS = ("mpiexec", "srun", "single")
+
 
 @dataclass(kw_only=True)
 class BenchConfig:
@@ -159,9 +161,6 @@ class _Run:
         reason = cls.unavailable_reason()
         if reason:
             raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
-        if cls.needs_mpi_launcher and info.launcher not in ("mpiexec", "srun", "single"):
-            raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
-                             f"{info.launcher}; `ccbench launch` starts it under mpiexec")
         ctx = RankContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                           local_world_size=info.local_world_size, launcher=info.launcher,
                           store=self.store, hostname=socket.gethostname(), device=config.device,
@@ -243,6 +242,10 @@ class _Run:
 def run_benchmark(config: BenchConfig) -> int:
     """One rank's whole run; returns the exit status."""
     info = detect_launch()
+    for name in config.backends:            # before any rendezvous, so nothing waits on it
+        if backend_class(name).needs_mpi_launcher and info.launcher not in MPI_LAUNCHERS:
+            raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
+                             f"{info.launcher}; `ccbench launch` starts it under mpiexec")
     timeout = config.method.timeout
     store, server = connect_control(info, timeout)
     watchdog = Watchdog(store, info.rank, info.world_size, timeout)

@@ -1,0 +1,99 @@
+"""The three ways to start ranks produce the same records; launcher environments map right."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ccbench.launchers import detect_launch, expand_nodelist
+from ccbench.record import case_key, load_records
+
+from conftest import MPIEXEC, PYTHON, have_mpi
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+BENCH = ["allreduce,alltoall", "--sizes", "1K,3000", "--iters", "2", "--warmup", "1", "-q"]
+
+
+def _run(cmd: list[str], out: Path, env: dict[str, str] | None = None) -> list[tuple[object, ...]]:
+    proc = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = load_records(out)
+    assert records and all(r.wrong == 0 for r in records)
+    return sorted(case_key(r) for r in records)
+
+
+def test_torchrun_and_builtin_give_the_same_cases(tmp_path: Path) -> None:
+    builtin = _run([PYTHON, "-m", "ccbench", "launch", "-n", "2", *BENCH, "--backend", "gloo"],
+                   tmp_path / "a.jsonl")
+    torchrun = _run([TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", *BENCH],
+                    tmp_path / "b.jsonl")          # backend defaults to gloo without CUDA
+    assert builtin == torchrun
+    assert {r.method["launcher"] for r in load_records(tmp_path / "b.jsonl")} == {"torchrun"}
+
+
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_mpiexec_runs_mpi_and_bootstraps_gloo(tmp_path: Path) -> None:
+    direct = _run([MPIEXEC, "-n", "2", PYTHON, "-m", "ccbench", *BENCH, "--backend", "mpi,gloo"],
+                  tmp_path / "a.jsonl", env={"I_MPI_WAIT_MODE": "1"})
+    builtin = _run([PYTHON, "-m", "ccbench", "launch", "-n", "2", *BENCH, "--backend", "mpi,gloo"],
+                   tmp_path / "b.jsonl")
+    assert direct == builtin
+    records = load_records(tmp_path / "a.jsonl")
+    assert {r.backend for r in records} == {"mpi", "gloo"}
+    mpi = [r for r in records if r.backend == "mpi"]
+    assert all("MPI" in r.library_version for r in mpi)
+
+
+def test_mpi_backend_refused_under_torchrun_style_launch(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "CCBENCH_CONTROL": "127.0.0.1:0"}
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "allreduce", "--backend", "mpi", "--sizes",
+                           "1K"], capture_output=True, text=True, timeout=120, env=env)
+    if not have_mpi():
+        pytest.skip("no MPI")
+    assert proc.returncode == 2 and "needs ranks started by mpiexec" in proc.stderr
+
+
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC", "PMI_",
+                            "OMPI_", "PMIX_", "SLURM_", "CCBENCH_CONTROL", "MPI_LOCAL")):
+            monkeypatch.delenv(name, raising=False)
+
+
+def test_env_mappings(monkeypatch: pytest.MonkeyPatch) -> None:
+    _clean_env(monkeypatch)
+    assert detect_launch().launcher == "single"
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x2)")
+    info = detect_launch()
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_world_size) \
+        == ("srun", 5, 8, 1, 4)
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    info = detect_launch()
+    assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("mpiexec", 3, 4, 1)
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert detect_launch().launcher == "torchrun"
+
+
+def test_expand_nodelist() -> None:
+    assert expand_nodelist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07",
+                                                      "gpu5"]
+    assert expand_nodelist("a1") == ["a1"]
+    assert expand_nodelist("n[8-10]") == ["n8", "n9", "n10"]
