@@ -115,18 +115,18 @@ class _Buffers:
 def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
                    watchdog: Watchdog, count: int) -> list[float]:
     """`count` samples in seconds, on this rank."""
-    run, send, recv = backend.run, bufs.send, bufs.recv
-    coll, op, root = case.collective, case.op, case.root
+    call = backend.bind(case.collective, bufs.send, bufs.recv, case.op, case.root)
+    barrier, synchronize = backend.barrier, backend.synchronize
     clock = time.perf_counter
     samples = []
     depth = method.pipeline if method.timing == "pipelined" else 1
     for _ in range(count):
         watchdog.enter()
-        backend.barrier()
+        barrier()
         start = clock()
         for _ in range(depth):
-            run(coll, send, recv, op, root)
-        backend.synchronize()
+            call()
+        synchronize()
         samples.append((clock() - start) / depth)
         watchdog.leave()
     return samples
