@@ -1,0 +1,248 @@
+"""Run one rank's part of a schedule over a transport, on numpy or cupy buffers.
+
+``Executor(schedule, rank, transport).run(send, recv, op)`` does one collective call.
+Block ranges are turned into element slices once per buffer size; the bound views,
+``tmp`` and the reduction scratch are allocated once per (buffers, op) and reused, so
+the per-call loop allocates nothing (on numpy: ufuncs with ``out=``).
+
+Per step: the copies, then every recv and send posted, then -- recv by recv, in the
+listed order -- waits and reductions (``out = base (op) incoming``); a reduction whose
+target a send of the same step still reads waits for the sends first. Calls with
+aliased buffers (in-place) run as they are when the schedule is verified for it
+(``Schedule.inplace_safe``) and the alias is the one the harness makes; otherwise the
+input is copied to a snapshot first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from algorithms.kernels import NumpyReducer, Reduce
+from algorithms.schedule import Schedule, Span
+from algorithms.transport import TAG_LIMIT, Transport
+
+__all__ = ["Executor", "block_offsets", "unit_elements"]
+
+_CACHE_SIZE = 4
+
+
+def unit_elements(schedule: Schedule, send_size: int | None, recv_size: int) -> int:
+    """Elements of one unit (see algorithms.schedule) from the caller's buffer sizes."""
+    c, p = schedule.collective, schedule.num_ranks
+    if c in ("broadcast", "allreduce", "reduce"):
+        if send_size is not None and c != "broadcast" and send_size != recv_size:
+            raise ValueError(f"{c}: send has {send_size} elements, recv {recv_size}")
+        return recv_size
+    if send_size is None:
+        raise ValueError(f"{c} needs a send buffer")
+    if c == "allgather":
+        unit = send_size
+        want_send, want_recv = unit, unit * p
+    elif c == "reduce-scatter":
+        unit = recv_size
+        want_send, want_recv = unit * p, unit
+    elif c == "alltoall":
+        unit = send_size // p
+        want_send, want_recv = unit * p, unit * p
+    else:
+        raise ValueError(f"unknown collective {c!r}")
+    if (send_size, recv_size) != (want_send, want_recv):
+        raise ValueError(f"{c} on {p} ranks: send {send_size} / recv {recv_size} elements "
+                         f"(expected {want_send} / {want_recv})")
+    return unit
+
+
+def block_offsets(unit: int, blocks_per_unit: int, num_blocks: int) -> list[int]:
+    """Element offset of every block boundary (num_blocks + 1 entries)."""
+    B = blocks_per_unit
+    return [(b // B) * unit + ((b % B) * unit) // B for b in range(num_blocks + 1)]
+
+
+def _address(a: Any) -> tuple[int, int]:
+    """(first byte, one past the last byte) of a contiguous array, numpy or cupy."""
+    iface = getattr(a, "__array_interface__", None) or a.__cuda_array_interface__
+    start = int(iface["data"][0])
+    return start, start + int(a.nbytes)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Element-level program of one rank for one unit size."""
+
+    steps: list[tuple[list[tuple[str, int, int, str, int, int]],          # copies
+                      list[tuple[int, int, str, int, int]],                # sends
+                      list[tuple[int, int, str, int, int, bool, str | None, int, int, int]],
+                      bool]]                                               # defer reductions
+    scratch: int
+    tmp: int
+
+
+class Executor:
+    """One rank of one schedule. `xp` is the array module of the buffers (numpy or cupy);
+    `reducer(op, dtype_name)` returns the reduction kernel."""
+
+    def __init__(self, schedule: Schedule, rank: int, transport: Transport,
+                 reducer: Any = None, xp: Any = np, timeout: float | None = None) -> None:
+        if not 0 <= rank < schedule.num_ranks:
+            raise ValueError(f"rank {rank} outside 0..{schedule.num_ranks - 1}")
+        if transport.size != schedule.num_ranks:
+            raise ValueError(f"schedule for {schedule.num_ranks} ranks on a transport of "
+                             f"{transport.size}")
+        self.schedule, self.rank, self.transport = schedule, rank, transport
+        self.reducer = reducer or NumpyReducer()
+        self.xp, self.timeout = xp, timeout
+        self._plans: dict[int, _Plan] = {}
+        self._bound: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
+        self._sendrecv = getattr(transport, "sendrecv", None)
+
+    # -- compile ------------------------------------------------------------------------
+    def plan(self, unit: int) -> _Plan:
+        cached = self._plans.get(unit)
+        if cached is not None:
+            return cached
+        s, r = self.schedule, self.rank
+        offsets = {b: block_offsets(unit, s.blocks_per_unit, s.num_blocks(b)) for b in s.units}
+
+        def el(span: Span) -> tuple[str, int, int]:
+            o = offsets[span.buf]
+            return span.buf, o[span.lo], o[span.hi]
+
+        seq_out: dict[int, int] = defaultdict(int)
+        seq_in: dict[int, int] = defaultdict(int)
+        steps = []
+        scratch_max = 0
+        for step in s.steps[r]:
+            copies = []
+            for c in step.copies:
+                a, b = el(c.src), el(c.dst)
+                if a[2] > a[1]:
+                    copies.append((*a, *b))
+            sends = []
+            for snd in step.sends:
+                tag = seq_out[snd.peer] % TAG_LIMIT
+                seq_out[snd.peer] += 1
+                e = el(snd.span)
+                if e[2] > e[1]:
+                    sends.append((snd.peer, tag, *e))
+            recvs = []
+            scratch = 0
+            for rcv in step.recvs:
+                tag = seq_in[rcv.peer] % TAG_LIMIT
+                seq_in[rcv.peer] += 1
+                e = el(rcv.span)
+                n = e[2] - e[1]
+                if n == 0:
+                    continue
+                base = el(rcv.base) if rcv.base is not None else (None, 0, 0)
+                recvs.append((rcv.peer, tag, *e, rcv.reduce, *base, scratch))
+                if rcv.reduce:
+                    scratch += n
+            scratch_max = max(scratch_max, scratch)
+            defer = any(rv[5] and rv[2] == sd[2] and rv[3] < sd[4] and sd[3] < rv[4]
+                        for rv in recvs for sd in sends)
+            steps.append((copies, sends, recvs, defer))
+        plan = _Plan(steps, scratch_max, s.units.get("tmp", 0) * unit)
+        self._plans[unit] = plan
+        return plan
+
+    def _aliased_as_verified(self, send: Any, recv: Any, unit: int) -> bool:
+        c = self.schedule.collective
+        (s0, s1), (r0, r1) = _address(send), _address(recv)
+        item = recv.itemsize
+        if c in ("allreduce", "alltoall"):
+            return (s0, s1) == (r0, r1)
+        if c == "allgather":
+            return s0 == r0 + self.rank * unit * item and s1 == s0 + unit * item
+        if c == "reduce-scatter":
+            return r0 == s0 + self.rank * unit * item and r1 == r0 + unit * item
+        return False
+
+    def bind(self, send: Any, recv: Any, op: str, dtype_name: str) -> tuple[Any, ...]:
+        """Views for every step of this rank on these buffers (cached)."""
+        key = (id(send), id(recv), op, dtype_name, recv.size)
+        hit = self._bound.get(key)
+        if hit is not None and hit[0] is send and hit[1] is recv:
+            self._bound.move_to_end(key)
+            return hit
+        xp = self.xp
+        unit = unit_elements(self.schedule, None if send is None else send.size, recv.size)
+        plan = self.plan(unit)
+        snapshot = None
+        source = send
+        if send is not None and self.schedule.collective != "broadcast":
+            a, b = _address(send), _address(recv)
+            overlap = a[0] < b[1] and b[0] < a[1] and send.nbytes and recv.nbytes
+            if overlap and not (self.schedule.inplace_safe
+                                and self._aliased_as_verified(send, recv, unit)):
+                snapshot = xp.empty_like(send)
+                source = snapshot
+        bufs = {"send": source, "recv": recv,
+                "tmp": xp.empty(plan.tmp, dtype=recv.dtype) if plan.tmp else None}
+        scratch = xp.empty(plan.scratch, dtype=recv.dtype) if plan.scratch else None
+        reduce = self.reducer(op, dtype_name) if op is not None else None
+        steps = []
+        for copies, sends, recvs, defer in plan.steps:
+            cp = []
+            for sb, a0, a1, db, b0, b1 in copies:
+                src, dst = bufs[sb][a0:a1], bufs[db][b0:b1]
+                if _address(src) != _address(dst):       # a self copy of an in-place call
+                    cp.append((src, dst))
+            sd = [(peer, tag, bufs[b][e0:e1]) for peer, tag, b, e0, e1 in sends]
+            rv = []
+            for peer, tag, b, e0, e1, red, bb, b0, b1, off in recvs:
+                target = bufs[b][e0:e1]
+                if red:
+                    if reduce is None:
+                        raise ValueError(f"{self.schedule.collective} reduces: give an op")
+                    landing = scratch[off:off + (e1 - e0)]
+                    base = bufs[bb][b0:b1] if bb is not None else target
+                    rv.append((peer, tag, landing, (base, landing, target)))
+                else:
+                    rv.append((peer, tag, target, None))
+            steps.append((cp, sd, rv, defer))
+        bound = (send, recv, snapshot, steps, reduce)
+        self._bound[key] = bound
+        if len(self._bound) > _CACHE_SIZE:
+            self._bound.popitem(last=False)
+        return bound
+
+    # -- run ----------------------------------------------------------------------------
+    def run(self, send: Any, recv: Any, op: str | None = "sum",
+            dtype_name: str | None = None) -> None:
+        """One collective call. Broadcast: pass ``send=None`` and the buffer as ``recv``."""
+        name = dtype_name or np.dtype(recv.dtype).name
+        _, _, snapshot, steps, reduce = self.bind(send, recv, op, name)
+        if snapshot is not None:
+            snapshot[...] = send
+        t, timeout, sendrecv = self.transport, self.timeout, self._sendrecv
+        for copies, sends, recvs, defer in steps:
+            for src, dst in copies:
+                dst[...] = src
+            if sendrecv is not None and len(sends) == 1 and len(recvs) == 1:
+                speer, stag, sbuf = sends[0]
+                rpeer, rtag, rbuf, red = recvs[0]
+                sendrecv(sbuf, speer, stag, rbuf, rpeer, rtag, timeout)
+                if red is not None:
+                    reduce(*red)
+                continue
+            rreqs = [t.irecv(buf, peer, tag) for peer, tag, buf, _ in recvs]
+            sreqs = [t.isend(buf, peer, tag) for peer, tag, buf in sends]
+            if defer:
+                for q in rreqs:
+                    q.wait(timeout)
+                for q in sreqs:
+                    q.wait(timeout)
+                for *_, red in recvs:
+                    if red is not None:
+                        reduce(*red)
+                continue
+            for q, (*_, red) in zip(rreqs, recvs):
+                q.wait(timeout)
+                if red is not None:
+                    reduce(*red)
+            for q in sreqs:
+                q.wait(timeout)
