@@ -1,0 +1,135 @@
+"""One rank of the multi-process algorithm checks (not a test module itself).
+
+    mpiexec -n P python -m tests.test_algorithms_worker mpi
+    RANK=r WORLD_SIZE=P MASTER_ADDR=127.0.0.1 MASTER_PORT=... python -m tests.test_algorithms_worker gloo
+
+Runs every algorithm x collective over the transport's point-to-point through the real
+backend class (``<algorithm>@<transport>``), in place and out of place, and compares the
+result bit for bit with the transport's native collective on the same inputs and with the
+numpy reference. Prints one summary line per rank; exit status 1 on any mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from algorithms import REGISTRY
+from algorithms.reference import exact_inputs, reference
+from ccbench.backends.algorithmic import algorithm_backend_class
+from ccbench.backends.base import RankContext
+
+FIVE = ("broadcast", "allreduce", "allgather", "reduce-scatter", "alltoall")
+DTYPES = [np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16),
+          np.dtype(ml_dtypes.bfloat16), np.dtype(np.int8), np.dtype(np.float64)]
+OPS = ("sum", "max", "min", "prod")
+UNITS = (1, 5, 4099)           # 4099 float64 x 4 ranks > 64 KiB: the Isend/Irecv path too
+
+
+def counts(collective: str, unit: int, p: int) -> tuple[int, int]:
+    if collective == "allgather":
+        return unit, unit * p
+    if collective == "reduce-scatter":
+        return unit * p, unit
+    if collective == "alltoall":
+        return unit * p, unit * p
+    return unit, unit
+
+
+def call(backend: Any, collective: str, x: np.ndarray, dtype: np.dtype, op: str | None,
+         inplace: bool, rank: int, p: int, root: int, unit: int) -> np.ndarray:
+    """Run one collective with the harness's buffer conventions; the output as numpy."""
+    send_count, recv_count = counts(collective, unit, p)
+    recv = backend.alloc(recv_count, dtype)
+    backend.copy_from_numpy(recv, np.full(recv_count, -1, dtype=dtype))
+    if collective == "broadcast":
+        if rank == root:
+            backend.copy_from_numpy(recv, x)
+        backend.broadcast(recv, root)
+        return backend.to_numpy(recv)
+    if inplace:
+        if collective == "allgather":
+            unit = send_count
+            backend.copy_from_numpy(backend.view(recv, rank * unit, (rank + 1) * unit), x)
+            send = backend.view(recv, rank * unit, (rank + 1) * unit)
+        elif collective == "reduce-scatter":
+            send = backend.alloc(send_count, dtype)
+            backend.copy_from_numpy(send, x)
+            recv = backend.view(send, rank * recv_count, (rank + 1) * recv_count)
+        else:
+            backend.copy_from_numpy(recv, x)
+            send = recv
+    else:
+        send = backend.alloc(send_count, dtype)
+        backend.copy_from_numpy(send, x)
+    backend.run(collective, send, recv, op, root)
+    return backend.to_numpy(recv)
+
+
+def main() -> int:
+    transport = sys.argv[1]
+    if transport == "mpi":
+        from mpi4py import MPI
+
+        rank, p = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        launcher = "mpiexec"
+    else:
+        rank, p = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        launcher = "torchrun"
+    ctx = RankContext(rank=rank, world_size=p, local_rank=rank, local_world_size=p,
+                      launcher=launcher, store=None, hostname="localhost",  # type: ignore[arg-type]
+                      options={"timeout": 60})
+    from ccbench.backends import backend_class
+
+    native = backend_class(transport)(ctx)
+    root = p - 1
+    checked = wrong = skipped = 0
+    failures: list[str] = []
+    families = sorted({a for a, c in REGISTRY if c in FIVE})
+    for family in families:
+        backend = algorithm_backend_class(f"{family}@{transport}")(ctx)
+        for collective in FIVE:
+            if backend.unsupported(collective, DTYPES[0], "sum"):
+                continue
+            reducing = collective in ("allreduce", "reduce-scatter")
+            for dtype in DTYPES:
+                for op in (OPS if reducing else (None,)):
+                    for unit in UNITS:
+                        send_count, _ = counts(collective, unit, p)
+                        inputs = exact_inputs(collective, op, p, send_count, dtype,
+                                              seed=unit + 7 * len(op or ""))
+                        want = reference(collective, inputs, op, root)[rank]
+                        modes = (True,) if collective == "broadcast" else (False, True)
+                        for inplace in modes:
+                            got = call(backend, collective, inputs[rank], dtype, op, inplace,
+                                       rank, p, root, unit)
+                            checked += 1
+                            label = (f"{family}@{transport} {collective} {dtype.name} {op} "
+                                     f"unit={unit} {'in' if inplace else 'out'}-place")
+                            if got.tobytes() != want.tobytes():
+                                wrong += 1
+                                failures.append(f"{label}: differs from the reference")
+                            if native.unsupported(collective, dtype, op):
+                                skipped += 1
+                                continue
+                            ref = call(native, collective, inputs[rank], dtype, op, inplace,
+                                       rank, p, root, unit)
+                            if got.tobytes() != ref.tobytes():
+                                wrong += 1
+                                failures.append(f"{label}: differs from native {transport}")
+        if transport == "mpi":          # gloo's finalize would end the shared process group
+            backend.finalize()
+    for line in failures[:10]:
+        print(f"rank {rank}: {line}", flush=True)
+    print(f"rank {rank}/{p}: {checked} checked, {wrong} wrong, {skipped} without a native "
+          f"counterpart", flush=True)
+    native.finalize()
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
