@@ -23,7 +23,7 @@ from ccbench.sizes import parse_sizes
 SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
                "merge", "report", "compare")
 
-__all__ = ["main", "bench_parser", "config_from_args"]
+__all__ = ["bench_parser", "config_from_args", "main"]
 
 
 class OneLineParser(argparse.ArgumentParser):

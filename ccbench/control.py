@@ -53,7 +53,8 @@ class ControlServer:
                 request = json.loads(line)
                 command = request["cmd"]
                 if command == "hello":
-                    rank = int(request["rank"])
+                    # only a rank's main connection counts for liveness (not its watchdog's)
+                    rank = int(request["rank"]) if request.get("track", True) else None
                     reply: dict[str, Any] = {"ok": True}
                 elif command == "bye":
                     said_bye = True
@@ -100,8 +101,10 @@ class ControlServer:
 class ControlClient:
     """One connection per rank. Thread-safe: the watchdog shares it with the main loop."""
 
-    def __init__(self, host: str, port: int, rank: int, connect_timeout: float = 60.0) -> None:
+    def __init__(self, host: str, port: int, rank: int, connect_timeout: float = 60.0,
+                 track: bool = True) -> None:
         self.rank = rank
+        self.address = (host, port)
         self._lock = threading.Lock()
         deadline = time.monotonic() + connect_timeout
         while True:
@@ -116,7 +119,12 @@ class ControlClient:
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._stream = self._sock.makefile("rwb")
-        self._call({"cmd": "hello", "rank": rank})
+        self._call({"cmd": "hello", "rank": rank, "track": track})
+
+    def second_connection(self) -> ControlClient:
+        """Another connection for the same rank (its watchdog), so a long blocking `get` on the
+        main connection never delays liveness posts; it does not count for liveness."""
+        return ControlClient(*self.address, self.rank, track=False)
 
     def _call(self, request: dict[str, Any]) -> Any:
         with self._lock:

@@ -162,14 +162,16 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
     watchdog.begin_step(step, case.label(size))
     bufs = _Buffers(backend, case, lay, rank)
     warm = _timed_samples(backend, case, bufs, method, watchdog, method.warmup)
-    iterations = _agree_iterations(store, f"{key}/warm", warm, method, rank, world)
+    with watchdog.waiting():
+        iterations = _agree_iterations(store, f"{key}/warm", warm, method, rank, world)
     samples = _timed_samples(backend, case, bufs, method, watchdog, iterations)
     wrong = _validate(backend, case, bufs, method, watchdog) if method.check else None
     del bufs
     store.set(f"{key}/times/{rank}", {"samples": samples, "wrong": wrong})
     if rank != 0:
         return None, wrong or 0
-    per_rank = [store.get(f"{key}/times/{r}", method.timeout) for r in range(world)]
+    with watchdog.waiting():
+        per_rank = [store.get(f"{key}/times/{r}", method.timeout) for r in range(world)]
     return _summarize(lay, per_rank, iterations, wrong is not None), wrong or 0
 
 

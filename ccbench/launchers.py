@@ -6,7 +6,8 @@ node count, and the address of the control store (hosted by rank 0).
 | local    | RANK, WORLD_SIZE, LOCAL_RANK + CCBENCH_CONTROL    | CCBENCH_CONTROL (set by launch)  |
 | torchrun | RANK, WORLD_SIZE, LOCAL_RANK (TORCHELASTIC_RUN_ID)| rank 0 publishes it in torchrun's store |
 | mpiexec  | PMI_RANK / OMPI_COMM_WORLD_RANK / PMIX_RANK / MPI | rank 0 broadcasts it with MPI    |
-| srun     | SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID         | first host of SLURM_NODELIST, port from the job and step ids |
+| srun     | SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID         | first host of SLURM_NODELIST;    |
+|          |                                                   | port from job and step ids       |
 | single   | nothing set: one rank                             | in-process                        |
 """
 
@@ -77,7 +78,7 @@ def _mpi_launch_info() -> LaunchInfo:
             local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS") or "1"
             return LaunchInfo("mpiexec", _env_int(rank_var), _env_int(size_var),
                               int(local), int(local_size))
-    from mpi4py import MPI            # the variables differ between MPIs: ask MPI itself
+    from mpi4py import MPI  # the variables differ between MPIs: ask MPI itself
 
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED)

@@ -201,7 +201,7 @@ class _Run:
                                                      config.method, self.step)
                 except (UsageError, RunFailure):
                     raise
-                except Exception as exc:   # a library error: one line naming the case and ranks
+                except Exception as exc:  # noqa: BLE001  a library error: one line naming the case and ranks
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                     watchdog.abort(f"{backend.name} failed: {first[:160]}")
                 self.wrong_total += own_wrong if not self.is_root else 0
@@ -251,10 +251,13 @@ def run_benchmark(config: BenchConfig) -> int:
     watchdog = Watchdog(store, info.rank, info.world_size, timeout)
     watchdog.start()
     try:
-        _agree_on_arguments(store, info, config.argv or [], timeout)
+        with watchdog.waiting():
+            _agree_on_arguments(store, info, config.argv or [], timeout)
         _check_memory(config, info)
         status = _Run(config, info, store).run(watchdog)
-        store.barrier("end", info.world_size, timeout)
+        watchdog.label = "the end of the run"
+        with watchdog.waiting():
+            store.barrier("end", info.world_size, timeout)
     finally:
         watchdog.stop()
     _close(store, server, info)

@@ -13,7 +13,7 @@ from ccbench.errors import UsageError
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
-__all__ = ["parse_size", "parse_sizes", "format_size"]
+__all__ = ["format_size", "parse_size", "parse_sizes"]
 
 
 def parse_size(text: str) -> int:

@@ -16,13 +16,13 @@ __all__ = ["count_wrong", "expected_output", "initial_output", "make_input"]
 SENTINEL = -1  # what output buffers hold before the collective, so untouched elements show
 
 
-def _sum_values(rank: int, index: np.ndarray, world_size: int) -> np.ndarray:
+def _sum_values(rank: int | np.ndarray, index: np.ndarray, world_size: int) -> np.ndarray:
     if world_size <= 40:                   # 3 * 40 = 120 < 127 (int8) and < 256 (bfloat16)
         return (rank + 2 * index) % 4
     return ((rank + index) % world_size == 0).astype(np.int64)   # every sum is exactly 1
 
 
-def _values(op: str | None, rank: int, index: np.ndarray, world_size: int) -> np.ndarray:
+def _values(op: str | None, rank: int | np.ndarray, index: np.ndarray, world_size: int) -> np.ndarray:
     if op == "sum":
         return _sum_values(rank, index, world_size)
     if op == "prod":                        # one rank holds 2, the rest 1, per element: product 2

@@ -25,7 +25,8 @@ _DEAD_GRACE_S = 2.0     # blocked this long while a peer is known dead: give up 
 
 class Watchdog:
     def __init__(self, store: ControlClient, rank: int, world_size: int, timeout: float) -> None:
-        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self.store = store.second_connection()
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self.label = "start-up"
         self.position: tuple[int, int] = (0, 0)     # (case-size step, ops entered in it)
         self.blocked_since: float | None = None
@@ -40,6 +41,7 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self.store.close()
 
     # -- called by the harness --------------------------------------------------------
     def begin_step(self, step: int, label: str) -> None:
@@ -53,6 +55,11 @@ class Watchdog:
 
     def leave(self) -> None:
         self.blocked_since = None
+
+    def waiting(self) -> _Waiting:
+        """`with watchdog.waiting():` around a control-store wait on other ranks: bounded by the
+        same timeout, without counting as an operation entered."""
+        return _Waiting(self)
 
     def abort(self, why: str) -> None:
         """A library reported an error mid-collective: usually a peer died. Give the store a
@@ -100,6 +107,11 @@ class Watchdog:
     def _give_up(self, why: str, store_lost: bool = False) -> None:
         # the main thread (a library error) and this thread (a timeout) may both get here
         self._giving_up.acquire()
+        try:
+            if not store_lost and self.store.peek("aborted") is not None:
+                self._leave_quietly()         # another rank has already said why
+        except StoreLost:
+            store_lost = True
         missing = self._missing_ranks(store_lost)
         alive = [r for r in range(self.world_size) if r not in missing]
         speaker = alive[0] if alive else self.rank
@@ -107,20 +119,24 @@ class Watchdog:
             names = ", ".join(f"{r}{' (dead)' if d else ''}" for r, d in sorted(missing.items()))
             print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
                   f"{names or 'unknown'}", file=sys.stderr, flush=True)
-            self._linger_as_store_host(store_lost)
+            self._linger_as_store_host(store_lost, missing)
             os._exit(EXIT_HUNG)
         self._giving_up.release()
         self._leave_quietly()
 
-    def _linger_as_store_host(self, store_lost: bool) -> None:
-        """Rank 0 hosts the store: keep it up a moment so the others read 'aborted' and leave
-        quietly instead of reporting a lost store."""
+    def _linger_as_store_host(self, store_lost: bool, missing: dict[int, bool]) -> None:
+        """Rank 0 hosts the store: keep it up until the other live ranks have read 'aborted'
+        and left, so none of them reports a lost store instead of the real cause."""
         if store_lost:
             return
         try:
             self.store.set("aborted", self.rank)
-            if self.rank == 0:
-                time.sleep(_POLL_S * 3)
+            if self.rank != 0:
+                return
+            waiting_for = self.world_size - 1 - len(missing)
+            deadline = time.monotonic() + 3.0
+            while len(self.store.prefix("left/")) < waiting_for and time.monotonic() < deadline:
+                time.sleep(0.05)
         except StoreLost:
             pass
 
@@ -143,3 +159,14 @@ class Watchdog:
             if rank != self.rank and where < self.position:
                 missing[rank] = False
         return missing
+
+
+class _Waiting:
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+
+    def __enter__(self) -> None:
+        self.watchdog.blocked_since = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self.watchdog.blocked_since = None

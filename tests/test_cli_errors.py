@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, run_ccbench
 
 CASES = {

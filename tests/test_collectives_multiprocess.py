@@ -7,12 +7,11 @@ import itertools
 from pathlib import Path
 
 import pytest
+from conftest import have_mpi, run_ccbench
 
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING
 from ccbench.dtypes import DTYPES
 from ccbench.record import load_records
-
-from conftest import have_mpi, run_ccbench
 
 # 3000 B gives odd element counts (750 float32, 3000 int8) and non-divisible splits at 3 ranks
 SIZES = "8,1K,3000,33K"

@@ -10,16 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import have_mpi
 
 from ccbench.record import load_records
-
-from conftest import have_mpi
 
 TIMEOUT_S = 5.0
 MARGIN_S = 12.0
 
 
-def _ranks_of(launcher: subprocess.Popen[str], world: int, deadline: float) -> dict[int, int]:
+def _ranks_of(tag: str, world: int, deadline: float) -> dict[int, int]:
     """rank -> pid of the ccbench processes below the launcher (read from /proc)."""
     while time.monotonic() < deadline:
         found: dict[int, int] = {}
@@ -34,11 +33,9 @@ def _ranks_of(launcher: subprocess.Popen[str], world: int, deadline: float) -> d
             if b"ccbench" not in cmdline or b"launch" in cmdline or b"mpiexec" in cmdline:
                 continue
             variables = dict(v.split(b"=", 1) for v in env if b"=" in v)
-            tag = variables.get(b"CCBENCH_TEST_TAG")
             rank = variables.get(b"RANK") or variables.get(b"PMI_RANK")
-            if tag == str(launcher.pid).encode() or (tag and rank is not None):
-                if tag == os.environ.get("CCBENCH_TEST_TAG", "").encode():
-                    found[int(rank)] = int(entry.name)
+            if variables.get(b"CCBENCH_TEST_TAG") == tag.encode() and rank is not None:
+                found[int(rank)] = int(entry.name)
         if len(found) == world:
             return found
         time.sleep(0.1)
@@ -70,7 +67,7 @@ def test_gloo_rank_dies_or_hangs(tmp_path: Path, how: str, monkeypatch: pytest.M
     tag = f"fault-{how}-{os.getpid()}"
     monkeypatch.setenv("CCBENCH_TEST_TAG", tag)
     proc, out = _start(tmp_path, "gloo", tag)
-    ranks = _ranks_of(proc, 3, time.monotonic() + 60)
+    ranks = _ranks_of(tag, 3, time.monotonic() + 60)
     _wait_records(out, 3, proc)
     victim = ranks[2]
     os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
@@ -101,7 +98,7 @@ def test_mpi_rank_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tag = f"fault-mpi-{os.getpid()}"
     monkeypatch.setenv("CCBENCH_TEST_TAG", tag)
     proc, out = _start(tmp_path, "mpi", tag)
-    ranks = _ranks_of(proc, 3, time.monotonic() + 60)
+    ranks = _ranks_of(tag, 3, time.monotonic() + 60)
     _wait_records(out, 3, proc)
     os.kill(ranks[1], signal.SIGKILL)
     started = time.monotonic()

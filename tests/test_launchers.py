@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MPIEXEC, PYTHON, have_mpi
 
 from ccbench.launchers import detect_launch, expand_nodelist
 from ccbench.record import case_key, load_records
-
-from conftest import MPIEXEC, PYTHON, have_mpi
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 BENCH = ["allreduce,alltoall", "--sizes", "1K,3000", "--iters", "2", "--warmup", "1", "-q"]

@@ -100,7 +100,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _supervise(commands: list[list[str]], envs: list[dict[str, str]], timeout: float) -> int:
-    procs = [subprocess.Popen(cmd, env={**os.environ, **env}) for cmd, env in zip(commands, envs)]
+    procs = [subprocess.Popen(cmd, env={**os.environ, **env})
+             for cmd, env in zip(commands, envs, strict=True)]
 
     def forward(signum: int, _frame: object) -> None:
         for proc in procs:
