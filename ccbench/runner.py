@@ -192,6 +192,8 @@ class _Run:
                 self.writer.note(f"{collective} {dtype} {op or ''}: {reason}".replace("  ", " "))
             return
         modes = (True,) if collective == "broadcast" else config.modes
+        if self.is_root:
+            self.writer.note(f"{collective}  {dtype}{'  ' + op if op else ''}")
         for size in config.sizes:
             for inplace in modes:
                 case = Case(collective, dtype, op, inplace, config.root)
