@@ -22,9 +22,11 @@ every transport.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -250,6 +252,18 @@ class AlgorithmicBackend(Backend):
         return ex
 
     # -- the collectives ----------------------------------------------------------------
+    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+             ) -> Callable[[], None]:
+        """The executor's run with the numpy views resolved once (never the transport's own
+        bound collective: that would time the library instead of the schedule)."""
+        r = self._np(recv)
+        if collective == "broadcast":
+            return functools.partial(self._executor("broadcast", r.nbytes, root).run, None, r,
+                                     None)
+        reducing = collective in ("allreduce", "reduce-scatter")
+        return functools.partial(self._executor(collective, r.nbytes).run, self._np(send), r,
+                                 (op or "sum") if reducing else None)
+
     def broadcast(self, buf: Any, root: int) -> None:
         b = self._np(buf)
         self._executor("broadcast", b.nbytes, root).run(None, b, None)
