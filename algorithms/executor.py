@@ -5,9 +5,10 @@ Block ranges are turned into element slices once per buffer size; the bound view
 ``tmp`` and the reduction scratch are allocated once per (buffers, op) and reused, so
 the per-call loop allocates nothing (on numpy: ufuncs with ``out=``).
 
-Per step: the copies, then every recv and send posted, then -- recv by recv, in the
-listed order -- waits and reductions (``out = base (op) incoming``); a reduction whose
-target a send of the same step still reads waits for the sends first. Calls with
+Per step: the copies, then every recv and send posted (or the transport's prepared
+requests started), then the waits and the reductions (``out = base (op) incoming``) in
+the listed order; with several reductions in a step each is applied as soon as its recv
+is in, unless a send of the step still reads a reduction target (then all wait). Calls with
 aliased buffers (in-place) run as they are when the schedule is verified for it
 (``Schedule.inplace_safe``) and the alias is the one the harness makes; otherwise the
 input is copied to a snapshot first.
@@ -97,7 +98,8 @@ class Executor:
         self.xp, self.timeout = xp, timeout
         self._plans: dict[int, _Plan] = {}
         self._bound: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
-        self._sendrecv = getattr(transport, "sendrecv", None)
+        #: transports that can set a step's transfers up once (MPI persistent requests)
+        self._prepare = getattr(transport, "prepare", None)
 
     # -- compile ------------------------------------------------------------------------
     def plan(self, unit: int) -> _Plan:
@@ -203,46 +205,82 @@ class Executor:
                     rv.append((peer, tag, landing, (base, landing, target)))
                 else:
                     rv.append((peer, tag, target, None))
-            steps.append((cp, sd, rv, defer))
+            prepared = None
+            if self._prepare is not None and (sd or rv):
+                prepared = self._prepare([(buf, peer, tag) for peer, tag, buf in sd],
+                                         [(buf, peer, tag) for peer, tag, buf, _ in rv])
+            reds = [red for *_, red in rv if red is not None]
+            # one reduction, or several that must wait for the sends anyway: wait for the
+            # whole step, then reduce; else reduce each recv as soon as it is in
+            ordered = len(reds) > 1 and not defer
+            steps.append((cp, sd, rv, reds, ordered, prepared))
         bound = (send, recv, snapshot, steps, reduce)
         self._bound[key] = bound
         if len(self._bound) > _CACHE_SIZE:
-            self._bound.popitem(last=False)
+            _free(self._bound.popitem(last=False)[1])
         return bound
 
+    def close(self) -> None:
+        """Release what the transport prepared (persistent requests); idempotent."""
+        while self._bound:
+            _free(self._bound.popitem()[1])
+
     # -- run ----------------------------------------------------------------------------
+    def bound_call(self, send: Any, recv: Any, op: str | None = "sum",
+                   dtype_name: str | None = None) -> Any:
+        """``run`` with the buffers resolved now: the call a timed loop should make."""
+        name = dtype_name or np.dtype(recv.dtype).name
+        bound = self.bind(send, recv, op, name)
+        return lambda: self._execute(send, bound)
+
     def run(self, send: Any, recv: Any, op: str | None = "sum",
             dtype_name: str | None = None) -> None:
         """One collective call. Broadcast: pass ``send=None`` and the buffer as ``recv``."""
         name = dtype_name or np.dtype(recv.dtype).name
-        _, _, snapshot, steps, reduce = self.bind(send, recv, op, name)
+        self._execute(send, self.bind(send, recv, op, name))
+
+    def _execute(self, send: Any, bound: tuple[Any, ...]) -> None:
+        _, _, snapshot, steps, reduce = bound
         if snapshot is not None:
             snapshot[...] = send
-        t, timeout, sendrecv = self.transport, self.timeout, self._sendrecv
-        for copies, sends, recvs, defer in steps:
+        t, timeout = self.transport, self.timeout
+        for copies, sends, recvs, reds, ordered, prepared in steps:
             for src, dst in copies:
                 dst[...] = src
-            if sendrecv is not None and len(sends) == 1 and len(recvs) == 1:
-                speer, stag, sbuf = sends[0]
-                rpeer, rtag, rbuf, red = recvs[0]
-                sendrecv(sbuf, speer, stag, rbuf, rpeer, rtag, timeout)
-                if red is not None:
+            if prepared is not None:
+                prepared.start()
+                if ordered:
+                    i = 0
+                    for *_, red in recvs:
+                        prepared.wait_recv(i, timeout)
+                        if red is not None:
+                            reduce(*red)
+                        i += 1
+                    prepared.wait_all(timeout)
+                    continue
+                prepared.wait_all(timeout)
+                for red in reds:
                     reduce(*red)
                 continue
             rreqs = [t.irecv(buf, peer, tag) for peer, tag, buf, _ in recvs]
             sreqs = [t.isend(buf, peer, tag) for peer, tag, buf in sends]
-            if defer:
-                for q in rreqs:
+            if ordered:
+                for q, (*_, red) in zip(rreqs, recvs):
                     q.wait(timeout)
-                for q in sreqs:
-                    q.wait(timeout)
-                for *_, red in recvs:
                     if red is not None:
                         reduce(*red)
+                for q in sreqs:
+                    q.wait(timeout)
                 continue
-            for q, (*_, red) in zip(rreqs, recvs):
+            for q in rreqs:
                 q.wait(timeout)
-                if red is not None:
-                    reduce(*red)
             for q in sreqs:
                 q.wait(timeout)
+            for red in reds:
+                reduce(*red)
+
+
+def _free(bound: tuple[Any, ...]) -> None:
+    for step in bound[3]:
+        if step[5] is not None:
+            step[5].free()

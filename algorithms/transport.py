@@ -6,8 +6,10 @@ A transport moves contiguous 1-D array slices between ranks:
   transfer; ``buf`` must not be touched until the request's ``wait`` returned;
 * ``Request.wait(timeout)``: block until done, raise ``TransportTimeout`` after
   ``timeout`` seconds (None: the transport's own limit);
-* optionally ``sendrecv(sendbuf, dst, stag, recvbuf, src, rtag, timeout)``: one send and one
-  recv at once (a fast path for steps with exactly one of each).
+* optionally ``prepare(sends, recvs) -> Prepared`` with sends / recvs lists of
+  ``(buf, peer, tag)``: set one step's transfers up once for buffers that stay the same
+  across calls (MPI persistent requests). ``Prepared`` has ``start()``,
+  ``wait_recv(i, timeout)`` (the i-th recv), ``wait_all(timeout)`` and ``free()``.
 
 Tags are the message's sequence number on its (src, dst) pair modulo ``TAG_LIMIT``, so a
 transport may reorder messages of different tags; messages of equal tag must stay in order.

@@ -9,7 +9,7 @@ Names are ``<algorithm>[:<chunk>]@<transport>``:
   a chunk are split into ceil(size / chunk) segments, at most 64. Without it, broadcast
   and the trees pipeline in 512 KiB segments and everything else sends one message per
   block;
-* transport: ``mpi`` (mpi4py Isend/Irecv/Sendrecv on the mpi backend's communicator,
+* transport: ``mpi`` (mpi4py persistent Send_init/Recv_init, else Isend/Irecv, on the mpi backend's communicator,
   numpy buffers) or ``gloo`` (torch.distributed isend/irecv on CPU tensors).
 
 The class subclasses the transport's backend, so buffers, barrier and metadata are the
@@ -45,7 +45,6 @@ _MAX_SEGMENTS = 64
 _DEFAULT_PIPELINE_CHUNK = 512 << 10            # broadcast and trees
 _PIPELINED = frozenset({"broadcast"})
 _PIPELINED_ALGOS = frozenset({"tree", "dbtree"})
-_SMALL_SENDRECV = 64 << 10     # below this an MPI step with one send and one recv uses Sendrecv
 _SPINS_BEFORE_YIELD = 64
 
 
@@ -90,20 +89,7 @@ class _MPIRequest:
         self.req, self.what = req, what
 
     def wait(self, timeout: float | None = None) -> None:
-        req = self.req
-        if req.Test():
-            return
-        deadline = time.monotonic() + (300.0 if timeout is None else timeout)
-        spins = 0
-        while not req.Test():
-            spins += 1
-            if spins >= _SPINS_BEFORE_YIELD:   # oversubscribed ranks need the core back
-                os.sched_yield()
-                if spins % 1024 == 0 and time.monotonic() > deadline:
-                    from algorithms.transport import TransportTimeout
-
-                    req.Cancel()
-                    raise TransportTimeout(f"{self.what}: not done after {timeout:g} s")
+        _poll(self.req.Test, timeout, self.what)
 
 
 def _raw(buf: np.ndarray) -> np.ndarray:
@@ -128,17 +114,52 @@ class MPITransport:
         return _MPIRequest(self.comm.Irecv([_raw(buf), self.MPI.BYTE], source=peer, tag=tag),
                            f"rank {self.rank}: recv from {peer}")
 
-    def sendrecv(self, sbuf: np.ndarray, dst: int, stag: int, rbuf: np.ndarray, src: int,
-                 rtag: int, timeout: float | None) -> None:
-        if sbuf.nbytes <= _SMALL_SENDRECV and rbuf.nbytes <= _SMALL_SENDRECV:
-            # small: one blocking call (eager-sized; a dead peer is the watchdog's to report)
-            self.comm.Sendrecv([_raw(sbuf), self.MPI.BYTE], dst, stag,
-                               [_raw(rbuf), self.MPI.BYTE], src, rtag)
-            return
-        r = self.irecv(rbuf, src, rtag)
-        s = self.isend(sbuf, dst, stag)
-        r.wait(timeout)
-        s.wait(timeout)
+    def prepare(self, sends: list[tuple[np.ndarray, int, int]],
+                recvs: list[tuple[np.ndarray, int, int]]) -> _MPIPrepared:
+        """Persistent requests for one step (buffers parsed once, not per call)."""
+        byte = self.MPI.BYTE
+        rq = [self.comm.Recv_init([_raw(b), byte], source=peer, tag=tag) for b, peer, tag in recvs]
+        sq = [self.comm.Send_init([_raw(b), byte], dest=peer, tag=tag) for b, peer, tag in sends]
+        return _MPIPrepared(self.MPI, rq, sq, self.rank)
+
+
+class _MPIPrepared:
+    __slots__ = ("MPI", "recvs", "all", "rank", "start", "_testall")
+
+    def __init__(self, MPI: Any, recvs: list[Any], sends: list[Any], rank: int) -> None:
+        self.MPI, self.recvs, self.all, self.rank = MPI, recvs, recvs + sends, rank
+        self.start = functools.partial(MPI.Prequest.Startall, self.all)
+        self._testall = functools.partial(MPI.Request.Testall, self.all)
+
+    def wait_recv(self, i: int, timeout: float | None) -> None:
+        _poll(self.recvs[i].Test, timeout, f"rank {self.rank}: recv {i} of a step")
+
+    def wait_all(self, timeout: float | None) -> None:
+        if not self._testall():
+            _poll(self._testall, timeout, f"rank {self.rank}: a step's transfers")
+
+    def free(self) -> None:
+        for req in self.all:
+            if req != self.MPI.REQUEST_NULL:
+                req.Free()
+        self.all = self.recvs = []
+
+
+def _poll(test: Callable[[], bool], timeout: float | None, what: str) -> None:
+    """Spin on `test`, yielding the core after a few tries (oversubscribed ranks need it),
+    until it is true or `timeout` passed."""
+    if test():
+        return
+    deadline = time.monotonic() + (300.0 if timeout is None else timeout)
+    spins = 0
+    while not test():
+        spins += 1
+        if spins >= _SPINS_BEFORE_YIELD:
+            os.sched_yield()
+            if spins % 1024 == 0 and time.monotonic() > deadline:
+                from algorithms.transport import TransportTimeout
+
+                raise TransportTimeout(f"{what}: not done after {timeout:g} s")
 
 
 class _TorchRequest:
@@ -219,6 +240,12 @@ class AlgorithmicBackend(Backend):
             return f"unsupported by {self.name}: dtype {dtype.name}"
         return None
 
+    def finalize(self) -> None:
+        for ex in self._executors.values():     # persistent requests go before the comm
+            ex.close()
+        self._executors.clear()
+        super().finalize()
+
     def info(self) -> dict[str, Any]:
         meta = dict(super().info())
         meta["algorithm"] = self.algorithm
@@ -258,11 +285,10 @@ class AlgorithmicBackend(Backend):
         bound collective: that would time the library instead of the schedule)."""
         r = self._np(recv)
         if collective == "broadcast":
-            return functools.partial(self._executor("broadcast", r.nbytes, root).run, None, r,
-                                     None)
+                return self._executor("broadcast", r.nbytes, root).bound_call(None, r, None)
         reducing = collective in ("allreduce", "reduce-scatter")
-        return functools.partial(self._executor(collective, r.nbytes).run, self._np(send), r,
-                                 (op or "sum") if reducing else None)
+        return self._executor(collective, r.nbytes).bound_call(
+            self._np(send), r, (op or "sum") if reducing else None)
 
     def broadcast(self, buf: Any, root: int) -> None:
         b = self._np(buf)
