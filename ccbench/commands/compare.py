@@ -1,0 +1,251 @@
+"""`ccbench compare BASE NEW`: did NEW get slower or faster than BASE, beyond noise?
+
+For every (case, size) present in both, the ratio NEW/BASE of the median time, with a
+bootstrap confidence interval from the per-iteration samples (`samples_us`) of both sides.
+A change is marked only when it is significant (the interval excludes 1) AND larger than
+the threshold: a regression when ratio > 1 + threshold, an improvement when
+ratio < 1 / (1 + threshold). Exit status 1 when any case regressed, 0 otherwise, 2 on bad input.
+
+Records are comparable when world size, nodes, ranks per node, dtype, op, timing mode,
+device and root agree; otherwise compare refuses, unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ccbench.errors import UsageError
+from ccbench.record import Record, load_records
+
+__all__ = ["Comparison", "compare_records", "bootstrap_ratio", "register", "main"]
+
+# What a case is; records pair when these agree.
+IDENTITY = ("collective", "backend", "algorithm", "transport", "inplace", "size_asked")
+# What must agree for two measurements of a case to be comparable.
+COMPARABLE = ("world_size", "nodes", "ranks_per_node", "dtype", "op", "timing", "device", "root")
+
+
+@dataclass
+class Comparison:
+    collective: str
+    backend: str
+    algorithm: str
+    inplace: bool
+    size: int
+    base_us: float
+    new_us: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    significant: bool
+    verdict: str          # regression | improvement | same | n/a
+    base_library: str
+    new_library: str
+
+
+def bootstrap_ratio(base: Sequence[float], new: Sequence[float], *, resamples: int = 2000,
+                    confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """median(new)/median(base) and a percentile-bootstrap interval (resampling both sides)."""
+    b = np.asarray(base, dtype=np.float64)
+    n = np.asarray(new, dtype=np.float64)
+    if b.size == 0 or n.size == 0:
+        raise ValueError("no samples")
+    ratio = float(np.median(n) / np.median(b))
+    if b.size < 2 or n.size < 2:
+        return ratio, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    bm = np.median(b[rng.integers(0, b.size, size=(resamples, b.size))], axis=1)
+    nm = np.median(n[rng.integers(0, n.size, size=(resamples, n.size))], axis=1)
+    ratios = nm / bm
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(ratios, [tail, 100.0 - tail])
+    return ratio, float(low), float(high)
+
+
+def _samples(record: Record) -> list[float]:
+    return list(record.samples_us) if record.samples_us else [record.time_us["median"]]
+
+
+def _field(record: Record, name: str) -> Any:
+    value = getattr(record, name)
+    if name == "root" and record.collective != "broadcast":
+        return None      # the root only matters where there is one
+    return value
+
+
+def _index(records: list[Record], names: Sequence[str], what: str) -> dict[tuple, Record]:
+    """Key -> record; a repeated key keeps the latest record (a rerun supersedes)."""
+    out: dict[tuple, Record] = {}
+    for rec in sorted(records, key=lambda r: r.timestamp):
+        out[tuple(_field(rec, n) for n in names)] = rec
+    return out
+
+
+def _describe_mismatch(pairs: list[tuple[Record, Record]]) -> str:
+    seen: dict[str, tuple[set, set]] = {}
+    for base, new in pairs:
+        for name in COMPARABLE:
+            b, n = _field(base, name), _field(new, name)
+            if b != n:
+                entry = seen.setdefault(name, (set(), set()))
+                entry[0].add(str(b))
+                entry[1].add(str(n))
+    parts = [f"{name} {','.join(sorted(b))} vs {','.join(sorted(n))}"
+             for name, (b, n) in seen.items()]
+    return "; ".join(parts)
+
+
+def pair_records(base: list[Record], new: list[Record], force: bool = False
+                 ) -> tuple[list[tuple[Record, Record]], str | None]:
+    """Matched (base, new) pairs and a note about how they were matched (None when plain)."""
+    if not base:
+        raise UsageError("BASE holds no records")
+    if not new:
+        raise UsageError("NEW holds no records")
+    full = IDENTITY + COMPARABLE
+    bi, ni = _index(base, full, "BASE"), _index(new, full, "NEW")
+    pairs = [(bi[k], ni[k]) for k in bi if k in ni]
+    note = None
+    identity = IDENTITY
+    if not pairs:
+        backends_b = {(r.backend, r.algorithm, r.transport) for r in base}
+        backends_n = {(r.backend, r.algorithm, r.transport) for r in new}
+        if (len(backends_b) == 1 and len(backends_n) == 1 and backends_b != backends_n):
+            # one backend against another: pair the cases across backends
+            identity = ("collective", "inplace", "size_asked")
+            pairs = _pairs_on(base, new, full[len(IDENTITY):], identity)
+            note = (f"comparing backend {next(iter(backends_n))[0]} (NEW) against "
+                    f"{next(iter(backends_b))[0]} (BASE)")
+    if not pairs:
+        loose = _pairs_on(base, new, (), identity)
+        if not loose:
+            raise UsageError("BASE and NEW have no (case, size) in common")
+        mismatch = _describe_mismatch(loose)
+        if not force:
+            raise UsageError(f"incomparable records: {mismatch} (pass --force to compare anyway)")
+        pairs = loose
+        note = ((note + "; ") if note else "") + f"forced despite {mismatch}"
+    return pairs, note
+
+
+def _pairs_on(base: list[Record], new: list[Record], extra: Sequence[str],
+              identity: Sequence[str]) -> list[tuple[Record, Record]]:
+    names = tuple(identity) + tuple(extra)
+    bi, ni = _index(base, names, "BASE"), _index(new, names, "NEW")
+    return [(bi[k], ni[k]) for k in bi if k in ni]
+
+
+def compare_records(base: list[Record], new: list[Record], *, threshold: float = 0.05,
+                    force: bool = False, confidence: float = 0.95, resamples: int = 2000,
+                    seed: int = 0) -> tuple[list[Comparison], str | None]:
+    if not 0 <= threshold < 10:
+        raise UsageError(f"--threshold must be in [0, 10), got {threshold:g}")
+    if not 0.5 <= confidence < 1:
+        raise UsageError(f"--confidence must be in [0.5, 1), got {confidence:g}")
+    pairs, note = pair_records(base, new, force)
+    out: list[Comparison] = []
+    for b, n in pairs:
+        ratio, low, high = bootstrap_ratio(_samples(b), _samples(n), resamples=resamples,
+                                           confidence=confidence, seed=seed)
+        if math.isnan(low):
+            significant, verdict = False, "n/a"
+        else:
+            significant = low > 1.0 or high < 1.0
+            if significant and low > 1.0 and ratio > 1.0 + threshold:
+                verdict = "regression"
+            elif significant and high < 1.0 and ratio < 1.0 / (1.0 + threshold):
+                verdict = "improvement"
+            else:
+                verdict = "same"
+        out.append(Comparison(
+            collective=n.collective, backend=n.backend if n.backend == b.backend
+            else f"{b.backend}->{n.backend}", algorithm=n.algorithm, inplace=n.inplace,
+            size=n.size_asked, base_us=float(np.median(_samples(b))),
+            new_us=float(np.median(_samples(n))), ratio=ratio, ci_low=low, ci_high=high,
+            significant=significant, verdict=verdict,
+            base_library=f"{b.library} {b.library_version}".strip(),
+            new_library=f"{n.library} {n.library_version}".strip()))
+    out.sort(key=lambda c: (c.collective, c.backend, c.algorithm, c.inplace, c.size))
+    return out, note
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+_MARK = {"regression": "SLOWER", "improvement": "faster", "same": "", "n/a": "n/a"}
+
+
+def _print_table(rows: list[Comparison], note: str | None, threshold: float,
+                 confidence: float, stream=sys.stdout) -> None:
+    if note:
+        print(f"# {note}", file=stream)
+    print(f"# ratio = median time NEW/BASE; [{confidence:.0%} bootstrap interval]; marked when "
+          f"significant and beyond {threshold:.0%}", file=stream)
+    head = (f"{'collective':<15}{'backend':<18}{'mode':<6}{'size':>6}{'base us':>12}"
+            f"{'new us':>12}{'ratio':>8}  {'interval':<17}{'':<8}")
+    print(head, file=stream)
+    for c in rows:
+        interval = ("-" if math.isnan(c.ci_low) else f"[{c.ci_low:.3f}, {c.ci_high:.3f}]")
+        name = c.backend if c.algorithm in ("native", "") else f"{c.backend}"
+        print(f"{c.collective:<15}{name:<18}{'in' if c.inplace else 'out':<6}{_size(c.size):>6}"
+              f"{c.base_us:>12.2f}{c.new_us:>12.2f}{c.ratio:>8.3f}  {interval:<17}"
+              f"{_MARK[c.verdict]:<8}".rstrip(), file=stream)
+    slower = sum(c.verdict == "regression" for c in rows)
+    faster = sum(c.verdict == "improvement" for c in rows)
+    finite = [c.ratio for c in rows if c.ratio > 0 and math.isfinite(c.ratio)]
+    geo = math.exp(sum(map(math.log, finite)) / len(finite)) if finite else math.nan
+    print(f"# {len(rows)} compared: {slower} slower, {faster} faster, "
+          f"{len(rows) - slower - faster} unchanged; geometric mean ratio {geo:.3f}", file=stream)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compare", help="NEW/BASE median-time ratios with bootstrap intervals",
+        description="Per case and size, the ratio NEW/BASE of the median time with a bootstrap "
+                    "confidence interval; exit 1 on a significant regression beyond --threshold.")
+    parser.add_argument("base", help="BASE results file or folder (*.jsonl)")
+    parser.add_argument("new", help="NEW results file or folder (*.jsonl)")
+    parser.add_argument("--threshold", type=float, default=0.05,
+                        help="smallest relative change that counts (default 0.05 = 5%%)")
+    parser.add_argument("--confidence", type=float, default=0.95,
+                        help="bootstrap interval level (default 0.95)")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--force", action="store_true",
+                        help="compare even when world size, dtype, timing mode ... differ")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.resamples < 100:
+        raise UsageError(f"--resamples must be >= 100, got {args.resamples}")
+    base = load_records(args.base)
+    new = load_records(args.new)
+    rows, note = compare_records(base, new, threshold=args.threshold, force=args.force,
+                                 confidence=args.confidence, resamples=args.resamples,
+                                 seed=args.seed)
+    if args.format == "table":
+        _print_table(rows, note, args.threshold, args.confidence)
+    elif args.format == "json":
+        for row in rows:
+            print(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
+                              for k, v in asdict(row).items()}))
+    else:
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(asdict(rows[0]).keys()))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(asdict(row))
+    return 1 if any(c.verdict == "regression" for c in rows) else 0

@@ -1,0 +1,148 @@
+"""ccbench compare: planted regressions are found, noise is not, incomparable input is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_ccbench
+
+from ccbench.commands.compare import bootstrap_ratio, compare_records
+from ccbench.errors import UsageError
+from ccbench.record import Record, append_record, record_from_dict
+
+FACTORS = {"allreduce": 1.0, "allgather": 0.5, "reduce-scatter": 0.5, "broadcast": 1.0,
+           "alltoall": 0.5}
+
+
+def make_record(*, collective: str = "allreduce", backend: str = "mpi", size: int = 1024,
+                median_us: float = 10.0, noise: float = 0.03, iters: int = 30, seed: int = 0,
+                world_size: int = 2, dtype: str = "float32", timing: str = "per-op",
+                inplace: bool = False, library: str = "Intel(R) MPI Library",
+                version: str = "2021.18", algorithm: str = "native",
+                straggler: float = 1.0) -> Record:
+    """A plausible record: lognormal-ish samples around median_us."""
+    rng = np.random.default_rng(seed)
+    samples = median_us * np.exp(rng.normal(0.0, noise, iters))
+    samples = samples * (median_us / np.median(samples))
+    stats = {"median": float(np.median(samples)), "mean": float(samples.mean()),
+             "min": float(samples.min()), "p5": float(np.percentile(samples, 5)),
+             "p95": float(np.percentile(samples, 95)), "max": float(samples.max()),
+             "stdev": float(samples.std(ddof=1))}
+    ranks = [median_us * (1 - 0.02 * r) for r in range(world_size)]
+    ranks[-1] *= straggler
+    algbw = size / (stats["median"] * 1e-6) / 1e9
+    factor = 2 * (world_size - 1) / world_size if collective == "allreduce" else (
+        1.0 if collective == "broadcast" else (world_size - 1) / world_size)
+    transport = backend.split("@")[-1]
+    return Record(
+        run_id="r0", timestamp=f"2026-12-02T12:00:{seed % 60:02d}+00:00", ccbench_version="0.1.0",
+        collective=collective, backend=backend, library=library, library_version=version,
+        algorithm=algorithm, transport=transport, device="cpu", dtype=dtype,
+        op=None if collective in ("allgather", "broadcast", "alltoall") else "sum",
+        inplace=inplace, timing=timing, world_size=world_size, nodes=1,
+        ranks_per_node=world_size, hosts=["h"], root=0, size_asked=size, size_used=size,
+        count=size // 4, iterations=iters, warmup=2, time_us=stats,
+        samples_us=[float(x) for x in samples], rank_median_us=ranks, algbw_gbps=algbw,
+        busbw_gbps=algbw * factor, wrong=0,
+        method={"timing": timing, "combine": "max over ranks"},
+        environment={"cpu": "Test CPU", "torch": "2.13.0", "num_cpus": 2})
+
+
+def write(path: Path, records: list[Record]) -> Path:
+    for rec in records:
+        append_record(path, rec)
+    return path
+
+
+SIZES = [1 << k for k in range(10, 20, 3)]
+
+
+def series(factor: float = 1.0, seed: int = 0, **kw) -> list[Record]:
+    return [make_record(size=s, median_us=5.0 + s / 1e3 * factor, seed=seed + i, **kw)
+            for i, s in enumerate(SIZES)]
+
+
+def test_bootstrap_interval_contains_true_ratio() -> None:
+    rng = np.random.default_rng(1)
+    base = 10 * np.exp(rng.normal(0, 0.05, 40))
+    new = 12 * np.exp(rng.normal(0, 0.05, 40))
+    ratio, low, high = bootstrap_ratio(base, new)
+    assert low < 1.2 < high or abs(ratio - 1.2) < 0.05
+    assert low > 1.0
+
+
+def test_planted_regression_is_significant() -> None:
+    base = series(seed=0)
+    new = series(seed=100)
+    new[1] = make_record(size=SIZES[1], median_us=(5.0 + SIZES[1] / 1e3) * 1.2, seed=7)
+    rows, note = compare_records(base, new, threshold=0.05)
+    assert note is None
+    verdicts = {r.size: r.verdict for r in rows}
+    assert verdicts[SIZES[1]] == "regression"
+    assert [v for s, v in verdicts.items() if s != SIZES[1]] == ["same"] * (len(SIZES) - 1)
+    row = next(r for r in rows if r.size == SIZES[1])
+    assert row.ci_low > 1.0 and 1.1 < row.ratio < 1.3
+
+
+def test_noise_is_ignored() -> None:
+    # same distribution, different draws, and a noisy 3% shift that is below the threshold
+    rows, _ = compare_records(series(seed=0), series(seed=50, factor=1.03), threshold=0.05)
+    assert all(r.verdict in ("same", "n/a") for r in rows)
+    rows, _ = compare_records(series(seed=0, noise=0.3), series(seed=9, noise=0.3))
+    assert all(r.verdict != "regression" for r in rows)
+
+
+def test_improvement_is_marked() -> None:
+    rows, _ = compare_records(series(), series(seed=3, factor=0.5))
+    assert {r.verdict for r in rows if r.size >= 1 << 16} == {"improvement"}
+
+
+@pytest.mark.parametrize("change", [{"world_size": 4}, {"dtype": "bfloat16"},
+                                    {"timing": "pipelined"}])
+def test_refuses_incomparable(change: dict) -> None:
+    with pytest.raises(UsageError, match="incomparable"):
+        compare_records(series(), series(seed=5, **change))
+    rows, note = compare_records(series(), series(seed=5, **change), force=True)
+    assert len(rows) == len(SIZES) and note and "forced" in note
+
+
+def test_cross_backend_pairs_cases() -> None:
+    rows, note = compare_records(series(backend="mpi"), series(backend="gloo", factor=3))
+    assert "gloo" in note and len(rows) == len(SIZES)
+
+
+def test_nothing_in_common() -> None:
+    with pytest.raises(UsageError, match="no \\(case, size\\) in common"):
+        compare_records(series(collective="allreduce"),
+                        series(collective="broadcast", backend="mpi", seed=4))
+
+
+def test_cli_exit_codes(tmp_path: Path) -> None:
+    base = write(tmp_path / "base.jsonl", series())
+    same = write(tmp_path / "same.jsonl", series(seed=40))
+    slow = write(tmp_path / "slow.jsonl", series(seed=40, factor=1.5))
+    other = write(tmp_path / "n4.jsonl", series(seed=40, world_size=4))
+    proc = run_ccbench("compare", str(base), str(same))
+    assert proc.returncode == 0, proc.stderr
+    assert "geometric mean" in proc.stdout
+    proc = run_ccbench("compare", str(base), str(slow), "--threshold", "0.1")
+    assert proc.returncode == 1 and "SLOWER" in proc.stdout, proc.stdout
+    proc = run_ccbench("compare", str(base), str(other))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("ccbench: error: incomparable records: world_size 2 vs 4")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_ccbench("compare", str(base), str(other), "--force", "--format", "json")
+    assert proc.returncode in (0, 1)
+    assert json.loads(proc.stdout.splitlines()[0])["collective"] == "allreduce"
+    proc = run_ccbench("compare", str(base), str(tmp_path / "missing.jsonl"))
+    assert proc.returncode == 2 and "no such results file" in proc.stderr
+    proc = run_ccbench("compare", str(base), str(same), "--threshold", "-1")
+    assert proc.returncode == 2 and "--threshold" in proc.stderr
+
+
+def test_record_factory_round_trips() -> None:
+    rec = make_record()
+    assert record_from_dict(json.loads(rec.to_json())) == rec
