@@ -1,0 +1,134 @@
+"""A stand-in for CuPy over host memory, so the device-buffer code paths run without a GPU.
+
+Arrays live in numpy memory but behave like CuPy's where ccbench relies on it: no implicit
+conversion to numpy (np.asarray raises, as with CuPy), explicit get()/set() transfers, slicing
+returns views, and __cuda_array_interface__ hands mpi4py a raw pointer (host memory here, which
+an MPI library reads fine). Counters record transfers and synchronizations for the tests.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import numpy as np
+
+__version__ = "0.0.0+fake"
+
+COUNTERS = {"get": 0, "set": 0, "synchronize": 0, "empty": 0}
+
+
+class ndarray:  # noqa: N801  (the CuPy name)
+    __slots__ = ("_host",)
+
+    def __init__(self, host: np.ndarray) -> None:
+        self._host = host
+
+    # -- what CuPy arrays have --------------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        return self._host.dtype
+
+    @property
+    def size(self) -> int:
+        return int(self._host.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._host.nbytes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._host.shape)
+
+    def __len__(self) -> int:
+        return len(self._host)
+
+    def __getitem__(self, index: Any) -> ndarray:
+        view = self._host[index]
+        if not isinstance(view, np.ndarray):
+            raise TypeError("fake cupy: only slices are supported")
+        return ndarray(view)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if isinstance(value, np.ndarray):
+            raise TypeError("fake cupy: assigning a numpy array to a device array; use set()")
+        self._host[index] = value._host if isinstance(value, ndarray) else value
+
+    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None
+            ) -> np.ndarray:
+        COUNTERS["get"] += 1
+        if out is None:
+            return self._host.copy()
+        np.copyto(out, self._host)
+        return out
+
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+        COUNTERS["set"] += 1
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("fake cupy: set() takes a numpy array")
+        if arr.shape != self._host.shape or arr.dtype != self._host.dtype:
+            raise ValueError(f"fake cupy: set() of {arr.dtype}{arr.shape} into "
+                             f"{self._host.dtype}{self._host.shape}")
+        np.copyto(self._host, arr)
+
+    def view(self, dtype: Any) -> ndarray:
+        return ndarray(self._host.view(dtype))
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. "
+                        "Please use `.get()` to construct a NumPy array explicitly.")
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if not self._host.flags.c_contiguous:
+            raise ValueError("fake cupy: non-contiguous array")
+        return {"shape": self._host.shape, "typestr": self._host.dtype.str,
+                "data": (int(self._host.ctypes.data), False), "version": 3,
+                "strides": None, "stream": None}
+
+
+def empty(shape: Any, dtype: Any = float) -> ndarray:
+    COUNTERS["empty"] += 1
+    return ndarray(np.empty(shape, dtype=dtype))
+
+
+def asnumpy(array: ndarray) -> np.ndarray:
+    return array.get()
+
+
+class _Device:
+    def __init__(self, index: int = 0) -> None:
+        self.id = index
+
+    def use(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        COUNTERS["synchronize"] += 1
+
+
+class _Runtime:
+    @staticmethod
+    def getDeviceCount() -> int:  # noqa: N802  (the CUDA name)
+        return 1
+
+    @staticmethod
+    def getDeviceProperties(index: int) -> dict[str, Any]:  # noqa: N802
+        return {"name": b"Fake device over host memory", "totalGlobalMem": 0}
+
+    @staticmethod
+    def runtimeGetVersion() -> int:  # noqa: N802
+        return 0
+
+
+cuda = types.SimpleNamespace(Device=_Device, runtime=_Runtime())
+
+
+def install() -> types.ModuleType:
+    """Make `import cupy` give this module (and `import cupyx` fail, as without pinned memory)."""
+    module = sys.modules[__name__]
+    sys.modules["cupy"] = module
+    sys.modules["cupy.cuda"] = cuda  # type: ignore[assignment]
+    return module
