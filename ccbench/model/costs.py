@@ -136,8 +136,7 @@ FORMULAS: dict[str, dict[str, Callable[[int], Coefficients]]] = {
         "tree": _ar_tree, "double-binary-tree": _ar_dbt,
     },
     "allgather": {"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
-    "reduce-scatter": {"ring": _rs_ring, "pairwise": _rs_ring,
-                       "recursive-halving": _rs_rechalv},
+    "reduce-scatter": {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
     "broadcast": {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag,
                   "ring": _bc_ring},
     "alltoall": {"pairwise": _a2a_pairwise, "bruck": _a2a_bruck},
@@ -152,13 +151,18 @@ _ALIASES: dict[str, dict[str, str]] = {
         "rechalv": "recursive-halving", "dbt": "double-binary-tree",
         "double_binary_tree": "double-binary-tree", "direct": "pairwise",
         "scatter_allgather": "scatter-allgather", "halving-doubling": "rabenseifner",
-        "reduce-scatter-allgather": "rabenseifner",
+        "reduce-scatter-allgather": "rabenseifner", "dbtree": "double-binary-tree",
     },
-    "allreduce": {"hypercube": "rabenseifner", "halving_doubling": "rabenseifner"},
-    "allgather": {"hypercube": "recursive-doubling", "tree": "recursive-doubling"},
-    "reduce-scatter": {"hypercube": "recursive-halving", "tree": "recursive-halving"},
-    "broadcast": {"hypercube": "tree"},
+    # algorithms/ registry names: hypercube allreduce is recursive doubling; hypercube
+    # allgather is recursive doubling at powers of two and Bruck otherwise (same cost as
+    # Bruck at powers of two); direct allgather/alltoall cost like ring/pairwise
+    # under the single-port model.
+    "allreduce": {"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"},
+    "allgather": {"hypercube": "bruck", "direct": "ring"},
+    "reduce-scatter": {"hypercube": "recursive-halving", "pairwise": "ring"},
+    "broadcast": {"hypercube": "tree", "chain": "ring"},
     "alltoall": {"hypercube": "bruck", "ring": "pairwise"},
+    "reduce": {"hypercube": "tree", "binomial": "tree"},
 }
 
 

@@ -1,0 +1,144 @@
+"""`ccbench calibrate RESULTS... -o model.json`: fit alpha-beta-gamma cost models to records.
+
+Prints one goodness-of-fit row per group (R^2 in log space, median and max relative
+error, held-out error) and writes the model file. `--validate 2,4:3` also fits on the
+world sizes before the colon only and prints predicted against measured time at the
+ones after it (median and p90 relative error per group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ccbench.errors import UsageError
+from ccbench.record import load_records
+
+__all__ = ["register", "main", "parse_validate"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("calibrate", help="fit alpha-beta-gamma cost models to results")
+    parser.add_argument("results", nargs="+", help="results files (*.jsonl) or folders")
+    parser.add_argument("-o", "--output", default="model.json", help="model file (default model.json)")
+    parser.add_argument("--bootstrap", type=int, default=200,
+                        help="bootstrap replicates for the confidence intervals, 0 to skip (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--backend", default=None, help="only records of this backend")
+    parser.add_argument("--collective", default=None, help="only records of this collective")
+    parser.add_argument("--validate", default=None, metavar="TRAIN:TEST",
+                        help="e.g. 2,4:3 -- fit on world sizes 2 and 4, predict 3")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(func=main)
+
+
+def parse_validate(text: str) -> tuple[list[int], list[int]]:
+    train_text, sep, test_text = text.partition(":")
+    try:
+        train = [int(x) for x in train_text.split(",") if x.strip()]
+        test = [int(x) for x in test_text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"malformed --validate {text!r} (example: 2,4:3)") from None
+    if not sep or len(train) < 2 or not test:
+        raise UsageError(f"malformed --validate {text!r}: need two or more training world "
+                         f"sizes, a colon and the world sizes to predict (example: 2,4:3)")
+    return train, test
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def goodness_table(fits: list[dict[str, Any]]) -> str:
+    head = ("backend", "collective", "algorithm", "formula", "p", "alpha_us", "beta_GBps",
+            "gamma_GBps", "R2_log", "med_err", "max_err", "holdout", "notes")
+    rows = [head]
+    for f in fits:
+        beta_bw = f"{1e-9 / f['beta']:.3g}" if f["beta"] > 0 else "inf"
+        gamma_bw = f"{1e-9 / f['gamma']:.3g}" if f["gamma"] > 0 else "-"
+        hold = f["holdout"].get("sizes")
+        hold_text = _pct(hold["median_rel_err"]) if isinstance(hold, dict) else "-"
+        worlds = f["holdout"].get("world_sizes")
+        if worlds:
+            errs = [v["median_rel_err"] for k, v in worlds.items() if k != "method"]
+            hold_text += f" / p-out {_pct(max(errs))}"
+        notes = []
+        if f.get("pieces"):
+            notes.append(f"break@{int(f['pieces'][0]['max_bytes'])}B")
+        if f["gamma_source"].startswith("not identifiable"):
+            notes.append("gamma in beta")
+        if f["algorithm"] == "native":
+            notes.append("chosen")
+        p_text = ",".join(map(str, f["world_sizes"]))
+        g = f["goodness"]
+        rows.append((f["backend"], f["collective"], f["algorithm"], f["model_algorithm"], p_text,
+                     f"{f['alpha'] * 1e6:.3g}", beta_bw, gamma_bw, f"{g['r2_log']:.4f}",
+                     _pct(g["median_rel_err"]), _pct(g["max_rel_err"]), hold_text,
+                     " ".join(notes)))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
+    lines = ["backend  collective  algorithm  p  size  measured_us  predicted_us  rel_err"]
+    for r in rows:
+        lines.append(f"{r['backend']}  {r['collective']}  {r['algorithm']}  {r['world_size']}  "
+                     f"{r['size']}  {r['measured_s'] * 1e6:.2f}  {r['predicted_s'] * 1e6:.2f}  "
+                     f"{_pct(r['rel_err'])}")
+    lines.append("")
+    lines.append("backend  collective  algorithm  p  sizes  median_rel_err  p90_rel_err  max_rel_err")
+    for s in summary:
+        lines.append(f"{s['backend']}  {s['collective']}  {s['algorithm']}  {s['world_size']}  "
+                     f"{s['sizes']}  {_pct(s['median_rel_err'])}  {_pct(s['p90_rel_err'])}  "
+                     f"{_pct(s['max_rel_err'])}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from ccbench.model.fit import calibrate, summarize_validation, validate_world_sizes
+    from ccbench.model.modelfile import build_model, save_model
+
+    if args.bootstrap < 0:
+        raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    records = load_records(*args.results)
+    if args.backend:
+        records = [r for r in records if r.backend == args.backend]
+    if args.collective:
+        from ccbench.collectives import canonical_collective
+        coll = canonical_collective(args.collective)
+        records = [r for r in records if r.collective == coll]
+    if not records:
+        raise UsageError(f"no records in {', '.join(args.results)}"
+                         + (" after the filters" if args.backend or args.collective else ""))
+    fits = calibrate(records, bootstrap=args.bootstrap, seed=args.seed)
+    model = build_model(fits, records, [str(p) for p in args.results])
+    save_model(model, args.output)
+    out: dict[str, Any] = {"model": args.output, "fits": model["fits"]}
+    validation = None
+    if args.validate:
+        train, test = parse_validate(args.validate)
+        rows = validate_world_sizes(records, train, test)
+        if not rows:
+            raise UsageError(f"--validate: no records at world sizes {test} for a group "
+                             f"measured at {train}")
+        validation = (rows, summarize_validation(rows))
+        out["validation"] = {"train": train, "test": test, "rows": rows,
+                             "summary": validation[1]}
+    if args.format == "json":
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(goodness_table(model["fits"]))
+        for f in model["fits"]:
+            for note in f["notes"]:
+                if "breakpoint" in note or note.startswith("native: kept"):
+                    print(f"{f['backend']} {f['collective']} p={','.join(map(str, f['world_sizes']))}: {note}")
+        if validation:
+            print()
+            print(f"validation: fitted on world sizes {args.validate.split(':')[0]}, "
+                  f"predicted {args.validate.split(':')[1]}")
+            print(validation_table(*validation))
+        print(f"\nwrote {args.output} ({len(fits)} fits from {len(records)} records)")
+    return 0

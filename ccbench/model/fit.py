@@ -1,0 +1,445 @@
+"""Fit alpha, beta, gamma to measured records.
+
+Method
+------
+* A point is one record: p = world_size, n = size_used (bytes), t = median of the
+  per-iteration samples (seconds). Rows of the design matrix are the cost-formula
+  coefficients (a(p), b(p) n, c(p) n) of the algorithm (ccbench.model.costs).
+* Non-negative least squares on *relative* error: every row and target is divided by
+  t, so a 10 us point weighs as much as a 10 s one. With three unknowns the NNLS is
+  solved exactly by trying every subset of free variables (the KKT optimum is one of
+  the 7 unconstrained least-squares solutions on a subset); no scipy needed.
+* beta and gamma both multiply n. For every formula of one collective the ratio
+  c(p)/b(p) is fixed (ring allreduce: 1/2 at every p), so gamma cannot be separated
+  from beta using that collective alone. When a non-reducing collective (allgather,
+  broadcast, all-to-all) of the same backend/transport/device was measured, its beta
+  is taken as given and only alpha and gamma are fitted ("gamma_source"); otherwise
+  gamma is 0 and beta carries the reduction cost (said so in the fit's notes).
+* Groups: per (backend, library, transport, device, collective, algorithm, world
+  size) and, because alpha/beta/gamma are per-link constants and the coefficients
+  carry p, across the world sizes of one (backend, ..., algorithm). Prediction at a
+  new p uses the across-p fit.
+* algorithm "native" (the library chooses): every candidate formula is fitted and the
+  one with the lowest median relative error is kept (ties: the first in the formula
+  table order). At one world size, formulas that differ only in a(p)/b(p) scaling fit
+  equally well; the across-p fit is what tells them apart.
+* Bootstrap: each replicate resamples every record's iteration samples with
+  replacement, takes the median again and refits: 95 % percentile interval on alpha,
+  beta, gamma.
+* Piecewise: when one line leaves a max relative error above 10 %, every split of the
+  sorted sizes into two ranges (each >= 3 sizes) is tried; the best split is kept
+  when it at least halves the sum of squared relative errors (a protocol switch, an
+  eager/rendezvous threshold). The breakpoint is reported in bytes.
+* Goodness: R^2 of log t against log prediction, median and max relative error.
+  Held-out: fit on every other size, predict the rest; across p, leave one world size
+  out and predict it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ccbench.errors import UsageError
+from ccbench.model.costs import candidates, canonical_algorithm, coefficients
+from ccbench.record import Record
+
+__all__ = ["Point", "LineFit", "fit_line", "nnls_small", "points_from_records", "calibrate",
+           "validate_world_sizes", "predict_from_fit", "GROUP_FIELDS"]
+
+NON_REDUCING = ("allgather", "broadcast", "alltoall")
+GROUP_FIELDS = ("backend", "library", "transport", "device", "collective", "algorithm")
+LINK_FIELDS = ("backend", "library", "transport", "device")
+SELECTION = "lowest median relative error over the group's points (ties: formula-table order)"
+
+
+@dataclass(slots=True)
+class Point:
+    p: int
+    n: float              # bytes
+    t: float              # seconds (median of samples)
+    samples: np.ndarray   # seconds
+    source: str = ""
+
+
+def points_from_records(records: Iterable[Record]) -> list[Point]:
+    out = []
+    for r in records:
+        samples = np.asarray(r.samples_us, dtype=float) * 1e-6
+        if samples.size == 0:
+            t = float(r.time_us["median"]) * 1e-6
+            samples = np.array([t])
+        else:
+            t = float(np.median(samples))
+        if t <= 0 or r.size_used <= 0:
+            continue
+        out.append(Point(r.world_size, float(r.size_used), t, samples, r.run_id))
+    return out
+
+
+def nnls_small(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """min ||a x - y|| subject to x >= 0, exactly, for a with few columns."""
+    m, k = a.shape
+    best, best_res = np.zeros(k), float(np.dot(y, y))
+    for size in range(1, k + 1):
+        for cols in itertools.combinations(range(k), size):
+            sub = a[:, cols]
+            if not np.any(sub):
+                continue
+            sol, *_ = np.linalg.lstsq(sub, y, rcond=None)
+            if np.any(sol < 0):
+                continue
+            x = np.zeros(k)
+            x[list(cols)] = sol
+            res = float(np.sum((a @ x - y) ** 2))
+            if res < best_res * (1 - 1e-12):
+                best, best_res = x, res
+    return best
+
+
+def _design(collective: str, algorithm: str, ps: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    cache: dict[int, Any] = {}
+    rows = np.empty((len(ps), 3))
+    for i, (p, n) in enumerate(zip(ps, ns)):
+        k = cache.get(int(p))
+        if k is None:
+            k = cache[int(p)] = coefficients(collective, algorithm, int(p))
+        rows[i] = (k.a, k.b * n, k.c * n)
+    return rows
+
+
+def _collinear(x: np.ndarray) -> bool:
+    """Whether the gamma column is a fixed multiple of the beta column (or zero)."""
+    b, c = x[:, 1], x[:, 2]
+    if not np.any(c):
+        return True
+    if not np.any(b):
+        return False
+    ratio = c[b > 0] / b[b > 0]
+    return bool(np.ptp(ratio) <= 1e-9 * max(1.0, float(np.max(np.abs(ratio)))))
+
+
+@dataclass
+class LineFit:
+    collective: str
+    algorithm: str          # formula key
+    alpha: float
+    beta: float
+    gamma: float
+    gamma_source: str = "fitted"
+
+    def predict(self, p: np.ndarray | int, n: np.ndarray | float) -> np.ndarray:
+        ps = np.atleast_1d(np.asarray(p, dtype=float))
+        ns = np.atleast_1d(np.asarray(n, dtype=float))
+        ps, ns = np.broadcast_arrays(ps, ns)
+        x = _design(self.collective, self.algorithm, ps, ns)
+        return x @ np.array([self.alpha, self.beta, self.gamma])
+
+
+def fit_line(collective: str, algorithm: str, ps: np.ndarray, ns: np.ndarray, ts: np.ndarray,
+             fixed_beta: float | None = None) -> LineFit:
+    """NNLS on relative error; gamma identified only through fixed_beta (see module doc)."""
+    x = _design(collective, algorithm, ps, ns)
+    w = 1.0 / ts
+    xw = x * w[:, None]
+    ones = np.ones_like(ts)
+    if not np.any(x[:, 2]):
+        sol = nnls_small(xw[:, :2], ones)
+        return LineFit(collective, algorithm, sol[0], sol[1], 0.0, "not used")
+    if _collinear(x):
+        if fixed_beta is not None:
+            target = ones - xw[:, 1] * fixed_beta
+            sol = nnls_small(xw[:, [0, 2]], target)
+            return LineFit(collective, algorithm, sol[0], fixed_beta, sol[1],
+                           "fitted with beta fixed from a non-reducing collective")
+        sol = nnls_small(xw[:, :2], ones)
+        return LineFit(collective, algorithm, sol[0], sol[1], 0.0,
+                       "not identifiable: set to 0, beta includes the reduction cost")
+    sol = nnls_small(xw, ones)
+    return LineFit(collective, algorithm, sol[0], sol[1], sol[2])
+
+
+def goodness(pred: np.ndarray, ts: np.ndarray) -> dict[str, float]:
+    rel = np.abs(pred - ts) / ts
+    lt, lp = np.log(ts), np.log(np.maximum(pred, 1e-300))
+    ss_tot = float(np.sum((lt - lt.mean()) ** 2))
+    ss_res = float(np.sum((lt - lp) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res < 1e-12 else 0.0)
+    return {"r2_log": r2, "median_rel_err": float(np.median(rel)),
+            "max_rel_err": float(np.max(rel)), "points": int(len(ts))}
+
+
+@dataclass
+class GroupFit:
+    """One fitted group, as written into model.json."""
+
+    key: dict[str, Any]
+    scope: str                       # "world-size" | "all-world-sizes"
+    world_sizes: list[int]
+    line: LineFit
+    pieces: list[dict[str, Any]] | None
+    goodness: dict[str, float]
+    ci95: dict[str, list[float]] | None
+    candidates: list[dict[str, Any]]
+    holdout: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.key)
+        out.update({
+            "scope": self.scope, "world_sizes": self.world_sizes,
+            "model_algorithm": self.line.algorithm,
+            "alpha": self.line.alpha, "beta": self.line.beta, "gamma": self.line.gamma,
+            "gamma_source": self.line.gamma_source,
+            "pieces": self.pieces, "goodness": self.goodness, "ci95": self.ci95,
+            "candidates": self.candidates, "holdout": self.holdout, "notes": self.notes,
+        })
+        return out
+
+
+def _sse(pred: np.ndarray, ts: np.ndarray) -> float:
+    return float(np.sum(((pred - ts) / ts) ** 2))
+
+
+def _piecewise(collective: str, algorithm: str, ps, ns, ts, fixed_beta, one: LineFit,
+               min_sizes: int = 3) -> list[dict[str, Any]] | None:
+    pred = one.predict(ps, ns)
+    if np.max(np.abs(pred - ts) / ts) <= 0.10:
+        return None
+    sizes = np.unique(ns)
+    if len(sizes) < 2 * min_sizes:
+        return None
+    base = _sse(pred, ts)
+    best = None
+    for i in range(min_sizes, len(sizes) - min_sizes + 1):
+        thr = sizes[i - 1]
+        lo, hi = ns <= thr, ns > thr
+        f1 = fit_line(collective, algorithm, ps[lo], ns[lo], ts[lo], fixed_beta)
+        f2 = fit_line(collective, algorithm, ps[hi], ns[hi], ts[hi], fixed_beta)
+        sse = _sse(f1.predict(ps[lo], ns[lo]), ts[lo]) + _sse(f2.predict(ps[hi], ns[hi]), ts[hi])
+        if best is None or sse < best[0]:
+            best = (sse, thr, f1, f2)
+    if best is None or best[0] > 0.5 * base:
+        return None
+    _, thr, f1, f2 = best
+    return [{"max_bytes": float(thr), "alpha": f1.alpha, "beta": f1.beta, "gamma": f1.gamma},
+            {"max_bytes": None, "alpha": f2.alpha, "beta": f2.beta, "gamma": f2.gamma}]
+
+
+def predict_from_fit(fit: dict[str, Any], p: int | np.ndarray, n: float | np.ndarray,
+                     algorithm: str | None = None) -> np.ndarray:
+    """Seconds predicted by a model.json fit entry (pieces honoured)."""
+    algo = canonical_algorithm(fit["collective"], algorithm) if algorithm else \
+        fit["model_algorithm"]
+    ns = np.atleast_1d(np.asarray(n, dtype=float))
+    ps = np.broadcast_to(np.atleast_1d(np.asarray(p, dtype=float)), ns.shape)
+    out = np.empty(ns.shape)
+    pieces = fit.get("pieces") or [{"max_bytes": None, "alpha": fit["alpha"],
+                                    "beta": fit["beta"], "gamma": fit["gamma"]}]
+    done = np.zeros(ns.shape, bool)
+    for piece in pieces:
+        sel = ~done if piece["max_bytes"] is None else (~done & (ns <= piece["max_bytes"]))
+        if np.any(sel):
+            line = LineFit(fit["collective"], algo, piece["alpha"], piece["beta"], piece["gamma"])
+            out[sel] = line.predict(ps[sel], ns[sel])
+        done |= sel
+    return out
+
+
+def _predict_pieces(line: LineFit, pieces, ps, ns) -> np.ndarray:
+    fit = {"collective": line.collective, "model_algorithm": line.algorithm, "alpha": line.alpha,
+           "beta": line.beta, "gamma": line.gamma, "pieces": pieces}
+    return predict_from_fit(fit, ps, ns)
+
+
+def _bootstrap(collective, algorithm, pts: Sequence[Point], fixed_beta, reps: int,
+               rng: np.random.Generator) -> dict[str, list[float]] | None:
+    if reps <= 0:
+        return None
+    ps = np.array([q.p for q in pts], float)
+    ns = np.array([q.n for q in pts], float)
+    draws = np.empty((reps, 3))
+    for i in range(reps):
+        ts = np.array([np.median(q.samples[rng.integers(0, q.samples.size, q.samples.size)])
+                       for q in pts])
+        f = fit_line(collective, algorithm, ps, ns, ts, fixed_beta)
+        draws[i] = (f.alpha, f.beta, f.gamma)
+    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
+    return {name: [float(lo[j]), float(hi[j])] for j, name in enumerate(("alpha", "beta", "gamma"))}
+
+
+def _holdout_sizes(collective, algorithm, ps, ns, ts, fixed_beta) -> dict[str, Any]:
+    sizes = np.unique(ns)
+    if len(sizes) < 4:
+        return {"sizes": "too few sizes"}
+    train_sizes = set(sizes[::2])
+    train = np.array([n in train_sizes for n in ns])
+    f = fit_line(collective, algorithm, ps[train], ns[train], ts[train], fixed_beta)
+    rel = np.abs(f.predict(ps[~train], ns[~train]) - ts[~train]) / ts[~train]
+    return {"sizes": {"method": "fit on every other size, predict the rest",
+                      "median_rel_err": float(np.median(rel)), "max_rel_err": float(np.max(rel))}}
+
+
+def _holdout_world_sizes(collective, algorithm, ps, ns, ts, fixed_beta) -> dict[str, Any]:
+    worlds = sorted(set(int(p) for p in ps))
+    if len(worlds) < 2:
+        return {}
+    out = {}
+    for w in worlds:
+        test = ps == w
+        f = fit_line(collective, algorithm, ps[~test], ns[~test], ts[~test], fixed_beta)
+        rel = np.abs(f.predict(ps[test], ns[test]) - ts[test]) / ts[test]
+        out[str(w)] = {"median_rel_err": float(np.median(rel)), "max_rel_err": float(np.max(rel))}
+    return {"world_sizes": {"method": "fit without this world size, predict it", **out}}
+
+
+def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
+              fixed_beta: float | None = None, bootstrap: int = 200, seed: int = 0,
+              forced_algorithm: str | None = None) -> GroupFit:
+    collective = key["collective"]
+    ps = np.array([q.p for q in pts], float)
+    ns = np.array([q.n for q in pts], float)
+    ts = np.array([q.t for q in pts], float)
+    algo = key["algorithm"]
+    if forced_algorithm:
+        names = [forced_algorithm]
+    elif algo == "native":
+        names = candidates(collective)
+    else:
+        names = [canonical_algorithm(collective, algo)]
+    tried = []
+    for name in names:
+        try:
+            line = fit_line(collective, name, ps, ns, ts, fixed_beta)
+        except UsageError:
+            continue
+        g = goodness(line.predict(ps, ns), ts)
+        tried.append((g["median_rel_err"], len(tried), name, line, g))
+    if not tried:
+        raise UsageError(f"no cost formula fits {collective} {algo}")
+    tried.sort(key=lambda item: (round(item[0], 12), item[1]))
+    _, _, name, line, _ = tried[0]
+    notes = []
+    if algo == "native" and not forced_algorithm:
+        ties = [t[2] for t in tried[1:] if abs(t[0] - tried[0][0]) <= 1e-9 + 1e-6 * tried[0][0]]
+        notes.append(f"native: kept {name} by {SELECTION}")
+        if ties:
+            notes.append(f"indistinguishable from {', '.join(ties)} on these points")
+    if line.gamma_source.startswith("not identifiable"):
+        notes.append("gamma not identifiable without a non-reducing collective: beta includes it")
+    pieces = _piecewise(collective, name, ps, ns, ts, fixed_beta, line)
+    if pieces:
+        notes.append(f"piecewise: breakpoint at {int(pieces[0]['max_bytes'])} bytes "
+                     f"(one line left max relative error above 10 %)")
+        pred = _predict_pieces(line, pieces, ps, ns)
+    else:
+        pred = line.predict(ps, ns)
+    g = goodness(pred, ts)
+    rng = np.random.default_rng(seed)
+    ci = _bootstrap(collective, name, pts, fixed_beta, bootstrap, rng)
+    holdout = _holdout_sizes(collective, name, ps, ns, ts, fixed_beta)
+    holdout.update(_holdout_world_sizes(collective, name, ps, ns, ts, fixed_beta))
+    cands = [{"algorithm": t[2], "median_rel_err": t[4]["median_rel_err"],
+              "max_rel_err": t[4]["max_rel_err"]} for t in sorted(tried, key=lambda t: t[1])]
+    return GroupFit(key, scope, sorted(set(int(p) for p in ps)), line, pieces, g, ci, cands,
+                    holdout, notes)
+
+
+def _key(record: Record, fields: Sequence[str]) -> tuple:
+    return tuple(getattr(record, name) for name in fields)
+
+
+def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
+              world_sizes: Sequence[int] | None = None) -> list[GroupFit]:
+    """Every group fit (per world size, then across world sizes), non-reducing first."""
+    recs = [r for r in records if world_sizes is None or r.world_size in world_sizes]
+    recs = [r for r in recs if r.world_size > 1 and r.collective in
+            ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall")]
+    if not recs:
+        raise UsageError("no records to calibrate on (need world size > 1)")
+    by_group: dict[tuple, list[Record]] = defaultdict(list)
+    for r in recs:
+        by_group[_key(r, GROUP_FIELDS)].append(r)
+    order = sorted(by_group, key=lambda k: (k[4] not in NON_REDUCING, k))
+    fits: list[GroupFit] = []
+    betas: dict[tuple, tuple[int, float]] = {}    # link key -> (points, beta)
+    for gkey in order:
+        group = by_group[gkey]
+        key = dict(zip(GROUP_FIELDS, gkey))
+        link = gkey[:len(LINK_FIELDS)]
+        fixed = None if key["collective"] in NON_REDUCING else betas.get(link, (0, None))[1]
+        worlds = sorted({r.world_size for r in group})
+        across = None
+        if len(worlds) > 1:
+            across = fit_group(key, points_from_records(group), "all-world-sizes", fixed,
+                               bootstrap, seed)
+        for w in worlds:
+            sub = [r for r in group if r.world_size == w]
+            forced = across.line.algorithm if (across and key["algorithm"] == "native") else None
+            gf = fit_group(key, points_from_records(sub), "world-size", fixed, bootstrap, seed,
+                           forced)
+            if forced:
+                gf.notes.append(f"native: formula chosen by the across-world-size fit ({forced})")
+            fits.append(gf)
+        if across is not None:
+            fits.append(across)
+        if key["collective"] in NON_REDUCING:
+            best = across or max((f for f in fits if f.key == key), key=lambda f: f.goodness["points"])
+            npts = best.goodness["points"]
+            if npts > betas.get(link, (0, None))[0] and best.line.beta > 0:
+                betas[link] = (npts, best.line.beta)
+    return fits
+
+
+def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: Sequence[int],
+                         bootstrap: int = 0) -> list[dict[str, Any]]:
+    """Calibrate on the `train` world sizes, predict every record at the `test` ones.
+
+    Returns one row per predicted record: group, p, size, measured and predicted seconds,
+    relative error. Summaries (median, p90) are left to the caller (see summarize_validation).
+    """
+    fits = calibrate(records, bootstrap=bootstrap, world_sizes=list(train))
+    across = {tuple(f.key[k] for k in GROUP_FIELDS): f for f in fits
+              if f.scope == "all-world-sizes"}
+    if not across:
+        raise UsageError(f"validation needs at least two training world sizes with records "
+                         f"(asked {list(train)})")
+    rows = []
+    for r in records:
+        if r.world_size not in test:
+            continue
+        f = across.get(_key(r, GROUP_FIELDS))
+        if f is None:
+            continue
+        measured = float(np.median(r.samples_us)) * 1e-6 if r.samples_us else \
+            r.time_us["median"] * 1e-6
+        pred = float(predict_from_fit(f.to_json(), r.world_size, r.size_used)[0])
+        rows.append({**f.key, "world_size": r.world_size, "size": r.size_used,
+                     "measured_s": measured, "predicted_s": pred,
+                     "rel_err": abs(pred - measured) / measured})
+    return rows
+
+
+def summarize_validation(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(row[k] for k in GROUP_FIELDS) + (row["world_size"],)].append(row["rel_err"])
+    out = []
+    for gkey, errs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        e = np.array(errs)
+        out.append({**dict(zip(GROUP_FIELDS, gkey[:-1])), "world_size": gkey[-1],
+                    "sizes": len(e), "median_rel_err": float(np.median(e)),
+                    "p90_rel_err": float(np.percentile(e, 90)), "max_rel_err": float(e.max())})
+    return out
+
+
+def format_seconds(s: float) -> str:
+    if s == 0 or not math.isfinite(s):
+        return f"{s:g}"
+    return f"{s:.3e}"
