@@ -1,0 +1,226 @@
+"""The executor on the in-process thread transport: every algorithm x collective x dtype x
+op at p = 1..8, bit for bit against the numpy reference; the reduction kernels and their
+CPU twin; the CuPy kernels where a GPU is present."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from algorithms import REGISTRY, generate
+from algorithms.executor import Executor
+from algorithms.kernels import CUDA_OPS, DTYPE_NAMES, OPS, CupyReducer, NumpyReducer, TwinReducer
+from algorithms.reference import exact_inputs, reference
+from algorithms.transport import ThreadFabric, TransportTimeout, run_threads
+
+DTYPES = [np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n) for n in DTYPE_NAMES]
+PAIRS = sorted(REGISTRY)
+REDUCING = ("allreduce", "reduce-scatter", "reduce")
+
+
+def _counts(collective: str, unit: int, p: int) -> tuple[int, int]:
+    return {"allgather": (unit, unit * p), "reduce-scatter": (unit * p, unit),
+            "alltoall": (unit * p, unit * p)}.get(collective, (unit, unit))
+
+
+def _buffers(collective: str, x: np.ndarray, dtype: np.dtype, rank: int, p: int, unit: int,
+             inplace: bool, root: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(send, recv) with the harness's in-place aliasing."""
+    send_count, recv_count = _counts(collective, unit, p)
+    if collective == "broadcast":
+        return None, (x.copy() if rank == root else np.full(recv_count, -1, dtype))
+    if not inplace:
+        return x.copy(), np.full(recv_count, -1, dtype)
+    if collective == "allgather":
+        recv = np.full(recv_count, -1, dtype)
+        recv[rank * unit:(rank + 1) * unit] = x
+        return recv[rank * unit:(rank + 1) * unit], recv
+    if collective == "reduce-scatter":
+        send = x.copy()
+        return send, send[rank * unit:(rank + 1) * unit]
+    buf = x.copy()
+    return buf, buf
+
+
+def _run_all(algorithm: str, collective: str, p: int, reducer: object, units: tuple[int, ...],
+             segments: int, dtypes: list[np.dtype]) -> int:
+    """Runs every (dtype, op, unit, in-place) case in one thread group; returns cases checked."""
+    root = p - 1 if collective in ("broadcast", "reduce") else 0
+    s = generate(algorithm, collective, p, root, segments)
+    ops = OPS if collective in REDUCING else (None,)
+    modes = (False,) if collective in ("broadcast", "reduce") else (False, True)
+    cases = [(dt, op, u, ip) for dt in dtypes for op in ops for u in units for ip in modes]
+    inputs = {c: exact_inputs(collective, c[1], p, _counts(collective, c[2], p)[0], c[0],
+                              seed=i) for i, c in enumerate(cases)}
+
+    def body(transport):
+        ex = Executor(s, transport.rank, transport, reducer=reducer, timeout=20)
+        out = {}
+        for case in cases:
+            dt, op, unit, inplace = case
+            send, recv = _buffers(collective, inputs[case][transport.rank], dt, transport.rank,
+                                  p, unit, inplace, root)
+            ex.run(send, recv, op)
+            if collective in ("allgather", "alltoall") and not inplace:
+                ex.run(send, recv, op)        # again on the same (cached) binding: same result
+            out[case] = recv.copy()
+        return out
+
+    results = run_threads(p, body, timeout=60)
+    checked = 0
+    for case in cases:
+        want = reference(collective, inputs[case], case[1], root)
+        for r in range(p):
+            if want[r] is None:
+                continue
+            got = results[r][case]
+            assert got.tobytes() == want[r].tobytes(), (
+                f"{algorithm} {collective} p={p} rank {r} {case[0]} {case[1]} unit={case[2]} "
+                f"{'in' if case[3] else 'out'}-place: {got} != {want[r]}")
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("algorithm,collective", PAIRS)
+@pytest.mark.parametrize("p", list(range(1, 9)))
+def test_bit_exact_against_numpy(algorithm: str, collective: str, p: int) -> None:
+    checked = _run_all(algorithm, collective, p, NumpyReducer(), (0, 1, 5, 17),
+                       segments=1 if p % 2 else 3, dtypes=DTYPES)
+    assert checked > 0
+
+
+@pytest.mark.parametrize("algorithm,collective", [pc for pc in PAIRS if pc[1] in REDUCING])
+def test_kernel_twin_in_the_executor(algorithm: str, collective: str) -> None:
+    """The CuPy kernels' arithmetic (run on the CPU) gives the same bits through a schedule."""
+    assert _run_all(algorithm, collective, 5, TwinReducer(), (3, 16), 2, DTYPES) > 0
+
+
+def test_repeated_calls_reuse_one_binding() -> None:
+    s = generate("ring", "allreduce", 3)
+
+    def body(transport):
+        ex = Executor(s, transport.rank, transport)
+        send = np.full(7, transport.rank + 1, np.float32)
+        recv = np.empty_like(send)
+        ex.run(send, recv, "sum")
+        first = ex.bind(send, recv, "sum", "float32")
+        ex.run(send, recv, "sum")
+        assert ex.bind(send, recv, "sum", "float32") is first
+        return recv
+    for out in run_threads(3, body):
+        assert (out == 6).all()
+
+
+def test_executor_rejects_wrong_sizes_and_worlds() -> None:
+    s = generate("ring", "allgather", 2)
+    fabric = ThreadFabric(2)
+    ex = Executor(s, 0, fabric.transport(0))
+    with pytest.raises(ValueError, match="expected"):
+        ex.run(np.zeros(3, np.float32), np.zeros(5, np.float32), None)
+    with pytest.raises(ValueError, match="transport"):
+        Executor(s, 0, ThreadFabric(3).transport(0))
+
+
+def test_thread_transport_times_out() -> None:
+    fabric = ThreadFabric(2, timeout=0.2)
+    req = fabric.transport(0).irecv(np.zeros(1), 1, 0)
+    with pytest.raises(TransportTimeout, match="no message from rank 1"):
+        req.wait()
+
+
+# -- kernels ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", OPS)
+def test_bf16_twin_rounds_like_ml_dtypes(op: str) -> None:
+    rng = np.random.default_rng(1)
+    a = (rng.standard_normal(4096) * 100).astype(ml_dtypes.bfloat16)
+    b = (rng.standard_normal(4096) * 100).astype(ml_dtypes.bfloat16)
+    a[:4] = [np.inf, -np.inf, 0.0, -0.0]
+    out = np.empty_like(a)
+    TwinReducer()(op, "bfloat16")(a, b, out)
+    f = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
+    want = f(a.astype(np.float32), b.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    assert out.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_bf16_twin_keeps_nan() -> None:
+    a = np.array([np.nan, 1.0], dtype=ml_dtypes.bfloat16)
+    b = np.array([2.0, np.nan], dtype=ml_dtypes.bfloat16)
+    out = np.empty_like(a)
+    TwinReducer()("sum", "bfloat16")(a, b, out)
+    assert np.isnan(out.astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", OPS)
+def test_reducers_agree_and_write_in_place(dtype: np.dtype, op: str) -> None:
+    a = np.arange(-6, 6).astype(dtype)
+    b = np.arange(6, -6, -1).astype(dtype)
+    want = np.empty_like(a)
+    NumpyReducer()(op, dtype.name)(a, b, want)
+    twin = a.copy()
+    TwinReducer()(op, dtype.name)(twin, b, twin)          # out aliases a, as in the executor
+    assert twin.tobytes() == want.tobytes()
+
+
+def test_every_kernel_has_a_source() -> None:
+    for op in OPS:
+        for name in DTYPE_NAMES:
+            in_p, out_p, body = CupyReducer.kernel_source(op, name)
+            assert "out" in out_p and body.strip()
+            assert CUDA_OPS[op] in body
+    with pytest.raises(ValueError, match="valid"):
+        CupyReducer.kernel_source("avg", "float32")
+
+
+def _gpu() -> bool:
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001  no driver / no device: the reason is in the skip
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs cupy and a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("op", OPS)
+def test_cupy_kernels_match_numpy(dtype: str, op: str) -> None:
+    import cupy
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    a = np.arange(-6, 6).astype(np_dtype)
+    b = np.arange(6, -6, -1).astype(np_dtype)
+    want = np.empty_like(a)
+    NumpyReducer()(op, dtype)(a, b, want)
+    raw = (lambda x: x.view(np.uint16)) if dtype == "bfloat16" else (lambda x: x)
+    ga, gb = cupy.asarray(raw(a)), cupy.asarray(raw(b))
+    out = cupy.empty_like(ga)
+    CupyReducer()(op, dtype)(ga, gb, out)
+    assert cupy.asnumpy(out).tobytes() == raw(want).tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs cupy and a CUDA device")
+def test_executor_on_cupy_buffers() -> None:
+    import cupy
+
+    p = 4
+    s = generate("ring", "allreduce", p)
+    inputs = [np.full(1000, r + 1, np.float32) for r in range(p)]
+
+    def body(transport):
+        ex = Executor(s, transport.rank, transport, reducer=CupyReducer(), xp=cupy)
+        send = cupy.asarray(inputs[transport.rank])
+        recv = cupy.empty_like(send)
+        ex.run(send, recv, "sum")
+        cupy.cuda.Device().synchronize()
+        return cupy.asnumpy(recv)
+    for out in run_threads(p, body):
+        assert (out == sum(range(1, p + 1))).all()
