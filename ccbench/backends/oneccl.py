@@ -1,0 +1,213 @@
+"""oneccl: Intel oneCCL's C API (onecclCommInitRank, onecclAllReduce, ...) through ctypes, on
+host numpy buffers.
+
+Rank 0 makes the 4096-byte onecclUniqueId and publishes it through the control store; the
+other ranks read it and every rank joins with onecclCommInitRank. Buffers are plain numpy
+arrays (bfloat16 through ml_dtypes: its raw 16-bit buffer is what oneCCL reads), passed by
+pointer with a NULL stream, which the CPU plugin runs to completion before returning.
+Library discovery and loading: ccbench/backends/_oneccl_lib.py; install: scripts/install-oneccl.sh.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
+from ccbench.backends.base import Backend, RankContext
+from ccbench.errors import RunFailure
+
+__all__ = ["DTYPES", "OPS", "OneCCLBackend"]
+
+# onecclDataType_t
+DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4,
+                          "uint64": 5, "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
+# onecclRedOp_t
+OPS: dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3}
+
+#: (dtype, op) pairs the CPU plugin gets wrong or refuses; measured, see docs/oneccl.md
+_BROKEN: dict[tuple[str, str], str] = {}
+
+_ENV_PREFIXES = ("CCL_", "FI_", "ONECCL_")
+_generation = itertools.count()        # one unique-id key per communicator made in this process
+
+
+def _ptr(buf: np.ndarray) -> int:
+    if not buf.flags.c_contiguous:
+        raise RunFailure("oneccl: buffers must be contiguous")
+    return int(buf.ctypes.data)
+
+
+class OneCCLBackend(Backend):
+    name = "oneccl"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        try:
+            load()
+        except OneCCLLoadError as exc:
+            return str(exc)
+        except Exception as exc:     # never raise from a probe
+            return f"oneCCL cannot be loaded: {type(exc).__name__}: {exc}"
+        return None
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        # the plugin reads these when it first initialises: set them before loading it
+        os.environ.setdefault("CCL_PROCESS_LAUNCHER", "none")
+        os.environ.setdefault("CCL_LOCAL_RANK", str(ctx.local_rank))
+        os.environ.setdefault("CCL_LOCAL_SIZE", str(ctx.local_world_size))
+        try:
+            self.ccl: OneCCLLib = load()
+        except OneCCLLoadError as exc:
+            raise RunFailure(f"oneccl: {exc}") from None
+        self.lib = self.ccl.lib
+        self.rank, self.world = ctx.rank, ctx.world_size
+        self.comm = ctypes.c_void_p()
+        self._destroyed = False
+        timeout = float(ctx.options.get("init_timeout", 300.0))
+        key = f"oneccl/unique-id/{next(_generation)}"
+        if self.rank == 0:
+            uid = UniqueId()
+            self._check(self.lib.onecclGetUniqueId(ctypes.byref(uid)), "onecclGetUniqueId")
+            ctx.store.set(key, uid.to_bytes())
+        else:
+            try:
+                data = ctx.store.get(key, timeout)
+            except TimeoutError:
+                raise RunFailure(f"oneccl: rank 0 did not publish the unique id within "
+                                 f"{timeout:.0f} s") from None
+            uid = UniqueId.from_bytes(bytes(data))
+        self._check(self.lib.onecclCommInitRank(ctypes.byref(self.comm), self.world, uid,
+                                                self.rank), "onecclCommInitRank")
+        self._handle = self.comm.value
+        self._bar = np.zeros(1, dtype=np.int32)
+        self._bar_ptr = _ptr(self._bar)
+
+    # -- errors ----------------------------------------------------------------------
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise RunFailure(f"oneccl: {what} failed on rank {self.ctx.rank}: "
+                             f"{self.ccl.error_text(rc)}")
+
+    # -- what it can do --------------------------------------------------------------
+    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        if dtype.name not in DTYPES:
+            return f"unsupported by oneccl: no oneCCL datatype for {dtype.name}"
+        if op is not None:
+            if op not in OPS:
+                return f"unsupported by oneccl: reduction {op!r}"
+            broken = _BROKEN.get((dtype.name, op))
+            if broken:
+                return f"unsupported by oneccl: {op} on {dtype.name} ({broken})"
+        return None
+
+    @property
+    def transport(self) -> str:
+        return f"oneccl/{os.environ.get('CCL_ATL_TRANSPORT', 'ofi')}"
+
+    def info(self) -> dict[str, Any]:
+        env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
+        return {"library": "oneCCL", "library_version": self.ccl.version, "device": "cpu",
+                "library_path": str(self.ccl.path),
+                "libfabric": str(self.ccl.libfabric) if self.ccl.libfabric else None,
+                "env": env}
+
+    # -- buffers ---------------------------------------------------------------------
+    def alloc(self, count: int, dtype: np.dtype) -> Any:
+        return np.empty(count, dtype=dtype)
+
+    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
+        np.copyto(buf, values)
+
+    def to_numpy(self, buf: Any) -> np.ndarray:
+        return np.array(buf, copy=True)
+
+    # -- calls with every argument resolved once -------------------------------------
+    def _dtype(self, buf: np.ndarray) -> int:
+        code = DTYPES.get(buf.dtype.name)
+        if code is None:
+            raise RunFailure(f"unsupported by oneccl: no oneCCL datatype for {buf.dtype.name}")
+        return code
+
+    def _op(self, op: str) -> int:
+        code = OPS.get(op)
+        if code is None:
+            raise RunFailure(f"unsupported by oneccl: reduction {op!r}")
+        return code
+
+    def _call(self, fn: Any, what: str, *args: Any) -> Callable[[], None]:
+        check = self._check
+
+        def call() -> None:
+            rc = fn(*args)
+            if rc:
+                check(rc, what)
+        return call
+
+    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+             ) -> Callable[[], None]:
+        lib, comm = self.lib, self._handle
+        if collective == "broadcast":
+            return self._call(lib.onecclBroadcast, "onecclBroadcast", _ptr(recv), _ptr(recv),
+                              recv.size, self._dtype(recv), root, comm, None)
+        if collective == "allreduce":
+            return self._call(lib.onecclAllReduce, "onecclAllReduce", _ptr(send), _ptr(recv),
+                              recv.size, self._dtype(recv), self._op(op or "sum"), comm, None)
+        if collective == "allgather":
+            return self._call(lib.onecclAllGather, "onecclAllGather", _ptr(send), _ptr(recv),
+                              send.size, self._dtype(recv), comm, None)
+        if collective == "reduce-scatter":
+            return self._call(lib.onecclReduceScatter, "onecclReduceScatter", _ptr(send),
+                              _ptr(recv), recv.size, self._dtype(recv), self._op(op or "sum"),
+                              comm, None)
+        if collective == "alltoall":
+            return self._call(lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
+                              send.size // self.world, self._dtype(recv), comm, None)
+        raise ValueError(collective)
+
+    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
+        self.bind(collective, send, recv, op, root)()
+
+    # -- collectives -----------------------------------------------------------------
+    def broadcast(self, buf: Any, root: int) -> None:
+        self.bind("broadcast", buf, buf, None, root)()
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        self.bind("allreduce", send, recv, op, 0)()
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        self.bind("allgather", send, recv, None, 0)()
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        self.bind("reduce-scatter", send, recv, op, 0)()
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        self.bind("alltoall", send, recv, None, 0)()
+
+    # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        self._check(self.lib.onecclSend(_ptr(buf), buf.size, self._dtype(buf), peer,
+                                        self._handle, None), "onecclSend")
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        self._check(self.lib.onecclRecv(_ptr(buf), buf.size, self._dtype(buf), peer,
+                                        self._handle, None), "onecclRecv")
+
+    # -- control ---------------------------------------------------------------------
+    def barrier(self) -> None:
+        # the C API has no barrier: a one-element allreduce is one
+        rc = self.lib.onecclAllReduce(self._bar_ptr, self._bar_ptr, 1, 2, 0, self._handle, None)
+        if rc:
+            self._check(rc, "barrier (onecclAllReduce)")
+
+    def finalize(self) -> None:
+        if self._destroyed or not self.comm.value:
+            return
+        self._destroyed = True
+        self._check(self.lib.onecclCommDestroy(self.comm), "onecclCommDestroy")
