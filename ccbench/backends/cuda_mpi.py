@@ -33,7 +33,8 @@ from ccbench.backends.base import RankContext
 from ccbench.backends.mpi import MPIBackend
 from ccbench.errors import UsageError
 
-__all__ = ["CudaMPIBackend", "DeviceBuffer", "cuda_support", "cupy_missing_reason"]
+__all__ = ["CudaMPIBackend", "DeviceBuffer", "cuda_query_symbol", "cuda_support",
+           "cupy_missing_reason"]
 
 #: set to 1 or 0 to say whether the MPI library is CUDA-aware, overriding what it reports
 OVERRIDE_VAR = "CCBENCH_MPI_CUDA_AWARE"
@@ -70,8 +71,21 @@ def _loaded_libmpi() -> str | None:
     return None
 
 
+def cuda_query_symbol() -> tuple[str | None, bool]:
+    """(path of the loaded libmpi, whether it exports MPIX_Query_cuda_support). Only looks the
+    symbol up; calling it before MPI_Init aborts MPICH-based libraries (Intel MPI included)."""
+    path = _loaded_libmpi()
+    if path is None:
+        return None, False
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return path, False
+    return path, hasattr(lib, "MPIX_Query_cuda_support")
+
+
 def cuda_support(mpi: Any) -> tuple[bool, str]:
-    """(CUDA-aware?, how that was decided). Needs libmpi loaded (mpi4py.MPI imported)."""
+    """(CUDA-aware?, how that was decided). Call it after MPI_Init (the backend does)."""
     forced = os.environ.get(OVERRIDE_VAR)
     if forced is not None:
         if forced not in ("0", "1"):
@@ -80,16 +94,15 @@ def cuda_support(mpi: Any) -> tuple[bool, str]:
     query = getattr(mpi, "Query_cuda_support", None)
     if query is not None:
         return bool(query()), "MPI.Query_cuda_support()"
-    path = _loaded_libmpi()
+    if not mpi.Is_initialized() or mpi.Is_finalized():
+        return False, "MPI is not initialised, so it cannot be asked; assumed not CUDA-aware"
+    path, present = cuda_query_symbol()
     if path is None:
         return False, "libmpi not found in this process; assumed not CUDA-aware"
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as exc:
-        return False, f"cannot open {path} ({exc}); assumed not CUDA-aware"
-    symbol = getattr(lib, "MPIX_Query_cuda_support", None)
-    if symbol is None:
-        return False, f"{os.path.basename(path)} has no MPIX_Query_cuda_support; assumed not CUDA-aware"
+    if not present:
+        return False, (f"{os.path.basename(path)} has no MPIX_Query_cuda_support; "
+                       f"assumed not CUDA-aware")
+    symbol = ctypes.CDLL(path).MPIX_Query_cuda_support
     symbol.restype = ctypes.c_int
     symbol.argtypes = []
     return bool(symbol()), "MPIX_Query_cuda_support()"

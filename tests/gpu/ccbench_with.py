@@ -1,11 +1,13 @@
 """Run `python -m ccbench ...` with test-only substitutions, for the device-buffer checks.
 
-    python tests/gpu/ccbench_with.py [--fake-cupy] [--cupy-mpi] -- COLLECTIVE --backend mpi ...
+    python tests/gpu/ccbench_with.py [--fake-cupy] [--cupy-mpi] [--nccl-twin] -- CCBENCH-ARGS
 
 --fake-cupy  `import cupy` gives tests/gpu/fake_cupy.py (device arrays over host memory), so the
              CuPy code paths run on a machine without a GPU.
 --cupy-mpi   the mpi backend is ccbench.backends.cuda_mpi:CudaMPIBackend (what the registry
              gives for --device cuda once it chooses classes by device).
+--nccl-twin  the nccl backend is tests/gpu/cpu_twins.py:NCCLCpuTwin (the nccl backend's code
+             over gloo on the CPU, device calls counted).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        print("usage: ccbench_with.py [--fake-cupy] [--cupy-mpi] -- CCBENCH-ARGS", file=sys.stderr)
+        print("usage: ccbench_with.py [--fake-cupy] [--cupy-mpi] [--nccl-twin] -- CCBENCH-ARGS",
+              file=sys.stderr)
         return 2
     split = argv.index("--")
     flags, bench = argv[:split], argv[split + 1:]
+    here = str(Path(__file__).resolve().parent)
     if "--fake-cupy" in flags:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        sys.path.insert(0, here)
         import fake_cupy
 
         fake_cupy.install()
@@ -29,6 +33,11 @@ def main(argv: list[str]) -> int:
         from ccbench.backends import REGISTRY
 
         REGISTRY["mpi"] = "ccbench.backends.cuda_mpi:CudaMPIBackend"
+    if "--nccl-twin" in flags:
+        sys.path.insert(0, here)
+        from ccbench.backends import REGISTRY
+
+        REGISTRY["nccl"] = "cpu_twins:NCCLCpuTwin"
     from ccbench.cli import main as ccbench_main
 
     return ccbench_main(bench)

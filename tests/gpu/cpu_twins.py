@@ -1,0 +1,84 @@
+"""CPU twins of the device backends: the nccl backend's own code (device choice, barrier,
+metadata, the torch.distributed collectives) over gloo and host tensors, with the device calls
+(set_device, synchronize, device properties) replaced by counters.
+
+Used through tests/gpu/ccbench_with.py --nccl-twin; at the end of the run each rank writes its
+counters to $CCBENCH_TWIN_COUNTS.<rank>.json when that variable is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+from typing import Any
+
+from ccbench.backends.nccl import NCCLBackend
+
+
+class NCCLCpuTwin(NCCLBackend):
+    """NCCLBackend with process group gloo and the device replaced by the CPU."""
+
+    name = "nccl"
+    process_group_backend = "gloo"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return None
+
+    def __init__(self, ctx: Any) -> None:
+        self.counts = {"set_device": 0, "synchronize": 0, "run": 0, "barrier": 0}
+        super().__init__(ctx)
+        self._library_version = "cpu-twin (gloo)"
+
+    def _device(self) -> Any:
+        torch = self.torch
+        real_count, real_set = torch.cuda.device_count, torch.cuda.set_device
+        torch.cuda.device_count = lambda: self.ctx.local_world_size
+        torch.cuda.set_device = lambda index: self._count("set_device")
+        try:
+            device = super()._device()        # the real checks and set_device call
+        finally:
+            torch.cuda.device_count, torch.cuda.set_device = real_count, real_set
+        self.device_index = device.index
+        return torch.device("cpu")
+
+    def unsupported(self, collective: str, dtype: Any, op: str | None) -> str | None:
+        return None                           # gloo underneath: every dtype and op
+
+    def _count(self, what: str) -> None:
+        self.counts[what] += 1
+
+    def barrier(self) -> None:
+        self._count("barrier")
+        self.dist.barrier()
+
+    def synchronize(self) -> None:
+        self._count("synchronize")
+
+    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
+        self._count("run")
+        super().run(collective, send, recv, op, root)
+
+    def info(self) -> dict[str, Any]:
+        torch = self.torch
+        props = SimpleNamespace(name="CPU twin", total_memory=0, major=0, minor=0)
+        real = torch.cuda.get_device_properties, torch.cuda.device_count
+        torch.cuda.get_device_properties = lambda device: props
+        torch.cuda.device_count = lambda: self.ctx.local_world_size
+        saved_device = self.device
+        self.device = SimpleNamespace(index=self.device_index)
+        try:
+            meta = super().info()
+        finally:
+            torch.cuda.get_device_properties, torch.cuda.device_count = real
+            self.device = saved_device
+        meta["cpu_twin"] = True
+        return meta
+
+    def finalize(self) -> None:
+        path = os.environ.get("CCBENCH_TWIN_COUNTS")
+        if path:
+            with open(f"{path}.{self.ctx.rank}.json", "w", encoding="utf-8") as handle:
+                json.dump(self.counts, handle)
+        super().finalize()

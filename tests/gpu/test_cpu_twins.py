@@ -1,0 +1,179 @@
+"""The device code paths on the CPU: the nccl backend's code over gloo (tests/gpu/cpu_twins.py)
+and the mpi backend's CuPy buffers over host memory (tests/gpu/fake_cupy.py), both in real
+multi-process runs through the harness, validated bit-exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ccbench.record import load_records
+
+HERE = Path(__file__).resolve().parent
+DRIVER = str(HERE / "ccbench_with.py")
+PYTHON = sys.executable
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+SIZES = "8,1K,3000"
+BENCH = ["all", "--sizes", SIZES, "--dtype", "all", "--op", "sum,max", "--iters", "2",
+         "--warmup", "1", "-q", "--timeout", "60"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _run_local(world: int, flags: list[str], bench: list[str], env: dict[str, str]
+               ) -> list[subprocess.CompletedProcess[str]]:
+    """`world` ranks started the way `ccbench launch` starts them (the local launcher)."""
+    control = f"127.0.0.1:{_free_port()}"
+    procs = []
+    for rank in range(world):
+        rank_env = {**os.environ, **env}
+        if world > 1:
+            rank_env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE=str(world), CCBENCH_CONTROL=control)
+        procs.append(subprocess.Popen([PYTHON, DRIVER, *flags, "--", *bench], env=rank_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("timing", ["per-op", "pipelined"])
+def test_nccl_code_on_cpu_twin(world: int, timing: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    counts = tmp_path / "counts"
+    procs = _run_local(world, ["--nccl-twin"],
+                       [*BENCH, "--backend", "nccl", "--timing", timing, "--pipeline", "3",
+                        "--nccl-algo", "Ring", "--output", str(out)],
+                       {"CCBENCH_TWIN_COUNTS": str(counts)})
+    for proc in procs:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = load_records(out)
+    assert records and all(r.wrong == 0 for r in records)
+    assert {r.backend for r in records} == {"nccl"}
+    assert {r.device for r in records} == {"cuda:0"}          # rank 0 drives device 0
+    assert {r.environment["nccl_algo"] for r in records} == {"Ring"}
+    assert {r.environment["backend"]["NCCL_ALGO"] for r in records} == {"Ring"}
+    assert {r.dtype for r in records} >= {"bfloat16", "float16", "int8"}
+    for rank in range(world):
+        seen = json.loads(Path(f"{counts}.{rank}.json").read_text())
+        assert seen["set_device"] == 1
+        # every sample and every validation is one barrier and one device synchronize
+        assert seen["synchronize"] == seen["barrier"] > 0
+        if timing == "per-op":        # the harness waits for the device after every op
+            assert seen["synchronize"] == seen["run"]
+        else:                         # ... and once per batch of --pipeline (3) ops; each
+            # (case, size) has 1 warm-up + 2 timed samples of 3 ops and 1 validation op
+            assert seen["run"] == seen["synchronize"] // 4 * (3 * 3 + 1)
+
+
+def _mpi_fake(world: int, aware: str, tmp_path: Path, extra: list[str] | None = None
+              ) -> subprocess.CompletedProcess[str]:
+    out = tmp_path / "r.jsonl"
+    return subprocess.run(
+        [MPIEXEC, "-n", str(world), PYTHON, DRIVER, "--fake-cupy", "--cupy-mpi", "--", *BENCH,
+         "--backend", "mpi", "--device", "cuda", "--output", str(out), *(extra or [])],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "CCBENCH_MPI_CUDA_AWARE": aware})
+
+
+needs_mpi = pytest.mark.skipif(not Path(MPIEXEC).exists(), reason=f"no {MPIEXEC}")
+
+
+@needs_mpi
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("aware, label", [("0", "host-staging"), ("1", "cuda-aware")])
+def test_mpi_cupy_buffers_on_fake_cupy(world: int, aware: str, label: str, tmp_path: Path
+                                       ) -> None:
+    proc = _mpi_fake(world, aware, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = load_records(tmp_path / "r.jsonl")
+    assert records and all(r.wrong == 0 for r in records)
+    assert {r.environment["buffers"] for r in records} == {label}
+    assert {r.environment["buffers_detected_by"] for r in records} == {
+        f"CCBENCH_MPI_CUDA_AWARE={aware}"}
+    assert {r.device for r in records} == {"cuda:0"}
+    assert {r.world_size for r in records} == {world}
+    # data movement runs for every dtype, bfloat16 included (stored as its bit patterns)
+    assert {(r.collective, r.dtype) for r in records} >= {("allgather", "bfloat16"),
+                                                          ("alltoall", "bfloat16")}
+
+
+@needs_mpi
+def test_mpi_cupy_pipelined_staging(tmp_path: Path) -> None:
+    proc = _mpi_fake(2, "0", tmp_path, ["--timing", "pipelined", "--pipeline", "4"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = load_records(tmp_path / "r.jsonl")
+    assert records and all(r.wrong == 0 and r.timing == "pipelined" for r in records)
+
+
+def test_bad_override_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccbench.backends.cuda_mpi import cuda_support
+    from ccbench.errors import UsageError
+
+    monkeypatch.setenv("CCBENCH_MPI_CUDA_AWARE", "yes")
+    with pytest.raises(UsageError, match="valid: 0, 1"):
+        cuda_support(SimpleNamespace())
+
+
+def test_mpi4py_query_is_preferred(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccbench.backends.cuda_mpi import cuda_support
+
+    monkeypatch.delenv("CCBENCH_MPI_CUDA_AWARE", raising=False)
+    assert cuda_support(SimpleNamespace(Query_cuda_support=lambda: True)) == (
+        True, "MPI.Query_cuda_support()")
+    assert cuda_support(SimpleNamespace(Query_cuda_support=lambda: False))[0] is False
+
+
+@needs_mpi
+def test_loaded_libmpi_is_asked_after_init() -> None:
+    """Without mpi4py's query the loaded libmpi's MPIX_Query_cuda_support decides (Intel MPI
+    here exports it and answers 0 without a CUDA build)."""
+    code = ("from mpi4py import MPI\n"
+            "from ccbench.backends.cuda_mpi import cuda_support\n"
+            "print(cuda_support(MPI))\n")
+    env = {k: v for k, v in os.environ.items() if k != "CCBENCH_MPI_CUDA_AWARE"}
+    proc = subprocess.run([MPIEXEC, "-n", "1", PYTHON, "-c", code], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "MPIX_Query_cuda_support()" in proc.stdout or "has no MPIX" in proc.stdout
+
+
+@needs_mpi
+def test_uninitialised_mpi_is_not_asked() -> None:
+    """Before MPI_Init the query would abort an MPICH-based library: it must not be called."""
+    code = ("import mpi4py; mpi4py.rc.initialize = False\n"
+            "from mpi4py import MPI\n"
+            "from ccbench.backends.cuda_mpi import cuda_query_symbol, cuda_support\n"
+            "print(cuda_support(MPI)); print(cuda_query_symbol())\n")
+    env = {k: v for k, v in os.environ.items() if k != "CCBENCH_MPI_CUDA_AWARE"}
+    proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "not initialised" in proc.stdout
+
+
+def test_cupy_missing_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from ccbench.backends import cuda_mpi
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "cupy" else real(name, *a))
+    assert cuda_mpi.cupy_missing_reason() == "cupy is not installed (pip install 'ccbench[cuda]')"
+    reason = cuda_mpi.CudaMPIBackend.unavailable_reason()
+    assert reason is not None and ("cupy" in reason or "mpi4py" in reason)
