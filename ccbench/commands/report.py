@@ -1,0 +1,63 @@
+"""`ccbench report RESULTS... -o DIR [--model model.json]`: figures and a report.
+
+Writes, into DIR: one figure per collective (bus bandwidth and latency against size),
+overview figures, per-rank spread figures, with --model prediction-against-measurement
+figures, each as PNG and SVG; report.md and report.html with the figures and tables of
+key numbers; key-numbers.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ccbench.errors import UsageError
+from ccbench.record import iter_result_files, load_records
+
+__all__ = ["register", "main"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report", help="figures (PNG, SVG) and a Markdown/HTML report from results",
+        description="Bus bandwidth and latency against size per collective, per-rank spread, "
+                    "key numbers; with --model, prediction against measurement.")
+    parser.add_argument("results", nargs="+", help="results files (*.jsonl) or folders")
+    parser.add_argument("-o", "--output", required=True, help="folder for the figures and report")
+    parser.add_argument("--model", default=None, help="model.json from `ccbench calibrate`")
+    parser.add_argument("--title", default="ccbench results", help="report title")
+    parser.add_argument("--collective", default=None,
+                        help="only these collectives (comma list)")
+    parser.add_argument("--backend", default=None, help="only these backends (comma list)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+        import pandas  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"ccbench report needs matplotlib and pandas "
+                         f"(pip install 'ccbench[plot]'): {exc.name} is missing") from None
+    sources = [str(p) for p in iter_result_files(args.results)]
+    records = load_records(*args.results)
+    if args.collective:
+        wanted = {c.strip() for c in args.collective.split(",") if c.strip()}
+        records = [r for r in records if r.collective in wanted]
+    if args.backend:
+        wanted = {b.strip() for b in args.backend.split(",") if b.strip()}
+        records = [r for r in records if r.backend in wanted]
+    if not records:
+        raise UsageError(f"no records in {', '.join(args.results)}"
+                         + (" after filtering" if args.collective or args.backend else ""))
+    model = None
+    if args.model:
+        from ccbench.report.model import load
+
+        model = load(args.model)
+    from ccbench.report import build_report
+
+    report = build_report(records, args.output, model=model, sources=sources, title=args.title)
+    print(f"ccbench report: {len(report.figures)} figures (PNG and SVG), {report.markdown}, "
+          f"{report.html}")
+    for note in report.notes:
+        print(f"ccbench report: note: {note}")
+    return 0

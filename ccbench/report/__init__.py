@@ -1,0 +1,298 @@
+"""`ccbench report`: figures (PNG and SVG), a Markdown and an HTML report from records.
+
+    build_report(records, "results/report", model=None) -> Report
+
+Figures: bus bandwidth and latency against size per collective (one column per world
+size, one line per backend/library, in-place dashed, p5-p95 band), an overview of every
+collective, a per-rank spread (straggler) view per world size and, with a model file
+from `ccbench calibrate`, prediction against measurement. Tables: peak bus bandwidth,
+latency at 8 B and 1 KiB, and the size at which each series reaches half its peak.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ccbench.report import style  # noqa: F401  (selects the Agg backend first)
+
+__all__ = ["Report", "build_report"]
+
+
+@dataclass
+class Report:
+    directory: Path
+    figures: list[Path] = field(default_factory=list)    # PNG paths (each has an SVG twin)
+    markdown: Path | None = None
+    html: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _save(fig, directory: Path, name: str, report: Report) -> str:
+    import matplotlib.pyplot as plt
+
+    png = directory / f"{name}.png"
+    fig.savefig(png, bbox_inches="tight", pad_inches=0.08, metadata={"Software": None})
+    fig.savefig(directory / f"{name}.svg", bbox_inches="tight", pad_inches=0.08,
+                metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    report.figures.append(png)
+    return png.name
+
+
+def _fmt_bw(x: float) -> str:
+    return "-" if not math.isfinite(x) else (f"{x:.3g}" if x < 100 else f"{x:.0f}")
+
+
+def _fmt_us(x: float) -> str:
+    if not math.isfinite(x):
+        return "-"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f} ms"
+    return f"{x:.3g} us" if x < 100 else f"{x:.0f} us"
+
+
+def _fmt_size(x: float) -> str:
+    from ccbench.report.style import size_label
+
+    if not math.isfinite(x):
+        return "-"
+    # half-peak sizes are interpolated: show them to two significant digits
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if x >= scale:
+            return f"{x / scale:.2g}{unit}".replace("e+0", "e")
+    return size_label(x)
+
+
+class _Doc:
+    """Blocks rendered to Markdown and to HTML from one description."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[str, Any]] = []
+
+    def heading(self, level: int, text: str) -> None:
+        self.blocks.append(("h", (level, text)))
+
+    def para(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def bullets(self, items: list[str]) -> None:
+        self.blocks.append(("ul", items))
+
+    def image(self, name: str, alt: str) -> None:
+        self.blocks.append(("img", (name, alt)))
+
+    def table(self, head: list[str], rows: list[list[str]], align: str | None = None) -> None:
+        self.blocks.append(("table", (head, rows, align)))
+
+    def markdown(self) -> str:
+        out: list[str] = []
+        for kind, value in self.blocks:
+            if kind == "h":
+                out.append("#" * value[0] + " " + value[1])
+            elif kind == "p":
+                out.append(value)
+            elif kind == "ul":
+                out.append("\n".join(f"- {item}" for item in value))
+            elif kind == "img":
+                out.append(f"![{value[1]}]({value[0]})")
+            elif kind == "table":
+                head, rows, align = value
+                align = align or ("l" + "r" * (len(head) - 1))
+                out.append("| " + " | ".join(head) + " |")
+                out.append("|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|")
+                out.extend("| " + " | ".join(r) + " |" for r in rows)
+        return "\n\n".join(out) + "\n"
+
+    def html(self, title: str) -> str:
+        esc = html.escape
+        body: list[str] = []
+        for kind, value in self.blocks:
+            if kind == "h":
+                body.append(f"<h{value[0]}>{esc(value[1])}</h{value[0]}>")
+            elif kind == "p":
+                body.append(f"<p>{_inline(value)}</p>")
+            elif kind == "ul":
+                body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in value) + "</ul>")
+            elif kind == "img":
+                body.append(f'<figure><img src="{esc(value[0])}" alt="{esc(value[1])}">'
+                            f"<figcaption>{esc(value[1])}</figcaption></figure>")
+            elif kind == "table":
+                head, rows, align = value
+                align = align or ("l" + "r" * (len(head) - 1))
+                cells = "".join(f"<th>{esc(h)}</th>" for h in head)
+                lines = [f"<table><thead><tr>{cells}</tr></thead><tbody>"]
+                for r in rows:
+                    lines.append("<tr>" + "".join(
+                        f'<td class="{"l" if a == "l" else "r"}">{_inline(c)}</td>'
+                        for c, a in zip(r, align)) + "</tr>")
+                lines.append("</tbody></table>")
+                body.append("".join(lines))
+        css = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;"
+               "padding:0 1em;color:#222}img{max-width:100%}table{border-collapse:collapse;"
+               "margin:1em 0;font-size:90%}th,td{padding:3px 8px;border-bottom:1px solid #ddd}"
+               "td.r{text-align:right;font-variant-numeric:tabular-nums}th{text-align:left}"
+               "code{background:#f4f4f4;padding:0 3px}figure{margin:1em 0}"
+               "figcaption{color:#555;font-size:85%}")
+        return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                f"<title>{esc(title)}</title><style>{css}</style></head><body>\n"
+                + "\n".join(body) + "\n</body></html>\n")
+
+
+def _inline(text: str) -> str:
+    """`code` and **bold** of the Markdown blocks, for HTML."""
+    import re
+
+    out = html.escape(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any] | None = None,
+                 sources: list[str] | None = None, title: str = "ccbench results") -> Report:
+    from ccbench.errors import UsageError
+    from ccbench.report import figures
+    from ccbench.report.data import key_numbers, library_versions, to_frame
+
+    if not records:
+        raise UsageError("no records to report on")
+    directory = Path(out_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    report = Report(directory=directory)
+    frame = to_frame(records)
+    doc = _Doc()
+    doc.heading(1, title)
+    worlds = sorted(int(p) for p in frame["world_size"].unique())
+    stamps = sorted(r.timestamp for r in records)
+    doc.para(f"{len(records)} records from {len(sources or [])} file(s), measured "
+             f"{stamps[0][:16].replace('T', ' ')} to {stamps[-1][:16].replace('T', ' ')} UTC. "
+             f"{figures.context_line(frame)}.")
+    doc.bullets([
+        f"world sizes: {', '.join(map(str, worlds))}; nodes: "
+        f"{', '.join(map(str, sorted(frame['nodes'].unique())))}; hosts: "
+        f"{', '.join(sorted(set(','.join(frame['hosts']).split(','))))}",
+        f"libraries: {', '.join(library_versions(records))}",
+        f"ccbench {', '.join(sorted(frame['ccbench_version'].unique()))}; "
+        f"iterations per size: {', '.join(map(str, sorted(frame['iterations'].unique())))} "
+        f"(warm-up {', '.join(map(str, sorted(frame['warmup'].unique())))})",
+        "time = median over iterations of the slowest rank's time; busbw = algbw x the "
+        "nccl-tests factor; bands: 5th-95th percentile of the iterations",
+    ])
+    wrong = frame[frame["wrong"].fillna(0) > 0]
+    if not wrong.empty:
+        note = f"{len(wrong)} record(s) have wrong elements: their numbers are not valid"
+        report.notes.append(note)
+        doc.para(f"**Warning:** {note}.")
+
+    # overview
+    doc.heading(2, "Overview")
+    name = _save(figures.overview_figure(frame, "busbw"), directory, "overview-busbw", report)
+    doc.image(name, "Bus bandwidth against size for every collective and world size")
+    name = _save(figures.overview_figure(frame, "latency"), directory, "overview-latency", report)
+    doc.image(name, "Time per operation against size for every collective and world size")
+
+    # key numbers
+    doc.heading(2, "Key numbers")
+    doc.para("Peak bus bandwidth (and the size where it is reached), median time per "
+             "operation at 8 B and 1 KiB, and the size from which the series stays above half "
+             "its peak bus bandwidth (interpolated between measured sizes).")
+    keys = key_numbers(frame)
+    has_8 = bool(keys["lat_8B_us"].notna().any()) if not keys.empty else False
+    for coll in keys["collective"].unique() if not keys.empty else []:
+        doc.heading(3, coll)
+        rows = []
+        for _, k in keys[keys["collective"] == coll].iterrows():
+            rows.append([k["series"], str(k["ranks"]), k["mode"],
+                         f"{_fmt_bw(k['peak_busbw'])} @ {_fmt_size(k['peak_at'])}"]
+                        + ([_fmt_us(k["lat_8B_us"])] if has_8 else [])
+                        + [_fmt_us(k["lat_1K_us"]), _fmt_size(k["half_peak_size"])])
+        head = (["series", "ranks", "mode", "peak busbw GB/s"] + (["time 8 B"] if has_8 else [])
+                + ["time 1 KiB", "half-peak size"])
+        doc.table(head, rows, "lllr" + "r" * (len(head) - 4))
+    if not keys.empty:
+        keys.to_csv(directory / "key-numbers.csv", index=False)
+
+    # per collective
+    doc.heading(2, "Per collective")
+    doc.para("Top: bus bandwidth; bottom: time per operation. One column per world size; "
+             "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations.")
+    for coll in frame["collective"].unique():
+        doc.heading(3, coll)
+        name = _save(figures.collective_figure(frame, coll), directory, _slug(coll), report)
+        doc.image(name, f"{coll}: bus bandwidth and latency against size")
+
+    # stragglers
+    doc.heading(2, "Per-rank spread")
+    doc.para("Each rank's median time over the fastest rank's median at the same size "
+             "(out-of-place; broadcast in-place). A rank that is consistently darker at every "
+             "size is a straggler; spread that changes from size to size is noise.")
+    spread_rows = []
+    for p in worlds:
+        if p < 2:
+            continue
+        name = _save(figures.rank_spread_figure(frame, p), directory, f"rank-spread-n{p}", report)
+        doc.image(name, f"Per-rank spread at {p} ranks")
+        sub = frame[frame["world_size"] == p]
+        for series, group in sub.groupby("series"):
+            ratios = [max(r) / min(r) for r in group["rank_median_us"] if r and min(r) > 0]
+            if ratios:
+                ratios.sort()
+                spread_rows.append([series, str(p), f"{ratios[len(ratios) // 2]:.2f}",
+                                    f"{ratios[-1]:.2f}"])
+    if spread_rows:
+        doc.table(["series", "ranks", "median max/min rank", "worst max/min rank"], spread_rows,
+                  "llrr")
+
+    # model
+    if model is not None:
+        _model_section(doc, frame, model, directory, report)
+
+    md = directory / "report.md"
+    md.write_text(doc.markdown(), encoding="utf-8")
+    page = directory / "report.html"
+    page.write_text(doc.html(title), encoding="utf-8")
+    report.markdown, report.html = md, page
+    return report
+
+
+def _model_section(doc: _Doc, frame, model: dict[str, Any], directory: Path,
+                   report: Report) -> None:
+    from ccbench.report import figures
+    from ccbench.report.model import predictions
+
+    doc.heading(2, "Model against measurement")
+    preds, notes = predictions(frame, model)
+    created = model.get("created", "?")
+    doc.para(f"Model file written {created} by ccbench {model.get('ccbench_version', '?')}: "
+             f"{model.get('formula', 'alpha-beta-gamma')}.")
+    if not preds:
+        note = "the model has no fit matching the measured series"
+        report.notes.append(note)
+        doc.para(f"Nothing to compare: {note}.")
+        return
+    rows = []
+    for coll in frame["collective"].unique():
+        mine = {(s, p): v for (c, s, p), v in preds.items() if c == coll}
+        if not mine:
+            continue
+        name = _save(figures.model_figure(frame, coll, mine, {}), directory,
+                     f"model-{_slug(coll)}", report)
+        doc.image(name, f"{coll}: model prediction against measured median")
+        sub, _ = figures._preferred_mode(frame[frame["collective"] == coll])
+        for (series, p), (sizes, pred_us) in sorted(mine.items()):
+            measured = sub[(sub["series"] == series) & (sub["world_size"] == p)]
+            table = dict(zip(measured["size"], measured["median_us"]))
+            errs = sorted(abs(pu / table[s] - 1) for s, pu in zip(sizes, pred_us) if s in table)
+            if errs:
+                rows.append([coll, series, str(p), notes.get((coll, series, p), ""),
+                             f"{100 * errs[len(errs) // 2]:.1f}%", f"{100 * errs[-1]:.0f}%"])
+    doc.table(["collective", "series", "ranks", "fit", "median rel. error", "max rel. error"],
+              rows, "llllrr")

@@ -1,0 +1,105 @@
+"""Colours, markers and axis formatting shared by every figure.
+
+A series keeps its colour in every figure: the palette is keyed by the library
+(for `mpi`, by the MPI implementation) or, for ccbench's own algorithms, by the
+algorithm name. Unknown names get a colour from a reserve list chosen by a stable
+hash of the name, so they too are the same in every figure and every run.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.ticker as mticker  # noqa: E402
+
+__all__ = ["colour", "marker", "size_label", "set_size_axis", "LINESTYLE", "RC"]
+
+# Okabe-Ito (colour-blind safe) first, then a few distinct extras.
+PALETTE = {
+    "gloo": "#0072B2",        # blue
+    "Intel MPI": "#D55E00",   # vermillion
+    "MPICH": "#009E73",       # bluish green
+    "Open MPI": "#CC79A7",    # reddish purple
+    "MVAPICH": "#882255",
+    "oneCCL": "#E69F00",      # orange
+    "NCCL": "#76B900",
+    "RCCL": "#B40000",
+    "ring": "#56B4E9",        # sky blue
+    "tree": "#8C564B",        # brown
+    "hypercube": "#332288",   # indigo
+    "direct": "#999933",
+    "pairwise": "#999933",
+    "bruck": "#44AA99",
+}
+RESERVE = ["#117733", "#AA4499", "#DDCC77", "#661100", "#6699CC", "#888888", "#E7298A",
+           "#1B9E77", "#7570B3", "#A6761D"]
+MARKERS = {"gloo": "o", "Intel MPI": "s", "MPICH": "^", "Open MPI": "D", "MVAPICH": "v",
+           "oneCCL": "P", "NCCL": "X", "RCCL": "*", "ring": "<", "tree": ">", "hypercube": "h"}
+RESERVE_MARKERS = ["p", "8", "H", "d", "1", "2", "3", "4"]
+LINESTYLE = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
+
+RC = {
+    "figure.dpi": 110, "savefig.dpi": 150, "font.size": 9.5, "axes.titlesize": 10,
+    "axes.labelsize": 9.5, "legend.fontsize": 8.5, "xtick.labelsize": 8, "ytick.labelsize": 8,
+    "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.5,
+    "lines.markersize": 3.5, "axes.spines.top": False, "axes.spines.right": False,
+    "svg.fonttype": "none", "legend.frameon": False,
+}
+
+
+def _pick(name: str, table: dict[str, str], reserve: list[str]) -> str:
+    if name in table:
+        return table[name]
+    for known, value in table.items():          # "ring@mpi" -> ring's colour
+        if name.split("@")[0] == known or name.lower() == known.lower():
+            return value
+    return reserve[zlib.crc32(name.encode()) % len(reserve)]
+
+
+def colour(key: str) -> str:
+    return _pick(key, PALETTE, RESERVE)
+
+
+def marker(key: str) -> str:
+    return _pick(key, MARKERS, RESERVE_MARKERS)
+
+
+def size_label(n: float) -> str:
+    """1024 -> 1K, 4 MiB -> 4M, 8 -> 8 (binary units, as the --sizes syntax)."""
+    n = int(round(n))
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:g}{unit}"
+    return str(n)
+
+
+def set_size_axis(ax, lo: float, hi: float, label: str = "size (bytes)", max_ticks: int = 9) -> None:
+    """log2 x axis with ticks at powers of two, thinned to at most ~9 labels."""
+    ax.set_xscale("log", base=2)
+    k0, k1 = int(math.floor(math.log2(max(lo, 1)))), int(math.ceil(math.log2(max(hi, 1))))
+    step = 1
+    while (k1 - k0) / step > max_ticks:
+        step += 1
+    start = next(k for k in range(k0, k1 + 1) if (k - 10) % step == 0)   # 1K is a tick
+    ticks = [2 ** k for k in range(start, k1 + 1, step)]
+    ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: size_label(v)))
+    ax.xaxis.set_minor_locator(mticker.FixedLocator([2 ** k for k in range(k0, k1 + 1)]))
+    ax.xaxis.set_minor_formatter(mticker.NullFormatter())
+    ax.set_xlim(lo / 1.25, hi * 1.25)
+    ax.set_xlabel(label)
+
+
+def time_formatter(v: float, _pos: object = None) -> str:
+    """Microseconds on a log axis: 1 us, 10 us, 1 ms, 1 s."""
+    if v >= 1e6:
+        return f"{v / 1e6:g} s"
+    if v >= 1e3:
+        return f"{v / 1e3:g} ms"
+    return f"{v:g} us"
