@@ -1,0 +1,328 @@
+"""Network topologies for the simulator: nodes, directed links, routes.
+
+Nodes 0..P-1 are the ranks (NPUs); switches come after them. Every directed link has
+a bandwidth (bytes/s, 1/beta), a per-message latency class alpha (seconds; a message
+pays the largest alpha on its path once, the endpoint/software cost the fit measured)
+and a per-hop latency (seconds, default 0: the fit's alpha already holds it).
+
+Spec syntax (`--topology`):
+
+    ring:P                      bidirectional ring, shorter direction
+    fully-connected:P           one link per ordered pair
+    switch:P                    star: every rank to one switch (2 hops)
+    fat-tree:P[:leaf=L][:oversub=O]
+                                two levels: leaves of L ranks (default 16), leaf uplinks
+                                to the spine aggregated with L x bw / O (default O=1)
+    torus:XxY | torus:XxYxZ     2D/3D torus, dimension-order routing, shorter direction
+    hypercube:P                 P a power of two, e-cube routing
+    dual-plane:P[:gpus=8][:tor=16][:oversub=1]
+                                hosts of `gpus` ranks on an intra-host switch (intra
+                                link class); each rank's NIC has two ports to two ToR
+                                switches in two planes; `tor` hosts per ToR; ToRs of a
+                                plane meet at a spine (uplinks L x bw / oversub). An
+                                inter-host message is split in half over the two planes.
+
+A bare P (`--ranks P`) fills in P when the spec omits it (`ring` = `ring:P`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ccbench.errors import UsageError, choices_error
+
+KINDS = ("ring", "fully-connected", "switch", "fat-tree", "torus", "hypercube", "dual-plane")
+
+__all__ = ["KINDS", "LinkClass", "Topology", "parse_topology", "build_topology"]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkClass:
+    alpha: float          # seconds per message
+    beta: float           # seconds per byte (1 / bandwidth)
+    hop_latency: float = 0.0
+
+
+@dataclass
+class Topology:
+    kind: str
+    ranks: int
+    spec: str
+    num_nodes: int = 0
+    cap: list[float] = field(default_factory=list)      # bytes / s per link
+    alpha: list[float] = field(default_factory=list)
+    hop: list[float] = field(default_factory=list)
+    klass: list[str] = field(default_factory=list)
+    link_ids: dict[tuple[int, int], int] = field(default_factory=dict)
+    dims: list[tuple[str, int]] = field(default_factory=list)   # (ASTRA-sim kind, npus)
+    params: dict[str, int | float] = field(default_factory=dict)
+    _routes: dict[tuple[int, int], list[tuple[list[int], float]]] = field(default_factory=dict)
+    _inter: LinkClass | None = None
+
+    # -- construction -------------------------------------------------------------------
+    def add_link(self, u: int, v: int, lc: LinkClass, name: str, scale: float = 1.0) -> int:
+        key = (u, v)
+        if key in self.link_ids:
+            return self.link_ids[key]
+        self.link_ids[key] = len(self.cap)
+        self.cap.append(scale / lc.beta if lc.beta > 0 else math.inf)
+        self.alpha.append(lc.alpha)
+        self.hop.append(lc.hop_latency)
+        self.klass.append(name)
+        return self.link_ids[key]
+
+    def add_pair(self, u: int, v: int, lc: LinkClass, name: str, scale: float = 1.0) -> None:
+        self.add_link(u, v, lc, name, scale)
+        self.add_link(v, u, lc, name, scale)
+
+    def link(self, u: int, v: int) -> int:
+        return self.link_ids[(u, v)]
+
+    # -- routing ------------------------------------------------------------------------
+    def routes(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        """Paths (link ids) from src to dst with the fraction of the bytes each carries."""
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = self._route(src, dst)
+        return r
+
+    def _path(self, nodes: list[int]) -> list[int]:
+        return [self.link(a, b) for a, b in zip(nodes, nodes[1:])]
+
+    def _route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        p, k = self.ranks, self.kind
+        if src == dst:
+            return [([], 1.0)]
+        if k == "ring":
+            fwd = (dst - src) % p
+            step = 1 if fwd <= p - fwd else -1
+            nodes = [src]
+            while nodes[-1] != dst:
+                nodes.append((nodes[-1] + step) % p)
+            return [(self._path(nodes), 1.0)]
+        if k == "fully-connected":           # links made on first use (p^2 of them)
+            return [([self.add_link(src, dst, self._inter, "net")], 1.0)]
+        if k == "switch":
+            return [(self._path([src, p, dst]), 1.0)]
+        if k == "fat-tree":
+            leaf = int(self.params["leaf"])
+            ls, ld = p + src // leaf, p + dst // leaf
+            if ls == ld:
+                return [(self._path([src, ls, dst]), 1.0)]
+            spine = int(self.params["spine"])
+            return [(self._path([src, ls, spine, ld, dst]), 1.0)]
+        if k == "hypercube":
+            nodes, cur, diff, bit = [src], src, src ^ dst, 0
+            while diff:
+                if diff & 1:
+                    cur ^= 1 << bit
+                    nodes.append(cur)
+                diff >>= 1
+                bit += 1
+            return [(self._path(nodes), 1.0)]
+        if k == "torus":
+            shape = [n for _, n in self.dims]
+            cur = list(np.unravel_index(src, shape))
+            goal = list(np.unravel_index(dst, shape))
+            nodes = [src]
+            for d, n in enumerate(shape):
+                fwd = (goal[d] - cur[d]) % n
+                step = 1 if fwd <= n - fwd else -1
+                while cur[d] != goal[d]:
+                    cur[d] = (cur[d] + step) % n
+                    nodes.append(int(np.ravel_multi_index(cur, shape)))
+            return [(self._path(nodes), 1.0)]
+        if k == "dual-plane":
+            g, tor = int(self.params["gpus"]), int(self.params["tor"])
+            hs, hd = src // g, dst // g
+            if hs == hd:
+                host_switch = int(self.params["host_base"]) + hs
+                return [(self._path([src, host_switch, dst]), 1.0)]
+            out = []
+            ntor = int(self.params["tors_per_plane"])
+            for plane in (0, 1):
+                base = int(self.params["tor_base"]) + plane * ntor
+                ts, td = base + hs // tor, base + hd // tor
+                if ts == td:
+                    nodes = [src, ts, dst]
+                else:
+                    nodes = [src, ts, int(self.params["spine_base"]) + plane, td, dst]
+                out.append((self._path(nodes), 0.5))
+            return out
+        raise choices_error("topology", k, KINDS)
+
+    # -- summaries for the analytical model ---------------------------------------------
+    def path_cost(self, src: int, dst: int) -> tuple[float, float]:
+        """(alpha + hop latencies, seconds per byte) of one uncontended message."""
+        alpha, beta = 0.0, 0.0
+        for links, frac in self.routes(src, dst):
+            if not links:
+                continue
+            alpha = max(alpha, max(self.alpha[i] for i in links) + sum(self.hop[i] for i in links))
+            bottleneck = min(self.cap[i] for i in links)
+            # a split message finishes when its slowest part does
+            beta = max(beta, frac / bottleneck)
+        return alpha, beta
+
+    def flat_parameters(self, pairs: list[tuple[int, int]] | None = None) -> tuple[float, float]:
+        """alpha, beta of the worst uncontended pair: the congestion-unaware flat view.
+
+        By default a sample of pairs (0, j): neighbours, powers of two, the middle, the far
+        corner of a torus and 16 evenly spaced ranks; that reaches every link class of the
+        topologies here (hop latencies are 0 unless asked for, so route length rarely
+        matters).
+        """
+        p = self.ranks
+        if pairs is None:
+            js = {1, p - 1, p // 2}
+            js.update(1 << i for i in range(max(1, p.bit_length())))
+            js.update(int(x) for x in np.linspace(1, p - 1, 16))
+            if self.kind == "torus":
+                shape = [n for _, n in self.dims]
+                js.add(int(np.ravel_multi_index([n // 2 for n in shape], shape)))
+            pairs = [(0, j) for j in sorted(js) if 0 < j < p]
+        if p == 1:
+            return 0.0, 0.0
+        alpha = beta = 0.0
+        for s, d in pairs:
+            a, b = self.path_cost(s, d)
+            alpha, beta = max(alpha, a), max(beta, b)
+        return alpha, beta
+
+    def describe(self) -> str:
+        classes = sorted(set(self.klass))
+        parts = []
+        for c in classes:
+            i = self.klass.index(c)
+            parts.append(f"{c}: {self.cap[i] / 1e9:.3g} GB/s, alpha {self.alpha[i] * 1e6:.3g} us")
+        return f"{self.spec} ({self.ranks} ranks, {len(self.cap)} links; {'; '.join(parts)})"
+
+
+def parse_topology(spec: str, ranks: int | None = None) -> tuple[str, list[str], dict[str, str]]:
+    parts = [x.strip() for x in spec.split(":") if x.strip()]
+    if not parts:
+        raise UsageError("empty --topology (examples: ring:8, fat-tree:1024:oversub=2, torus:4x4)")
+    kind = parts[0].lower().replace("_", "-")
+    kind = {"fc": "fully-connected", "fullyconnected": "fully-connected", "star": "switch",
+            "fattree": "fat-tree", "dualplane": "dual-plane", "torus2d": "torus",
+            "torus3d": "torus"}.get(kind, kind)
+    if kind not in KINDS:
+        raise choices_error("topology", parts[0], KINDS)
+    positional = [x for x in parts[1:] if "=" not in x]
+    options = dict(x.split("=", 1) for x in parts[1:] if "=" in x)
+    if not positional and ranks is not None:
+        positional = [str(ranks)]
+    return kind, positional, options
+
+
+def _int(value: str, what: str) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise UsageError(f"malformed {what} {value!r}: need an integer") from None
+    if out < 1:
+        raise UsageError(f"{what} must be >= 1, got {out}")
+    return out
+
+
+def build_topology(spec: str, ranks: int | None, inter: LinkClass,
+                   intra: LinkClass | None = None) -> Topology:
+    """A topology from its spec; `inter` for network links, `intra` for in-host links."""
+    kind, positional, opts = parse_topology(spec, ranks)
+    intra = intra or inter
+    if not positional:
+        raise UsageError(f"topology {spec!r} needs a rank count (e.g. {kind}:8 or --ranks 8)")
+    if kind == "torus":
+        try:
+            shape = [int(x) for x in positional[0].lower().split("x")]
+        except ValueError:
+            raise UsageError(f"malformed torus shape {positional[0]!r} (examples: 4x4, 4x4x4)") from None
+        if len(shape) not in (2, 3) or min(shape) < 1:
+            raise UsageError(f"torus shape {positional[0]!r} must be 2D or 3D (4x4, 4x4x4)")
+        p = int(np.prod(shape))
+    else:
+        p = _int(positional[0], "topology rank count")
+    if ranks is not None and ranks != p:
+        raise UsageError(f"--ranks {ranks} does not match topology {spec!r} ({p} ranks)")
+    unknown = set(opts) - {"leaf", "oversub", "gpus", "tor"}
+    if unknown:
+        raise UsageError(f"unknown topology option {sorted(unknown)[0]!r} "
+                         f"(valid: leaf, oversub for fat-tree; gpus, tor, oversub for dual-plane)")
+    topo = Topology(kind, p, spec)
+    topo._inter = inter
+    if kind == "ring":
+        for r in range(p):
+            if p > 1:
+                topo.add_pair(r, (r + 1) % p, inter, "net")
+        topo.dims = [("Ring", p)]
+    elif kind == "fully-connected":
+        if p > 1:
+            topo.add_link(0, 1, inter, "net")   # the rest on first use
+        topo.dims = [("FullyConnected", p)]
+    elif kind == "switch":
+        for r in range(p):
+            topo.add_pair(r, p, inter, "net")
+        topo.dims = [("Switch", p)]
+    elif kind == "fat-tree":
+        leaf = _int(opts.get("leaf", "16"), "leaf")
+        oversub = float(opts.get("oversub", "1"))
+        if oversub <= 0:
+            raise UsageError(f"oversub must be > 0, got {oversub}")
+        nleaf = math.ceil(p / leaf)
+        spine = p + nleaf
+        topo.params.update(leaf=leaf, oversub=oversub, spine=spine)
+        for r in range(p):
+            topo.add_pair(r, p + r // leaf, inter, "net")
+        for i in range(nleaf):
+            members = min(leaf, p - i * leaf)
+            topo.add_pair(p + i, spine, inter, "uplink", scale=members / oversub)
+        topo.dims = [("Switch", p)] if nleaf == 1 else [("Switch", min(leaf, p)), ("Switch", nleaf)]
+    elif kind == "hypercube":
+        if p & (p - 1):
+            raise UsageError(f"hypercube needs a power-of-two rank count, got {p}")
+        for r in range(p):
+            bit = 1
+            while bit < p:
+                topo.add_link(r, r ^ bit, inter, "net")
+                bit <<= 1
+        topo.dims = [("Ring", 2)] * int(math.log2(p)) if p > 1 else [("Ring", 1)]
+    elif kind == "torus":
+        topo.dims = [("Ring", n) for n in shape]
+        for r in range(p):
+            c = list(np.unravel_index(r, shape))
+            for d, n in enumerate(shape):
+                if n == 1:
+                    continue
+                nxt = list(c)
+                nxt[d] = (c[d] + 1) % n
+                topo.add_pair(r, int(np.ravel_multi_index(nxt, shape)), inter, "net")
+    elif kind == "dual-plane":
+        g = _int(opts.get("gpus", "8"), "gpus")
+        tor = _int(opts.get("tor", "16"), "tor")
+        oversub = float(opts.get("oversub", "1"))
+        hosts = math.ceil(p / g)
+        ntor = math.ceil(hosts / tor)
+        host_base = p
+        tor_base = host_base + hosts
+        spine_base = tor_base + 2 * ntor
+        topo.params.update(gpus=g, tor=tor, oversub=oversub, host_base=host_base,
+                           tor_base=tor_base, spine_base=spine_base, tors_per_plane=ntor)
+        for r in range(p):
+            topo.add_pair(r, host_base + r // g, intra, "intra")
+            for plane in (0, 1):
+                topo.add_pair(r, tor_base + plane * ntor + (r // g) // tor, inter, "inter")
+        if ntor > 1:
+            for plane in (0, 1):
+                for t in range(ntor):
+                    ranks_here = min(tor * g, p - t * tor * g)
+                    topo.add_pair(tor_base + plane * ntor + t, spine_base + plane, inter,
+                                  "uplink", scale=ranks_here / oversub)
+        topo.dims = [("Switch", min(g, p))]
+        if hosts > 1:
+            topo.dims.append(("Switch", hosts))
+    topo.num_nodes = max(p, 1 + max((max(k) for k in topo.link_ids), default=p - 1))
+    return topo
