@@ -61,11 +61,11 @@ def expected(collective: str, op: str | None, rank: int, world: int, block: int,
         full = reduce_ref([make_input(op, r, block * world) for r in range(world)], op or "sum")
         return make_input(op, rank, block * world), full[rank * block:(rank + 1) * block]
     if collective == "alltoall":
-        # rank r sends block j to rank j: element = 100 * r + 10 * j + i % 10
+        # rank r sends block j to rank j: element = 10 * r + 3 * j + i % 3 (<= 48: int8-safe)
         def sent(r: int) -> np.ndarray:
             j = np.repeat(np.arange(world), block)
             i = np.tile(np.arange(block), world)
-            return (10 * r + 3 * j + i % 3).astype(np.float64)   # <= 48: int8-safe
+            return (10 * r + 3 * j + i % 3).astype(np.float64)
         mine = np.concatenate([sent(r)[rank * block:(rank + 1) * block] for r in range(world)])
         return sent(rank), mine
     raise ValueError(collective)
@@ -145,6 +145,22 @@ def worker(rank: int, world: int, port: int) -> int:
                          f"block={block}: {bad} wrong, got {got[:6].tolist()} "
                          f"want {want[:6].tolist()}")
     t_cases = time.perf_counter() - t0
+    # point to point (the transport algorithms/ schedules use): a ring shift, send first
+    x = (np.arange(5) + 10 * rank).astype(numpy_dtype("bfloat16"))
+    y = np.zeros_like(x)
+    backend.send(x, (rank + 1) % world)
+    backend.recv(y, (rank - 1) % world)
+    want_p2p = (np.arange(5) + 10 * ((rank - 1) % world)).astype(y.dtype)
+    if not np.array_equal(_bits(y), _bits(want_p2p)):
+        wrong.append(f"send/recv ring: got {y.tolist()} want {want_p2p.tolist()}")
+    # a library error becomes a RunFailure that carries oneCCL's own message
+    from ccbench.errors import RunFailure
+    try:
+        backend.broadcast(np.zeros(4, np.float32), world + 3)
+        wrong.append("broadcast from a root outside the communicator did not fail")
+    except RunFailure as exc:
+        if "onecclBroadcast failed" not in str(exc) or "root" not in str(exc):
+            wrong.append(f"unclear error message: {exc}")
     # latency/bandwidth probe for the docs: float32 allreduce, out-of-place
     timing: dict[str, float] = {}
     for nbytes in (8, 1 << 20):

@@ -29,6 +29,7 @@ __all__ = ["INSTALL_HINT", "OneCCLLib", "OneCCLLoadError", "find_library", "load
 INSTALL_HINT = "set CCBENCH_ONECCL_LIB or run scripts/install-oneccl.sh"
 _FRONT_END_NAMES = ("libccl.so.2", "libccl.so.2.0")
 _PROVIDER_PROBE = "libtcp-fi.so"
+_PLUGIN_EXCEPTION = 11      # what the front end returns when a plugin call throws (2022.2.0)
 
 
 class OneCCLLoadError(Exception):
@@ -186,6 +187,8 @@ class OneCCLLib:
 
     def error_text(self, rc: int) -> str:
         text = (self.lib.onecclGetErrorString(rc) or b"").decode(errors="replace")
+        if rc == _PLUGIN_EXCEPTION and text.startswith("Unknown"):
+            text = "the plugin raised an exception"     # 2022.2.0 has no string for it
         detail = ""
         if self.has_last_error:
             detail = (self.lib.onecclGetLastErrorString() or b"").decode(errors="replace").strip()

@@ -134,7 +134,8 @@ class OneCCLBackend(Backend):
         return f"oneccl/{os.environ.get('CCL_ATL_TRANSPORT', 'ofi')}"
 
     def info(self) -> dict[str, Any]:
-        env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith(_ENV_PREFIXES) and k != "CCL_LOCAL_RANK"}
         return {"library": "oneCCL", "library_version": self.ccl.version, "device": "cpu",
                 "library_path": str(self.ccl.path),
                 "libfabric": str(self.ccl.libfabric) if self.ccl.libfabric else None,
