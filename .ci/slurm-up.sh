@@ -2,7 +2,7 @@
 # Start a single-node Slurm cluster on this host (run as root; idempotent).
 #
 #   sudo .ci/slurm-up.sh            # install if missing, configure, start, wait for idle
-#   CCBENCH_SLURM_CPUS=4 .ci/slurm-up.sh   # advertise more CPUs than nproc (oversubscribe)
+#   CCBENCH_SLURM_CPUS=8 .ci/slurm-up.sh   # advertise this many CPUs (default max(nproc, 4))
 #
 # What it does: apt-get installs slurm-wlm and munge when missing, creates the munge key,
 # starts munged, writes /etc/slurm/slurm.conf for this host (SlurmUser=root,
@@ -81,7 +81,9 @@ fi
 
 # ---- slurm.conf --------------------------------------------------------------------------
 HOST=$(hostname -s)
-NCPU=${CCBENCH_SLURM_CPUS:-$(nproc)}
+# advertise at least 4 CPUs so 4-rank jobs fit on a 2-core runner (config_overrides below
+# lets slurmd accept more CPUs than the hardware has; ranks then share cores)
+NCPU=${CCBENCH_SLURM_CPUS:-$(( $(nproc) > 4 ? $(nproc) : 4 ))}
 # leave ~10% and at least 512 MiB to the OS; slurmd refuses a RealMemory above what it sees
 MEM_MB=$(awk '/MemTotal/ {printf "%d", $2 / 1024}' /proc/meminfo)
 REAL_MB=$(( MEM_MB - (MEM_MB / 10 > 512 ? MEM_MB / 10 : 512) ))
@@ -104,6 +106,7 @@ SwitchType=switch/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
