@@ -29,7 +29,8 @@ import numpy as np
 from ccbench.errors import UsageError
 from ccbench.model.topology import Topology
 
-__all__ = ["SimStep", "Program", "ReplayResult", "program_from_schedule", "replay",
+__all__ = ["ArrayProgram", "SimStep", "Program", "ReplayResult", "program_from_schedule", "replay",
+           "ring_program", "to_arrays",
            "schedule_program", "unit_bytes"]
 
 SHARING = ("max-min", "equal")
@@ -105,220 +106,294 @@ class ReplayResult:
     time: float                       # seconds until the last rank finishes
     rank_finish: np.ndarray
     messages: int
-    events: int
+    events: int                       # event batches processed
     max_link_flows: int               # most flows seen on one link at once (1 = no contention)
 
 
-def _rates(flow_links: list[np.ndarray], cap: np.ndarray, sharing: str) -> np.ndarray:
-    nf = len(flow_links)
-    lens = np.fromiter((len(x) for x in flow_links), int, nf)
-    rates = np.full(nf, np.inf)
-    has = lens > 0
-    if not np.any(has):
-        return rates
-    idx = np.flatnonzero(has)
-    links = np.concatenate([flow_links[i] for i in idx])
-    owner = np.repeat(np.arange(len(idx)), lens[idx])
-    starts = np.concatenate(([0], np.cumsum(lens[idx])[:-1]))
+@dataclass
+class ArrayProgram:
+    """A program as flat arrays. Steps of rank r are global ids first[r] .. first[r+1]-1.
+    Message m goes src -> dst, leaves in step send_step[m], is matched (in order per
+    ordered pair) with the recv of step recv_step[m]."""
+
+    p: int
+    first: np.ndarray
+    step_reduce: np.ndarray
+    msg_src: np.ndarray
+    msg_dst: np.ndarray
+    msg_bytes: np.ndarray
+    msg_send_step: np.ndarray
+    msg_recv_step: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.first[-1])
+
+
+def to_arrays(program: Program) -> ArrayProgram:
+    """Match every send with its recv (k-th a->b send = k-th recv of b from a)."""
+    p = len(program)
+    first = np.zeros(p + 1, np.int64)
+    red: list[float] = []
+    s_src, s_dst, s_bytes, s_step = [], [], [], []
+    r_src, r_dst, r_step = [], [], []
+    g = 0
+    for r, steps in enumerate(program):
+        first[r] = g
+        for st in steps:
+            red.append(sum(x[2] for x in st.recvs))
+            for peer, nbytes in st.sends:
+                s_src.append(r); s_dst.append(peer); s_bytes.append(nbytes); s_step.append(g)
+            for peer, _nbytes, _red in st.recvs:
+                r_src.append(peer); r_dst.append(r); r_step.append(g)
+            g += 1
+    first[p] = g
+    s_src_a, s_dst_a = np.asarray(s_src, np.int64), np.asarray(s_dst, np.int64)
+    r_src_a, r_dst_a = np.asarray(r_src, np.int64), np.asarray(r_dst, np.int64)
+    for peers in (s_dst_a, r_src_a):
+        if peers.size and (peers.min() < 0 or peers.max() >= p):
+            raise UsageError(f"schedule names a peer outside 0..{p - 1}")
+    ks, kr = s_src_a * p + s_dst_a, r_src_a * p + r_dst_a
+    os_, or_ = np.argsort(ks, kind="stable"), np.argsort(kr, kind="stable")
+    if len(ks) != len(kr) or not np.array_equal(ks[os_], kr[or_]):
+        raise UsageError("schedule deadlocks: some sends have no matching recv (or the reverse)")
+    recv_step = np.empty(len(ks), np.int64)
+    recv_step[os_] = np.asarray(r_step, np.int64)[or_]
+    return ArrayProgram(p, first, np.asarray(red, float), s_src_a, s_dst_a,
+                        np.asarray(s_bytes, float), np.asarray(s_step, np.int64), recv_step)
+
+
+def ring_program(collective: str, p: int, size: float) -> ArrayProgram:
+    """Ring allreduce / reduce-scatter / allgather built directly as arrays (fast at any p).
+
+    The same steps and messages as algorithms.ring with segments=1 (a test checks the
+    replay times agree), without building the per-block schedule objects.
+    """
+    if collective not in ("allreduce", "reduce-scatter", "allgather"):
+        raise UsageError(f"no array ring program for {collective}")
+    chunk = float(size) / p
+    nsteps = 2 * (p - 1) if collective == "allreduce" else p - 1
+    reduce_steps = p - 1 if collective in ("allreduce", "reduce-scatter") else 0
+    r = np.repeat(np.arange(p, dtype=np.int64), nsteps)
+    s = np.tile(np.arange(nsteps, dtype=np.int64), p)
+    first = np.arange(p + 1, dtype=np.int64) * nsteps
+    dst = (r + 1) % p
+    red = np.where(s < reduce_steps, chunk, 0.0)
+    return ArrayProgram(p, first, red, r, dst, np.full(r.size, chunk), r * nsteps + s,
+                        dst * nsteps + s)
+
+
+def _ranges(ptr: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Concatenated index ranges ptr[i] .. ptr[i+1]-1 for every i in ids."""
+    lo, hi = ptr[ids], ptr[ids + 1]
+    lens = hi - lo
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offs = np.repeat(lo - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
+    return offs + np.arange(total)
+
+
+def _rates(links: np.ndarray, cap: np.ndarray, sharing: str) -> tuple[np.ndarray, int]:
+    """Rates of flows whose links are the rows of `links` (-1 padded); cap has a last
+    entry (inf) that the padding points at."""
     nl = len(cap)
+    valid = links >= 0
+    lv = np.where(valid, links, nl - 1)
+    cnt = np.bincount(lv[valid], minlength=nl)
+    most = int(cnt[:-1].max()) if nl > 1 else 0
     if sharing == "equal":
-        cnt = np.bincount(links, minlength=nl)
         share = cap / np.maximum(cnt, 1)
-        rates[idx] = np.minimum.reduceat(share[links], starts)
-        return rates
-    # max-min fair: progressive filling
+        share[-1] = np.inf
+        return share[lv].min(axis=1), most
+    nf = links.shape[0]
+    rate = np.zeros(nf)
+    frozen = np.zeros(nf, bool)
     rem = cap.astype(float).copy()
-    frozen = np.zeros(len(idx), bool)
-    out = np.zeros(len(idx))
     while not frozen.all():
-        live_e = ~frozen[owner]
-        cnt = np.bincount(links[live_e], minlength=nl)
-        share = np.where(cnt > 0, rem / np.maximum(cnt, 1), np.inf)
-        fshare = np.minimum.reduceat(share[links], starts)
+        live = ~frozen
+        c = np.bincount(lv[live][valid[live]], minlength=nl)
+        share = np.where(c > 0, rem / np.maximum(c, 1), np.inf)
+        share[-1] = np.inf
+        fshare = share[lv].min(axis=1)
         fshare[frozen] = np.inf
         m = fshare.min()
-        newly = (~frozen) & (fshare <= m * (1 + 1e-9))
-        out[newly] = m
-        used = np.bincount(links, weights=np.where(newly[owner], m, 0.0), minlength=nl)
-        rem = np.maximum(rem - used, 0.0)
+        newly = live & (fshare <= m * (1 + 1e-9))
+        rate[newly] = m
+        w = np.where(valid[newly], m, 0.0)
+        rem = np.maximum(rem - np.bincount(lv[newly].ravel(), weights=w.ravel(), minlength=nl), 0)
         frozen |= newly
-    rates[idx] = out
-    return rates
+    return rate, most
 
 
-def replay(program: Program, topo: Topology, gamma: float = 0.0,
+def replay(program: Program | ArrayProgram, topo: Topology, gamma: float = 0.0,
            sharing: str = "max-min") -> ReplayResult:
     if sharing not in SHARING:
         raise UsageError(f"unknown sharing {sharing!r} (valid: {', '.join(SHARING)})")
-    p = len(program)
+    prog = program if isinstance(program, ArrayProgram) else to_arrays(program)
+    p = prog.p
     if p != topo.ranks:
         raise UsageError(f"schedule has {p} ranks, topology {topo.spec!r} has {topo.ranks}")
-    cap = np.asarray(topo.cap, float)
-    link_alpha = topo.alpha
-    link_hop = topo.hop
+    nsteps, nmsg = prog.num_steps, len(prog.msg_src)
 
-    # per-message route data, cached per (src, dst)
-    route_cache: dict[tuple[int, int], tuple[float, float, list[tuple[np.ndarray, float]]]] = {}
+    # routes per distinct ordered pair -> subflows per message
+    keys = prog.msg_src * p + prog.msg_dst
+    uniq, inv = np.unique(keys, return_inverse=True)
+    pair_alpha = np.zeros(len(uniq))
+    pair_hop = np.zeros(len(uniq))
+    sub_first = np.zeros(len(uniq) + 1, np.int64)
+    sub_links: list[list[int]] = []
+    sub_frac: list[float] = []
+    for i, key in enumerate(uniq.tolist()):
+        paths = topo.routes(key // p, key % p)
+        pair_alpha[i] = max((max(topo.alpha[j] for j in links) for links, _ in paths if links),
+                            default=0.0)
+        pair_hop[i] = max((sum(topo.hop[j] for j in links) for links, _ in paths), default=0.0)
+        for links, frac in paths:
+            sub_links.append(links)
+            sub_frac.append(frac)
+        sub_first[i + 1] = len(sub_links)
+    hmax = max((len(x) for x in sub_links), default=0) or 1
+    pad = np.full((len(sub_links), hmax), -1, np.int64)
+    for i, links in enumerate(sub_links):
+        pad[i, :len(links)] = links
+    cap = np.append(np.asarray(topo.cap, float), np.inf)
+    msg_alpha, msg_hop = pair_alpha[inv], pair_hop[inv]
+    nsub = (sub_first[1:] - sub_first[:-1])[inv]
+    msg_sub_ptr = np.concatenate(([0], np.cumsum(nsub)))
+    sf_pairsub = _ranges(sub_first, inv) if nmsg else np.zeros(0, np.int64)
+    sf_msg = np.repeat(np.arange(nmsg), nsub)
+    sf_bytes = prog.msg_bytes[sf_msg] * np.asarray(sub_frac, float)[sf_pairsub] \
+        if nmsg else np.zeros(0)
+    msg_left = nsub.copy()
 
-    def route(src: int, dst: int):
-        r = route_cache.get((src, dst))
-        if r is None:
-            paths = topo.routes(src, dst)
-            alpha = max((max(link_alpha[i] for i in links) for links, _ in paths if links),
-                        default=0.0)
-            hop = max((sum(link_hop[i] for i in links) for links, _ in paths), default=0.0)
-            r = (alpha, hop, [(np.asarray(links, int), frac) for links, frac in paths])
-            route_cache[(src, dst)] = r
-            if len(cap) != len(topo.cap):            # links made on first use
-                nonlocal_cap[0] = np.asarray(topo.cap, float)
-        return r
+    # steps
+    send_order = np.argsort(prog.msg_send_step, kind="stable")
+    send_ptr = np.searchsorted(prog.msg_send_step[send_order], np.arange(nsteps + 1))
+    parts = (np.bincount(prog.msg_send_step, minlength=nsteps)
+             + np.bincount(prog.msg_recv_step, minlength=nsteps)) if nsteps else np.zeros(0, int)
+    remaining = parts.astype(np.int64)
+    started = np.zeros(nsteps, bool)
+    step_rank = np.repeat(np.arange(p), np.diff(prog.first))
+    last_of_rank = prog.first[1:] - 1
+    rank_finish = np.zeros(p)
+    rank_done = np.diff(prog.first) == 0
 
-    nonlocal_cap = [cap]
+    heap: list[tuple[float, int, int, np.ndarray]] = []
+    seq = [0]
+    START, ACT, ARR = 0, 1, 2
 
-    step_idx = [0] * p
-    pending = [0] * p                   # outstanding sends + recvs of the current step
-    reduce_bytes = [0.0] * p
-    finish = np.zeros(p)
-    arrived: dict[tuple[int, int], deque] = defaultdict(deque)    # (src,dst) -> arrival times
-    waiting: dict[tuple[int, int], deque] = defaultdict(deque)    # (src,dst) -> waiting ranks
-    heap: list[tuple[float, int, int, Any]] = []
-    seq = 0
-    # flows
-    f_rem: list[float] = []
-    f_links: list[np.ndarray] = []
-    f_msg: list[int] = []
-    msg_src: list[int] = []
-    msg_dst: list[int] = []
-    msg_parts: list[int] = []
-    msg_hop: list[float] = []
-    state = {"dirty": True, "events": 0, "max_flows": 0}
-    EV_START, EV_ACTIVATE, EV_ARRIVE = 0, 1, 2
-
-    def push(t: float, kind: int, payload: Any) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, payload))
-        seq += 1
-
-    def part_done(r: int, t: float) -> None:
-        pending[r] -= 1
-        if pending[r] == 0:
-            done_step(r, t)
-
-    def done_step(r: int, t: float) -> None:
-        t_next = t + gamma * reduce_bytes[r]
-        step_idx[r] += 1
-        push(t_next, EV_START, r)
-
-    def start_step(r: int, t: float) -> None:
-        steps = program[r]
-        i = step_idx[r]
-        if i >= len(steps):
-            finish[r] = t
+    def push_grouped(times: np.ndarray, kind: int, ids: np.ndarray) -> None:
+        if ids.size == 0:
             return
-        st = steps[i]
-        pending[r] = len(st.sends) + len(st.recvs)
-        reduce_bytes[r] = sum(x[2] for x in st.recvs)
-        if pending[r] == 0:
-            done_step(r, t)
+        t0 = times[0]
+        if np.all(times == t0):
+            heapq.heappush(heap, (float(t0), seq[0], kind, ids))
+            seq[0] += 1
             return
-        for peer, nbytes in st.sends:
-            alpha, hop, paths = route(r, peer)
-            mid = len(msg_src)
-            msg_src.append(r)
-            msg_dst.append(peer)
-            msg_hop.append(hop)
-            msg_parts.append(len(paths))
-            push(t + alpha, EV_ACTIVATE, (mid, nbytes, paths))
-        for peer, _nbytes, _red in st.recvs:
-            q = arrived[(peer, r)]
-            if q:
-                q.popleft()
-                pending[r] -= 1
-            else:
-                waiting[(peer, r)].append(r)
-        if pending[r] == 0:
-            done_step(r, t)
+        ut, where = np.unique(times, return_inverse=True)
+        for j, t in enumerate(ut.tolist()):
+            heapq.heappush(heap, (t, seq[0], kind, ids[where == j] if len(ut) > 1 else ids))
+            seq[0] += 1
 
-    def message_done(mid: int, t: float) -> None:
-        src, dst = msg_src[mid], msg_dst[mid]
-        part_done(src, t)                    # the send has left
-        push(t + msg_hop[mid], EV_ARRIVE, mid)
+    def complete(steps: np.ndarray, t: float) -> None:
+        done_t = t + gamma * prog.step_reduce[steps]
+        is_last = steps == last_of_rank[step_rank[steps]]
+        if np.any(is_last):
+            rank_finish[step_rank[steps[is_last]]] = done_t[is_last]
+            rank_done[step_rank[steps[is_last]]] = True
+        push_grouped(done_t[~is_last], START, steps[~is_last] + 1)
 
-    def arrive(mid: int, t: float) -> None:
-        key = (msg_src[mid], msg_dst[mid])
-        w = waiting[key]
-        if w:
-            part_done(w.popleft(), t)
-        else:
-            arrived[key].append(t)
+    def part_done(steps: np.ndarray, t: float) -> None:
+        u, c = np.unique(steps, return_counts=True)
+        remaining[u] -= c
+        ready = u[(remaining[u] == 0) & started[u]]
+        if ready.size:
+            complete(ready, t)
 
-    for r in range(p):
-        push(0.0, EV_START, r)
-    now = 0.0
+    flows_sf = np.zeros(0, np.int64)
+    flows_rem = np.zeros(0)
     rates = np.zeros(0)
-    rem = np.zeros(0)
-    while heap or f_rem:
-        if state["dirty"]:
-            rem = np.asarray(f_rem, float)
-            rates = _rates(f_links, nonlocal_cap[0], sharing) if f_rem else np.zeros(0)
-            state["dirty"] = False
-        if len(rem):
-            with np.errstate(divide="ignore"):
-                dt = np.where(rates > 0, rem / rates, np.inf)
-            t_fin = now + float(dt.min())
+    dirty = False
+    most = 0
+    batches = 0
+
+    def message_done(msgs: np.ndarray, t: float) -> None:
+        part_done(prog.msg_send_step[msgs], t)
+        arr_t = t + msg_hop[msgs]
+        now_mask = arr_t <= t
+        if np.any(now_mask):
+            part_done(prog.msg_recv_step[msgs[now_mask]], t)
+        push_grouped(arr_t[~now_mask], ARR, msgs[~now_mask])
+
+    if nsteps:
+        push_grouped(np.zeros(int(np.sum(np.diff(prog.first) > 0))), START,
+                     prog.first[:-1][np.diff(prog.first) > 0])
+    now = 0.0
+    while True:
+        if dirty:
+            if flows_sf.size:
+                rates, m = _rates(pad[sf_pairsub[flows_sf]], cap, sharing)
+                most = max(most, m)
+            else:
+                rates = np.zeros(0)
+            dirty = False
+        if flows_sf.size:
+            dts = flows_rem / rates
+            dtmin = float(dts.min())
+            t_fin = now + dtmin
         else:
             t_fin = np.inf
         t_ev = heap[0][0] if heap else np.inf
+        if t_ev == np.inf and t_fin == np.inf:
+            break
+        batches += 1
         if t_ev <= t_fin:
-            if len(rem):
-                rem = rem - rates * (t_ev - now)
-                f_rem[:] = rem.tolist()
+            if flows_sf.size:
+                flows_rem = flows_rem - rates * (t_ev - now)
             now = t_ev
             while heap and heap[0][0] <= now:
-                _, _, kind, payload = heapq.heappop(heap)
-                state["events"] += 1
-                if kind == EV_START:
-                    start_step(payload, now)
-                elif kind == EV_ACTIVATE:
-                    mid, nbytes, paths = payload
-                    for links, frac in paths:
-                        if nbytes * frac <= 0 or len(links) == 0:
-                            msg_parts[mid] -= 1
-                            continue
-                        f_rem.append(nbytes * frac)
-                        f_links.append(links)
-                        f_msg.append(mid)
-                        state["dirty"] = True
-                    if msg_parts[mid] == 0:
-                        message_done(mid, now)
+                _, _, kind, ids = heapq.heappop(heap)
+                if kind == START:
+                    started[ids] = True
+                    msgs = send_order[_ranges(send_ptr, ids)]
+                    ready = ids[remaining[ids] == 0]
+                    if ready.size:
+                        complete(ready, now)
+                    push_grouped(now + msg_alpha[msgs], ACT, msgs)
+                elif kind == ACT:
+                    sfs = _ranges(msg_sub_ptr, ids)
+                    instant = (sf_bytes[sfs] <= 0) | (pad[sf_pairsub[sfs], 0] < 0)
+                    if np.any(instant):
+                        np.subtract.at(msg_left, sf_msg[sfs[instant]], 1)
+                    live = sfs[~instant]
+                    if live.size:
+                        flows_sf = np.concatenate((flows_sf, live))
+                        flows_rem = np.concatenate((flows_rem, sf_bytes[live]))
+                        dirty = True
+                    if np.any(instant):
+                        um = np.unique(sf_msg[sfs[instant]])
+                        fin = um[msg_left[um] == 0]
+                        if fin.size:
+                            message_done(fin, now)
                 else:
-                    arrive(payload, now)
+                    part_done(prog.msg_recv_step[ids], now)
         else:
-            rem = rem - rates * (t_fin - now)
             now = t_fin
-            tol = np.maximum(rates * 1e-12 * max(now, 1e-12), 1e-9)
-            done = rem <= tol
-            keep = ~done
-            finished = [f_msg[i] for i in np.flatnonzero(done)]
-            if len(f_links) > state["max_flows"]:
-                pass
-            f_rem[:] = rem[keep].tolist()
-            f_links[:] = [f_links[i] for i in np.flatnonzero(keep)]
-            f_msg[:] = [f_msg[i] for i in np.flatnonzero(keep)]
-            state["dirty"] = True
-            for mid in finished:
-                msg_parts[mid] -= 1
-                if msg_parts[mid] == 0:
-                    message_done(mid, now)
-        if state["dirty"] and f_links:
-            counts = np.bincount(np.concatenate(f_links), minlength=1) if f_links else [0]
-            state["max_flows"] = max(state["max_flows"], int(np.max(counts)))
-    unfinished = [r for r in range(p) if step_idx[r] < len(program[r])]
-    if unfinished:
-        raise UsageError(f"schedule deadlocked: ranks {unfinished[:8]} wait for messages "
-                         f"that are never sent")
-    return ReplayResult(float(finish.max()) if p else 0.0, finish, len(msg_src),
-                        state["events"], state["max_flows"])
+            done = dts <= dtmin * (1 + 1e-9) + 1e-18
+            flows_rem = flows_rem - rates * dtmin
+            fin_sf = flows_sf[done]
+            flows_sf, flows_rem = flows_sf[~done], flows_rem[~done]
+            dirty = True
+            np.subtract.at(msg_left, sf_msg[fin_sf], 1)
+            um = np.unique(sf_msg[fin_sf])
+            fin = um[msg_left[um] == 0]
+            if fin.size:
+                message_done(fin, now)
+    if not rank_done.all():
+        stuck = np.flatnonzero(~rank_done)[:8].tolist()
+        raise UsageError(f"schedule deadlocked: ranks {stuck} wait for messages that never come")
+    return ReplayResult(float(rank_finish.max()) if p else 0.0, rank_finish, nmsg, batches, most)
 
 
 def program_stats(program: Sequence[Sequence[SimStep]]) -> dict[str, float]:
