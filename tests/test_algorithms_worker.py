@@ -27,7 +27,21 @@ FIVE = ("broadcast", "allreduce", "allgather", "reduce-scatter", "alltoall")
 DTYPES = [np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16),
           np.dtype(ml_dtypes.bfloat16), np.dtype(np.int8), np.dtype(np.float64)]
 OPS = ("sum", "max", "min", "prod")
-UNITS = (1, 5, 4099)           # 4099 float64 x 4 ranks > 64 KiB: the Isend/Irecv path too
+UNITS = (1, 5, 4099)           # 4099 float64 x 4 ranks: messages past the eager limit
+QUICK = bool(os.environ.get("CCBENCH_WORKER_QUICK"))   # fewer cases (oversubscribed runs)
+if QUICK:
+    UNITS = (1, 4099)
+
+
+def cases(reducing: bool) -> list[tuple[np.dtype, str | None]]:
+    """(dtype, op) pairs; quick: every op on float32, one each on bfloat16 and int8, and
+    two dtypes for data movement (the transports move bytes whatever the dtype)."""
+    if not QUICK:
+        return [(d, op) for d in DTYPES for op in (OPS if reducing else (None,))]
+    f32, bf16, i8 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.int8)
+    if reducing:
+        return [(f32, op) for op in OPS] + [(bf16, "sum"), (i8, "max")]
+    return [(f32, None), (bf16, None)]
 
 
 def counts(collective: str, unit: int, p: int) -> tuple[int, int]:
@@ -99,31 +113,30 @@ def main() -> int:
             if backend.unsupported(collective, DTYPES[0], "sum"):
                 continue
             reducing = collective in ("allreduce", "reduce-scatter")
-            for dtype in DTYPES:
-                for op in (OPS if reducing else (None,)):
-                    for unit in UNITS:
-                        send_count, _ = counts(collective, unit, p)
-                        inputs = exact_inputs(collective, op, p, send_count, dtype,
-                                              seed=unit + 7 * len(op or ""))
-                        want = reference(collective, inputs, op, root)[rank]
-                        modes = (True,) if collective == "broadcast" else (False, True)
-                        for inplace in modes:
-                            got = call(backend, collective, inputs[rank], dtype, op, inplace,
-                                       rank, p, root, unit)
-                            checked += 1
-                            label = (f"{family}@{transport} {collective} {dtype.name} {op} "
-                                     f"unit={unit} {'in' if inplace else 'out'}-place")
-                            if got.tobytes() != want.tobytes():
-                                wrong += 1
-                                failures.append(f"{label}: differs from the reference")
-                            if native.unsupported(collective, dtype, op):
-                                skipped += 1
-                                continue
-                            ref = call(native, collective, inputs[rank], dtype, op, inplace,
-                                       rank, p, root, unit)
-                            if got.tobytes() != ref.tobytes():
-                                wrong += 1
-                                failures.append(f"{label}: differs from native {transport}")
+            for dtype, op in cases(reducing):
+                for unit in UNITS:
+                    send_count, _ = counts(collective, unit, p)
+                    inputs = exact_inputs(collective, op, p, send_count, dtype,
+                                          seed=unit + 7 * len(op or ""))
+                    want = reference(collective, inputs, op, root)[rank]
+                    modes = (True,) if collective == "broadcast" else (False, True)
+                    for inplace in modes:
+                        got = call(backend, collective, inputs[rank], dtype, op, inplace,
+                                   rank, p, root, unit)
+                        checked += 1
+                        label = (f"{family}@{transport} {collective} {dtype.name} {op} "
+                                 f"unit={unit} {'in' if inplace else 'out'}-place")
+                        if got.tobytes() != want.tobytes():
+                            wrong += 1
+                            failures.append(f"{label}: differs from the reference")
+                        if native.unsupported(collective, dtype, op):
+                            skipped += 1
+                            continue
+                        ref = call(native, collective, inputs[rank], dtype, op, inplace,
+                                   rank, p, root, unit)
+                        if got.tobytes() != ref.tobytes():
+                            wrong += 1
+                            failures.append(f"{label}: differs from native {transport}")
         if transport == "mpi":          # gloo's finalize would end the shared process group
             backend.finalize()
     for line in failures[:10]:
