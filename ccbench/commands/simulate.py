@@ -1,0 +1,100 @@
+"""`ccbench simulate model.json --ranks P --topology T COLLECTIVE --sizes ...`: predicted
+time, algbw and busbw per size, analytically or by replaying the schedule on the topology."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ccbench.errors import UsageError
+
+__all__ = ["register", "main"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("simulate", help="predict collective time on a topology")
+    parser.add_argument("model", help="model file from `ccbench calibrate`")
+    parser.add_argument("collective", help="broadcast, allreduce, allgather, reduce-scatter, alltoall")
+    parser.add_argument("--ranks", "-p", type=int, default=None,
+                        help="rank count (default: the one in --topology)")
+    parser.add_argument("--topology", "-t", default="switch",
+                        help="ring, fully-connected, switch, fat-tree[:leaf=L][:oversub=O], "
+                             "torus:XxY[xZ], hypercube, dual-plane[:gpus=8][:tor=16]; "
+                             "e.g. fat-tree:1024:oversub=2 (default switch)")
+    parser.add_argument("--sizes", "-s", default="1K-1G", help="bytes, as for measuring (default 1K-1G)")
+    parser.add_argument("--algorithm", "-a", default=None,
+                        help="cost formula / schedule (default: the fitted one)")
+    parser.add_argument("--backend", default=None, help="use the fits of this backend")
+    parser.add_argument("--fidelity", choices=("analytical", "replay", "both"), default="analytical")
+    parser.add_argument("--sharing", choices=("max-min", "equal"), default="max-min",
+                        help="how concurrent transfers share a link in replay (default max-min)")
+    parser.add_argument("--inter-bw", type=float, default=None, help="network link GB/s (1e9 B/s)")
+    parser.add_argument("--inter-alpha-us", type=float, default=None, help="network message alpha, us")
+    parser.add_argument("--intra-bw", type=float, default=None, help="intra-host link GB/s")
+    parser.add_argument("--intra-alpha-us", type=float, default=None, help="intra-host alpha, us")
+    parser.add_argument("--hop-latency-us", type=float, default=0.0, help="per-hop latency, us")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(func=main)
+
+
+def _positive(value: float | None, what: str) -> float | None:
+    if value is not None and value <= 0:
+        raise UsageError(f"{what} must be > 0, got {value}")
+    return value
+
+
+def main(args: argparse.Namespace) -> int:
+    from ccbench.collectives import canonical_collective
+    from ccbench.model.modelfile import load_model
+    from ccbench.model.simulate import LinkOverrides, simulate
+    from ccbench.model.topology import parse_topology
+    from ccbench.sizes import format_size, parse_sizes
+
+    collective = canonical_collective(args.collective)
+    sizes = parse_sizes(args.sizes)
+    model = load_model(args.model)
+    ranks = args.ranks
+    if ranks is None:
+        kind, positional, _ = parse_topology(args.topology)
+        if not positional:
+            raise UsageError(f"--ranks is needed with --topology {args.topology!r}")
+        text = positional[0].lower()
+        try:
+            ranks = 1
+            for part in text.split("x"):
+                ranks *= int(part)
+        except ValueError:
+            raise UsageError(f"malformed rank count in --topology {args.topology!r}") from None
+    inter_bw = _positive(args.inter_bw, "--inter-bw")
+    intra_bw = _positive(args.intra_bw, "--intra-bw")
+    links = LinkOverrides(
+        inter_alpha=None if args.inter_alpha_us is None else args.inter_alpha_us * 1e-6,
+        inter_beta=None if inter_bw is None else 1.0 / (inter_bw * 1e9),
+        intra_alpha=None if args.intra_alpha_us is None else args.intra_alpha_us * 1e-6,
+        intra_beta=None if intra_bw is None else 1.0 / (intra_bw * 1e9),
+        hop_latency=args.hop_latency_us * 1e-6)
+    out = simulate(model, collective, ranks, args.topology, sizes, args.algorithm, args.fidelity,
+                   args.sharing, args.backend, links)
+    if args.format == "json":
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    print(f"# {collective} {out['algorithm']} on {args.topology}, {ranks} ranks, "
+          f"{args.fidelity}; {out['fit_choice']}")
+    both = args.fidelity == "both"
+    head = ["size", "time_us", "algbw_GBps", "busbw_GBps"]
+    if both:
+        head += ["replay_us", "replay_busbw", "replay/analytical", "max_flows/link"]
+    rows = [head]
+    for r in out["rows"]:
+        line = [format_size(r["size_used"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}",
+                f"{r['busbw_gbps']:.3f}"]
+        if both:
+            line += [f"{r['replay_time_us']:.2f}", f"{r['replay_busbw_gbps']:.3f}",
+                     f"{r['replay_vs_analytical']:.3f}", str(r["max_flows_per_link"])]
+        rows.append(line)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+    return 0

@@ -1,0 +1,111 @@
+"""Predict a collective's time on a topology from a calibrated model.
+
+Two fidelities:
+
+* analytical: the alpha-beta-gamma formula with the topology's worst uncontended
+  path (largest alpha plus hop latencies, slowest bottleneck bandwidth; a message
+  split over two planes counts each half on its own plane). Congestion-unaware, like
+  ASTRA-sim's analytical backend.
+* replay: the algorithm's schedule (algorithms/, or the array ring program for ring
+  allreduce / reduce-scatter / allgather) run step by step on the topology with links
+  shared by concurrent transfers (ccbench.model.replay).
+
+Without contention both give the same time; where several transfers share a link
+(recursive doubling on a ring, all-to-all through an oversubscribed fat tree) the
+replay is slower, and the ratio says by how much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ccbench.collectives import busbw_factor, layout
+from ccbench.errors import UsageError
+from ccbench.model.costs import canonical_algorithm, predict_time
+from ccbench.model.modelfile import default_algorithm, select_fit
+from ccbench.model.replay import replay, ring_program, schedule_program
+from ccbench.model.topology import LinkClass, Topology, build_topology
+
+__all__ = ["LinkOverrides", "simulate", "FIDELITIES"]
+
+FIDELITIES = ("analytical", "replay", "both")
+
+
+@dataclass
+class LinkOverrides:
+    """Per-class link parameters that replace the fitted alpha / beta (None = fitted)."""
+
+    inter_alpha: float | None = None     # seconds
+    inter_beta: float | None = None      # seconds per byte
+    intra_alpha: float | None = None
+    intra_beta: float | None = None
+    hop_latency: float = 0.0
+
+
+def _params(fit: dict[str, Any], n: float) -> tuple[float, float, float]:
+    for piece in fit.get("pieces") or []:
+        if piece["max_bytes"] is None or n <= piece["max_bytes"]:
+            return piece["alpha"], piece["beta"], piece["gamma"]
+    return fit["alpha"], fit["beta"], fit["gamma"]
+
+
+def _program(collective: str, algorithm: str, p: int, n: float):
+    if algorithm == "ring" and collective in ("allreduce", "reduce-scatter", "allgather"):
+        return ring_program(collective, p, n)
+    return schedule_program(collective, algorithm, p, n)
+
+
+def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
+             sizes: Sequence[int], algorithm: str | None = None, fidelity: str = "analytical",
+             sharing: str = "max-min", backend: str | None = None,
+             links: LinkOverrides | None = None) -> dict[str, Any]:
+    if fidelity not in FIDELITIES:
+        raise UsageError(f"unknown fidelity {fidelity!r} (valid: {', '.join(FIDELITIES)})")
+    if ranks < 2:
+        raise UsageError(f"--ranks must be >= 2, got {ranks}")
+    links = links or LinkOverrides()
+    fit, why = select_fit(model, collective, ranks, backend)
+    algo = canonical_algorithm(collective, algorithm) if algorithm else \
+        default_algorithm(fit, collective)
+    topos: dict[tuple[float, float], Topology] = {}
+    rows = []
+    for size in sizes:
+        used = layout(collective, size, 4, ranks).size_used or size
+        alpha, beta, gamma = _params(fit, used)
+        inter = LinkClass(links.inter_alpha if links.inter_alpha is not None else alpha,
+                          links.inter_beta if links.inter_beta is not None else beta,
+                          links.hop_latency)
+        intra = LinkClass(links.intra_alpha if links.intra_alpha is not None else inter.alpha,
+                          links.intra_beta if links.intra_beta is not None else inter.beta,
+                          links.hop_latency)
+        key = (inter.alpha, inter.beta, intra.alpha, intra.beta)
+        topo = topos.get(key)
+        if topo is None:
+            topo = topos[key] = build_topology(topology, ranks, inter, intra)
+        row: dict[str, Any] = {"collective": collective, "algorithm": algo, "world_size": ranks,
+                               "topology": topology, "size_asked": size, "size_used": used}
+        a_eff, b_eff = topo.flat_parameters()
+        t_an = predict_time(collective, algo, ranks, used, a_eff, b_eff, gamma)
+        factor = busbw_factor(collective, ranks)
+        if fidelity in ("analytical", "both"):
+            row.update(time_us=t_an * 1e6, algbw_gbps=used / t_an / 1e9,
+                       busbw_gbps=used / t_an / 1e9 * factor)
+        if fidelity in ("replay", "both"):
+            res = replay(_program(collective, algo, ranks, used), topo, gamma, sharing)
+            t_rp = res.time
+            row.update(replay_time_us=t_rp * 1e6, replay_algbw_gbps=used / t_rp / 1e9,
+                       replay_busbw_gbps=used / t_rp / 1e9 * factor,
+                       replay_vs_analytical=t_rp / t_an if t_an > 0 else float("nan"),
+                       max_flows_per_link=res.max_link_flows)
+            if fidelity == "replay":
+                row.update(time_us=t_rp * 1e6, algbw_gbps=used / t_rp / 1e9,
+                           busbw_gbps=used / t_rp / 1e9 * factor)
+        rows.append(row)
+    return {"collective": collective, "algorithm": algo, "world_size": ranks,
+            "topology": topology, "fidelity": fidelity, "sharing": sharing,
+            "fit": {k: fit[k] for k in ("backend", "library", "collective", "algorithm",
+                                        "model_algorithm", "world_sizes", "alpha", "beta",
+                                        "gamma")},
+            "fit_choice": why, "rows": rows}
