@@ -72,7 +72,7 @@ class OneCCLBackend(Backend):
             load()
         except OneCCLLoadError as exc:
             return str(exc)
-        except Exception as exc:     # never raise from a probe
+        except Exception as exc:  # noqa: BLE001  (a probe never raises)
             return f"oneCCL cannot be loaded: {type(exc).__name__}: {exc}"
         return None
 
