@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.kernels import NumpyReducer, Reduce
+from algorithms.kernels import NumpyReducer
 from algorithms.schedule import Schedule, Span
 from algorithms.transport import TAG_LIMIT, Transport
 
@@ -163,7 +163,7 @@ class Executor:
             return r0 == s0 + self.rank * unit * item and r1 == r0 + unit * item
         return False
 
-    def bind(self, send: Any, recv: Any, op: str, dtype_name: str) -> tuple[Any, ...]:
+    def bind(self, send: Any, recv: Any, op: str | None, dtype_name: str) -> tuple[Any, ...]:
         """Views for every step of this rank on these buffers (cached)."""
         key = (id(send), id(recv), op, dtype_name, recv.size)
         hit = self._bound.get(key)
@@ -193,15 +193,16 @@ class Executor:
                 src, dst = bufs[sb][a0:a1], bufs[db][b0:b1]
                 if _address(src) != _address(dst):       # a self copy of an in-place call
                     cp.append((src, dst))
-            sd = [(peer, tag, bufs[b][e0:e1]) for peer, tag, b, e0, e1 in sends]
-            rv = []
-            for peer, tag, b, e0, e1, red, bb, b0, b1, off in recvs:
-                target = bufs[b][e0:e1]
+            sd = [(peer, tag, bufs[name][e0:e1]) for peer, tag, name, e0, e1 in sends]
+            rv: list[tuple[int, int, Any, tuple[Any, Any, Any] | None]] = []
+            for peer, tag, name, e0, e1, red, bb, c0, c1, off in recvs:
+                target = bufs[name][e0:e1]
                 if red:
                     if reduce is None:
                         raise ValueError(f"{self.schedule.collective} reduces: give an op")
+                    assert scratch is not None
                     landing = scratch[off:off + (e1 - e0)]
-                    base = bufs[bb][b0:b1] if bb is not None else target
+                    base = bufs[bb][c0:c1] if bb is not None else target
                     rv.append((peer, tag, landing, (base, landing, target)))
                 else:
                     rv.append((peer, tag, target, None))
@@ -265,7 +266,7 @@ class Executor:
             rreqs = [t.irecv(buf, peer, tag) for peer, tag, buf, _ in recvs]
             sreqs = [t.isend(buf, peer, tag) for peer, tag, buf in sends]
             if ordered:
-                for q, (*_, red) in zip(rreqs, recvs):
+                for q, (*_, red) in zip(rreqs, recvs, strict=True):
                     q.wait(timeout)
                     if red is not None:
                         reduce(*red)

@@ -129,7 +129,7 @@ class CupyReducer:
     name = "cupy"
 
     def __init__(self) -> None:
-        import cupy                      # lazily: only GPU runs build this class
+        import cupy  # lazily: only GPU runs build this class
 
         self.cp = cupy
         self._kernels: dict[tuple[str, str], Any] = {}

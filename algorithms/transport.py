@@ -130,7 +130,7 @@ def run_threads(size: int, body: Any, timeout: float = 30.0) -> list[Any]:
     def main(rank: int) -> None:
         try:
             results[rank] = body(fabric.transport(rank))
-        except BaseException as exc:    # reported below, in the caller's thread
+        except BaseException as exc:  # noqa: BLE001  re-raised below, in the caller's thread
             errors[rank] = exc
 
     threads = [threading.Thread(target=main, args=(r,), name=f"rank-{r}", daemon=True)

@@ -164,7 +164,7 @@ class _Verifier:
             if len(ss) != len(rr):
                 self.error(f"ranks {pair[0]} -> {pair[1]}: {len(ss)} sends but {len(rr)} recvs")
                 continue
-            for seq, ((i, a), (j, b)) in enumerate(zip(ss, rr)):
+            for seq, ((i, a), (j, b)) in enumerate(zip(ss, rr, strict=True)):
                 if not self.same_shape(a, b):
                     self.error(f"ranks {pair[0]} -> {pair[1]} message {seq}: sends {a} "
                                f"(step {i}) but receives into {b} (step {j})")
@@ -177,7 +177,7 @@ class _Verifier:
     def initial_state(self) -> list[dict[str, list[Content]]]:
         s = self.s
         state = []
-        for r in range(self.p):
+        for _ in range(self.p):
             bufs: dict[str, list[Content]] = {b: [None] * s.num_blocks(b) for b in s.units}
             if self.inplace:
                 if s.collective in ("allreduce", "alltoall", "allgather"):
@@ -232,7 +232,7 @@ class _Verifier:
             step = s.steps[r][pos[r]]
             for c in step.copies:
                 self.write(state, r, c.dst, list(self.read(state, r, c.src)))
-            for snd, key in zip(step.sends, keys[r][pos[r]][0]):
+            for snd, key in zip(step.sends, keys[r][pos[r]][0], strict=True):
                 data = list(self.read(state, r, snd.span))
                 if any(x is None for x in data):
                     self.error(f"rank {r} step {pos[r]}: sends undefined data from {snd.span}")
@@ -246,14 +246,14 @@ class _Verifier:
         def complete(r: int) -> None:
             step = s.steps[r][pos[r]]
             where = f"rank {r} step {pos[r]}"
-            for rcv, key in zip(step.recvs, keys[r][pos[r]][1]):
+            for rcv, key in zip(step.recvs, keys[r][pos[r]][1], strict=True):
                 data = payload.pop(key)
                 if not rcv.reduce:
                     self.write(state, r, rcv.span, data)
                     continue
                 base = self.read(state, r, rcv.base if rcv.base is not None else rcv.span)
                 out: list[Content] = []
-                for b, (mine, theirs) in enumerate(zip(base, data)):
+                for b, (mine, theirs) in enumerate(zip(base, data, strict=True)):
                     if mine is None or theirs is None:
                         self.error(f"{where}: reduces undefined data into {rcv.span} (block {b})")
                         out.append(None)
@@ -319,7 +319,7 @@ class _Verifier:
             if len(got) != len(want):
                 self.error(f"rank {r}: output has {len(got)} blocks, expected {len(want)}")
                 continue
-            for b, (g, w) in enumerate(zip(got, want)):
+            for b, (g, w) in enumerate(zip(got, want, strict=True)):
                 if g is None:
                     self.error(f"rank {r}: output block {b} never written")
                 elif g != w:

@@ -9,8 +9,8 @@ Names are ``<algorithm>[:<chunk>]@<transport>``:
   a chunk are split into ceil(size / chunk) segments, at most 64. Without it, broadcast
   and the trees pipeline in 512 KiB segments and everything else sends one message per
   block;
-* transport: ``mpi`` (mpi4py persistent Send_init/Recv_init, else Isend/Irecv, on the mpi backend's communicator,
-  numpy buffers) or ``gloo`` (torch.distributed isend/irecv on CPU tensors).
+* transport: ``mpi`` (mpi4py persistent Send_init/Recv_init, else Isend/Irecv, on
+  the mpi backend's communicator, numpy buffers) or ``gloo`` (torch.distributed isend/irecv on CPU tensors).
 
 The class subclasses the transport's backend, so buffers, barrier and metadata are the
 transport's; only the five collectives run the schedule. Records carry
@@ -247,7 +247,7 @@ class AlgorithmicBackend(Backend):
         super().finalize()
 
     def info(self) -> dict[str, Any]:
-        meta = dict(super().info())
+        meta = dict(super().info())  # type: ignore[safe-super]
         meta["algorithm"] = self.algorithm
         return meta
 
