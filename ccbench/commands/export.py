@@ -1,0 +1,79 @@
+"""`ccbench export astra-sim model.json -o DIR` and `ccbench export chakra RESULTS -o DIR`.
+
+astra-sim: ASTRA-sim analytical network YAML, system JSON, remote-memory JSON and, with
+--collective/--sizes, Chakra ET workload files <prefix>.<rank>.et (one COMM_COLL node per
+size). chakra: a measured run as Chakra traces, one COMM_COLL node per timed iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ccbench.errors import UsageError
+
+__all__ = ["register", "main"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("export", help="ASTRA-sim configs and Chakra traces")
+    sub = parser.add_subparsers(dest="export_kind", metavar="{astra-sim,chakra}")
+    sub.required = True
+    astra = sub.add_parser("astra-sim", help="ASTRA-sim network/system configs (+ Chakra workload)")
+    astra.add_argument("model", help="model file from `ccbench calibrate`")
+    astra.add_argument("-o", "--output", required=True, help="output folder")
+    astra.add_argument("--ranks", "-p", type=int, default=8, help="NPUs (default 8)")
+    astra.add_argument("--topology", "-t", default=None,
+                       help="as for simulate (default switch:RANKS); its dimensions become "
+                            "the YAML's")
+    astra.add_argument("--collective", default=None, help="write a Chakra workload of this collective")
+    astra.add_argument("--sizes", "-s", default=None, help="sizes of the workload's nodes")
+    astra.add_argument("--backend", default=None, help="use the fits of this backend")
+    astra.add_argument("--prefix", default="workload", help="Chakra file prefix (default workload)")
+    astra.add_argument("--intra-bw", type=float, default=None,
+                       help="intra-host GB/s for dual-plane's first dimension")
+    chakra = sub.add_parser("chakra", help="measured records as Chakra traces")
+    chakra.add_argument("results", nargs="+", help="results files or folders")
+    chakra.add_argument("-o", "--output", required=True, help="output folder")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.export_kind == "astra-sim":
+        from ccbench.collectives import canonical_collective
+        from ccbench.model.astra import export_astra
+        from ccbench.model.modelfile import load_model
+        from ccbench.sizes import parse_sizes
+
+        if args.ranks < 2:
+            raise UsageError(f"--ranks must be >= 2, got {args.ranks}")
+        collective = canonical_collective(args.collective) if args.collective else None
+        sizes = parse_sizes(args.sizes) if args.sizes else []
+        if sizes and not collective:
+            raise UsageError("--sizes needs --collective")
+        if args.intra_bw is not None and args.intra_bw <= 0:
+            raise UsageError(f"--intra-bw must be > 0, got {args.intra_bw}")
+        manifest = export_astra(load_model(args.model), args.output, args.ranks, args.topology,
+                                collective, sizes, args.backend, args.prefix,
+                                None if args.intra_bw is None else 1 / (args.intra_bw * 1e9))
+        print(f"wrote {args.output}/network.yml, system.json, remote_memory.json"
+              + (f", {args.ranks} Chakra files {manifest['workload']['prefix']}.<rank>.et"
+                 if collective else ""))
+        for d in manifest["dims"]:
+            print(f"  {d['topology']}({d['npus']}): bandwidth {d['bandwidth']:.4g} (GiB/s as "
+                  f"ASTRA-sim reads it = {1e-9 / d['beta_s_per_byte']:.4g} GB/s), "
+                  f"latency {d['latency_ns']:.4g} ns/hop")
+        for note in manifest["system_notes"]:
+            print(f"  {note}")
+        if collective:
+            print(f"  run: {manifest['run']}")
+        return 0
+    if args.export_kind == "chakra":
+        from ccbench.model.astra import export_measured
+        from ccbench.record import load_records
+
+        records = load_records(*args.results)
+        prefixes = export_measured(records, args.output)
+        for p in prefixes:
+            print(f"wrote {p}.<rank>.et")
+        return 0
+    raise UsageError(f"unknown export {args.export_kind!r} (valid: astra-sim, chakra)")
