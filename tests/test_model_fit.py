@@ -1,0 +1,153 @@
+"""Calibration: known alpha/beta/gamma recovered from noisy synthetic records."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ccbench.errors import UsageError
+from ccbench.model.costs import FORMULAS, canonical_algorithm, coefficients, predict_time
+from ccbench.model.fit import calibrate, fit_line, nnls_small, summarize_validation, validate_world_sizes
+from ccbench.model.modelfile import build_model, load_model, save_model
+from ccbench.model.synthetic import synthetic_records
+
+ALPHA, BETA, GAMMA = 20e-6, 1 / 5e9, 1 / 20e9
+SIZES = [2 ** k for k in range(10, 25)]
+
+
+def _across(fits, collective):
+    return next(f for f in fits if f.key["collective"] == collective and f.scope == "all-world-sizes")
+
+
+def test_nnls_small_matches_constraints():
+    rng = np.random.default_rng(1)
+    a = rng.random((30, 3))
+    x_true = np.array([1.0, 0.0, 2.0])
+    y = a @ x_true
+    assert np.allclose(nnls_small(a, y), x_true, atol=1e-9)
+    y2 = a @ np.array([1.0, -1.0, 2.0])          # the unconstrained optimum is negative
+    assert np.all(nnls_small(a, y2) >= 0)
+
+
+def test_formula_table_values():
+    assert coefficients("allreduce", "ring", 4) == coefficients("allreduce", "ring", 4)
+    k = coefficients("allreduce", "ring", 4)
+    assert (k.a, k.b, k.c) == (6, 1.5, 0.75)
+    k = coefficients("allreduce", "rabenseifner", 8)
+    assert (k.a, k.b, k.c) == (6, 2 * 7 / 8, 7 / 8)
+    assert coefficients("allgather", "bruck", 5).a == 3
+    assert coefficients("alltoall", "bruck", 8).b == 1.5
+    assert canonical_algorithm("allreduce", "hypercube") == "recursive-doubling"
+    assert canonical_algorithm("allreduce", "dbtree") == "double-binary-tree"
+    with pytest.raises(UsageError):
+        canonical_algorithm("allreduce", "nonsense")
+    for coll, algos in FORMULAS.items():
+        for algo in algos:
+            for p in (2, 3, 5, 8, 12):
+                k = coefficients(coll, algo, p)
+                assert k.a >= 0 and k.b >= 0 and k.c >= 0
+
+
+def test_fit_recovers_alpha_beta_gamma_with_noise():
+    recs = synthetic_records("allgather", "ring", [2, 3, 4, 8], SIZES, ALPHA, BETA, GAMMA,
+                             noise=0.03, seed=3)
+    recs += synthetic_records("allreduce", "ring", [2, 3, 4, 8], SIZES, ALPHA, BETA, GAMMA,
+                              noise=0.03, seed=4)
+    fits = calibrate(recs, bootstrap=40)
+    ag, ar = _across(fits, "allgather"), _across(fits, "allreduce")
+    assert ag.line.algorithm == "ring" and ar.line.algorithm == "ring"
+    assert ag.line.alpha == pytest.approx(ALPHA, rel=0.03)
+    assert ag.line.beta == pytest.approx(BETA, rel=0.03)
+    assert ar.line.alpha == pytest.approx(ALPHA, rel=0.03)
+    assert ar.line.gamma == pytest.approx(GAMMA, rel=0.15)
+    assert ar.line.gamma_source.startswith("fitted with beta fixed")
+    lo, hi = ag.ci95["alpha"]
+    assert lo <= ALPHA * 1.02 and hi >= ALPHA * 0.98 and hi - lo < 0.05 * ALPHA
+    assert ag.goodness["r2_log"] > 0.999 and ag.goodness["median_rel_err"] < 0.02
+    assert ag.holdout["sizes"]["median_rel_err"] < 0.03
+    assert set(ag.holdout["world_sizes"]) >= {"2", "3", "4", "8"}
+
+
+def test_gamma_not_identifiable_alone_is_said():
+    recs = synthetic_records("allreduce", "ring", [2, 4], SIZES, ALPHA, BETA, GAMMA, noise=0.01)
+    fits = calibrate(recs, bootstrap=0)
+    f = _across(fits, "allreduce")
+    assert f.line.gamma == 0.0
+    assert any("gamma not identifiable" in n for n in f.notes)
+    # beta absorbs gamma: ring allreduce's c/b is 1/2
+    assert f.line.beta == pytest.approx(BETA + GAMMA / 2, rel=0.03)
+
+
+@pytest.mark.parametrize("coll,truth", [("allreduce", "recursive-doubling"),
+                                        ("allreduce", "ring"), ("allreduce", "rabenseifner"),
+                                        ("allgather", "bruck"), ("alltoall", "pairwise"),
+                                        ("broadcast", "tree")])
+def test_candidate_selection_picks_true_algorithm(coll, truth):
+    recs = synthetic_records(coll, truth, [2, 3, 4, 6, 8, 16], SIZES, ALPHA, BETA, GAMMA,
+                             noise=0.02, seed=7)
+    if coll == "allreduce":
+        recs += synthetic_records("allgather", "ring", [2, 3, 4, 6, 8, 16], SIZES, ALPHA, BETA,
+                                  GAMMA, noise=0.02, seed=8)
+    fits = calibrate(recs, bootstrap=0)
+    f = _across(fits, coll)
+    assert f.line.algorithm == truth
+    assert any("native: kept" in n for n in f.notes)
+    per_p = [g for g in fits if g.key["collective"] == coll and g.scope == "world-size"]
+    assert all(g.line.algorithm == truth for g in per_p)
+
+
+def test_piecewise_breakpoint_detected():
+    recs = synthetic_records("broadcast", "tree", [4], SIZES, ALPHA, BETA, 0.0, noise=0.01,
+                             breakpoint=(65536, 80e-6, 1 / 8e9))
+    fits = calibrate(recs, bootstrap=0)
+    f = fits[0]
+    assert f.pieces is not None and f.pieces[0]["max_bytes"] == 65536
+    assert f.pieces[0]["alpha"] == pytest.approx(ALPHA, rel=0.05)
+    assert f.pieces[1]["beta"] == pytest.approx(1 / 8e9, rel=0.05)
+    assert f.goodness["max_rel_err"] < 0.05
+    assert any("breakpoint at 65536" in n for n in f.notes)
+
+
+def test_no_breakpoint_on_one_line():
+    recs = synthetic_records("allgather", "ring", [4], SIZES, ALPHA, BETA, 0.0, noise=0.02)
+    assert calibrate(recs, bootstrap=0)[0].pieces is None
+
+
+def test_validate_train_2_4_predict_3():
+    recs = []
+    for coll, algo in (("allgather", "ring"), ("allreduce", "ring")):
+        recs += synthetic_records(coll, algo, [2, 3, 4], SIZES, ALPHA, BETA, GAMMA,
+                                  noise=0.02, seed=hash(coll) % 100)
+    rows = validate_world_sizes(recs, [2, 4], [3])
+    assert {r["world_size"] for r in rows} == {3}
+    summary = summarize_validation(rows)
+    assert len(summary) == 2
+    for s in summary:
+        assert s["median_rel_err"] < 0.03 and s["p90_rel_err"] < 0.06
+
+
+def test_model_file_roundtrip_and_refusals(tmp_path):
+    recs = synthetic_records("allgather", "ring", [2, 4], SIZES[:6], ALPHA, BETA, 0.0)
+    fits = calibrate(recs, bootstrap=0)
+    model = build_model(fits, recs, ["x.jsonl"])
+    path = tmp_path / "model.json"
+    save_model(model, path)
+    loaded = load_model(path)
+    assert loaded["units"]["alpha"] == "seconds" and loaded["version"] == 1
+    assert loaded["sources"]["run_ids"] == ["synthetic"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**model, "version": 99}))
+    with pytest.raises(UsageError, match="unknown model version"):
+        load_model(bad)
+    with pytest.raises(UsageError, match="no such model"):
+        load_model(tmp_path / "missing.json")
+
+
+def test_fit_line_exact_without_noise():
+    ps = np.array([4.0] * 5 + [8.0] * 5)
+    ns = np.array([1e3, 1e4, 1e5, 1e6, 1e7] * 2)
+    ts = np.array([predict_time("allgather", "bruck", int(p), n, ALPHA, BETA, 0) for p, n in zip(ps, ns)])
+    f = fit_line("allgather", "bruck", ps, ns, ts)
+    assert f.alpha == pytest.approx(ALPHA, rel=1e-9) and f.beta == pytest.approx(BETA, rel=1e-9)
