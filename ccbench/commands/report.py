@@ -31,12 +31,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        import matplotlib  # noqa: F401
-        import pandas  # noqa: F401
-    except ImportError as exc:
-        raise UsageError(f"ccbench report needs matplotlib and pandas "
-                         f"(pip install 'ccbench[plot]'): {exc.name} is missing") from None
     sources = [str(p) for p in iter_result_files(args.results)]
     records = load_records(*args.results)
     if args.collective:
@@ -53,6 +47,12 @@ def main(args: argparse.Namespace) -> int:
         from ccbench.report.model import load
 
         model = load(args.model)
+    try:
+        import matplotlib  # noqa: F401
+        import pandas  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"ccbench report needs matplotlib and pandas "
+                         f"(pip install 'ccbench[plot]'): {exc.name} is missing") from None
     from ccbench.report import build_report
 
     report = build_report(records, args.output, model=model, sources=sources, title=args.title)

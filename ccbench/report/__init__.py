@@ -30,6 +30,7 @@ class Report:
     markdown: Path | None = None
     html: Path | None = None
     notes: list[str] = field(default_factory=list)
+    formats: tuple[str, ...] = ("png", "svg")
 
 
 def _save(fig, directory: Path, name: str, report: Report) -> str:
@@ -37,8 +38,9 @@ def _save(fig, directory: Path, name: str, report: Report) -> str:
 
     png = directory / f"{name}.png"
     fig.savefig(png, bbox_inches="tight", pad_inches=0.08, metadata={"Software": None})
-    fig.savefig(directory / f"{name}.svg", bbox_inches="tight", pad_inches=0.08,
-                metadata={"Date": None, "Creator": None})
+    if "svg" in report.formats:
+        fig.savefig(directory / f"{name}.svg", bbox_inches="tight", pad_inches=0.08,
+                    metadata={"Date": None, "Creator": None})
     plt.close(fig)
     report.figures.append(png)
     return png.name
@@ -51,9 +53,11 @@ def _fmt_bw(x: float) -> str:
 def _fmt_us(x: float) -> str:
     if not math.isfinite(x):
         return "-"
-    if x >= 1e4:
-        return f"{x / 1e3:.1f} ms"
-    return f"{x:.3g} us" if x < 100 else f"{x:.0f} us"
+    if x >= 1e6:
+        return f"{x / 1e6:.3g} s"
+    if x >= 1e3:
+        return f"{x / 1e3:.3g} ms"
+    return f"{x:.3g} us"
 
 
 def _fmt_size(x: float) -> str:
@@ -64,7 +68,8 @@ def _fmt_size(x: float) -> str:
     # half-peak sizes are interpolated: show them to two significant digits
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if x >= scale:
-            return f"{x / scale:.2g}{unit}".replace("e+0", "e")
+            v = x / scale
+            return f"{v:.2g}{unit}" if v < 100 else f"{v:.0f}{unit}"
     return size_label(x)
 
 
@@ -103,9 +108,10 @@ class _Doc:
             elif kind == "table":
                 head, rows, align = value
                 align = align or ("l" + "r" * (len(head) - 1))
-                out.append("| " + " | ".join(head) + " |")
-                out.append("|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|")
-                out.extend("| " + " | ".join(r) + " |" for r in rows)
+                lines = ["| " + " | ".join(head) + " |",
+                         "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+                lines.extend("| " + " | ".join(r) + " |" for r in rows)
+                out.append("\n".join(lines))
         return "\n\n".join(out) + "\n"
 
     def html(self, title: str) -> str:
@@ -157,7 +163,8 @@ def _slug(text: str) -> str:
 
 
 def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any] | None = None,
-                 sources: list[str] | None = None, title: str = "ccbench results") -> Report:
+                 sources: list[str] | None = None, title: str = "ccbench results",
+                 svg: bool = True) -> Report:
     from ccbench.errors import UsageError
     from ccbench.report import figures
     from ccbench.report.data import key_numbers, library_versions, to_frame
@@ -166,7 +173,7 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         raise UsageError("no records to report on")
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    report = Report(directory=directory)
+    report = Report(directory=directory, formats=("png", "svg") if svg else ("png",))
     frame = to_frame(records)
     doc = _Doc()
     doc.heading(1, title)
@@ -202,8 +209,10 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
     # key numbers
     doc.heading(2, "Key numbers")
     doc.para("Peak bus bandwidth (and the size where it is reached), median time per "
-             "operation at 8 B and 1 KiB, and the size from which the series stays above half "
-             "its peak bus bandwidth (interpolated between measured sizes).")
+             "operation at 8 B and 1 KiB, and the size at which the series first reaches half "
+             "its peak bus bandwidth (interpolated between measured sizes). "
+             "`-`: not measured (8 B of the dtype cannot be split over the ranks of "
+             "allgather, reduce-scatter and all-to-all).")
     keys = key_numbers(frame)
     has_8 = bool(keys["lat_8B_us"].notna().any()) if not keys.empty else False
     for coll in keys["collective"].unique() if not keys.empty else []:

@@ -119,7 +119,7 @@ def to_frame(records: Sequence[Record]):
 
 
 def half_peak_size(sizes: Sequence[float], busbw: Sequence[float]) -> float:
-    """The smallest size from which busbw stays >= half the peak (interpolated in log2 size)."""
+    """The size at which busbw first reaches half its peak (interpolated in log2 size)."""
     pairs = sorted(zip(sizes, busbw))
     if not pairs:
         return math.nan

@@ -70,16 +70,17 @@ def _legend_entries(frame) -> list[tuple[str, str, str]]:
 
 
 def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
-                title: str | None = None) -> None:
+                title: str | None = None, ncol: int = 4) -> None:
     handles = [Line2D([], [], color=colour(key), marker=marker(key), linestyle="-", label=label)
                for _, label, key in _legend_entries(frame)]
     if len(modes) > 1:
-        handles.append(Line2D([], [], color="none", label=""))
         for mode in sorted(modes):
             handles.append(Line2D([], [], color="0.25", linestyle=LINESTYLE[mode],
                                   label="in-place" if mode else "out-of-place"))
     handles.extend(extra or [])
-    fig.legend(handles=handles, loc="outside right upper", title=title, alignment="left")
+    ncol = min(len(handles), max(1, ncol))
+    fig.legend(handles=handles, loc="outside lower center", title=title, ncol=ncol,
+               columnspacing=1.6, handlelength=2.6)
 
 
 def _series_styles(frame):
@@ -116,7 +117,7 @@ def collective_figure(frame, collective: str):
     styles = _series_styles(sub)
     ncols = len(worlds)
     with plt.rc_context(style.RC):
-        fig, axes = plt.subplots(2, ncols, figsize=(3.9 * ncols + 2.6, 6.4), squeeze=False,
+        fig, axes = plt.subplots(2, ncols, figsize=(4.7 * ncols + 0.6, 6.6), squeeze=False,
                                  sharex=True, layout="constrained")
         lo, hi = sub["size"].min(), sub["size"].max()
         for j, p in enumerate(worlds):
@@ -129,7 +130,7 @@ def collective_figure(frame, collective: str):
             bottom.set_yscale("log")
             bottom.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
             for ax in (top, bottom):
-                set_size_axis(ax, lo, hi, max_ticks=9)
+                set_size_axis(ax, lo, hi, max_ticks=12)
             top.set_xlabel("")
             if j == 0:
                 top.set_ylabel("bus bandwidth (GB/s)")
@@ -167,7 +168,7 @@ def overview_figure(frame, metric: str = "busbw"):
                     ax.set_visible(False)
                     continue
                 data, mode = _preferred_mode(data)
-                modes_used.add(f"{coll} {mode}" if mode == "in-place" else mode)
+                modes_used.add(f"; {coll} {mode}" if mode == "in-place" else mode)
                 if metric == "busbw":
                     _plot_lines(ax, data, "busbw", "busbw_p5", "busbw_p95", styles)
                     ax.set_ylim(bottom=0)
@@ -175,7 +176,7 @@ def overview_figure(frame, metric: str = "busbw"):
                     _plot_lines(ax, data, "median_us", "p5_us", "p95_us", styles)
                     ax.set_yscale("log")
                     ax.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
-                set_size_axis(ax, lo, hi, max_ticks=4)
+                set_size_axis(ax, lo, hi, max_ticks=6)
                 if i < nrows - 1:
                     ax.set_xlabel("")
                 if i == 0:
@@ -184,7 +185,7 @@ def overview_figure(frame, metric: str = "busbw"):
                     ax.set_ylabel(f"{p} ranks\n" + ("busbw (GB/s)" if metric == "busbw"
                                                      else "time per op"))
         what = "bus bandwidth" if metric == "busbw" else "latency"
-        fig.suptitle(f"{what} against size, every collective ({', '.join(sorted(modes_used))})"
+        fig.suptitle(f"{what} against size, every collective ({''.join(sorted(modes_used, key=len))})"
                      f"\n{context_line(frame)}; band p5-p95", fontsize=10.5)
         _add_legend(fig, frame, [])
     return fig
@@ -223,11 +224,12 @@ def rank_spread_figure(frame, world_size: int):
                 image = ax.imshow(ratio, aspect="auto", cmap="rocket_r" if _has_seaborn()
                                   else "magma_r", norm=norm, interpolation="nearest")
                 sizes = data["size"].tolist()
-                step = max(1, math.ceil(len(sizes) / 4))
-                idx = [k for k in range(len(sizes)) if (len(sizes) - 1 - k) % step == 0]
+                idx = _heat_ticks(sizes)
                 ax.set_xticks(idx, [size_label(sizes[k]) for k in idx])
                 ax.set_yticks(range(world_size), [str(r) for r in range(world_size)])
                 ax.tick_params(length=2)
+                for spine in ax.spines.values():
+                    spine.set_visible(False)
                 if i == 0:
                     ax.set_title(coll, fontweight="bold")
                 if j == 0:
@@ -241,6 +243,16 @@ def rank_spread_figure(frame, world_size: int):
         fig.suptitle(f"Per-rank spread at {world_size} ranks (straggler view): each rank's median "
                      f"time over the fastest rank's\n{context_line(sub)}", fontsize=10.5)
     return fig
+
+
+def _heat_ticks(sizes: list[int], most: int = 4) -> list[int]:
+    """Indices of the sizes to label: powers of two in step with 1K, at most `most` of them."""
+    logs = [math.log2(s) if s > 0 else 0 for s in sizes]
+    for step in range(1, 31):
+        idx = [i for i, k in enumerate(logs) if k == int(k) and (int(k) - 10) % step == 0]
+        if len(idx) <= most:
+            return idx or [0]
+    return [0]
 
 
 def _has_seaborn() -> bool:

@@ -79,7 +79,8 @@ def size_label(n: float) -> str:
     return str(n)
 
 
-def set_size_axis(ax, lo: float, hi: float, label: str = "size (bytes)", max_ticks: int = 9) -> None:
+def set_size_axis(ax, lo: float, hi: float, label: str = "size (bytes)",
+                  max_ticks: int = 11) -> None:
     """log2 x axis with ticks at powers of two, thinned to at most ~9 labels."""
     ax.set_xscale("log", base=2)
     k0, k1 = int(math.floor(math.log2(max(lo, 1)))), int(math.ceil(math.log2(max(hi, 1))))

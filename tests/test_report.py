@@ -1,0 +1,133 @@
+"""ccbench report on synthetic records: figures (PNG + SVG), Markdown and HTML, key numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import run_ccbench
+from test_compare import make_record, write
+
+from ccbench.errors import UsageError
+from ccbench.report import build_report
+from ccbench.report.data import half_peak_size, key_numbers, series_label, to_frame
+from ccbench.report.style import colour, set_size_axis, size_label
+
+SIZES = [8 << (4 * k) for k in range(6)]          # 8 B ... 8 MiB, factor 16
+
+
+def synthetic(collectives=("allreduce", "broadcast"), worlds=(2, 4)) -> list:
+    records = []
+    seed = 0
+    libs = {"gloo": ("gloo", "torch 2.13.0+cpu", 30.0, 2.0),
+            "mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 3.0, 6.0),
+            "ring@mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 8.0, 5.0)}
+    for coll in collectives:
+        for p in worlds:
+            for backend, (lib, version, alpha_us, gbps) in libs.items():
+                for inplace in ((True,) if coll == "broadcast" else (False, True)):
+                    for size in SIZES:
+                        seed += 1
+                        t = alpha_us * math.log2(2 * p) + size / (gbps * 1e3) * (1.1 if inplace
+                                                                                  else 1.0)
+                        records.append(make_record(
+                            collective=coll, backend=backend, size=size, median_us=t, seed=seed,
+                            world_size=p, inplace=inplace, library=lib, version=version,
+                            algorithm="ring" if "@" in backend else "native",
+                            straggler=1.5 if p == 4 else 1.0))
+    return records
+
+
+def test_report_writes_figures_and_documents(tmp_path: Path) -> None:
+    records = synthetic(collectives=("allreduce",)) + synthetic(collectives=("broadcast",),
+                                                                worlds=(2,))[:6]
+    report = build_report(records, tmp_path / "out", sources=["synthetic"])
+    names = {p.stem for p in report.figures}
+    assert {"overview-busbw", "overview-latency", "allreduce", "broadcast", "rank-spread-n2",
+            "rank-spread-n4"} <= names
+    for png in report.figures:
+        assert png.stat().st_size > 10_000
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        svg = png.with_suffix(".svg")
+        assert svg.exists() and "<svg" in svg.read_text()[:2000]
+    md = report.markdown.read_text()
+    assert "![" in md and "allreduce.png" in md
+    assert "| series | ranks | mode | peak busbw GB/s | time 8 B | time 1 KiB | half-peak size |" in md
+    assert "Intel MPI" in md and "ring@mpi (Intel MPI)" in md
+    page = report.html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and '<img src="allreduce.png"' in page
+    assert (tmp_path / "out" / "key-numbers.csv").exists()
+
+
+def test_key_numbers() -> None:
+    frame = to_frame(synthetic(collectives=("allreduce",), worlds=(2,)))
+    keys = key_numbers(frame)
+    row = keys[(keys["series"] == "Intel MPI") & (keys["mode"] == "out-of-place")].iloc[0]
+    assert row["peak_at"] == SIZES[-1]
+    assert row["lat_8B_us"] == pytest.approx(3.0 * 2 + 8 / 6e3, rel=1e-6)
+    assert 0 < row["half_peak_size"] < SIZES[-1]
+
+
+def test_half_peak_size_interpolates() -> None:
+    assert half_peak_size([1, 2, 4, 8], [1, 2, 4, 8]) == pytest.approx(4.0)
+    assert half_peak_size([1024, 4096], [1.0, 3.0]) == pytest.approx(2 ** 10.5)
+    assert math.isnan(half_peak_size([], []))
+
+
+def test_labels_and_colours_are_stable() -> None:
+    rec = make_record(backend="mpi", library="MPICH", version="MPICH Version: 5.0.2")
+    assert series_label(rec) == "MPICH"
+    assert colour("gloo") == colour("gloo") != colour("Intel MPI")
+    assert colour("ring@mpi") == colour("ring")
+    assert colour("some-new-lib") == colour("some-new-lib")
+    assert [size_label(s) for s in (8, 1024, 4096, 1 << 20, 1 << 30)] == \
+        ["8", "1K", "4K", "1M", "1G"]
+
+
+def test_size_axis_ticks() -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    set_size_axis(ax, 1024, 1 << 30)
+    labels = [size_label(t) for t in ax.xaxis.get_major_locator()()]
+    assert labels[:3] == ["1K", "4K", "16K"] and labels[-1] == "1G" and len(labels) <= 11
+    plt.close(fig)
+
+
+def test_model_overlay(tmp_path: Path) -> None:
+    records = synthetic(collectives=("allreduce",), worlds=(4,))
+    fit = {"backend": "mpi", "library": "Intel MPI", "transport": "mpi", "device": "cpu",
+           "collective": "allreduce", "algorithm": "native", "scope": "all-world-sizes",
+           "world_sizes": [2, 4], "model_algorithm": "ring", "alpha": 3e-6, "beta": 1.6e-10,
+           "gamma": 0.0, "pieces": None}
+    model = {"schema": "ccbench.model", "version": 1, "formula": "alpha-beta-gamma",
+             "fits": [fit]}
+    report = build_report(records, tmp_path / "m", model=model, svg=False)
+    assert any(p.stem == "model-allreduce" for p in report.figures)
+    assert "Model against measurement" in report.markdown.read_text()
+    # a model with nothing matching is a note, not a failure
+    other = dict(model, fits=[dict(fit, backend="nccl")])
+    report = build_report(records[:8], tmp_path / "n", model=other, svg=False)
+    assert report.notes and "no fit" in report.notes[0]
+
+
+def test_cli(tmp_path: Path) -> None:
+    data = write(tmp_path / "r.jsonl", synthetic(collectives=("allreduce",), worlds=(2,))[:6])
+    proc = run_ccbench("report", str(data), "-o", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "report.md").exists()
+    proc = run_ccbench("report", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "x"))
+    assert proc.returncode == 2 and proc.stderr.startswith("ccbench: error: no such results")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "other"}))
+    proc = run_ccbench("report", str(data), "-o", str(tmp_path / "y"), "--model", str(bad))
+    assert proc.returncode == 2 and "model" in proc.stderr
+    proc = run_ccbench("report", str(data), "-o", str(tmp_path / "z"), "--collective", "alltoall")
+    assert proc.returncode == 2 and "no records" in proc.stderr
+
+
+def test_no_records(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        build_report([], tmp_path)
