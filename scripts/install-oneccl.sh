@@ -21,8 +21,8 @@
 # make a working set into DIR/lib:
 #   libccl.so.2, libccl_legacy_cpu.so   <- oneccl==2022.2.0
 #   libccl.so.1 (CPU build)             <- oneccl-cpu==2022.2.0
-#   libfabric.so.1, prov/lib{tcp,shm,rxm}-fi.so   <- impi-rt (taken from the environment when
-#                                          impi-rt is already installed there, else its wheel)
+#   libfabric.so.1, prov/lib{tcp,shm,rxm}-fi.so   <- impi-rt (copied from the environment when
+#                                          impi-rt is installed there, else its 2021.18.1 wheel)
 # Nothing is installed into site-packages and no MPI library is touched.
 # At run time ccbench finds DIR through sys.prefix/opt/oneccl, CCL_ROOT=DIR or
 # CCBENCH_ONECCL_LIB=DIR/lib/libccl.so.2, preloads DIR/lib/libfabric.so.1 and sets
@@ -54,6 +54,18 @@ target="${1:-${prefix}/opt/oneccl}"
 mkdir -p "$target/lib/prov"
 target="$(cd "$target" && pwd)"
 stamp="$target/lib/.ccbench-oneccl"
+# libfabric: from the environment's impi-rt (any version) when it is installed, else the wheel
+fabric_src=""
+env_impi="$("$PYTHON" -c 'from importlib import metadata
+try:
+    print(metadata.version("impi-rt"))
+except metadata.PackageNotFoundError:
+    pass')"
+if [[ -n "$env_impi" && -f "$prefix/lib/libfabric.so.1" && -f "$prefix/lib/libtcp-fi.so" ]]; then
+    fabric_src="$prefix/lib"
+    IMPI_RT_VERSION="$env_impi"
+fi
+
 want="oneccl=${ONECCL_VERSION} oneccl-cpu=${ONECCL_VERSION} impi-rt-libfabric=${IMPI_RT_VERSION}"
 
 files=(libccl.so.2 libccl_legacy_cpu.so libccl.so.1 libfabric.so.1
@@ -77,22 +89,6 @@ pip_download() {
 echo "downloading oneccl==${ONECCL_VERSION} and oneccl-cpu==${ONECCL_VERSION} (pip, --no-deps)"
 pip_download "oneccl==${ONECCL_VERSION}" "oneccl-cpu==${ONECCL_VERSION}"
 
-# libfabric: from the environment's impi-rt if it is that version, else from the wheel
-fabric_src=""
-if "$PYTHON" - "$IMPI_RT_VERSION" <<'EOF'
-import sys
-from importlib import metadata
-try:
-    ok = metadata.version("impi-rt") == sys.argv[1]
-except metadata.PackageNotFoundError:
-    ok = False
-sys.exit(0 if ok else 1)
-EOF
-then
-    if [[ -f "$prefix/lib/libfabric.so.1" && -f "$prefix/lib/libtcp-fi.so" ]]; then
-        fabric_src="$prefix/lib"
-    fi
-fi
 if [[ -z "$fabric_src" ]]; then
     echo "downloading impi-rt==${IMPI_RT_VERSION} for its libfabric (pip, --no-deps)"
     pip_download "impi-rt==${IMPI_RT_VERSION}"
