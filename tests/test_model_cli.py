@@ -1,0 +1,90 @@
+"""calibrate / simulate / export through the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ccbench.model.synthetic import synthetic_records
+from ccbench.record import append_record
+from tests.conftest import run_ccbench
+
+SIZES = [2 ** k for k in range(10, 22)]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "results.jsonl"
+    recs = synthetic_records("allgather", "ring", [2, 3, 4], SIZES, 20e-6, 2e-10, 0, seed=1)
+    recs += synthetic_records("allreduce", "ring", [2, 3, 4], SIZES, 20e-6, 2e-10, 5e-11, seed=2)
+    for r in recs:
+        append_record(path, r)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(results) -> Path:
+    out = results.parent / "model.json"
+    proc = run_ccbench("calibrate", str(results), "-o", str(out), "--bootstrap", "20",
+                       "--validate", "2,4:3", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "R2_log" in proc.stdout and "median_rel_err" in proc.stdout
+    assert "validation: fitted on world sizes 2,4, predicted 3" in proc.stdout
+    return out
+
+
+def test_calibrate_writes_model(model):
+    data = json.loads(model.read_text())
+    assert data["schema"] == "ccbench.model" and data["units"]["time"] == "seconds"
+    across = [f for f in data["fits"] if f["scope"] == "all-world-sizes"]
+    assert {f["collective"] for f in across} == {"allgather", "allreduce"}
+    assert all(f["ci95"]["alpha"][0] <= f["alpha"] <= f["ci95"]["alpha"][1] for f in across)
+
+
+def test_simulate_table_and_json(model):
+    proc = run_ccbench("simulate", str(model), "allreduce", "--topology", "ring:8",
+                       "--sizes", "1K-1M:32", "--fidelity", "both")
+    assert proc.returncode == 0, proc.stderr
+    assert "busbw_GBps" in proc.stdout and "replay/analytical" in proc.stdout
+    proc = run_ccbench("simulate", str(model), "allgather", "--ranks", "16", "--topology",
+                       "fat-tree:oversub=2", "--sizes", "1M", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    row = out["rows"][0]
+    assert row["size_used"] == 1 << 20 and row["algbw_gbps"] > 0
+    assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 15 / 16)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--topology", "mesh:4"], "unknown topology"),
+    (["--topology", "ring:4", "--sizes", "1Q"], "malformed size"),
+    (["--topology", "hypercube:6"], "power-of-two"),
+    (["--topology", "ring:4", "--algorithm", "nope"], "no cost formula"),
+])
+def test_simulate_bad_input(model, args, needle):
+    proc = run_ccbench("simulate", str(model), "allreduce", *args)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_bad_input(tmp_path):
+    proc = run_ccbench("calibrate", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "m.json"))
+    assert proc.returncode == 2 and "no such results" in proc.stderr
+    bad = tmp_path / "m.json"
+    bad.write_text("{}")
+    proc = run_ccbench("simulate", str(bad), "allreduce", "--topology", "ring:4")
+    assert proc.returncode == 2 and "not a ccbench model" in proc.stderr
+
+
+def test_export_commands(model, results, tmp_path):
+    proc = run_ccbench("export", "astra-sim", str(model), "-o", str(tmp_path / "a"), "--ranks",
+                       "4", "--collective", "allreduce", "--sizes", "1M,4M")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.et")) == \
+        [f"workload.{r}.et" for r in range(4)]
+    proc = run_ccbench("export", "chakra", str(results), "-o", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "c").glob("*.et"))) == 2 * (2 + 3 + 4)
