@@ -52,7 +52,7 @@ def _pct(x: float) -> str:
 
 
 def goodness_table(fits: list[dict[str, Any]]) -> str:
-    head = ("backend", "collective", "algorithm", "formula", "p", "alpha_us", "beta_GBps",
+    head = ("backend", "library", "collective", "algorithm", "formula", "p", "alpha_us", "beta_GBps",
             "gamma_GBps", "R2_log", "med_err", "max_err", "holdout", "notes")
     rows = [head]
     for f in fits:
@@ -73,7 +73,7 @@ def goodness_table(fits: list[dict[str, Any]]) -> str:
             notes.append("chosen")
         p_text = ",".join(map(str, f["world_sizes"]))
         g = f["goodness"]
-        rows.append((f["backend"], f["collective"], f["algorithm"], f["model_algorithm"], p_text,
+        rows.append((f["backend"], f["library"][:16], f["collective"], f["algorithm"], f["model_algorithm"], p_text,
                      f"{f['alpha'] * 1e6:.3g}", beta_bw, gamma_bw, f"{g['r2_log']:.4f}",
                      _pct(g["median_rel_err"]), _pct(g["max_rel_err"]), hold_text,
                      " ".join(notes)))
@@ -82,15 +82,16 @@ def goodness_table(fits: list[dict[str, Any]]) -> str:
 
 
 def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
-    lines = ["backend  collective  algorithm  p  size  measured_us  predicted_us  rel_err"]
+    lines = ["backend  library  collective  algorithm  p  size  measured_us  predicted_us  rel_err"]
     for r in rows:
-        lines.append(f"{r['backend']}  {r['collective']}  {r['algorithm']}  {r['world_size']}  "
+        lines.append(f"{r['backend']}  {r['library']}  {r['collective']}  {r['algorithm']}  {r['world_size']}  "
                      f"{r['size']}  {r['measured_s'] * 1e6:.2f}  {r['predicted_s'] * 1e6:.2f}  "
                      f"{_pct(r['rel_err'])}")
     lines.append("")
-    lines.append("backend  collective  algorithm  p  sizes  median_rel_err  p90_rel_err  max_rel_err")
+    lines.append("backend  library  collective  algorithm  p  sizes  median_rel_err  p90_rel_err  "
+                 "max_rel_err")
     for s in summary:
-        lines.append(f"{s['backend']}  {s['collective']}  {s['algorithm']}  {s['world_size']}  "
+        lines.append(f"{s['backend']}  {s['library']}  {s['collective']}  {s['algorithm']}  {s['world_size']}  "
                      f"{s['sizes']}  {_pct(s['median_rel_err'])}  {_pct(s['p90_rel_err'])}  "
                      f"{_pct(s['max_rel_err'])}")
     return "\n".join(lines)
@@ -134,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
         for f in model["fits"]:
             for note in f["notes"]:
                 if "breakpoint" in note or note.startswith("native: kept"):
-                    print(f"{f['backend']} {f['collective']} p={','.join(map(str, f['world_sizes']))}: {note}")
+                    print(f"{f['backend']} ({f['library']}) {f['collective']} p={','.join(map(str, f['world_sizes']))}: {note}")
         if validation:
             print()
             print(f"validation: fitted on world sizes {args.validate.split(':')[0]}, "
