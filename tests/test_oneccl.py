@@ -298,3 +298,26 @@ def test_not_the_c_api(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**os.environ, "CCBENCH_ONECCL_LIB": path}, timeout=60)
     assert "does not export the oneCCL C API" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_oneccl
+@pytest.mark.slow
+def test_through_the_harness(tmp_path: Path) -> None:
+    """`ccbench launch -n 2 all --backend oneccl`: the harness's own check, records, metadata."""
+    if _REASON is not None:
+        pytest.fail(f"oneccl backend unavailable: {_REASON}")
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "2", "all",
+                           "--backend", "oneccl", "--sizes", "8,3000", "--dtype", "all",
+                           "--op", "sum,prod,max,min", "--iters", "2", "--warmup", "1",
+                           "--check", "1", "-q", "--timeout", "60", "--output", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    # 5 collectives, 6 dtypes, 4 ops on the reducing ones, both modes except broadcast, sizes
+    # too small for a dtype at 2 ranks are skipped: at least the 3000-byte ones are all there
+    assert len([r for r in records if r["size_asked"] == 3000]) == 6 * (1 + 2 * 4 * 2 + 2 * 2)
+    assert all(r["wrong"] == 0 for r in records)
+    first = records[0]
+    assert first["library"] == "oneCCL" and first["library_version"].startswith("20")
+    assert first["backend"] == "oneccl"
