@@ -52,7 +52,7 @@ def _pct(x: float) -> str:
 
 
 def goodness_table(fits: list[dict[str, Any]]) -> str:
-    head = ("backend", "library", "collective", "algorithm", "formula", "p", "alpha_us", "beta_GBps",
+    head = ("backend", "library", "collective", "algorithm", "formula", "p", "alpha_us", "alpha_ci95_us", "beta_GBps", "beta_ci95_GBps",
             "gamma_GBps", "R2_log", "med_err", "max_err", "holdout", "notes")
     rows = [head]
     for f in fits:
@@ -72,9 +72,13 @@ def goodness_table(fits: list[dict[str, Any]]) -> str:
         if f["algorithm"] == "native":
             notes.append("chosen")
         p_text = ",".join(map(str, f["world_sizes"]))
+        ci = f.get("ci95")
+        a_ci = f"{ci['alpha'][0] * 1e6:.3g}-{ci['alpha'][1] * 1e6:.3g}" if ci else "-"
+        b_ci = (f"{1e-9 / ci['beta'][1]:.3g}-{1e-9 / ci['beta'][0]:.3g}"
+                if ci and ci["beta"][0] > 0 else "-")
         g = f["goodness"]
         rows.append((f["backend"], f["library"][:16], f["collective"], f["algorithm"], f["model_algorithm"], p_text,
-                     f"{f['alpha'] * 1e6:.3g}", beta_bw, gamma_bw, f"{g['r2_log']:.4f}",
+                     f"{f['alpha'] * 1e6:.3g}", a_ci, beta_bw, b_ci, gamma_bw, f"{g['r2_log']:.4f}",
                      _pct(g["median_rel_err"]), _pct(g["max_rel_err"]), hold_text,
                      " ".join(notes)))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
