@@ -11,8 +11,10 @@ Prints, per rank count:
 and once: the machine's large numpy copy bandwidth (bytes copied per second).
 
 Method: per size a few warm-up calls, then timed calls each preceded by a barrier; a
-call's time is the max over ranks; the median is reported. Both paths use the backends'
-`bind` (what the harness times) on the same buffers, out of place.
+call's time is the max over ranks; schedule and native calls alternate, and the medians
+of each and the median of the per-iteration ratio (the `ratio` column: busbw ratio for
+bandwidth, time ratio for latency) are reported. Both paths use the backends' `bind`
+(what the harness times) on the same buffers, out of place.
 """
 
 from __future__ import annotations
@@ -44,17 +46,23 @@ def copy_bandwidth(nbytes: int = 256 * MiB, reps: int = 5) -> float:
     return nbytes / best / 1e9
 
 
-def _median_time(comm, call, iters: int, warmup: int) -> float:
+def _paired(comm, schedule_call, native_call, iters: int, warmup: int
+            ) -> tuple[float, float, float]:
+    """Median times of both calls, and the median of their per-iteration ratio. The two are
+    timed alternately so that both see the same machine (the load of a shared host moves)."""
     for _ in range(warmup):
-        call()
-    samples = []
+        schedule_call()
+        native_call()
+    mine, theirs = [], []
     for _ in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        call()
-        dt = time.perf_counter() - t0
-        samples.append(comm.allreduce(dt, op=_max()))
-    return float(np.median(samples))
+        for call, out in ((schedule_call, mine), (native_call, theirs)):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            call()
+            dt = time.perf_counter() - t0
+            out.append(comm.allreduce(dt, op=_max()))
+    ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+    return float(np.median(mine)), float(np.median(theirs)), float(np.median(ratios))
 
 
 def _max():
@@ -90,22 +98,22 @@ def worker(quick: bool) -> int:
         n = size // 4
         send = np.ones(n, dtype=np.float32)
         recv = np.empty_like(send)
-        iters = 5 if size >= 64 * MiB else 10
-        t_ring = _median_time(comm, ring.bind("allreduce", send, recv, "sum", 0), iters, 2)
-        t_nat = _median_time(comm, native.bind("allreduce", send, recv, "sum", 0), iters, 2)
+        iters = 7 if size >= 64 * MiB else 15
+        t_ring, t_nat, ratio = _paired(comm, ring.bind("allreduce", send, recv, "sum", 0),
+                                       native.bind("allreduce", send, recv, "sum", 0), iters, 2)
         bw_r, bw_n = size / t_ring / 1e9 * factor, size / t_nat / 1e9 * factor
         out.append(f"{size // MiB:>8}Mi {t_ring * 1e6:>10.0f} {t_nat * 1e6:>10.0f} "
-                   f"{bw_r:>8.2f} {bw_n:>8.2f} {bw_r / bw_n:>6.2f}")
+                   f"{bw_r:>8.2f} {bw_n:>8.2f} {1 / ratio:>6.2f}")
     out.append(f"## {p} ranks: recursive-doubling allreduce latency (us), hypercube@mpi vs "
                f"native MPI")
     out.append(f"{'size':>10} {'rd_us':>10} {'native_us':>10} {'ratio':>6}")
     for size in (8, 64, 512, 4096):
         send = np.ones(size // 4, dtype=np.float32)
         recv = np.empty_like(send)
-        iters = 300 if quick else 1000
-        t_rd = _median_time(comm, rd.bind("allreduce", send, recv, "sum", 0), iters, 50)
-        t_nat = _median_time(comm, native.bind("allreduce", send, recv, "sum", 0), iters, 50)
-        out.append(f"{size:>9}B {t_rd * 1e6:>10.2f} {t_nat * 1e6:>10.2f} {t_rd / t_nat:>6.2f}")
+        iters = 300 if quick else 2000
+        t_rd, t_nat, ratio = _paired(comm, rd.bind("allreduce", send, recv, "sum", 0),
+                                     native.bind("allreduce", send, recv, "sum", 0), iters, 50)
+        out.append(f"{size:>9}B {t_rd * 1e6:>10.2f} {t_nat * 1e6:>10.2f} {ratio:>6.2f}")
     if rank == 0:
         print("\n".join(out), flush=True)
     for b in (ring, rd, native):
@@ -121,6 +129,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return worker(args.quick)
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
+          f"(numbers from a shared host move with it)", flush=True)
     print(f"numpy copy bandwidth (256 MiB np.copyto, best of 5): {copy_bandwidth():.2f} GB/s "
           f"copied ({os.cpu_count()} cores)", flush=True)
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
@@ -130,6 +140,7 @@ def main() -> int:
         if args.quick:
             cmd.append("--quick")
         status |= subprocess.run(cmd, cwd=ROOT, timeout=1800).returncode
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return status
 
 
