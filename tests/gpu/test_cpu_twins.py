@@ -177,3 +177,35 @@ def test_cupy_missing_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cuda_mpi.cupy_missing_reason() == "cupy is not installed (pip install 'ccbench[cuda]')"
     reason = cuda_mpi.CudaMPIBackend.unavailable_reason()
     assert reason is not None and ("cupy" in reason or "mpi4py" in reason)
+
+
+CHECK = HERE / "check.sh"
+
+
+def _device_present() -> bool:
+    sys.path.insert(0, str(HERE))
+    import device_checks
+
+    return device_checks.skip_reason() is None
+
+
+@pytest.mark.skipif(_device_present(), reason="a device is here: check.sh runs for real")
+def test_check_script_without_a_device_checks_nothing_and_says_so(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": PYTHON})
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    log = (tmp_path / "gpu-check.log").read_text()
+    assert "no usable device:" in log and "nothing checked" in log
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_check_script_steps_on_cpu_twin(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(CHECK), "--cpu-twin"], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "OUT": str(tmp_path), "PYTHON": PYTHON})
+    log = (tmp_path / "gpu-check.log").read_text()
+    assert proc.returncode == 0, log[-4000:]
+    assert "failed 0" in log and "FAIL" not in log
+    for name in ("nccl-w1-per-op.jsonl", "nccl-w1-pipelined.jsonl", "mpi-cupy-host-staging-per-op.jsonl",
+                 "mpi-cupy-cuda-aware-pipelined.jsonl", "doctor.json"):
+        assert (tmp_path / name).stat().st_size > 0, name

@@ -1,0 +1,85 @@
+"""Check the records a GPU check run wrote: no wrong element, the device and labels expected,
+and (with --full) every collective x dtype x op x mode present.
+
+    python tests/gpu/validate_records.py FILE.jsonl --backend nccl --world 1 --timing per-op \
+        --device cuda --ops sum,max,min,prod --full [--buffers host-staging]
+
+Prints one PASS/FAIL line per check; exit status 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from typing import Any
+
+from ccbench.collectives import COLLECTIVES, REDUCING
+from ccbench.dtypes import DTYPES
+from ccbench.record import load_records
+
+
+def expected_cases(ops: list[str]) -> set[tuple[Any, ...]]:
+    cases = set()
+    for collective, dtype in itertools.product(COLLECTIVES, DTYPES):
+        for op in (ops if collective in REDUCING else [None]):
+            for inplace in ((True,) if collective == "broadcast" else (False, True)):
+                cases.add((collective, dtype, op, inplace))
+    return cases
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="validate_records.py")
+    parser.add_argument("path")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--timing", required=True)
+    parser.add_argument("--device", default="cuda", help="device field prefix (cuda, cpu)")
+    parser.add_argument("--ops", default="sum")
+    parser.add_argument("--full", action="store_true", help="every case must be present")
+    parser.add_argument("--buffers", default=None, help="expected environment['buffers']")
+    args = parser.parse_args(argv)
+    records = load_records(args.path)
+    failures = 0
+
+    def check(ok: bool, what: str, detail: str = "") -> None:
+        nonlocal failures
+        failures += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {args.path}: {what}{'  ' + detail if detail and not ok else ''}")
+
+    check(bool(records), f"{len(records)} records")
+    if not records:
+        return 1
+    wrong = [r for r in records if r.wrong != 0]
+    check(not wrong, "wrong == 0 in every record",
+          "; ".join(f"{r.collective} {r.dtype} {r.op} inplace={r.inplace} {r.size_used}B "
+                    f"wrong={r.wrong}" for r in wrong[:5]))
+    check({r.backend for r in records} == {args.backend}, f"backend {args.backend}",
+          str({r.backend for r in records}))
+    check({r.world_size for r in records} == {args.world}, f"world size {args.world}",
+          str({r.world_size for r in records}))
+    check({r.timing for r in records} == {args.timing}, f"timing {args.timing}",
+          str({r.timing for r in records}))
+    devices = {r.device for r in records}
+    check(all(d.startswith(args.device) for d in devices), f"device {args.device}*", str(devices))
+    versions = {r.library_version for r in records}
+    check(all(v and v != "unknown" for v in versions), f"library version {sorted(versions)}",
+          str(versions))
+    positive = [r for r in records if not r.time_us.get("median", 0) > 0]
+    check(not positive, "every median time > 0", str(len(positive)))
+    if args.buffers:
+        seen = {r.environment.get("buffers") for r in records}
+        check(seen == {args.buffers}, f"buffers {args.buffers}", str(seen))
+    if args.full:
+        have = {(r.collective, r.dtype, r.op, r.inplace) for r in records}
+        missing = expected_cases(args.ops.split(",")) - have
+        check(not missing, "every collective x dtype x op x mode",
+              f"{len(missing)} missing, e.g. {sorted(missing, key=str)[:4]}")
+    else:
+        check({r.collective for r in records} == set(COLLECTIVES), "every collective",
+              str({r.collective for r in records}))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
