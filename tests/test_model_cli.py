@@ -7,9 +7,26 @@ from pathlib import Path
 
 import pytest
 
+from ccbench.cli import main as cli_main
 from ccbench.model.synthetic import synthetic_records
 from ccbench.record import append_record
 from tests.conftest import run_ccbench
+
+
+class _Proc:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def ccb(capsys):
+    """Run ccbench in this process (fast); one test below goes through a real subprocess."""
+    def run(*args: str) -> _Proc:
+        capsys.readouterr()
+        rc = cli_main(list(args))
+        out = capsys.readouterr()
+        return _Proc(rc, out.out, out.err)
+    return run
 
 SIZES = [2 ** k for k in range(10, 22)]
 
@@ -43,12 +60,12 @@ def test_calibrate_writes_model(model):
     assert all(f["ci95"]["alpha"][0] <= f["alpha"] <= f["ci95"]["alpha"][1] for f in across)
 
 
-def test_simulate_table_and_json(model):
-    proc = run_ccbench("simulate", str(model), "allreduce", "--topology", "ring:8",
+def test_simulate_table_and_json(model, ccb):
+    proc = ccb("simulate", str(model), "allreduce", "--topology", "ring:8",
                        "--sizes", "1K-1M:32", "--fidelity", "both")
     assert proc.returncode == 0, proc.stderr
     assert "busbw_GBps" in proc.stdout and "replay/analytical" in proc.stdout
-    proc = run_ccbench("simulate", str(model), "allgather", "--ranks", "16", "--topology",
+    proc = ccb("simulate", str(model), "allgather", "--ranks", "16", "--topology",
                        "fat-tree:oversub=2", "--sizes", "1M", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -63,28 +80,28 @@ def test_simulate_table_and_json(model):
     (["--topology", "hypercube:6"], "power-of-two"),
     (["--topology", "ring:4", "--algorithm", "nope"], "no cost formula"),
 ])
-def test_simulate_bad_input(model, args, needle):
-    proc = run_ccbench("simulate", str(model), "allreduce", *args)
+def test_simulate_bad_input(model, args, needle, ccb):
+    proc = ccb("simulate", str(model), "allreduce", *args)
     assert proc.returncode == 2
     assert needle in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_calibrate_bad_input(tmp_path):
-    proc = run_ccbench("calibrate", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "m.json"))
+def test_calibrate_bad_input(tmp_path, ccb):
+    proc = ccb("calibrate", str(tmp_path / "none.jsonl"), "-o", str(tmp_path / "m.json"))
     assert proc.returncode == 2 and "no such results" in proc.stderr
     bad = tmp_path / "m.json"
     bad.write_text("{}")
-    proc = run_ccbench("simulate", str(bad), "allreduce", "--topology", "ring:4")
+    proc = ccb("simulate", str(bad), "allreduce", "--topology", "ring:4")
     assert proc.returncode == 2 and "not a ccbench model" in proc.stderr
 
 
-def test_export_commands(model, results, tmp_path):
-    proc = run_ccbench("export", "astra-sim", str(model), "-o", str(tmp_path / "a"), "--ranks",
+def test_export_commands(model, results, tmp_path, ccb):
+    proc = ccb("export", "astra-sim", str(model), "-o", str(tmp_path / "a"), "--ranks",
                        "4", "--collective", "allreduce", "--sizes", "1M,4M")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "a").glob("*.et")) == \
         [f"workload.{r}.et" for r in range(4)]
-    proc = run_ccbench("export", "chakra", str(results), "-o", str(tmp_path / "c"))
+    proc = ccb("export", "chakra", str(results), "-o", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stderr
     assert len(list((tmp_path / "c").glob("*.et"))) == 2 * (2 + 3 + 4)

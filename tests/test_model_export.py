@@ -9,10 +9,17 @@ from pathlib import Path
 import pytest
 
 from ccbench.errors import UsageError
-from ccbench.model.astra import (GIB, astra_bandwidth, astra_comm_size, export_astra,
-                                 export_measured)
-from ccbench.model.chakra import (COLL_TYPES, NODE_TYPES, comm_coll_node, decode_varint,
-                                  encode_varint, node_attrs, read_trace, write_trace)
+from ccbench.model.astra import GIB, astra_bandwidth, astra_comm_size, export_astra, export_measured
+from ccbench.model.chakra import (
+    COLL_TYPES,
+    NODE_TYPES,
+    comm_coll_node,
+    decode_varint,
+    encode_varint,
+    node_attrs,
+    read_trace,
+    write_trace,
+)
 from ccbench.model.synthetic import synthetic_records
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -148,6 +148,7 @@ def test_model_file_roundtrip_and_refusals(tmp_path):
 def test_fit_line_exact_without_noise():
     ps = np.array([4.0] * 5 + [8.0] * 5)
     ns = np.array([1e3, 1e4, 1e5, 1e6, 1e7] * 2)
-    ts = np.array([predict_time("allgather", "bruck", int(p), n, ALPHA, BETA, 0) for p, n in zip(ps, ns)])
+    ts = np.array([predict_time("allgather", "bruck", int(p), n, ALPHA, BETA, 0)
+                   for p, n in zip(ps, ns, strict=True)])
     f = fit_line("allgather", "bruck", ps, ns, ts)
     assert f.alpha == pytest.approx(ALPHA, rel=1e-9) and f.beta == pytest.approx(BETA, rel=1e-9)

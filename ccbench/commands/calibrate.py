@@ -52,7 +52,8 @@ def _pct(x: float) -> str:
 
 
 def goodness_table(fits: list[dict[str, Any]]) -> str:
-    head = ("backend", "library", "collective", "algorithm", "formula", "p", "alpha_us", "alpha_ci95_us", "beta_GBps", "beta_ci95_GBps",
+    head = ("backend", "library", "collective", "algorithm", "formula", "p", "alpha_us",
+            "alpha_ci95_us", "beta_GBps", "beta_ci95_GBps",
             "gamma_GBps", "R2_log", "med_err", "max_err", "holdout", "notes")
     rows = [head]
     for f in fits:
@@ -77,25 +78,29 @@ def goodness_table(fits: list[dict[str, Any]]) -> str:
         b_ci = (f"{1e-9 / ci['beta'][1]:.3g}-{1e-9 / ci['beta'][0]:.3g}"
                 if ci and ci["beta"][0] > 0 else "-")
         g = f["goodness"]
-        rows.append((f["backend"], f["library"][:16], f["collective"], f["algorithm"], f["model_algorithm"], p_text,
+        rows.append((f["backend"], f["library"][:16], f["collective"], f["algorithm"],
+                     f["model_algorithm"], p_text,
                      f"{f['alpha'] * 1e6:.3g}", a_ci, beta_bw, b_ci, gamma_bw, f"{g['r2_log']:.4f}",
                      _pct(g["median_rel_err"]), _pct(g["max_rel_err"]), hold_text,
                      " ".join(notes)))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
 
 
 def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
     lines = ["backend  library  collective  algorithm  p  size  measured_us  predicted_us  rel_err"]
     for r in rows:
-        lines.append(f"{r['backend']}  {r['library']}  {r['collective']}  {r['algorithm']}  {r['world_size']}  "
+        lines.append(f"{r['backend']}  {r['library']}  {r['collective']}  {r['algorithm']}  "
+                     f"{r['world_size']}  "
                      f"{r['size']}  {r['measured_s'] * 1e6:.2f}  {r['predicted_s'] * 1e6:.2f}  "
                      f"{_pct(r['rel_err'])}")
     lines.append("")
     lines.append("backend  library  collective  algorithm  p  sizes  median_rel_err  p90_rel_err  "
                  "max_rel_err")
     for s in summary:
-        lines.append(f"{s['backend']}  {s['library']}  {s['collective']}  {s['algorithm']}  {s['world_size']}  "
+        lines.append(f"{s['backend']}  {s['library']}  {s['collective']}  {s['algorithm']}  "
+                     f"{s['world_size']}  "
                      f"{s['sizes']}  {_pct(s['median_rel_err'])}  {_pct(s['p90_rel_err'])}  "
                      f"{_pct(s['max_rel_err'])}")
     return "\n".join(lines)
@@ -139,7 +144,8 @@ def main(args: argparse.Namespace) -> int:
         for f in model["fits"]:
             for note in f["notes"]:
                 if "breakpoint" in note or note.startswith("native: kept"):
-                    print(f"{f['backend']} ({f['library']}) {f['collective']} p={','.join(map(str, f['world_sizes']))}: {note}")
+                    worlds = ",".join(map(str, f["world_sizes"]))
+                    print(f"{f['backend']} ({f['library']}) {f['collective']} p={worlds}: {note}")
         if validation:
             print()
             print(f"validation: fitted on world sizes {args.validate.split(':')[0]}, "

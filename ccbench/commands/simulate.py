@@ -96,5 +96,5 @@ def main(args: argparse.Namespace) -> int:
         rows.append(line)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
     return 0

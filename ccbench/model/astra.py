@@ -204,12 +204,12 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> 
             continue
         groups.setdefault((r.run_id,) + case_key(r, with_size=False), []).append(r)
     prefixes = []
-    for key, recs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    for _key, recs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         recs.sort(key=lambda r: r.size_used)
         first = recs[0]
         prefix = _safe(f"{first.run_id}_{first.collective}_{first.backend}_{first.algorithm}_"
                        f"{first.dtype}_{'in' if first.inplace else 'out'}_p{first.world_size}")
-        nodes = []
+        nodes: list[Any] = []
         start = 0.0
         for r in recs:
             samples = r.samples_us or [r.time_us["median"]]

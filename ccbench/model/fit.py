@@ -106,7 +106,7 @@ def nnls_small(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _design(collective: str, algorithm: str, ps: np.ndarray, ns: np.ndarray) -> np.ndarray:
     cache: dict[int, Any] = {}
     rows = np.empty((len(ps), 3))
-    for i, (p, n) in enumerate(zip(ps, ns)):
+    for i, (p, n) in enumerate(zip(ps, ns, strict=True)):
         k = cache.get(int(p))
         if k is None:
             k = cache[int(p)] = coefficients(collective, algorithm, int(p))
@@ -265,10 +265,12 @@ def _bootstrap(collective, algorithm, pts: Sequence[Point], fixed_beta, reps: in
     ps = np.array([q.p for q in pts], float)
     ns = np.array([q.n for q in pts], float)
     draws = np.empty((reps, 3))
+    medians = np.empty((reps, len(pts)))
+    for j, q in enumerate(pts):
+        idx = rng.integers(0, q.samples.size, (reps, q.samples.size))
+        medians[:, j] = np.median(q.samples[idx], axis=1)
     for i in range(reps):
-        ts = np.array([np.median(q.samples[rng.integers(0, q.samples.size, q.samples.size)])
-                       for q in pts])
-        f = fit_line(collective, algorithm, ps, ns, ts, fixed_beta)
+        f = fit_line(collective, algorithm, ps, ns, medians[i], fixed_beta)
         draws[i] = (f.alpha, f.beta, f.gamma)
     lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
     return {name: [float(lo[j]), float(hi[j])] for j, name in enumerate(("alpha", "beta", "gamma"))}
@@ -313,7 +315,7 @@ def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
         names = candidates(collective)
     else:
         names = [canonical_algorithm(collective, algo)]
-    tried = []
+    tried: list[tuple[float, int, str, LineFit, dict[str, float]]] = []
     for name in names:
         try:
             line = fit_line(collective, name, ps, ns, ts, fixed_beta)
@@ -368,10 +370,10 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
         by_group[_key(r, GROUP_FIELDS)].append(r)
     order = sorted(by_group, key=lambda k: (k[4] not in NON_REDUCING, k))
     fits: list[GroupFit] = []
-    betas: dict[tuple, tuple[int, float]] = {}    # link key -> (points, beta)
+    betas: dict[tuple, tuple[int, float | None]] = {}    # link key -> (points, beta)
     for gkey in order:
         group = by_group[gkey]
-        key = dict(zip(GROUP_FIELDS, gkey))
+        key = dict(zip(GROUP_FIELDS, gkey, strict=True))
         link = gkey[:len(LINK_FIELDS)]
         fixed = None if key["collective"] in NON_REDUCING else betas.get(link, (0, None))[1]
         worlds = sorted({r.world_size for r in group})
@@ -391,7 +393,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
             fits.append(across)
         if key["collective"] in NON_REDUCING:
             best = across or max((f for f in fits if f.key == key), key=lambda f: f.goodness["points"])
-            npts = best.goodness["points"]
+            npts = int(best.goodness["points"])
             if npts > betas.get(link, (0, None))[0] and best.line.beta > 0:
                 betas[link] = (npts, best.line.beta)
     return fits
@@ -433,7 +435,7 @@ def summarize_validation(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     out = []
     for gkey, errs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         e = np.array(errs)
-        out.append({**dict(zip(GROUP_FIELDS, gkey[:-1])), "world_size": gkey[-1],
+        out.append({**dict(zip(GROUP_FIELDS, gkey[:-1], strict=True)), "world_size": gkey[-1],
                     "sizes": len(e), "median_rel_err": float(np.median(e)),
                     "p90_rel_err": float(np.percentile(e, 90)), "max_rel_err": float(e.max())})
     return out

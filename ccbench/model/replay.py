@@ -19,7 +19,6 @@ schedule equals its alpha-beta-gamma formula; tests/test_model_replay.py checks 
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,9 +142,14 @@ def to_arrays(program: Program) -> ArrayProgram:
         for st in steps:
             red.append(sum(x[2] for x in st.recvs))
             for peer, nbytes in st.sends:
-                s_src.append(r); s_dst.append(peer); s_bytes.append(nbytes); s_step.append(g)
+                s_src.append(r)
+                s_dst.append(peer)
+                s_bytes.append(nbytes)
+                s_step.append(g)
             for peer, _nbytes, _red in st.recvs:
-                r_src.append(peer); r_dst.append(r); r_step.append(g)
+                r_src.append(peer)
+                r_dst.append(r)
+                r_step.append(g)
             g += 1
     first[p] = g
     s_src_a, s_dst_a = np.asarray(s_src, np.int64), np.asarray(s_dst, np.int64)

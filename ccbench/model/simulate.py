@@ -69,7 +69,7 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
     fit, why = select_fit(model, collective, ranks, backend)
     algo = canonical_algorithm(collective, algorithm) if algorithm else \
         default_algorithm(fit, collective)
-    topos: dict[tuple[float, float], Topology] = {}
+    topos: dict[tuple[float, float, float, float], Topology] = {}
     rows = []
     for size in sizes:
         used = layout(collective, size, 4, ranks).size_used or size

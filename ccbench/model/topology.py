@@ -91,7 +91,7 @@ class Topology:
         return r
 
     def _path(self, nodes: list[int]) -> list[int]:
-        return [self.link(a, b) for a, b in zip(nodes, nodes[1:])]
+        return [self.link(a, b) for a, b in zip(nodes, nodes[1:], strict=False)]
 
     def _route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
         p, k = self.ranks, self.kind
@@ -105,6 +105,7 @@ class Topology:
                 nodes.append((nodes[-1] + step) % p)
             return [(self._path(nodes), 1.0)]
         if k == "fully-connected":           # links made on first use (p^2 of them)
+            assert self._inter is not None
             return [([self.add_link(src, dst, self._inter, "net")], 1.0)]
         if k == "switch":
             return [(self._path([src, p, dst]), 1.0)]
@@ -126,15 +127,15 @@ class Topology:
             return [(self._path(nodes), 1.0)]
         if k == "torus":
             shape = [n for _, n in self.dims]
-            cur = list(np.unravel_index(src, shape))
-            goal = list(np.unravel_index(dst, shape))
+            coord: list[int] = [int(x) for x in np.unravel_index(src, shape)]
+            goal = [int(x) for x in np.unravel_index(dst, shape)]
             nodes = [src]
             for d, n in enumerate(shape):
-                fwd = (goal[d] - cur[d]) % n
+                fwd = (goal[d] - coord[d]) % n
                 step = 1 if fwd <= n - fwd else -1
-                while cur[d] != goal[d]:
-                    cur[d] = (cur[d] + step) % n
-                    nodes.append(int(np.ravel_multi_index(cur, shape)))
+                while coord[d] != goal[d]:
+                    coord[d] = (coord[d] + step) % n
+                    nodes.append(int(np.ravel_multi_index(coord, shape)))
             return [(self._path(nodes), 1.0)]
         if k == "dual-plane":
             g, tor = int(self.params["gpus"]), int(self.params["tor"])
