@@ -36,7 +36,8 @@ def test_every_schedule_small_p(algorithm: str, collective: str, p: int) -> None
             _check(generate(algorithm, collective, p, root, segments))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(pair=st.sampled_from(PAIRS), p=st.integers(1, 64), segments=st.integers(1, 3),
        data=st.data())
 def test_every_schedule_any_p(pair: tuple[str, str], p: int, segments: int,
