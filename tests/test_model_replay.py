@@ -60,7 +60,8 @@ def test_ranks_must_match():
     ("allreduce", "tree", "switch:8"), ("allgather", "ring", "ring:6"),
     ("allgather", "bruck", "switch:6"), ("reduce-scatter", "ring", "switch:5"),
     ("reduce-scatter", "recursive-halving", "fully-connected:8"),
-    ("broadcast", "tree", "switch:8"), ("alltoall", "pairwise", "switch:8"),
+    ("broadcast", "tree", "switch:8"), ("broadcast", "ring", "ring:6"),
+    ("alltoall", "pairwise", "switch:8"),
     ("alltoall", "pairwise", "fully-connected:5"),
 ])
 def test_replay_equals_formula_without_contention(coll, algo, spec):
@@ -115,3 +116,12 @@ def test_deadlock_reported():
     prog = [[SimStep(recvs=[(1, 8, 0.0)])], [SimStep(recvs=[(0, 8, 0.0)])]]
     with pytest.raises(UsageError, match="deadlock"):
         replay(prog, build_topology("ring:2", None, LC))
+
+
+def test_pipelined_dbtree_approaches_its_formula():
+    topo = build_topology("switch:8", None, LC)
+    ana = predict_time("allreduce", "double-binary-tree", 8, N, 0.0, B, 0.0)
+    one = replay(schedule_program("allreduce", "double-binary-tree", 8, N, 1), topo).time
+    many = replay(schedule_program("allreduce", "double-binary-tree", 8, N, 32),
+                  build_topology("switch:8", None, LinkClass(0.0, B))).time
+    assert many < one and many == pytest.approx(ana, rel=0.35)

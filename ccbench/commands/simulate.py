@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--fidelity", choices=("analytical", "replay", "both"), default="analytical")
     parser.add_argument("--sharing", choices=("max-min", "equal"), default="max-min",
                         help="how concurrent transfers share a link in replay (default max-min)")
+    parser.add_argument("--segments", type=int, default=1,
+                        help="pipeline segments of the replayed schedule (default 1)")
     parser.add_argument("--inter-bw", type=float, default=None, help="network link GB/s (1e9 B/s)")
     parser.add_argument("--inter-alpha-us", type=float, default=None, help="network message alpha, us")
     parser.add_argument("--intra-bw", type=float, default=None, help="intra-host link GB/s")
@@ -75,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         intra_beta=None if intra_bw is None else 1.0 / (intra_bw * 1e9),
         hop_latency=args.hop_latency_us * 1e-6)
     out = simulate(model, collective, ranks, args.topology, sizes, args.algorithm, args.fidelity,
-                   args.sharing, args.backend, links)
+                   args.sharing, args.backend, links, args.segments)
     if args.format == "json":
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")

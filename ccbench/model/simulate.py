@@ -51,18 +51,21 @@ def _params(fit: dict[str, Any], n: float) -> tuple[float, float, float]:
     return fit["alpha"], fit["beta"], fit["gamma"]
 
 
-def _program(collective: str, algorithm: str, p: int, n: float):
-    if algorithm == "ring" and collective in ("allreduce", "reduce-scatter", "allgather"):
+def _program(collective: str, algorithm: str, p: int, n: float, segments: int = 1):
+    if segments == 1 and algorithm == "ring" and collective in ("allreduce", "reduce-scatter",
+                                                                 "allgather"):
         return ring_program(collective, p, n)
-    return schedule_program(collective, algorithm, p, n)
+    return schedule_program(collective, algorithm, p, n, segments)
 
 
 def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
              sizes: Sequence[int], algorithm: str | None = None, fidelity: str = "analytical",
              sharing: str = "max-min", backend: str | None = None,
-             links: LinkOverrides | None = None) -> dict[str, Any]:
+             links: LinkOverrides | None = None, segments: int = 1) -> dict[str, Any]:
     if fidelity not in FIDELITIES:
         raise UsageError(f"unknown fidelity {fidelity!r} (valid: {', '.join(FIDELITIES)})")
+    if segments < 1:
+        raise UsageError(f"--segments must be >= 1, got {segments}")
     if ranks < 2:
         raise UsageError(f"--ranks must be >= 2, got {ranks}")
     links = links or LinkOverrides()
@@ -93,7 +96,7 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
             row.update(time_us=t_an * 1e6, algbw_gbps=used / t_an / 1e9,
                        busbw_gbps=used / t_an / 1e9 * factor)
         if fidelity in ("replay", "both"):
-            res = replay(_program(collective, algo, ranks, used), topo, gamma, sharing)
+            res = replay(_program(collective, algo, ranks, used, segments), topo, gamma, sharing)
             t_rp = res.time
             row.update(replay_time_us=t_rp * 1e6, replay_algbw_gbps=used / t_rp / 1e9,
                        replay_busbw_gbps=used / t_rp / 1e9 * factor,
@@ -104,7 +107,7 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
                            busbw_gbps=used / t_rp / 1e9 * factor)
         rows.append(row)
     return {"collective": collective, "algorithm": algo, "world_size": ranks,
-            "topology": topology, "fidelity": fidelity, "sharing": sharing,
+            "topology": topology, "fidelity": fidelity, "sharing": sharing, "segments": segments,
             "fit": {k: fit[k] for k in ("backend", "library", "collective", "algorithm",
                                         "model_algorithm", "world_sizes", "alpha", "beta",
                                         "gamma")},
