@@ -164,10 +164,13 @@ class Executor:
         return False
 
     def bind(self, send: Any, recv: Any, op: str | None, dtype_name: str) -> tuple[Any, ...]:
-        """Views for every step of this rank on these buffers (cached)."""
-        key = (id(send), id(recv), op, dtype_name, recv.size)
+        """Views for every step of this rank on these buffers, cached by memory address (a new
+        array object over the same memory, e.g. a fresh numpy view of a torch tensor, hits;
+        the cached views keep that memory alive)."""
+        key = (None if send is None else (_address(send), send.dtype), _address(recv),
+               recv.dtype, op, dtype_name)
         hit = self._bound.get(key)
-        if hit is not None and hit[0] is send and hit[1] is recv:
+        if hit is not None:
             self._bound.move_to_end(key)
             return hit
         xp = self.xp
