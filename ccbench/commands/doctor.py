@@ -295,8 +295,10 @@ def _library_lines(libraries: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"           CUDA-aware: {mpi['cuda_aware']}")
     else:
         lines.append(f"  mpi      none: {mpi.get('reason')}")
-    lines.append(f"  oneccl   {oneccl.get('version') if oneccl.get('found') else 'none: ' + str(oneccl.get('reason'))}")
-    cupy_text = cupy.get("version") if cupy.get("found") else "none: " + str(cupy.get("reason"))
+    oneccl_text = (str(oneccl.get("version")) if oneccl.get("found")
+                   else f"none: {oneccl.get('reason')}")
+    lines.append(f"  oneccl   {oneccl_text}")
+    cupy_text = str(cupy.get("version")) if cupy.get("found") else f"none: {cupy.get('reason')}"
     if cupy.get("found") and cupy.get("device_reason"):
         cupy_text += f" ({cupy['device_reason']})"
     lines.append(f"  cupy     {cupy_text}")
