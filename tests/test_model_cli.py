@@ -74,6 +74,19 @@ def test_simulate_table_and_json(model, ccb):
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 15 / 16)
 
 
+def test_simulate_writes_records(model, ccb, tmp_path):
+    from ccbench.record import load_records
+
+    out = tmp_path / "pred.jsonl"
+    proc = ccb("simulate", str(model), "allreduce", "--topology", "switch:8", "--sizes",
+               "1K,1M", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    recs = load_records(out)
+    assert [r.size_used for r in recs] == [1024, 1 << 20]
+    assert recs[0].backend == "model/synthetic" and recs[0].method["predicted"] is True
+    assert recs[1].busbw_gbps == pytest.approx(recs[1].algbw_gbps * 2 * 7 / 8)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--topology", "mesh:4"], "unknown topology"),
     (["--topology", "ring:4", "--sizes", "1Q"], "malformed size"),

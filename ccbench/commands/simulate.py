@@ -37,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--intra-alpha-us", type=float, default=None, help="intra-host alpha, us")
     parser.add_argument("--hop-latency-us", type=float, default=0.0, help="per-hop latency, us")
     parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--output", "-o", default=None,
+                        help="also append the predictions as result records (JSON lines)")
     parser.set_defaults(func=main)
 
 
@@ -78,6 +80,12 @@ def main(args: argparse.Namespace) -> int:
         hop_latency=args.hop_latency_us * 1e-6)
     out = simulate(model, collective, ranks, args.topology, sizes, args.algorithm, args.fidelity,
                    args.sharing, args.backend, links, args.segments)
+    if args.output:
+        from ccbench.model.simulate import prediction_records
+        from ccbench.record import append_record
+
+        for rec in prediction_records(out):
+            append_record(args.output, rec)
     if args.format == "json":
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -28,7 +28,7 @@ from ccbench.model.modelfile import default_algorithm, select_fit
 from ccbench.model.replay import replay, ring_program, schedule_program
 from ccbench.model.topology import LinkClass, Topology, build_topology
 
-__all__ = ["LinkOverrides", "simulate", "FIDELITIES"]
+__all__ = ["LinkOverrides", "simulate", "FIDELITIES", "prediction_records"]
 
 FIDELITIES = ("analytical", "replay", "both")
 
@@ -112,3 +112,38 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
                                         "model_algorithm", "world_sizes", "alpha", "beta",
                                         "gamma")},
             "fit_choice": why, "rows": rows}
+
+
+def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[Any]:
+    """The rows of `simulate` as Records (schema v1), so reports read predictions like
+    measurements: backend `model/<fitted backend>`, transport = the topology, device
+    `model`, one sample = the predicted time, method.predicted = true."""
+    from datetime import datetime, timezone
+
+    from ccbench import __version__
+    from ccbench.collectives import REDUCING
+    from ccbench.record import Record
+
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    fit = out["fit"]
+    recs = []
+    for row in out["rows"]:
+        t = row["time_us"]
+        lay = layout(row["collective"], row["size_asked"], 4, row["world_size"])
+        recs.append(Record(
+            run_id=run_id, timestamp=stamp, ccbench_version=__version__,
+            collective=row["collective"], backend=f"model/{fit['backend']}",
+            library=fit["library"], library_version="", algorithm=row["algorithm"],
+            transport=row["topology"], device="model", dtype="float32",
+            op="sum" if row["collective"] in REDUCING else None, inplace=False,
+            timing="per-op", world_size=row["world_size"], nodes=1,
+            ranks_per_node=row["world_size"], hosts=[], root=0, size_asked=row["size_asked"],
+            size_used=row["size_used"], count=lay.count, iterations=1, warmup=0,
+            time_us={"median": t, "mean": t, "min": t, "p5": t, "p95": t, "max": t,
+                     "stdev": 0.0},
+            samples_us=[t], rank_median_us=[], algbw_gbps=row["algbw_gbps"],
+            busbw_gbps=row["busbw_gbps"], wrong=None,
+            method={"predicted": True, "fidelity": out["fidelity"], "sharing": out["sharing"],
+                    "segments": out.get("segments", 1), "fit": fit,
+                    "fit_choice": out["fit_choice"]}))
+    return recs
