@@ -110,6 +110,18 @@ def test_piecewise_breakpoint_detected():
     assert any("breakpoint at 65536" in n for n in f.notes)
 
 
+def test_unknown_algorithm_groups_are_skipped():
+    recs = synthetic_records("allgather", "ring", [2, 4], SIZES[:6], ALPHA, BETA, 0.0)
+    odd = synthetic_records("allgather", "ring", [2, 4], SIZES[:6], ALPHA, BETA, 0.0,
+                            algorithm="nvls")
+    skipped: list[str] = []
+    fits = calibrate(recs + odd, bootstrap=0, skipped=skipped)
+    assert fits and all(f.key["algorithm"] == "native" for f in fits)
+    assert len(skipped) == 1 and "nvls" in skipped[0]
+    with pytest.raises(UsageError, match="no records with a cost formula"):
+        calibrate(odd, bootstrap=0)
+
+
 def test_no_breakpoint_on_one_line():
     recs = synthetic_records("allgather", "ring", [4], SIZES, ALPHA, BETA, 0.0, noise=0.02)
     assert calibrate(recs, bootstrap=0)[0].pieces is None

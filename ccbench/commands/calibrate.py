@@ -122,7 +122,10 @@ def main(args: argparse.Namespace) -> int:
     if not records:
         raise UsageError(f"no records in {', '.join(args.results)}"
                          + (" after the filters" if args.backend or args.collective else ""))
-    fits = calibrate(records, bootstrap=args.bootstrap, seed=args.seed)
+    skipped: list[str] = []
+    fits = calibrate(records, bootstrap=args.bootstrap, seed=args.seed, skipped=skipped)
+    for line in skipped:
+        print(f"ccbench: skipped: {line}", file=sys.stderr)
     model = build_model(fits, records, [str(p) for p in args.results])
     save_model(model, args.output)
     out: dict[str, Any] = {"model": args.output, "fits": model["fits"]}

@@ -358,8 +358,12 @@ def _key(record: Record, fields: Sequence[str]) -> tuple:
 
 
 def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
-              world_sizes: Sequence[int] | None = None) -> list[GroupFit]:
-    """Every group fit (per world size, then across world sizes), non-reducing first."""
+              world_sizes: Sequence[int] | None = None,
+              skipped: list[str] | None = None) -> list[GroupFit]:
+    """Every group fit (per world size, then across world sizes), non-reducing first.
+
+    Groups whose algorithm has no cost formula are left out, with a line in `skipped`.
+    """
     recs = [r for r in records if world_sizes is None or r.world_size in world_sizes]
     recs = [r for r in recs if r.world_size > 1 and r.collective in
             ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall")]
@@ -367,7 +371,17 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
         raise UsageError("no records to calibrate on (need world size > 1)")
     by_group: dict[tuple, list[Record]] = defaultdict(list)
     for r in recs:
+        if r.algorithm != "native":
+            try:
+                canonical_algorithm(r.collective, r.algorithm)
+            except UsageError as exc:
+                if skipped is not None and str(exc) not in skipped:
+                    skipped.append(str(exc))
+                continue
         by_group[_key(r, GROUP_FIELDS)].append(r)
+    if not by_group:
+        raise UsageError("no records with a cost formula to calibrate on"
+                         + (f" ({skipped[0]})" if skipped else ""))
     order = sorted(by_group, key=lambda k: (k[4] not in NON_REDUCING, k))
     fits: list[GroupFit] = []
     betas: dict[tuple, tuple[int, float | None]] = {}    # link key -> (points, beta)
