@@ -228,6 +228,9 @@ class CudaMPIBackend(MPIBackend):
     def copy_from_numpy(self, buf: DeviceBuffer, values: np.ndarray) -> None:
         raw = values.view(np.uint16) if values.dtype.name == "bfloat16" else values
         buf.array.set(np.ascontiguousarray(raw))
+        # a copy from pageable memory may return before it lands; MPI (CUDA-aware, possibly
+        # over RDMA) must not read the buffer before then. Outside the timed region.
+        self.synchronize()
 
     def to_numpy(self, buf: DeviceBuffer) -> np.ndarray:
         host: np.ndarray = buf.array.get()

@@ -135,10 +135,11 @@ class NCCLBackend(TorchDistBackend):
             raise UsageError(f"backend {self.name!r} runs on device tensors only: use --device "
                              f"cuda (or auto), not --device {ctx.device}")
         count = torch.cuda.device_count()
-        if ctx.local_rank >= count:
+        # every rank of the node sees the same counts, so all of them (rank 0 too, which is the
+        # one that prints) refuse before any rendezvous instead of leaving the others waiting
+        if ctx.local_world_size > count or ctx.local_rank >= count:
             raise UsageError(f"{ctx.local_world_size} ranks on {ctx.hostname} but only {count} "
-                             f"device(s) visible: {self.name} needs one device per rank "
-                             f"(local rank {ctx.local_rank} has none)")
+                             f"device(s) visible: {self.name} needs one device per rank")
         torch.cuda.set_device(ctx.local_rank)
         return torch.device("cuda", ctx.local_rank)
 
