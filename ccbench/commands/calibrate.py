@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", default=None, help="only records of this backend")
     parser.add_argument("--collective", default=None, help="only records of this collective")
     parser.add_argument("--validate", default=None, metavar="TRAIN:TEST",
-                        help="e.g. 2,4:3 -- fit on world sizes 2 and 4, predict 3")
+                        help="e.g. 2,4:3 -- fit on world sizes 2 and 4 only, predict 3")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.set_defaults(func=main)
 
@@ -41,9 +41,11 @@ def parse_validate(text: str) -> tuple[list[int], list[int]]:
         test = [int(x) for x in test_text.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"malformed --validate {text!r} (example: 2,4:3)") from None
-    if not sep or len(train) < 2 or not test:
-        raise UsageError(f"malformed --validate {text!r}: need two or more training world "
-                         f"sizes, a colon and the world sizes to predict (example: 2,4:3)")
+    if not sep or not train or not test:
+        raise UsageError(f"malformed --validate {text!r}: need the training world sizes, a "
+                         f"colon and the world sizes to predict (example: 2,4:3)")
+    if set(train) & set(test):
+        raise UsageError(f"--validate {text!r}: a world size is both fitted and predicted")
     return train, test
 
 

@@ -153,14 +153,22 @@ def fit_line(collective: str, algorithm: str, ps: np.ndarray, ns: np.ndarray, ts
         sol = nnls_small(xw[:, :2], ones)
         return LineFit(collective, algorithm, sol[0], sol[1], 0.0, "not used")
     if _collinear(x):
-        if fixed_beta is not None:
-            target = ones - xw[:, 1] * fixed_beta
-            sol = nnls_small(xw[:, [0, 2]], target)
-            return LineFit(collective, algorithm, sol[0], fixed_beta, sol[1],
-                           "fitted with beta fixed from a non-reducing collective")
         sol = nnls_small(xw[:, :2], ones)
-        return LineFit(collective, algorithm, sol[0], sol[1], 0.0,
+        free = LineFit(collective, algorithm, sol[0], sol[1], 0.0,
                        "not identifiable: set to 0, beta includes the reduction cost")
+        if fixed_beta is None:
+            return free
+        target = ones - xw[:, 1] * fixed_beta
+        sol = nnls_small(xw[:, [0, 2]], target)
+        fixed = LineFit(collective, algorithm, sol[0], fixed_beta, sol[1],
+                        "fitted with beta fixed from a non-reducing collective")
+        err_fixed = float(np.sum((xw @ np.array([fixed.alpha, fixed.beta, fixed.gamma]) - 1) ** 2))
+        err_free = float(np.sum((xw @ np.array([free.alpha, free.beta, 0.0]) - 1) ** 2))
+        if err_fixed <= 1.5 * err_free:
+            return fixed
+        free.gamma_source = ("not identifiable: the non-reducing collective's beta fits "
+                             "much worse, so gamma = 0 and beta includes the reduction cost")
+        return free
     sol = nnls_small(xw, ones)
     return LineFit(collective, algorithm, sol[0], sol[1], sol[2])
 
@@ -421,11 +429,11 @@ def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: 
     relative error. Summaries (median, p90) are left to the caller (see summarize_validation).
     """
     fits = calibrate(records, bootstrap=bootstrap, world_sizes=list(train))
-    across = {tuple(f.key[k] for k in GROUP_FIELDS): f for f in fits
-              if f.scope == "all-world-sizes"}
-    if not across:
-        raise UsageError(f"validation needs at least two training world sizes with records "
-                         f"(asked {list(train)})")
+    # the across-world-size fit where a group has one; a group measured at one training
+    # world size predicts with that fit (the coefficients carry p)
+    across = {tuple(f.key[k] for k in GROUP_FIELDS): f for f in fits if f.scope == "world-size"}
+    across.update({tuple(f.key[k] for k in GROUP_FIELDS): f for f in fits
+                   if f.scope == "all-world-sizes"})
     rows = []
     for r in records:
         if r.world_size not in test:
