@@ -164,3 +164,23 @@ def test_fit_line_exact_without_noise():
                    for p, n in zip(ps, ns, strict=True)])
     f = fit_line("allgather", "bruck", ps, ns, ts)
     assert f.alpha == pytest.approx(ALPHA, rel=1e-9) and f.beta == pytest.approx(BETA, rel=1e-9)
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:          # pragma: no cover
+    given = None
+
+if given is not None:
+    @settings(max_examples=40, deadline=None)
+    @given(alpha=st.floats(1e-7, 1e-3), beta=st.floats(1e-12, 1e-8),
+           algo=st.sampled_from(["ring", "recursive-doubling", "bruck"]))
+    def test_exact_recovery_property(alpha, beta, algo):
+        ps = np.repeat([2.0, 3.0, 4.0, 8.0], 6)
+        ns = np.tile([1e2, 1e3, 1e4, 1e5, 1e6, 1e7], 4)
+        ts = np.array([predict_time("allgather", algo, int(p), n, alpha, beta, 0)
+                       for p, n in zip(ps, ns, strict=True)])
+        f = fit_line("allgather", algo, ps, ns, ts)
+        assert f.alpha == pytest.approx(alpha, rel=1e-6)
+        assert f.beta == pytest.approx(beta, rel=1e-6)
