@@ -58,12 +58,15 @@ def test_class_carries_algorithm_and_transport() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="needs mpi4py")
 def test_unsupported_names_missing_schedules() -> None:
     backend = object.__new__(backend_class("tree@mpi"))
+    backend.ctx = argparse.Namespace(device="cpu")       # only the device is read
     reason = backend.unsupported("alltoall", np.dtype(np.float32), None)
     assert reason and "no alltoall schedule" in reason and "broadcast" in reason
     # reductions run in the executor, so bfloat16 works even where MPI cannot reduce it
     import ml_dtypes
 
     assert backend.unsupported("allreduce", np.dtype(ml_dtypes.bfloat16), "sum") is None
+    backend.ctx = argparse.Namespace(device="cuda")
+    assert "host buffers only" in backend.unsupported("allreduce", np.dtype(np.float32), "sum")
 
 
 def test_every_algorithm_has_a_five_collective_schedule() -> None:

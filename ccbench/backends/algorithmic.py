@@ -10,7 +10,9 @@ Names are ``<algorithm>[:<chunk>]@<transport>``:
   and the trees pipeline in 512 KiB segments and everything else sends one message per
   block;
 * transport: ``mpi`` (mpi4py persistent Send_init/Recv_init, else Isend/Irecv, on
-  the mpi backend's communicator, numpy buffers) or ``gloo`` (torch.distributed isend/irecv on CPU tensors).
+  the mpi backend's communicator, numpy buffers) or ``gloo`` (torch.distributed
+  isend/irecv on CPU tensors). Host buffers only: the executor can run on cupy arrays,
+  but no GPU transport is wired in here yet.
 
 The class subclasses the transport's backend, so buffers, barrier and metadata are the
 transport's; only the five collectives run the schedule. Records carry
@@ -238,6 +240,8 @@ class AlgorithmicBackend(Backend):
                     f"(has: {', '.join(supported(self.algorithm_family))})")
         if dtype.name not in ("float32", "float64", "float16", "bfloat16", "int32", "int8"):
             return f"unsupported by {self.name}: dtype {dtype.name}"
+        if getattr(self.ctx, "device", "cpu") != "cpu":
+            return f"unsupported by {self.name}: host buffers only (device {self.ctx.device})"
         return None
 
     def finalize(self) -> None:
