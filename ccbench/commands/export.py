@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "the YAML's")
     astra.add_argument("--collective", default=None, help="write a Chakra workload of this collective")
     astra.add_argument("--sizes", "-s", default=None, help="sizes of the workload's nodes")
-    astra.add_argument("--backend", default=None, help="use the fits of this backend")
+    astra.add_argument("--backend", default=None,
+                        help="use the fits of this backend, library or backend/library "
+                             "(mpi, 'Open MPI', 'mpi/Intel MPI')")
     astra.add_argument("--prefix", default="workload", help="Chakra file prefix (default workload)")
     astra.add_argument("--intra-bw", type=float, default=None,
                        help="intra-host GB/s for dual-plane's first dimension")

@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sizes", "-s", default="1K-1G", help="bytes, as for measuring (default 1K-1G)")
     parser.add_argument("--algorithm", "-a", default=None,
                         help="cost formula / schedule (default: the fitted one)")
-    parser.add_argument("--backend", default=None, help="use the fits of this backend")
+    parser.add_argument("--backend", default=None,
+                        help="use the fits of this backend, library or backend/library "
+                             "(mpi, 'Open MPI', 'mpi/Intel MPI')")
     parser.add_argument("--fidelity", choices=("analytical", "replay", "both"), default="analytical")
     parser.add_argument("--sharing", choices=("max-min", "equal"), default="max-min",
                         help="how concurrent transfers share a link in replay (default max-min)")

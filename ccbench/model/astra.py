@@ -27,7 +27,7 @@ from ccbench.collectives import layout
 from ccbench.errors import UsageError
 from ccbench.model.chakra import comm_coll_node, write_trace
 from ccbench.model.costs import predict_time
-from ccbench.model.modelfile import select_fit
+from ccbench.model.modelfile import matches, select_fit
 from ccbench.model.topology import LinkClass, build_topology
 
 __all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "export_astra", "network_yaml",
@@ -99,7 +99,7 @@ def system_json(model: dict[str, Any], ranks: int, ndims: int,
     gamma = 0.0
     for coll, key in _ASTRA_KEYS.items():
         fits = [f for f in model["fits"] if f["collective"] == coll
-                and (backend is None or f["backend"] == backend)]
+                and matches(f, backend)]
         if fits:
             fit, _ = select_fit(model, coll, ranks, backend)
             impl = IMPLEMENTATION[fit["model_algorithm"]]

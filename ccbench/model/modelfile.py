@@ -67,6 +67,15 @@ def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
     return model
 
 
+def matches(fit: dict[str, Any], backend: str | None) -> bool:
+    """`backend` may name the backend (mpi), the library (Open MPI) or both (mpi/Open MPI)."""
+    if backend is None:
+        return True
+    b = backend.lower()
+    return b in (fit["backend"].lower(), fit["library"].lower(),
+                 f"{fit['backend']}/{fit['library']}".lower())
+
+
 def select_fit(model: dict[str, Any], collective: str, ranks: int,
                backend: str | None = None) -> tuple[dict[str, Any], str]:
     """The fit to predict `collective` at `ranks` with, and a line saying why.
@@ -75,22 +84,27 @@ def select_fit(model: dict[str, Any], collective: str, ranks: int,
     size; another collective of the same backend (alpha, beta, gamma are link constants;
     its formula is replaced by one of this collective).
     """
-    fits = [f for f in model["fits"] if backend is None or f["backend"] == backend]
+    fits = [f for f in model["fits"] if matches(f, backend)]
     if not fits:
-        valid = sorted({f["backend"] for f in model["fits"]})
+        valid = sorted({f"{f['backend']}/{f['library']}" for f in model["fits"]})
         raise UsageError(f"no fit for backend {backend!r} in the model (valid: {', '.join(valid)})")
+    libs = sorted({f"{f['backend']}/{f['library']}" for f in fits})
+    more = (f"; {len(libs)} backends in the model, choose with --backend "
+            f"({', '.join(libs)})") if len(libs) > 1 else ""
     same = [f for f in fits if f["collective"] == collective]
     if same:
         across = [f for f in same if f["scope"] == "all-world-sizes"]
         if across:
             best = max(across, key=lambda f: f["goodness"]["points"])
-            return best, f"{collective} fit across world sizes {best['world_sizes']}"
+            return best, (f"{best['backend']}/{best['library']} {collective} fit across world "
+                          f"sizes {best['world_sizes']}{more}")
         best = min(same, key=lambda f: (abs(f["world_sizes"][0] - ranks),
                                         -f["goodness"]["points"]))
-        return best, f"{collective} fit at world size {best['world_sizes'][0]} (nearest)"
+        return best, (f"{best['backend']}/{best['library']} {collective} fit at world size "
+                      f"{best['world_sizes'][0]} (nearest){more}")
     other = max(fits, key=lambda f: (f["scope"] == "all-world-sizes", f["goodness"]["points"]))
     return other, (f"no {collective} fit: alpha/beta/gamma of the {other['collective']} fit "
-                   f"({other['backend']})")
+                   f"({other['backend']}/{other['library']}){more}")
 
 
 def default_algorithm(fit: dict[str, Any], collective: str) -> str:
