@@ -118,3 +118,12 @@ def test_export_commands(model, results, tmp_path, ccb):
     proc = ccb("export", "chakra", str(results), "-o", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stderr
     assert len(list((tmp_path / "c").glob("*.et"))) == 2 * (2 + 3 + 4)
+
+
+def test_malformed_fit_in_model(model, ccb, tmp_path):
+    data = json.loads(model.read_text())
+    del data["fits"][0]["alpha"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    proc = ccb("simulate", str(bad), "allreduce", "--topology", "ring:4")
+    assert proc.returncode == 2 and "fit 0 lacks alpha" in proc.stderr

@@ -64,6 +64,18 @@ def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
                          f"(this ccbench reads: {VERSION})")
     if not model.get("fits"):
         raise UsageError(f"{path}: the model has no fits")
+    need = ("backend", "library", "collective", "scope", "world_sizes", "model_algorithm",
+            "alpha", "beta", "gamma", "goodness")
+    for i, fit in enumerate(model["fits"]):
+        missing = [k for k in need if not isinstance(fit, dict) or k not in fit]
+        if missing:
+            raise UsageError(f"{path}: fit {i} lacks {', '.join(missing)}")
+        try:
+            canonical_algorithm(fit["collective"], fit["model_algorithm"])
+        except UsageError as exc:
+            raise UsageError(f"{path}: fit {i}: {exc}") from None
+        if min(fit["alpha"], fit["beta"], fit["gamma"]) < 0:
+            raise UsageError(f"{path}: fit {i} has a negative alpha, beta or gamma")
     return model
 
 
