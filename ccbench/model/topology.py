@@ -293,14 +293,14 @@ def build_topology(spec: str, ranks: int | None, inter: LinkClass,
         topo.dims = [("Ring", 2)] * int(math.log2(p)) if p > 1 else [("Ring", 1)]
     elif kind == "torus":
         topo.dims = [("Ring", n) for n in shape]
-        for r in range(p):
-            c = list(np.unravel_index(r, shape))
-            for d, n in enumerate(shape):
-                if n == 1:
-                    continue
-                nxt = list(c)
-                nxt[d] = (c[d] + 1) % n
-                topo.add_pair(r, int(np.ravel_multi_index(nxt, shape)), inter, "net")
+        coords = np.array(np.unravel_index(np.arange(p), shape))
+        for d, n in enumerate(shape):
+            if n == 1:
+                continue
+            nxt = coords.copy()
+            nxt[d] = (nxt[d] + 1) % n
+            for r, q in enumerate(np.ravel_multi_index(tuple(nxt), shape).tolist()):
+                topo.add_pair(r, q, inter, "net")
     elif kind == "dual-plane":
         g = _int(opts.get("gpus", "8"), "gpus")
         tor = _int(opts.get("tor", "16"), "tor")
