@@ -20,8 +20,7 @@ import device_checks  # noqa: E402
 
 from ccbench.record import load_records  # noqa: E402
 
-_REASON = device_checks.skip_reason() if __import__("importlib").util.find_spec("torch") else \
-    "torch is not installed"
+_REASON = device_checks.skip_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None,
                                                   reason=f"no usable device: {_REASON}")]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -54,7 +53,9 @@ def test_every_collective_exact_in_process(backend: Any) -> None:
 @pytest.mark.parametrize("timing", ["per-op", "pipelined"])
 def test_cli_world_size_one(timing: str, tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
-    name = "nccl" if "nccl" not in (_REASON or "") else "rccl"
+    from ccbench.backends.nccl import NCCLBackend
+
+    name = "nccl" if NCCLBackend.unavailable_reason() is None else "rccl"
     proc = subprocess.run([sys.executable, "-m", "ccbench", "all", "--backend", name, "--sizes",
                            "8,1K,1M", "--dtype", "all", "--op", "sum,max", "--timing", timing,
                            "--iters", "3", "--warmup", "1", "-q", "--output", str(out)],
