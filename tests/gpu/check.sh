@@ -27,10 +27,7 @@ log="$out/gpu-check.log"
 exec > >(tee -a "$log") 2>&1
 
 python="${PYTHON:-python3}"
-if [ -x "$repo/../venv/bin/python" ] && [ -z "${PYTHON:-}" ] && ! "$python" -c "import ccbench" 2>/dev/null; then
-    python="$repo/../venv/bin/python"
-fi
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"    # this tree, installed or not
 twin=0
 [ "${1:-}" = "--cpu-twin" ] && twin=1
 step_timeout="${STEP_TIMEOUT:-420}"
