@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ccbench.errors import UsageError
+from ccbench.errors import RunFailure, UsageError
 
 ACTIONS = ("status", "run-task")
 
@@ -110,7 +110,7 @@ def _status(sweep) -> int:  # type: ignore[no-untyped-def]
 
     try:
         queued = squeue_tasks(sweep)
-    except Exception as exc:  # noqa: BLE001 -- squeue trouble must not hide the file status
+    except (UsageError, RunFailure) as exc:   # squeue trouble must not hide the file status
         print(f"ccbench sweep: squeue: {exc}", file=sys.stderr)
         queued = None
     rows = sweep_status(sweep, queued)
