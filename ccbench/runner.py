@@ -157,7 +157,7 @@ class _Run:
 
     def _run_backend(self, name: str, watchdog: Watchdog, progress: Progress) -> None:
         config, info = self.config, self.info
-        cls = backend_class(name)
+        cls = backend_class(name, config.device)
         reason = cls.unavailable_reason()
         if reason:
             raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
@@ -230,7 +230,10 @@ class _Run:
             method={"timing": config.method.timing, "pipeline": config.method.pipeline,
                     "min_time_s": config.method.min_time, "check": config.method.check,
                     "combine": "max over ranks", "launcher": info.launcher,
-                    "timeout_s": config.method.timeout},
+                    "timeout_s": config.method.timeout,
+                    # settings that change what is measured, when the backend has them
+                    **{k: meta[k] for k in ("buffers", "nccl_algo", "nccl_proto",
+                                            "allreduce_out_of_place") if meta.get(k) is not None}},
             environment={**self.environment, "backend": meta.get("env", {}),
                          **{k: v for k, v in meta.items() if k not in ("library", "library_version",
                                                                        "device", "env")}},

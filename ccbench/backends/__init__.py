@@ -17,6 +17,11 @@ REGISTRY: dict[str, str] = {
     "rccl": "ccbench.backends.nccl:RCCLBackend",
 }
 
+# (name, device) -> a class that replaces the registry's for that device
+DEVICE_VARIANTS: dict[tuple[str, str], str] = {
+    ("mpi", "cuda"): "ccbench.backends.cuda_mpi:CudaMPIBackend",
+}
+
 __all__ = ["REGISTRY", "Backend", "RankContext", "backend_class", "backend_names", "parse_backends"]
 
 
@@ -24,13 +29,13 @@ def backend_names() -> list[str]:
     return list(REGISTRY)
 
 
-def backend_class(name: str) -> type[Backend]:
+def backend_class(name: str, device: str = "cpu") -> type[Backend]:
     """The class for a backend name; `algo@transport` names come from algorithms/."""
     if "@" in name:
         from ccbench.backends.algorithmic import algorithm_backend_class
 
         return algorithm_backend_class(name)
-    target = REGISTRY.get(name)
+    target = DEVICE_VARIANTS.get((name, device)) or REGISTRY.get(name)
     if target is None:
         raise choices_error("backend", name, [*REGISTRY, "<algorithm>@<transport>"])
     module_name, _, class_name = target.partition(":")
