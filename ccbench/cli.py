@@ -174,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunFailure as exc:
         print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
         return 1
+    except BrokenPipeError:            # `ccbench ... | head`: the reader left, not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("ccbench: interrupted", file=sys.stderr)
         return 130
