@@ -1,5 +1,5 @@
 """algorithms/ schedules over real transports, compared bit for bit with the transport's
-native collectives: MPI (mpiexec, 1..5 ranks) and gloo (torch.distributed, 1..3 ranks).
+native collectives: MPI (mpiexec, 1..5 ranks) and gloo (torch.distributed, 2 and 3 ranks).
 Each rank runs tests/test_algorithms_worker.py."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
-@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("p", [2, 3])
 def test_schedules_over_gloo_match_native(p: int) -> None:
     port = _free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
