@@ -1,0 +1,273 @@
+"""Sweep files (schema and errors), the case cross product, resume logic on synthetic records,
+torn-line repair, and `ccbench merge` dedupe. No processes are started here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ccbench.commands.merge import merge_records
+from ccbench.errors import UsageError
+from ccbench.record import Record, append_record, case_key, load_records
+from ccbench.sweep import (
+    Case, build_case_command, done_sizes, load_sweep, missing_sizes, plan_runs, repair_tail,
+    sweep_from_dict,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "slurm" / "sweeps").glob("*.yaml"))
+
+
+def make_record(**overrides: Any) -> Record:
+    fields: dict[str, Any] = dict(
+        run_id="abc", timestamp="2026-12-02T00:00:00+00:00", ccbench_version="0.1.0",
+        collective="allreduce", backend="gloo", library="gloo", library_version="2.13",
+        algorithm="native", transport="gloo", device="cpu", dtype="float32", op="sum",
+        inplace=False, timing="per-op", world_size=2, nodes=1, ranks_per_node=2, hosts=["h"],
+        root=0, size_asked=8, size_used=8, count=2, iterations=3, warmup=1,
+        time_us={"median": 2.0, "mean": 2.0, "min": 1.0, "p5": 1.0, "p95": 3.0, "max": 3.0,
+                 "stdev": 1.0},
+        samples_us=[1.0, 2.0, 3.0], rank_median_us=[2.0, 1.9], algbw_gbps=0.004,
+        busbw_gbps=0.004, wrong=0)
+    fields.update(overrides)
+    return Record(**fields)
+
+
+def write_sweep(tmp_path: Path, data: dict[str, Any], name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# -- schema ---------------------------------------------------------------------------------
+
+def test_defaults(tmp_path: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path, {}, "mine.yaml"))
+    assert sweep.name == "mine"
+    assert sweep.collectives == ["allreduce"] and sweep.backends == ["gloo"]
+    assert sweep.dtypes == ["float32"] and sweep.ops == ["sum"]
+    assert sweep.nodes == [1] and sweep.ranks_per_node == [2]
+    assert sweep.modes == ["out-of-place", "in-place"]
+    assert sweep.results == "results/mine"
+    assert len(sweep.cases()) == 2
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"colectives": "allreduce"}, "colectives: unknown key (valid: name, collectives,"),
+    ({"collectives": ["allreduce", "allfoo"]},
+     "collectives: unknown collective 'allfoo' (valid: broadcast, allreduce, allgather, "
+     "reduce-scatter, alltoall)"),
+    ({"backends": ["gloo", "nope"]}, "backends: unknown backend 'nope' (valid: gloo, mpi,"),
+    ({"dtypes": "float33"}, "dtypes: unknown dtype 'float33' (valid: float32, float64,"),
+    ({"ops": ["sum", "avg"]}, "ops: unknown op 'avg' (valid: sum, max, min, prod)"),
+    ({"modes": ["inplace"]}, "modes: unknown mode 'inplace' (valid: out-of-place, in-place)"),
+    ({"sizes": "1X-2M"}, "sizes:"),
+    ({"nodes": [1, 0]}, "nodes: expected positive integers, got 0"),
+    ({"ranks_per_node": "two"}, "ranks_per_node: expected positive integers, got 'two'"),
+    ({"iters": 0}, "iters: must be >= 1, got 0"),
+    ({"warmup": 1.5}, "warmup: expected an integer, got 1.5"),
+    ({"timing": "fast"}, "timing: unknown timing 'fast' (valid: per-op, pipelined)"),
+    ({"launcher": "ssh"}, "launcher: unknown launcher 'ssh' (valid: auto, srun, mpiexec)"),
+    ({"group_by": ["host"]}, "group_by: unknown group_by 'host' (valid: backend, collective,"),
+    ({"name": "a b"}, "name: 'a b': use letters, digits"),
+    ({"env": {"1X": "y"}}, "env: '1X' is not a variable name"),
+    ({"env": {"X": "a\nb"}}, "env: X: control characters are not allowed"),
+    ({"slurm": {"partitoin": "x"}}, "slurm: partitoin: unknown key (valid: partition, account,"),
+    ({"slurm": {"time": "soon"}}, "slurm: time: 'soon' is not a Slurm time"),
+    ({"slurm": {"max_parallel": 0}}, "slurm: max_parallel: must be >= 1, got 0"),
+    ({"slurm": {"partition": "a\nb"}}, "slurm: partition: control characters are not allowed"),
+    ({"slurm": {"extra": ["exclusive"]}}, "slurm: extra: expected sbatch options like"),
+])
+def test_schema_errors(tmp_path: Path, data: dict[str, Any], message: str) -> None:
+    path = write_sweep(tmp_path, data)
+    with pytest.raises(UsageError) as info:
+        load_sweep(path)
+    assert str(info.value).startswith(f"{path}: "), str(info.value)
+    assert message in str(info.value), str(info.value)
+
+
+def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- allreduce\n")
+    with pytest.raises(UsageError, match="a sweep file is a mapping of keys"):
+        load_sweep(path)
+    path.write_text("collectives: [allreduce\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_sweep(path)
+    with pytest.raises(UsageError, match="no such sweep file"):
+        load_sweep(tmp_path / "missing.yaml")
+
+
+def test_cli_schema_error_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path, {"backends": "gloo", "dtypes": ["float32", "complex64"]})
+    proc = subprocess.run([sys.executable, "-m", "ccbench", "sweep", str(path), "--slurm",
+                           "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"ccbench: error: {path}: dtypes: unknown dtype 'complex64' "
+                                   "(valid: float32, float64, float16, bfloat16, int32, int8)")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load(path: Path) -> None:
+    sweep = load_sweep(path)
+    assert sweep.cases() and sweep.tasks()
+
+
+def test_calibration_sweep_covers_what_the_models_need() -> None:
+    sweep = load_sweep(ROOT / "slurm" / "sweeps" / "calibration.yaml")
+    assert set(sweep.collectives) == {"allreduce", "allgather", "reduce-scatter", "broadcast",
+                                      "alltoall"}
+    assert set(sweep.backends) == {"mpi", "ring@mpi", "tree@mpi", "hypercube@mpi"}
+    assert sweep.ranks_per_node == [2, 3, 4] and sweep.nodes == [1]
+    assert sweep.sizes[0] == 8 and sweep.sizes[-1] == 16 << 20
+
+
+# -- cross product and grouping -------------------------------------------------------------
+
+def test_cross_product_collapses_ops_for_non_reducing() -> None:
+    sweep = sweep_from_dict({"collectives": ["allreduce", "allgather"], "ops": ["sum", "max"],
+                             "backends": ["gloo", "mpi"], "modes": ["out-of-place"],
+                             "ranks_per_node": [2, 3], "sizes": "8-64"})
+    cases = sweep.cases()
+    # allreduce: 2 ops, allgather: 1 (op None), x 2 backends x 2 worlds
+    assert len(cases) == (2 + 1) * 2 * 2
+    assert {c.op for c in cases if c.collective == "allgather"} == {None}
+    tasks = sweep.tasks()
+    assert [(t.nodes, t.ranks_per_node) for t in tasks] == [(1, 2), (1, 2), (1, 3), (1, 3)]
+    assert [t.task_id for t in tasks] == [0, 1, 2, 3]
+    assert {c.backend for c in tasks[0].cases} == {"gloo"}
+    assert sum(len(t.cases) for t in tasks) == len(cases)
+
+
+def test_plan_is_a_stable_resolved_sweep(tmp_path: Path) -> None:
+    sweep = sweep_from_dict({"name": "n", "sizes": "8-1K", "backends": "gloo,mpi"})
+    again = sweep_from_dict(json.loads(json.dumps(sweep.to_dict())))
+    assert again.to_dict() == sweep.to_dict()
+    assert again.digest() == sweep.digest()
+    assert [t.cases for t in again.tasks()] == [t.cases for t in sweep.tasks()]
+
+
+# -- resume ---------------------------------------------------------------------------------
+
+def _case(**kw: Any) -> Case:
+    base: dict[str, Any] = dict(collective="allreduce", backend="gloo", dtype="float32",
+                                op="sum", inplace=False, nodes=1, ranks_per_node=2,
+                                sizes=(8, 16, 32))
+    base.update(kw)
+    return Case(**base)
+
+
+def test_missing_sizes_from_records() -> None:
+    records = [make_record(size_asked=8), make_record(size_asked=32),
+               make_record(size_asked=16, inplace=True),
+               make_record(size_asked=16, wrong=3),            # failed validation: not done
+               make_record(size_asked=16, timing="pipelined"),  # another timing mode
+               make_record(size_asked=16, ranks_per_node=3, world_size=3)]
+    done = done_sizes(records, "per-op")
+    assert missing_sizes(_case(), done) == [16]
+    assert missing_sizes(_case(inplace=True), done) == [8, 32]
+    assert missing_sizes(_case(backend="mpi"), done) == [8, 16, 32]
+    assert missing_sizes(_case(ranks_per_node=3), done) == [8, 32]
+
+
+def test_plan_runs_joins_modes_only_when_they_miss_the_same_sizes() -> None:
+    out, inp = _case(), _case(inplace=True)
+    assert [(r.modes, r.sizes) for r in plan_runs([out, inp], {})] == [
+        (("out-of-place", "in-place"), (8, 16, 32))]
+    done = done_sizes([make_record(size_asked=8)], "per-op")
+    runs = plan_runs([out, inp], done)
+    assert [(r.modes, r.sizes) for r in runs] == [(("out-of-place",), (16, 32)),
+                                                  (("in-place",), (8, 16, 32))]
+    complete = done_sizes([make_record(size_asked=s, inplace=m) for s in (8, 16, 32)
+                           for m in (False, True)], "per-op")
+    assert plan_runs([out, inp], complete) == []
+
+
+def test_case_commands() -> None:
+    sweep = sweep_from_dict({"backends": ["gloo", "mpi"], "sizes": "8-32", "iters": 5,
+                             "min_time": 0.5, "ranks_per_node": 2, "nodes": [1]})
+    runs = plan_runs(sweep.cases(), {})
+    gloo, mpi = runs
+    local = build_case_command(sweep, gloo, "out.jsonl", "local", python="py")
+    assert local == ["py", "-m", "ccbench", "launch", "-n", "2", "allreduce", "--backend", "gloo",
+                     "--sizes", "8,16,32", "--dtype", "float32", "--op", "sum", "--timing",
+                     "per-op", "--iters", "5", "--min-time", "0.5", "--output", "out.jsonl",
+                     "--quiet"]
+    srun = build_case_command(sweep, gloo, "out.jsonl", "slurm", python="py")
+    assert srun[:6] == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2",
+                        "--kill-on-bad-exit=1", "py"]
+    mpiexec = build_case_command(sweep, mpi, "out.jsonl", "slurm", python="/v/bin/py")
+    assert mpiexec[1:5] == ["-n", "2", "-ppn", "2"] and mpiexec[5] == "/v/bin/py"
+    one_mode = plan_runs([_case(inplace=True)], {})[0]
+    assert "--inplace" in build_case_command(sweep, one_mode, "o", "local", python="py")
+
+
+def test_local_sweep_refuses_more_than_one_node() -> None:
+    sweep = sweep_from_dict({"nodes": [2]}, "f.yaml")
+    run = plan_runs(sweep.cases(), {})[0]
+    with pytest.raises(UsageError, match="f.yaml: nodes: a local sweep runs on one node"):
+        build_case_command(sweep, run, "o", "local")
+
+
+def test_repair_tail_cuts_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "task-0.jsonl"
+    append_record(path, make_record(size_asked=8))
+    with open(path, "a") as handle:
+        handle.write('{"schema": "ccbench.rec')          # killed mid-write
+    repair_tail(path)
+    append_record(path, make_record(size_asked=16))
+    assert [r.size_asked for r in load_records(path)] == [8, 16]
+    repair_tail(path)                                     # intact file: untouched
+    assert len(load_records(path)) == 2
+
+
+# -- merge ----------------------------------------------------------------------------------
+
+def test_merge_records_keeps_one_per_case_and_size() -> None:
+    a, b = make_record(size_asked=8, run_id="1"), make_record(size_asked=16, run_id="1")
+    again = make_record(size_asked=8, run_id="2")          # same case and size, another run
+    other = make_record(size_asked=8, backend="mpi")
+    merged, dropped = merge_records([a, b, again, other])
+    assert merged == [a, b, other] and dropped == 1
+    bad = make_record(size_asked=32, wrong=4)
+    good = make_record(size_asked=32, wrong=0, run_id="3")
+    merged, dropped = merge_records([bad, good])
+    assert merged == [good] and dropped == 1
+
+
+def test_merge_command(tmp_path: Path) -> None:
+    one, two = tmp_path / "task-0.jsonl", tmp_path / "sub" / "task-1.jsonl"
+    two.parent.mkdir()
+    for size in (8, 16):
+        append_record(one, make_record(size_asked=size))
+    for size in (16, 32):
+        append_record(two, make_record(size_asked=size))
+    out = tmp_path / "merged.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "ccbench", "merge", str(one), str(tmp_path / "sub"),
+                           "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 records in, 3 written" in proc.stderr and "1 duplicates dropped" in proc.stderr
+    merged = load_records(out)
+    assert sorted(r.size_asked for r in merged) == [8, 16, 32]
+    assert len({case_key(r) for r in merged}) == len(merged)
+
+
+def test_merge_refuses_another_schema(tmp_path: Path) -> None:
+    good, bad = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    append_record(good, make_record())
+    data = json.loads(make_record().to_json())
+    data["schema_version"] = 99
+    bad.write_text(json.dumps(data) + "\n")
+    out = tmp_path / "m.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "ccbench", "merge", str(good), str(bad), "-o",
+                           str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown record schema version 99" in proc.stderr
+    assert proc.stderr.startswith("ccbench: error: ")
+    assert not out.exists()
