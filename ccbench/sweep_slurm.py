@@ -129,7 +129,8 @@ def render_sbatch(sweep: Sweep, job: ArrayJob, options: SlurmOptions, *, plan: s
     exports = "".join(f"export {name}={shlex.quote(value)}\n"
                       for name, value in sorted(sweep.env.items()))
     command = shlex.join([python, "-m", "ccbench", "sweep", "run-task", plan])
-    log = str(Path(sweep.results) / "logs" / f"{job.shape}-%A_%a.out")
+    # '%' is Slurm's file name pattern character; '%%' is a literal one
+    log = str(Path(sweep.results.replace("%", "%%")) / "logs" / f"{job.shape}-%A_%a.out")
     return string.Template(text).substitute(
         name=sweep.name, nodes=job.nodes, ranks_per_node=job.ranks_per_node,
         results=sweep.results, job_name=sbatch_quote(job_name(sweep)), array=array,
