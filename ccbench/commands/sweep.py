@@ -57,7 +57,8 @@ def main(args: argparse.Namespace) -> int:
 
     sweep = load_sweep(path)
     if action == "status":
-        return _status(sweep)
+        _status(sweep)
+        return 0
     if action == "run-task":
         from ccbench.sweep import run_task
 
