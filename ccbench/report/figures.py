@@ -59,7 +59,9 @@ def _legend_entries(frame) -> list[tuple[str, str, str]]:
     """(series, legend label with version, colour key), in a stable order."""
     out = []
     seen = set()
-    for _, row in frame.sort_values(["series"]).iterrows():
+    rank = {k: i for i, k in enumerate(style.PALETTE)}
+    ordered = frame.assign(_rank=frame["colour_key"].map(lambda k: rank.get(k, len(rank))))
+    for _, row in ordered.sort_values(["_rank", "series"]).iterrows():
         if row["series"] in seen:
             continue
         seen.add(row["series"])
@@ -70,7 +72,7 @@ def _legend_entries(frame) -> list[tuple[str, str, str]]:
 
 
 def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
-                title: str | None = None, ncol: int = 4) -> None:
+                title: str | None = None, ncol: int = 6) -> None:
     handles = [Line2D([], [], color=colour(key), marker=marker(key), linestyle="-", label=label)
                for _, label, key in _legend_entries(frame)]
     if len(modes) > 1:
@@ -200,8 +202,8 @@ def rank_spread_figure(frame, world_size: int):
     series = sorted(_unique(sub["series"]))
     nrows, ncols = len(series), len(collectives)
     with plt.rc_context(style.RC | {"axes.grid": False}):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(2.5 * ncols + 1.6, 0.32 * world_size
-                                                        * nrows + 0.55 * nrows + 1.5),
+        fig, axes = plt.subplots(nrows, ncols, figsize=(2.5 * ncols + 1.6, (0.2 * world_size
+                                                                  + 0.5) * nrows + 1.5),
                                  squeeze=False, layout="constrained")
         norm = LogNorm(vmin=1.0, vmax=4.0)
         image = None
