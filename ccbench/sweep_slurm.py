@@ -205,8 +205,8 @@ def submit(sweep: Sweep, options: SlurmOptions, *, dry_run: bool,
     if not dry_run:
         queued = squeue_tasks(sweep)
         if queued:
-            jobs = sorted({job for _state, job in queued.values()})
-            raise UsageError(f"sweep {sweep.name!r} still has jobs in squeue ({', '.join(jobs)}):"
+            busy = sorted({job for _state, job in queued.values()})
+            raise UsageError(f"sweep {sweep.name!r} still has jobs in squeue ({', '.join(busy)}):"
                              f" wait for them or scancel them, then submit again")
     workdir = str(Path.cwd())
     plan = plan_path(sweep)

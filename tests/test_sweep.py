@@ -16,7 +16,13 @@ from ccbench.commands.merge import merge_records
 from ccbench.errors import UsageError
 from ccbench.record import Record, append_record, case_key, load_records
 from ccbench.sweep import (
-    Case, build_case_command, done_sizes, load_sweep, missing_sizes, plan_runs, repair_tail,
+    Case,
+    build_case_command,
+    done_sizes,
+    load_sweep,
+    missing_sizes,
+    plan_runs,
+    repair_tail,
     sweep_from_dict,
 )
 

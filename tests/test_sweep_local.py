@@ -9,10 +9,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from ccbench.record import append_record, case_key, load_records
 from conftest import have_mpi
 from test_sweep import make_record
+
+from ccbench.record import append_record, case_key, load_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

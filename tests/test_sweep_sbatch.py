@@ -17,7 +17,12 @@ import pytest
 from ccbench.errors import UsageError
 from ccbench.sweep import load_sweep, sweep_from_dict
 from ccbench.sweep_slurm import (
-    SlurmOptions, array_jobs, array_spec, parse_squeue, render_sbatch, sbatch_quote,
+    SlurmOptions,
+    array_jobs,
+    array_spec,
+    parse_squeue,
+    render_sbatch,
+    sbatch_quote,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ccbench.errors import RunFailure, UsageError
+
+if TYPE_CHECKING:
+    from ccbench.sweep import Sweep
 
 ACTIONS = ("status", "run-task")
 
@@ -80,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     return _slurm(sweep, args)
 
 
-def _slurm(sweep, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+def _slurm(sweep: Sweep, args: argparse.Namespace) -> int:
     from ccbench.sweep import _Checker, check_slurm_options
     from ccbench.sweep_slurm import SlurmOptions, submit, wait_for_jobs
 
@@ -104,7 +108,7 @@ def _slurm(sweep, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-d
     return 0
 
 
-def _status(sweep) -> int:  # type: ignore[no-untyped-def]
+def _status(sweep: Sweep) -> int:
     """Print the table; returns the number of incomplete cases."""
     from ccbench.sweep import result_files
     from ccbench.sweep_slurm import squeue_tasks, sweep_status
