@@ -65,9 +65,9 @@ chown munge:munge /etc/munge/munge.key
 chmod 0400 /etc/munge/munge.key
 if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
     echo "slurm-up: starting munged"
-    pkill_pid=$(cat /run/munge/munged.pid 2>/dev/null || true)
-    if [[ -n $pkill_pid ]] && kill -0 "$pkill_pid" 2>/dev/null; then
-        kill "$pkill_pid" || true
+    munged_pid=$(cat /run/munge/munged.pid 2>/dev/null || true)
+    if [[ -n $munged_pid ]] && kill -0 "$munged_pid" 2>/dev/null; then
+        kill "$munged_pid" || true
         sleep 1
     fi
     rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,13 @@ def _scheduler_problem() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def slurm() -> None:
+def slurm() -> Iterator[None]:
     problem = _scheduler_problem()
     if problem is None:
+        yield
+        # a failed test must not leave its jobs running into the next one
+        for name in ("e2e", "h", "resume"):
+            subprocess.run(["scancel", f"--name=ccbench-{name}"], timeout=20, check=False)
         return
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"Slurm is not up in CI: {problem}", pytrace=False)
