@@ -31,6 +31,9 @@ die() {
     exit 1
 }
 
+if [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    exec sudo -n -E bash "$0" "$@"
+fi
 [[ $(id -u) -eq 0 ]] || die "must run as root (it installs packages and starts daemons)"
 
 # ---- packages ----------------------------------------------------------------------------
