@@ -158,6 +158,9 @@ def test_scancel_then_resubmit_finishes_only_what_is_missing(slurm: None,
     assert "1 running" in status.stdout, status.stdout
     assert f"{job} running" in status.stdout
 
+    twice = ccbench("sweep", "resume.yaml", "--slurm", cwd=tmp_path)
+    assert twice.returncode == 2 and f"still has jobs in squeue ({job})" in twice.stderr
+
     subprocess.run(["scancel", job], check=True, timeout=20)
     wait_until(lambda: not squeue_ids("resume"), 60, "the cancelled job to leave squeue")
     wait_until(lambda: subprocess.run(["pgrep", "-f", str(task_file)],
