@@ -1,7 +1,7 @@
 """Symbolic verification of a schedule.
 
-Every block holds a *set of contributions*: atom ``origin * n + b`` stands for block b
-of rank ``origin``'s input (n = blocks of the input buffer). Copies and copy-recvs move
+Every block holds a *set of contributions* (an int bit mask): atom ``origin * n + b``
+stands for block b of rank ``origin``'s input (n = blocks of the input buffer). Copies and copy-recvs move
 sets, reduce-recvs unite them. The simulation runs the ranks under rendezvous
 semantics, the strictest a transport may have: a step completes only when every
 partner has posted the matching operation. The verifier proves:
@@ -27,7 +27,7 @@ from algorithms.schedule import Schedule, Span
 
 __all__ = ["VerifyResult", "verify"]
 
-Content = frozenset[int] | None
+Content = int | None           # bit mask of atoms; None: undefined
 _MAX_ERRORS = 20
 
 
@@ -189,11 +189,11 @@ class _Verifier:
             if s.collective == "broadcast":
                 if r == s.root:
                     self.write(state, r, Span("recv", 0, self.src_blocks),
-                               [frozenset([r * self.src_blocks + b])
+                               [1 << (r * self.src_blocks + b)
                                 for b in range(self.src_blocks)])
             elif self.src_blocks:
                 self.write(state, r, Span("send", 0, self.src_blocks),
-                           [frozenset([r * self.src_blocks + b]) for b in range(self.src_blocks)])
+                           [1 << (r * self.src_blocks + b) for b in range(self.src_blocks)])
         return state
 
     def read(self, state: list[dict[str, list[Content]]], r: int, span: Span) -> list[Content]:
@@ -286,28 +286,29 @@ class _Verifier:
         self.result.num_steps = max((len(x) for x in s.steps), default=0)
         return state
 
-    def atoms(self, content: frozenset[int]) -> str:
+    def atoms(self, content: int) -> str:
         n = max(self.src_blocks, 1)
-        items = sorted(content)[:6]
-        text = ", ".join(f"r{a // n}.b{a % n}" for a in items)
-        return text + (", ..." if len(content) > 6 else "")
+        items = [i for i in range(content.bit_length()) if content >> i & 1]
+        text = ", ".join(f"r{a // n}.b{a % n}" for a in items[:6])
+        return text + (", ..." if len(items) > 6 else "")
 
     # -- the answer ---------------------------------------------------------------------
-    def expected(self, r: int) -> list[frozenset[int]] | None:
+    def expected(self, r: int) -> list[int] | None:
         s, p, B, n = self.s, self.p, self.B, self.src_blocks
         nrecv = s.num_blocks("recv")
+        every_rank = sum(1 << (q * n) for q in range(p))       # block 0 of every input
         if s.collective == "broadcast":
-            return [frozenset([s.root * n + b]) for b in range(nrecv)]
+            return [1 << (s.root * n + b) for b in range(nrecv)]
         if s.collective in ("allreduce", "reduce"):
             if s.collective == "reduce" and r != s.root:
                 return None
-            return [frozenset(q * n + b for q in range(p)) for b in range(nrecv)]
+            return [every_rank << b for b in range(nrecv)]
         if s.collective == "reduce-scatter":
-            return [frozenset(q * n + r * B + b for q in range(p)) for b in range(nrecv)]
+            return [every_rank << (r * B + b) for b in range(nrecv)]
         if s.collective == "allgather":
-            return [frozenset([(b // B) * n + b % B]) for b in range(nrecv)]
+            return [1 << ((b // B) * n + b % B) for b in range(nrecv)]
         if s.collective == "alltoall":
-            return [frozenset([(b // B) * n + r * B + b % B]) for b in range(nrecv)]
+            return [1 << ((b // B) * n + r * B + b % B) for b in range(nrecv)]
         raise ValueError(s.collective)
 
     def check_final(self, state: list[dict[str, list[Content]]]) -> None:
@@ -323,7 +324,7 @@ class _Verifier:
                 if g is None:
                     self.error(f"rank {r}: output block {b} never written")
                 elif g != w:
-                    missing, extra = w - g, g - w
+                    missing, extra = w & ~g, g & ~w
                     parts = []
                     if missing:
                         parts.append(f"missing {self.atoms(missing)}")
