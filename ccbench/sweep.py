@@ -142,10 +142,14 @@ class Sweep:
         for nodes, rpn, backend, collective, dtype, op, mode in itertools.product(
                 self.nodes, self.ranks_per_node, self.backends, self.collectives, self.dtypes,
                 self.ops, self.modes):
+            # the benchmark measures broadcast in place only, and skips sizes whose per-rank
+            # count rounds down to zero: a case asks only for what can produce a record
+            inplace = True if collective == "broadcast" else mode == "in-place"
+            sizes = measurable_sizes(collective, dtype, nodes * rpn, self.sizes)
             case = Case(collective=collective, backend=backend, dtype=dtype,
-                        op=op if collective in REDUCING else None, inplace=mode == "in-place",
-                        nodes=nodes, ranks_per_node=rpn, sizes=tuple(self.sizes))
-            if case.key() not in seen:       # non-reducing collectives collapse over ops
+                        op=op if collective in REDUCING else None, inplace=inplace,
+                        nodes=nodes, ranks_per_node=rpn, sizes=sizes)
+            if sizes and case.key() not in seen:   # non-reducing collectives collapse over ops
                 seen.add(case.key())
                 out.append(case)
         return out
@@ -443,6 +447,56 @@ def load_sweep_records(sweep: Sweep) -> list[Record]:
     return load_records(sweep.results_dir)
 
 
+def measurable_sizes(collective: str, dtype: str, world_size: int,
+                     sizes: Iterable[int]) -> tuple[int, ...]:
+    from ccbench.collectives import layout
+    from ccbench.dtypes import numpy_dtype
+
+    elsize = numpy_dtype(dtype).itemsize
+    out = []
+    for size in sizes:
+        lay = layout(collective, size, elsize, world_size)
+        if lay.send_count > 0 and lay.recv_count > 0:
+            out.append(size)
+    return tuple(out)
+
+
+def skipped_file(sweep: Sweep, task_id: int) -> Path:
+    # not *.jsonl: results readers (load_records, merge) must not take it for records
+    return sweep.results_dir / f"task-{task_id}.skipped"
+
+
+def load_skipped(sweep: Sweep) -> dict[tuple[Any, ...], set[int]]:
+    """Sizes a successful run produced no record for (a backend's `unsupported`, say)."""
+    skipped: dict[tuple[Any, ...], set[int]] = {}
+    if not sweep.results_dir.is_dir():
+        return skipped
+    for path in sorted(sweep.results_dir.glob("task-*.skipped")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                key = tuple(entry["case"])
+                sizes = {int(size) for size in entry["sizes"]}
+            except (ValueError, KeyError, TypeError):
+                raise UsageError(f"{path}:{number}: not a skipped-sizes entry") from None
+            skipped.setdefault(key, set()).update(sizes)
+    return skipped
+
+
+def completed(sweep: Sweep) -> tuple[dict[tuple[Any, ...], set[int]],
+                                     dict[tuple[Any, ...], set[int]]]:
+    """(done, skipped): per case key, the sizes with a record, and those a successful run
+    left without one. Both count as complete."""
+    done = done_sizes(load_sweep_records(sweep), sweep.timing)
+    skipped = load_skipped(sweep)
+    merged = {key: set(sizes) for key, sizes in done.items()}
+    for key, sizes in skipped.items():
+        merged.setdefault(key, set()).update(sizes)
+    return merged, skipped
+
+
 def missing_sizes(case: Case, done: Mapping[tuple[Any, ...], set[int]]) -> list[int]:
     have = done.get(case.key(), set())
     return [size for size in case.sizes if size not in have]
@@ -640,7 +694,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
     failures: list[str] = []
     with task_lock(sweep, task_id):
         repair_tail(output)
-        runs = plan_runs(task.cases, done_sizes(load_sweep_records(sweep), sweep.timing))
+        runs = plan_runs(task.cases, completed(sweep)[0])
         skipped = len(task.cases) - sum(len(run.cases) for run in runs)
         log(f"ccbench sweep {sweep.name}: task {task_id}: {len(task.cases)} cases, "
             f"{skipped} complete, {len(runs)} runs to do")
@@ -657,6 +711,17 @@ def run_task(sweep: Sweep, task_id: int, where: str,
             log(f"ccbench sweep: {label}: exit {status} after {time.monotonic() - started:.1f} s")
             if status != 0:
                 failures.append(f"{label} (exit {status})")
+                continue
+            # exit 0 but sizes without a record: the benchmark chose to skip them (it prints
+            # why); remember that, so a rerun does not ask again forever
+            done = done_sizes(load_sweep_records(sweep), sweep.timing)
+            with open(skipped_file(sweep, task_id), "a", encoding="utf-8") as handle:
+                for case in run.cases:
+                    left = [s for s in run.sizes if s not in done.get(case.key(), set())]
+                    if left:
+                        log(f"ccbench sweep: {case_label(case)}: no record for sizes "
+                            f"{','.join(map(str, left))}; marked skipped")
+                        handle.write(json.dumps({"case": list(case.key()), "sizes": left}) + "\n")
         marker.unlink(missing_ok=True)
     for failure in failures:
         log(f"ccbench sweep: failed: {failure}")

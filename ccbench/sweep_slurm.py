@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ccbench.errors import RunFailure, UsageError
-from ccbench.sweep import Sweep, Task, case_label, done_sizes, load_sweep_records, missing_sizes
+from ccbench.sweep import Sweep, Task, case_label, completed, missing_sizes
 
 __all__ = [
     "ArrayJob", "SlurmOptions", "array_jobs", "job_name", "render_sbatch", "sbatch_quote",
@@ -196,7 +196,7 @@ def submit(sweep: Sweep, options: SlurmOptions, *, dry_run: bool,
            log: Callable[[str], None] = print) -> list[str]:
     """Render (and unless dry_run, submit) the arrays of the tasks with something missing.
     Returns the submitted job ids."""
-    done = done_sizes(load_sweep_records(sweep), sweep.timing)
+    done, _skipped = completed(sweep)
     todo = [task for task in sweep.tasks()
             if any(missing_sizes(case, done) for case in task.cases)]
     if not todo:
@@ -266,6 +266,7 @@ class CaseStatus:
     state: str             # done | running | pending
     done: int
     total: int
+    skipped: int           # of done: sizes a successful run produced no record for
     job: str               # Slurm job and state, "" when not in squeue
 
 
@@ -273,7 +274,7 @@ def sweep_status(sweep: Sweep, queued: Mapping[int, tuple[str, str]] | None
                  ) -> list[CaseStatus]:
     from ccbench.sweep import current_case_file, task_is_locked
 
-    done = done_sizes(load_sweep_records(sweep), sweep.timing)
+    done, skipped = completed(sweep)
     rows: list[CaseStatus] = []
     for task in sweep.tasks():
         state, job = (queued or {}).get(task.task_id, ("", ""))
@@ -295,7 +296,9 @@ def sweep_status(sweep: Sweep, queued: Mapping[int, tuple[str, str]] | None
                 case_state = "running"
             else:
                 case_state = "pending"
+            num_skipped = len(skipped.get(case.key(), set()) & set(case.sizes))
             rows.append(CaseStatus(task_id=task.task_id, label=case_label(case), state=case_state,
                                    done=len(case.sizes) - len(missing), total=len(case.sizes),
+                                   skipped=num_skipped,
                                    job=f"{job} {state.lower()}" if job else ""))
     return rows

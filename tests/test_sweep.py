@@ -277,3 +277,31 @@ def test_merge_refuses_another_schema(tmp_path: Path) -> None:
     assert "unknown record schema version 99" in proc.stderr
     assert proc.stderr.startswith("ccbench: error: ")
     assert not out.exists()
+
+
+def test_cases_ask_only_for_what_produces_a_record() -> None:
+    sweep = sweep_from_dict({"collectives": ["alltoall", "broadcast", "allreduce"],
+                             "modes": ["out-of-place"], "sizes": "8-64",
+                             "ranks_per_node": [4]})
+    by_collective = {c.collective: c for c in sweep.cases()}
+    # alltoall at 4 ranks of float32: 8 B is less than one element per rank
+    assert by_collective["alltoall"].sizes == (16, 32, 64)
+    assert by_collective["allreduce"].sizes == (8, 16, 32, 64)
+    assert by_collective["broadcast"].inplace          # the benchmark's broadcast is in place
+    tiny = sweep_from_dict({"collectives": ["alltoall"], "sizes": "8", "ranks_per_node": [4]})
+    assert tiny.cases() == []
+
+
+def test_skipped_sizes_count_as_complete(tmp_path: Path) -> None:
+    from ccbench.sweep import completed, skipped_file
+
+    sweep = sweep_from_dict({"results": str(tmp_path), "sizes": "8-32",
+                             "modes": ["out-of-place"]})
+    case = sweep.cases()[0]
+    append_record(sweep.task_output(0), make_record(size_asked=8))
+    skipped_file(sweep, 0).write_text(json.dumps({"case": list(case.key()),
+                                                  "sizes": [16]}) + "\n")
+    done, skipped = completed(sweep)
+    assert missing_sizes(case, done) == [32]
+    assert skipped == {case.key(): {16}}
+    assert len(load_records(tmp_path)) == 1             # the skipped file is not a results file

@@ -129,5 +129,7 @@ def _status(sweep: Sweep) -> int:
           + ("" if queued is not None else ", squeue not available") + ")")
     print(f"{'task':>4}  {'state':<8} {'case':<{width}}  {'sizes':>7}  job")
     for r in rows:
-        print(f"{r.task_id:>4}  {r.state:<8} {r.label:<{width}}  {r.done:>3}/{r.total:<3}  {r.job}")
+        note = f"  ({r.skipped} skipped)" if r.skipped else ""
+        print(f"{r.task_id:>4}  {r.state:<8} {r.label:<{width}}  {r.done:>3}/{r.total:<3}  "
+              f"{r.job}{note}")
     return counts["running"] + counts["pending"]
