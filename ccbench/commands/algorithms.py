@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--ranks", default="1-64", help="rank counts: 1-64, 4, 2,3,5 (default 1-64)")
     v.add_argument("--algorithm", default="all", help="comma list or all")
     v.add_argument("--collective", default="all", help="comma list or all")
-    v.add_argument("--segments", default="1,3", help="pipeline segments to try (default 1,3)")
+    v.add_argument("--segments", default="1", help="pipeline segments to try, e.g. 1,3 (default 1)")
     v.add_argument("--root", default="0,last", help="roots of broadcast/reduce: 0,last (default)")
     s = sub.add_parser("show", help="print one schedule, a step table per rank")
     s.add_argument("algorithm")
