@@ -9,6 +9,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -181,7 +182,9 @@ class _Run:
             for collective, dtype, op in _cases(config):
                 self._run_group(backend, meta, watchdog, progress, collective, dtype, op)
         finally:
-            backend.finalize()
+            watchdog.label = f"{name}: finalisation"
+            with watchdog.waiting():
+                backend.finalize()
 
     def _run_group(self, backend: Backend, meta: dict[str, Any], watchdog: Watchdog,
                    progress: Progress, collective: str, dtype: str, op: str | None) -> None:
@@ -266,7 +269,20 @@ def run_benchmark(config: BenchConfig) -> int:
     finally:
         watchdog.stop()
     _close(store, server, info)
+    _guard_exit(timeout, status, info.rank)
     return status
+
+
+def _guard_exit(timeout: float, status: int, rank: int) -> None:
+    """What runs after us (MPI_Finalize at interpreter exit, library destructors) is collective
+    too: if a peer never gets there, end this process after the op timeout instead of hanging."""
+    def expire() -> None:
+        time.sleep(timeout)
+        print(f"ccbench: error: rank {rank} did not finish shutting down within {timeout:g} s "
+              f"(a peer never reached MPI_Finalize); exiting", file=sys.stderr, flush=True)
+        os._exit(status or 3)
+
+    threading.Thread(target=expire, name="ccbench-exit-guard", daemon=True).start()
 
 
 def _close(store: ControlClient, server: ControlServer | None, info: LaunchInfo) -> None:

@@ -47,8 +47,23 @@ def backend_class(name: str, device: str = "cpu") -> type[Backend]:
     return cls
 
 
+DEFAULT_ALGORITHM_TRANSPORT = "mpi"
+
+
+def canonical_backend(name: str) -> str:
+    """A bare algorithm name (`ring`) means that algorithm over MPI (`ring@mpi`)."""
+    if "@" in name or name in REGISTRY:
+        return name
+    from ccbench.backends.algorithmic import algorithm_names
+
+    base = name.split(":", 1)[0]
+    if base in algorithm_names():
+        return f"{name}@{DEFAULT_ALGORITHM_TRANSPORT}"
+    return name
+
+
 def parse_backends(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
+    names = [canonical_backend(part.strip()) for part in text.split(",") if part.strip()]
     for name in names:
         backend_class(name)           # raises for unknown names
     return names
