@@ -26,6 +26,7 @@ from ccbench.harness import Case, Method, SizeResult, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.output import Progress, TableWriter, make_writer
 from ccbench.record import Record, append_record
+from ccbench.sysinfo import cpu_model
 from ccbench.watchdog import Watchdog
 
 __all__ = ["BenchConfig", "run_benchmark"]
@@ -54,17 +55,9 @@ class BenchConfig:
 
 
 def _environment() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    env: dict[str, Any] = {"cpu": cpu, "num_cpus": os.cpu_count(), "python": platform.python_version(),
-                           "platform": platform.platform(), "hostname": socket.gethostname()}
+    env: dict[str, Any] = {"cpu": cpu_model(), "num_cpus": os.cpu_count(),
+                           "python": platform.python_version(), "platform": platform.platform(),
+                           "hostname": socket.gethostname()}
     try:
         import numpy
 

@@ -134,3 +134,16 @@ class Backend(ABC):
             self.alltoall(send, recv)
         else:
             raise ValueError(collective)
+
+
+class HostBuffers:
+    """Buffers as plain numpy arrays in host memory (MPI, oneCCL, the algorithms' executor)."""
+
+    def alloc(self, count: int, dtype: np.dtype) -> Any:
+        return np.empty(count, dtype=dtype)
+
+    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
+        np.copyto(buf, values)
+
+    def to_numpy(self, buf: Any) -> np.ndarray:
+        return np.array(buf, copy=True)

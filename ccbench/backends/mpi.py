@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, HostBuffers, RankContext
 from ccbench.errors import RunFailure
 
 
@@ -28,7 +28,7 @@ def _raw(buf: np.ndarray) -> np.ndarray:
     return buf.view(np.uint16) if buf.dtype.name == "bfloat16" else buf
 
 
-class MPIBackend(Backend):
+class MPIBackend(HostBuffers, Backend):
     name = "mpi"
     needs_mpi_launcher = True
 
@@ -81,15 +81,6 @@ class MPIBackend(Backend):
                 "device": "cpu",
                 "env": {k: v for k, v in os.environ.items()
                         if k.startswith(prefixes) and "RANK" not in k}}
-
-    def alloc(self, count: int, dtype: np.dtype) -> Any:
-        return np.empty(count, dtype=dtype)
-
-    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
-        np.copyto(buf, values)
-
-    def to_numpy(self, buf: Any) -> np.ndarray:
-        return np.array(buf, copy=True)
 
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
              ) -> Callable[[], None]:

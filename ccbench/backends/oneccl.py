@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, HostBuffers, RankContext
 from ccbench.errors import RunFailure
 
 __all__ = ["DTYPES", "OPS", "OneCCLBackend"]
@@ -64,7 +64,7 @@ def _ptr(buf: np.ndarray) -> int:
     return int(buf.ctypes.data)
 
 
-class OneCCLBackend(Backend):
+class OneCCLBackend(HostBuffers, Backend):
     name = "oneccl"
 
     @classmethod
@@ -141,16 +141,6 @@ class OneCCLBackend(Backend):
                 "library_path": str(self.ccl.path),
                 "libfabric": str(self.ccl.libfabric) if self.ccl.libfabric else None,
                 "env": env}
-
-    # -- buffers ---------------------------------------------------------------------
-    def alloc(self, count: int, dtype: np.dtype) -> Any:
-        return np.empty(count, dtype=dtype)
-
-    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
-        np.copyto(buf, values)
-
-    def to_numpy(self, buf: Any) -> np.ndarray:
-        return np.array(buf, copy=True)
 
     # -- calls with every argument resolved once -------------------------------------
     def _dtype(self, buf: np.ndarray) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ccbench import __version__
+from ccbench.sysinfo import cpu_model
 
 __all__ = ["collect", "main", "register", "render_table"]
 
@@ -139,15 +140,7 @@ def _guarded(probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def _cpu() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    model = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"model": model, "cores": os.cpu_count(), "usable_cores": usable,
             "machine": platform.machine()}
