@@ -83,12 +83,14 @@ describe_machine() {
     echo "Written by scripts/make-results.sh on $(date -u +%Y-%m-%dT%H:%MZ)."
     echo
     echo '```'
-    lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|MHz|L1d|L2|L3|Virtualization|Hypervisor" || true
+    lscpu | grep -E "Model name|^CPU\(s\)|CPU family|^Model:|Thread|Core|Socket|NUMA node\(s\)|MHz|L1d|L2|L3|Virtualization|Hypervisor" || true
     echo
     free -h | head -2
     echo
     uname -srm
     echo '```'
+    echo
+    echo "Load average when this was written (the machine is shared): $(cut -d' ' -f1-3 /proc/loadavg)"
     echo
     echo "| environment | MPI library | mpi4py | torch |"
     echo "|---|---|---|---|"
@@ -104,13 +106,15 @@ try:
     tv = torch.__version__
 except ImportError:
     tv = "-"
-lib = " ".join(MPI.Get_library_version().split()[:6]).rstrip(",")
+first = MPI.Get_library_version().strip().splitlines()[0]
+lib = first.split(", package")[0].split(" for Linux")[0].strip()
 print(f"| {sys.argv[1]} | {lib} | {mpi4py.__version__} | {tv} |")
 EOF
     done
   } >"$ROOT/results/hardware.md"
 }
 
+if [[ "${1:-}" == "--describe" ]]; then describe_machine; exit 0; fi
 if [[ "${1:-}" != "--report" ]]; then
   for run in "${RUNS[@]}"; do
     # shellcheck disable=SC2086
@@ -120,6 +124,27 @@ if [[ "${1:-}" != "--report" ]]; then
 fi
 [[ "${1:-}" == "--measure" ]] && exit 0
 
+# The committed measurements are the gzipped files; unpack any that are not here as .jsonl.
+for gz in "$DATA"/*.jsonl.gz; do
+  [[ -e "$gz" ]] || continue
+  if [[ ! -s "${gz%.gz}" ]]; then gzip -dkf "$gz"; fi
+done
+for f in "$DATA"/*.jsonl; do
+  if [[ ! -e "$f.gz" || "$f" -nt "$f.gz" ]]; then gzip -9 -kfn "$f"; fi
+done
+
+# Fit the alpha-beta-gamma models to the native libraries' records, then the report.
+MODEL="${MODEL:-$ROOT/results/model.json}"
+natives=()
+for f in "$DATA"/*.jsonl; do
+  if [[ "$f" != */algorithms-* ]]; then natives+=("$f"); fi
+done
+if ! "$VENV/bin/python" -m ccbench calibrate "${natives[@]}" -o "$MODEL" --bootstrap 0 \
+     >"$LOGS/calibrate.txt" 2>&1; then
+  echo "calibrate failed (see $LOGS/calibrate.txt): report without the model"; MODEL=""
+fi
+rm -rf "$ROOT/results/report"
 "$VENV/bin/python" -m ccbench report "$DATA" -o "$ROOT/results/report" \
+  --title "ccbench on a 2-core CPU machine: gloo, Intel MPI, MPICH, Open MPI, oneCCL" \
   ${MODEL:+--model "$MODEL"}
 du -sh "$ROOT/results"

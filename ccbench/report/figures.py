@@ -72,7 +72,7 @@ def _legend_entries(frame) -> list[tuple[str, str, str]]:
 
 
 def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
-                title: str | None = None, ncol: int = 6) -> None:
+                title: str | None = None, ncol: int = 7) -> None:
     handles = [Line2D([], [], color=colour(key), marker=marker(key), linestyle="-", label=label)
                for _, label, key in _legend_entries(frame)]
     if len(modes) > 1:
@@ -81,6 +81,10 @@ def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
                                   label="in-place" if mode else "out-of-place"))
     handles.extend(extra or [])
     ncol = min(len(handles), max(1, ncol))
+    budget = fig.get_figwidth() * 12.5           # characters of legend text per row
+    widest = max(len(h.get_label()) for h in handles) + 7
+    while ncol > 1 and ncol * widest > budget:
+        ncol -= 1
     fig.legend(handles=handles, loc="outside lower center", title=title, ncol=ncol,
                columnspacing=1.6, handlelength=2.6)
 
@@ -247,6 +251,12 @@ def rank_spread_figure(frame, world_size: int):
     return fig
 
 
+def _ratio_label(v: float, _pos: object = None) -> str:
+    if v >= 1:
+        return f"{v:g}"
+    return f"1/{1 / v:g}"
+
+
 def _heat_ticks(sizes: list[int], most: int = 4) -> list[int]:
     """Indices of the sizes to label: powers of two in step with 1K, at most `most` of them."""
     logs = [math.log2(s) if s > 0 else 0 for s in sizes]
@@ -303,9 +313,12 @@ def model_figure(frame, collective: str, predictions: dict[tuple[str, int], Any]
             top.set_title(_rank_title(p, sub))
             bottom.axhline(1.0, color="0.3", linewidth=0.8)
             bottom.set_yscale("log", base=2)
-            bottom.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            bottom.yaxis.set_major_locator(mticker.FixedLocator(
+                [2.0 ** k for k in range(-12, 13, 2)]))
+            bottom.yaxis.set_major_formatter(mticker.FuncFormatter(_ratio_label))
+            bottom.yaxis.set_minor_locator(mticker.NullLocator())
             for ax in (top, bottom):
-                set_size_axis(ax, lo, hi)
+                set_size_axis(ax, lo, hi, max_ticks=12)
             top.set_xlabel("")
             if j == 0:
                 top.set_ylabel("time per operation")

@@ -62,6 +62,12 @@ def _choose(fits: list[dict[str, Any]], p: int) -> tuple[dict[str, Any] | None, 
     return None, "no fit"
 
 
+def _size(n: float) -> str:
+    from ccbench.report.style import size_label
+
+    return size_label(n)
+
+
 def predictions(frame, model: dict[str, Any]):
     """{(series, world size): (sizes, predicted us)} and {(series, world size): note}."""
     preds: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
@@ -86,5 +92,9 @@ def predictions(frame, model: dict[str, Any]):
             notes[(row["collective"],) + key] = "fit could not be evaluated"
             continue
         preds[(row["collective"],) + key] = (sizes, [x * 1e6 for x in seconds])
-        notes[(row["collective"],) + key] = (f"{why}, {chosen.get('model_algorithm', '?')}")
+        pieces = chosen.get("pieces") or []
+        split = next((pc.get("max_bytes") for pc in pieces if pc.get("max_bytes")), None)
+        notes[(row["collective"],) + key] = (
+            f"{why}, {chosen.get('model_algorithm', '?')}"
+            + (f", two pieces split at {_size(split)}" if split else ""))
     return preds, notes

@@ -44,7 +44,7 @@ RESERVE_MARKERS = ["p", "8", "H", "d", "1", "2", "3", "4"]
 LINESTYLE = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
 
 RC = {
-    "figure.dpi": 110, "savefig.dpi": 150, "font.size": 9.5, "axes.titlesize": 10,
+    "figure.dpi": 110, "savefig.dpi": 120, "font.size": 9.5, "axes.titlesize": 10,
     "axes.labelsize": 9.5, "legend.fontsize": 8.5, "xtick.labelsize": 8, "ytick.labelsize": 8,
     "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.5,
     "lines.markersize": 3.5, "axes.spines.top": False, "axes.spines.right": False,
