@@ -152,6 +152,11 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
     if not 0.5 <= confidence < 1:
         raise UsageError(f"--confidence must be in [0.5, 1), got {confidence:g}")
     pairs, note = pair_records(base, new, force)
+    libs_b = sorted({f"{b.library} {b.library_version}".strip() for b, _ in pairs})
+    libs_n = sorted({f"{n.library} {n.library_version}".strip() for _, n in pairs})
+    if libs_b != libs_n:
+        line = f"libraries: NEW {'; '.join(libs_n)} against BASE {'; '.join(libs_b)}"
+        note = f"{note}; {line}" if note else line
     out: list[Comparison] = []
     for b, n in pairs:
         ratio, low, high = bootstrap_ratio(_samples(b), _samples(n), resamples=resamples,
