@@ -148,7 +148,7 @@ class _Doc:
                 for r in rows:
                     lines.append("<tr>" + "".join(
                         f'<td class="{"l" if a == "l" else "r"}">{_inline(c)}</td>'
-                        for c, a in zip(r, align)) + "</tr>")
+                        for c, a in zip(r, align, strict=False)) + "</tr>")
                 lines.append("</tbody></table>")
                 body.append("".join(lines))
         css = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;"
@@ -344,8 +344,8 @@ def _model_section(doc: _Doc, frame, model: dict[str, Any], directory: Path,
         sub, _ = figures._preferred_mode(frame[frame["collective"] == coll])
         for (series, p), (sizes, pred_us) in sorted(mine.items()):
             measured = sub[(sub["series"] == series) & (sub["world_size"] == p)]
-            table = dict(zip(measured["size"], measured["median_us"]))
-            errs = sorted(abs(pu / table[s] - 1) for s, pu in zip(sizes, pred_us) if s in table)
+            table = dict(zip(measured["size"], measured["median_us"], strict=False))
+            errs = sorted(abs(pu / table[s] - 1) for s, pu in zip(sizes, pred_us, strict=False) if s in table)
             if errs:
                 rows.append([coll, series, str(p), notes.get((coll, series, p), ""),
                              f"{100 * errs[len(errs) // 2]:.1f}%", f"{100 * errs[-1]:.0f}%"])

@@ -120,7 +120,7 @@ def to_frame(records: Sequence[Record]):
 
 def half_peak_size(sizes: Sequence[float], busbw: Sequence[float]) -> float:
     """The size at which busbw first reaches half its peak (interpolated in log2 size)."""
-    pairs = sorted(zip(sizes, busbw))
+    pairs = sorted(zip(sizes, busbw, strict=False))
     if not pairs:
         return math.nan
     peak = max(b for _, b in pairs)

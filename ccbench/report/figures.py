@@ -10,13 +10,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import matplotlib.pyplot as plt  # Agg: the package imports style first
+import matplotlib.ticker as mticker
+from matplotlib.colors import LogNorm
+from matplotlib.lines import Line2D
+
 from ccbench.report import style
 from ccbench.report.style import LINESTYLE, colour, marker, set_size_axis, size_label
-
-import matplotlib.pyplot as plt  # noqa: E402  (style selects Agg first)
-import matplotlib.ticker as mticker  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 
 __all__ = ["collective_figure", "overview_figure", "rank_spread_figure", "model_figure",
            "context_line"]
@@ -90,7 +90,7 @@ def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
 
 
 def _series_styles(frame):
-    keys = dict(zip(frame["series"], frame["colour_key"]))
+    keys = dict(zip(frame["series"], frame["colour_key"], strict=False))
     return {s: (colour(k), marker(k)) for s, k in keys.items()}
 
 
@@ -278,7 +278,6 @@ def _has_seaborn() -> bool:
 def model_figure(frame, collective: str, predictions: dict[tuple[str, int], Any],
                  notes: dict[tuple[str, int], str]):
     """Measured median (markers) and model prediction (lines); below, predicted/measured."""
-    import numpy as np
 
     sub = frame[(frame["collective"] == collective)]
     sub, mode = _preferred_mode(sub)
@@ -304,8 +303,8 @@ def model_figure(frame, collective: str, predictions: dict[tuple[str, int], Any]
                          color=c, markersize=4.5, zorder=3)
                 sizes, pred_us = pred
                 top.plot(sizes, pred_us, color=c, linewidth=1.3, zorder=2)
-                measured = dict(zip(group["size"], group["median_us"]))
-                ratio = [pu / measured[s] for s, pu in zip(sizes, pred_us) if s in measured]
+                measured = dict(zip(group["size"], group["median_us"], strict=False))
+                ratio = [pu / measured[s] for s, pu in zip(sizes, pred_us, strict=False) if s in measured]
                 top_sizes = [s for s in sizes if s in measured]
                 bottom.plot(top_sizes, ratio, color=c, marker=m, linewidth=1.0)
             top.set_yscale("log")

@@ -16,19 +16,21 @@ def load(path: str) -> dict[str, Any]:
     try:
         from ccbench.model.modelfile import load_model
     except ImportError:          # a build without the model package: read the JSON plainly
-        import json
+        load_model = None
+    if load_model is not None:
+        return load_model(path)
+    import json
 
-        from ccbench.errors import UsageError
+    from ccbench.errors import UsageError
 
-        try:
-            with open(path, encoding="utf-8") as handle:
-                model = json.load(handle)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UsageError(f"cannot read model file {path!r}: {exc}") from None
-        if not isinstance(model, dict) or "fits" not in model:
-            raise UsageError(f"{path}: not a ccbench model file (no fits)")
-        return model
-    return load_model(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            model = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read model file {path!r}: {exc}") from None
+    if not isinstance(model, dict) or "fits" not in model:
+        raise UsageError(f"{path}: not a ccbench model file (no fits)")
+    return model
 
 
 def _alpha_beta(fit: dict[str, Any], p: int, sizes) -> list[float] | None:
