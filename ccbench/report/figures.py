@@ -95,15 +95,18 @@ def _series_styles(frame):
 
 
 def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = True) -> None:
+    """One line per (series, mode); with a single mode in the frame, every line is solid."""
+    single = frame["inplace"].nunique() == 1
     for (series, inplace), group in frame.groupby(["series", "inplace"], sort=True):
         group = group.sort_values("size")
         c, m = styles[series]
-        ax.plot(group["size"], group[value], color=c, marker=m, linestyle=LINESTYLE[inplace],
-                markevery=1, markerfacecolor="white" if inplace else c, markeredgewidth=0.8,
+        dashed = inplace and not single
+        ax.plot(group["size"], group[value], color=c, marker=m, linestyle=LINESTYLE[dashed],
+                markevery=1, markerfacecolor="white" if dashed else c, markeredgewidth=0.8,
                 zorder=3)
         if band and len(group) > 1:
             ax.fill_between(group["size"], group[lo], group[hi], color=c,
-                            alpha=0.10 if inplace else 0.18, linewidth=0, zorder=2)
+                            alpha=0.10 if dashed else 0.18, linewidth=0, zorder=2)
 
 
 def _world_sizes(frame) -> list[int]:
@@ -141,7 +144,9 @@ def collective_figure(frame, collective: str):
             if j == 0:
                 top.set_ylabel("bus bandwidth (GB/s)")
                 bottom.set_ylabel("time per operation")
-        fig.suptitle(f"{collective}: bus bandwidth and latency against size\n"
+        modes = _unique(sub["inplace"])
+        only = "" if len(modes) > 1 else (" (in-place)" if modes[0] else " (out-of-place)")
+        fig.suptitle(f"{collective}{only}: bus bandwidth and latency against size\n"
                      f"{context_line(sub)}; band p5-p95", fontsize=10.5)
         _add_legend(fig, sub, _unique(sub["inplace"]))
     return fig
@@ -186,7 +191,8 @@ def overview_figure(frame, metric: str = "busbw"):
                 if i < nrows - 1:
                     ax.set_xlabel("")
                 if i == 0:
-                    ax.set_title(coll, fontweight="bold")
+                    ax.set_title(coll + (" (in-place)" if mode == "in-place" else ""),
+                                 fontweight="bold")
                 if j == 0:
                     ax.set_ylabel(f"{p} ranks\n" + ("busbw (GB/s)" if metric == "busbw"
                                                      else "time per op"))
@@ -203,7 +209,9 @@ def rank_spread_figure(frame, world_size: int):
 
     sub = frame[frame["world_size"] == world_size]
     collectives = _unique(sub["collective"])
-    series = sorted(_unique(sub["series"]))
+    rank = {k: i for i, k in enumerate(style.PALETTE)}
+    keys = dict(zip(sub["series"], sub["colour_key"], strict=False))
+    series = sorted(_unique(sub["series"]), key=lambda s: (rank.get(keys[s], len(rank)), s))
     nrows, ncols = len(series), len(collectives)
     with plt.rc_context(style.RC | {"axes.grid": False}):
         fig, axes = plt.subplots(nrows, ncols, figsize=(2.5 * ncols + 1.6, (0.2 * world_size
