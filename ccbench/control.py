@@ -59,6 +59,9 @@ class ControlServer:
                 elif command == "bye":
                     said_bye = True
                     reply = {"ok": True}
+                    with self._cond:      # rank 0 leaves only after every peer said bye
+                        key = f"byes/{request.get('rank', -1)}"
+                        self._data[key] = int(self._data.get(key, 0)) + 1
                 else:
                     reply = self._handle(command, request)
                 stream.write((json.dumps(reply) + "\n").encode())
@@ -176,7 +179,7 @@ class ControlClient:
 
     def close(self) -> None:
         try:
-            self._call({"cmd": "bye"})
+            self._call({"cmd": "bye", "rank": self.rank})
         except (StoreLost, RunFailure):
             pass
         self._sock.close()

@@ -7,9 +7,9 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import socket
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -262,30 +262,26 @@ def run_benchmark(config: BenchConfig) -> int:
     finally:
         watchdog.stop()
     _close(store, server, info)
-    _guard_exit(timeout, status, info.rank)
+    # what runs after us (MPI_Finalize at interpreter exit, library destructors) is collective
+    # too and runs when no Python thread can act any more: if a peer never gets there, the
+    # alarm's default action ends this process instead of letting it hang
+    signal.alarm(int(timeout) + 5)
     return status
 
 
-def _guard_exit(timeout: float, status: int, rank: int) -> None:
-    """What runs after us (MPI_Finalize at interpreter exit, library destructors) is collective
-    too: if a peer never gets there, end this process after the op timeout instead of hanging."""
-    def expire() -> None:
-        time.sleep(timeout)
-        print(f"ccbench: error: rank {rank} did not finish shutting down within {timeout:g} s "
-              f"(a peer never reached MPI_Finalize); exiting", file=sys.stderr, flush=True)
-        os._exit(status or 3)
-
-    threading.Thread(target=expire, name="ccbench-exit-guard", daemon=True).start()
-
-
 def _close(store: ControlClient, server: ControlServer | None, info: LaunchInfo) -> None:
-    """Rank 0 hosts the store: it leaves last so no rank loses the store on its way out."""
+    """Rank 0 hosts the store and leaves last: once its interpreter shuts down (MPI_Finalize
+    runs after Python's threads are frozen) the store can no longer answer, so it waits for
+    a bye on both connections of every other rank (main and watchdog) first."""
     if server is None:
-        store.add("closed")
         store.close()
         return
-    deadline = time.monotonic() + 10
-    while (store.peek("closed") or 0) < info.world_size - 1 and time.monotonic() < deadline:
+    expected = 2 * (info.world_size - 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        byes = store.prefix("byes/")
+        if sum(int(v) for k, v in byes.items() if k != "byes/0") >= expected:
+            break
         time.sleep(0.01)
     store.close()
     server.close()
