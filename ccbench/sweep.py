@@ -55,7 +55,8 @@ from ccbench.record import Record, iter_result_files, load_records
 from ccbench.sizes import parse_sizes
 
 __all__ = [
-    "Case", "CaseRun", "Sweep", "Task", "build_case_command", "case_label", "load_sweep",
+    "Case", "CaseRun", "Sweep", "Task", "build_case_command", "case_environment", "case_label",
+    "load_sweep",
     "missing_sizes", "plan_runs", "repair_tail", "run_local", "run_task", "sweep_from_dict",
     "done_sizes",
 ]
@@ -682,6 +683,33 @@ def _kill_group(proc: subprocess.Popen[bytes], signum: int) -> None:
         pass
 
 
+# Variables by which a process learns its rank from a launcher (ccbench.launchers reads them,
+# MPI and torchrun first, srun last). The process that runs a sweep is not a rank of the
+# cases it starts, but it can carry such variables from where it was started: an MPI
+# singleton (Intel MPI's MPI_Init with no mpiexec) sets MPI_LOCALRANKID and MPI_LOCALNRANKS
+# in its own environment, every child inherits them, and sbatch exports them into the job.
+# Left in, every srun task of a case finds them, takes itself for rank 0 of a one-rank MPI
+# world, and writes its own record of every size. The launcher of the case sets the ones
+# that apply to it; the sweep's `env:` can still set any of them on purpose.
+LAUNCHER_IDENTITY_VARS = (
+    "CCBENCH_CONTROL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+    "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "PMIX_RANK", "PMIX_SIZE",
+    "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+)
+_LAUNCHER_IDENTITY_PREFIXES = ("OMPI_COMM_WORLD_",)
+
+
+def case_environment(sweep: Sweep, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a case starts with: this process's, less launcher identity variables
+    it inherited (see LAUNCHER_IDENTITY_VARS), plus the sweep's `env:`."""
+    base = os.environ if environ is None else environ
+    env = {name: value for name, value in base.items()
+           if name not in LAUNCHER_IDENTITY_VARS
+           and not name.startswith(_LAUNCHER_IDENTITY_PREFIXES)}
+    return {**env, **sweep.env}
+
+
 def run_task(sweep: Sweep, task_id: int, where: str,
              log: Callable[[str], None] = lambda line: print(line, flush=True)) -> int:
     """Run what is missing of one task; 0 when every case of it is complete afterwards."""
@@ -698,7 +726,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
         skipped = len(task.cases) - sum(len(run.cases) for run in runs)
         log(f"ccbench sweep {sweep.name}: task {task_id}: {len(task.cases)} cases, "
             f"{skipped} complete, {len(runs)} runs to do")
-        env = {**os.environ, **sweep.env}
+        env = case_environment(sweep)
         marker = current_case_file(sweep, task_id)
         for run in runs:
             label = " + ".join(case_label(case) for case in run.cases)

@@ -76,9 +76,18 @@ def slurm() -> Iterator[None]:
     pytest.skip(f"Slurm is not up: {problem}")
 
 
-def ccbench(*args: str, cwd: Path, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+# What an MPI singleton leaves in its environment (Intel MPI's MPI_Init without mpiexec sets
+# these in the process, so its children and the jobs they submit inherit them): a test run
+# that initialised MPI in-process earlier passes them on. The sweep must not let them reach
+# the ranks of a case, where each srun task would take itself for rank 0 of a one-rank world.
+MPI_SINGLETON_ENV = {"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+
+
+def ccbench(*args: str, cwd: Path, timeout: float = 200,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ccbench", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def squeue_ids(name: str) -> list[str]:
@@ -87,19 +96,26 @@ def squeue_ids(name: str) -> list[str]:
     return proc.stdout.split()
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def squeue_state(job: str) -> str:
+    proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                          text=True, timeout=20)
+    return proc.stdout.strip()
+
+
+def wait_until(predicate, timeout: float, what: str,  # type: ignore[no-untyped-def]
+               poll: float = 0.5) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.5)
+        time.sleep(poll)
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
 
 
 def test_sweep_gloo_and_mpi_on_slurm(slurm: None, tmp_path: Path) -> None:
     (tmp_path / "e2e.yaml").write_text(GLOO_MPI)
     proc = ccbench("sweep", "e2e.yaml", "--slurm", "--wait", "--wait-timeout", "150",
-                   "--max-parallel", "2", cwd=tmp_path)
+                   "--max-parallel", "2", cwd=tmp_path, env=MPI_SINGLETON_ENV)
     results = tmp_path / "res" / "$(touch pwned) dir"
     logs = "".join(p.read_text() for p in (results / "logs").glob("*.out")) \
         if (results / "logs").is_dir() else ""
@@ -151,12 +167,18 @@ def test_scancel_then_resubmit_finishes_only_what_is_missing(slurm: None,
 
     def some_done() -> bool:
         return task_file.exists() and len(load_records(task_file)) >= 2
-    wait_until(some_done, 120, "the first two sizes")
+    wait_until(some_done, 120, "the first two sizes", poll=0.1)
+    # stop the job where it is (SIGSTOP to all its processes): what is left to resume then
+    # follows from its progress, not from how long the checks below take
+    subprocess.run(["scontrol", "suspend", job], check=True, timeout=20)
+    wait_until(lambda: squeue_state(job) == "SUSPENDED", 30, "the job to be suspended")
+    at_suspend = len(load_records(task_file))
+    assert 2 <= at_suspend < len(sizes), "the job finished before it could be suspended"
 
     status = ccbench("sweep", "status", "resume.yaml", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
-    assert "1 running" in status.stdout, status.stdout
-    assert f"{job} running" in status.stdout
+    assert "1 running" in status.stdout, status.stdout     # its task lock is still held
+    assert f"{job} suspended" in status.stdout
 
     twice = ccbench("sweep", "resume.yaml", "--slurm", cwd=tmp_path)
     assert twice.returncode == 2 and f"still has jobs in squeue ({job})" in twice.stderr
@@ -167,7 +189,8 @@ def test_scancel_then_resubmit_finishes_only_what_is_missing(slurm: None,
                                       capture_output=True).returncode != 0,
                30, "the cancelled ranks to exit")
     partial = load_records(task_file)
-    assert 2 <= len(partial) < len(sizes), "the job finished before it could be cancelled"
+    assert at_suspend <= len(partial) <= at_suspend + 1 < len(sizes)  # at most a size in flight
+    assert len({r.size_asked for r in partial}) == len(partial)
     status = ccbench("sweep", "status", "resume.yaml", cwd=tmp_path)
     assert "0 done, 0 running, 1 pending" in status.stdout, status.stdout
     assert f"{len(partial):>3}/{len(sizes)}" in status.stdout

@@ -4,6 +4,7 @@ torn-line repair, and `ccbench merge` dedupe. No processes are started here."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -305,3 +306,37 @@ def test_skipped_sizes_count_as_complete(tmp_path: Path) -> None:
     assert missing_sizes(case, done) == [32]
     assert skipped == {case.key(): {16}}
     assert len(load_records(tmp_path)) == 1             # the skipped file is not a results file
+
+
+def test_case_environment_drops_inherited_launcher_identity() -> None:
+    # an MPI singleton (Intel MPI's MPI_Init without mpiexec) leaves MPI_LOCALRANKID and
+    # MPI_LOCALNRANKS behind; under srun every rank of a case would then take itself for rank
+    # 0 of a one-rank MPI world and write every record once per rank
+    from ccbench.sweep import case_environment
+
+    sweep = sweep_from_dict({"env": {"I_MPI_WAIT_MODE": "1", "MASTER_PORT": "29500"}})
+    inherited = {"PATH": "/bin", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1",
+                 "PMI_RANK": "0", "PMI_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "PMIX_RANK": "0", "RANK": "1",
+                 "WORLD_SIZE": "2", "CCBENCH_CONTROL": "h:1", "TORCHELASTIC_RUN_ID": "x",
+                 "SLURM_JOB_ID": "7", "SLURM_NODELIST": "n1", "I_MPI_FABRICS": "shm"}
+    assert case_environment(sweep, inherited) == {
+        "PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "n1", "I_MPI_FABRICS": "shm",
+        "I_MPI_WAIT_MODE": "1", "MASTER_PORT": "29500"}   # the sweep's own env: is kept
+
+
+def test_detect_launch_under_srun_ignores_what_case_environment_drops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccbench.launchers import detect_launch
+    from ccbench.sweep import case_environment
+
+    leaked = {"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+    srun_rank = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
+                 "SLURM_STEP_ID": "0", "SLURM_TASKS_PER_NODE": "2"}
+    env = {**case_environment(sweep_from_dict({}), {"PATH": "/bin", **leaked}), **srun_rank}
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    info = detect_launch()
+    assert (info.launcher, info.rank, info.world_size) == ("srun", 1, 2)
