@@ -23,7 +23,9 @@ from ccbench.errors import UsageError
 
 __all__ = ["LaunchInfo", "connect_control", "detect_launch", "expand_nodelist"]
 
-_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+# Set by a launcher for its ranks. Not MPI_LOCALRANKID: Intel MPI also sets that in a process
+# that merely called MPI_Init, and every child of that process inherits it.
+_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,10 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_env_mappings(monkeypatch: pytest.MonkeyPatch) -> None:
     _clean_env(monkeypatch)
     assert detect_launch().launcher == "single"
+    # what Intel MPI leaves in a process that called MPI_Init without a launcher
+    monkeypatch.setenv("MPI_LOCALRANKID", "0")
+    monkeypatch.setenv("MPI_LOCALNRANKS", "1")
+    assert detect_launch().launcher == "single"
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_LOCALID", "1")
