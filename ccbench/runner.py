@@ -26,7 +26,7 @@ from ccbench.harness import Case, Method, SizeResult, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.output import Progress, TableWriter, make_writer
 from ccbench.record import Record, append_record
-from ccbench.sysinfo import cpu_model
+from ccbench.sysinfo import cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
 
 __all__ = ["BenchConfig", "run_benchmark"]
@@ -119,6 +119,20 @@ def _cases(config: BenchConfig) -> list[tuple[str, str, str | None]]:
     return groups
 
 
+def _placement(device: str, ranks_on_node: int) -> dict[str, Any]:
+    """Whether this node's ranks outnumber its cores (or GPUs): then they take turns and the
+    times include that wait. The node's core count, not this rank's affinity: mpiexec pins
+    each rank to one core."""
+    cores = node_cores()
+    units, what = cores, "cores"
+    if device == "cuda" and "torch" in sys.modules:
+        gpus = int(sys.modules["torch"].cuda.device_count())
+        if gpus:
+            units, what = gpus, "GPUs"
+    return {"oversubscribed": ranks_on_node > units, "cores": cores,
+            "note": oversubscription_note(ranks_on_node, units, what)}
+
+
 class _Run:
     def __init__(self, config: BenchConfig, info: LaunchInfo, store: ControlClient) -> None:
         self.config, self.info, self.store = config, info, store
@@ -129,6 +143,7 @@ class _Run:
         self.hosts: list[str] = []
         self.wrong_total = 0
         self.step = 0
+        self.placement = _placement(config.device, info.local_world_size)
 
     def run(self, watchdog: Watchdog) -> int:
         config, info = self.config, self.info
@@ -138,6 +153,8 @@ class _Run:
         if self.is_root:
             self.store.set("run_id", self.run_id)
         self.run_id = self.store.get("run_id", config.method.timeout)
+        if self.is_root and self.placement["note"]:
+            print(self.placement["note"], file=sys.stderr, flush=True)
         num_sizes = len(_cases(config)) * len(config.sizes) * len(config.modes) * len(config.backends)
         progress = Progress(num_sizes, enabled=self.is_root and not config.quiet)
         try:
@@ -227,6 +244,8 @@ class _Run:
                     "min_time_s": config.method.min_time, "check": config.method.check,
                     "combine": "max over ranks", "launcher": info.launcher,
                     "timeout_s": config.method.timeout,
+                    "oversubscribed": self.placement["oversubscribed"],
+                    "cores_per_node": self.placement["cores"],
                     # settings that change what is measured, when the backend has them
                     **{k: meta[k] for k in ("buffers", "nccl_algo", "nccl_proto",
                                             "allreduce_out_of_place") if meta.get(k) is not None}},

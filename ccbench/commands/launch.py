@@ -1,7 +1,7 @@
-"""`ccbench launch -n N [--] COLLECTIVE ...`: the embedded default launcher.
+"""`ccbench launch [-n N] [--] COLLECTIVE ...`: the embedded default launcher.
 
-Starts N local ranks with a loopback rendezvous. If any requested backend needs MPI, all ranks
-are started by mpiexec (the torch backends then bootstrap from MPI); otherwise they are plain
+Starts N local ranks (default: one per local GPU for a GPU run, else one per usable core) with
+a loopback rendezvous. If any requested backend needs MPI, all ranks are started by mpiexec (the torch backends then bootstrap from MPI); otherwise they are plain
 processes with RANK / WORLD_SIZE / LOCAL_RANK and CCBENCH_CONTROL (the control store address).
 """
 
@@ -18,13 +18,16 @@ import time
 from pathlib import Path
 
 from ccbench.errors import BackendUnavailable, UsageError
+from ccbench.sysinfo import usable_cores
 
 _GRACE_S = 5.0   # after one rank fails, the rest get the op timeout plus this to report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("launch", help="start N local ranks (no cluster needed)")
-    parser.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    parser.add_argument("-n", "--nprocs", type=int, default=None,
+                        help="number of ranks (default: the local GPUs for a GPU run, else the "
+                             "cores this process may use; more ranks than that oversubscribe)")
     parser.add_argument("--mpiexec", default=None,
                         help="mpiexec to use for MPI backends (default: the one beside python)")
     parser.add_argument("bench", nargs=argparse.REMAINDER,
@@ -85,18 +88,34 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
 def main(args: argparse.Namespace) -> int:
     from ccbench.cli import bench_parser, config_from_args
 
-    if args.nprocs < 1:
+    if args.nprocs is not None and args.nprocs < 1:
         raise UsageError(f"-n must be >= 1, got {args.nprocs}")
     bench = [a for a in args.bench if a != "--"] if args.bench[:1] == ["--"] else list(args.bench)
     if not bench:
-        raise UsageError("launch needs a benchmark: ccbench launch -n 4 allreduce --backend gloo")
+        raise UsageError("launch needs a benchmark: ccbench launch -n 2 allreduce --backend gloo")
     config = config_from_args(bench_parser().parse_args(bench), bench)
     needs_mpi = _check_backends(config.backends)
-    commands, envs = build_commands(args.nprocs, bench, needs_mpi, find_mpiexec(args.mpiexec))
-    if needs_mpi:
-        # yield the core while waiting, so oversubscribed ranks do not starve each other
+    nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
+    commands, envs = build_commands(nprocs, bench, needs_mpi, find_mpiexec(args.mpiexec))
+    if needs_mpi and nprocs > usable_cores():
+        # oversubscribed: yield the core while waiting, so ranks do not starve each other (with a
+        # core each, Intel MPI busy-polls, as IMB-MPI1 and the OSU benchmarks measure it)
         envs = [{"I_MPI_WAIT_MODE": os.environ.get("I_MPI_WAIT_MODE", "1"), **e} for e in envs]
     return _supervise(commands, envs, config.method.timeout)
+
+
+def default_nprocs(device: str) -> int:
+    """One rank per local GPU for a GPU run, else one per core this process may use: more
+    ranks than that measure the CPU scheduler along with the library."""
+    if device == "cuda":
+        try:
+            import torch
+
+            if torch.cuda.device_count() > 0:
+                return int(torch.cuda.device_count())
+        except ImportError:
+            pass
+    return usable_cores()
 
 
 def _supervise(commands: list[list[str]], envs: list[dict[str, str]], timeout: float) -> int:

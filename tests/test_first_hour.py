@@ -1,0 +1,60 @@
+"""What a new user meets first: rank counts that fit the machine, the note when they do not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON
+
+from ccbench.commands.launch import default_nprocs
+from ccbench.record import load_records
+from ccbench.sysinfo import oversubscription_note, usable_cores
+
+QUICK = ["allreduce", "--backend", "gloo", "--sizes", "1K", "--iters", "2", "--warmup", "1", "-q"]
+
+
+def _launch(args: list[str], out: Path, cores: set[int] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    def pin() -> None:            # a child that may use only `cores`, as taskset would make it
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+    return subprocess.run([PYTHON, "-m", "ccbench", "launch", *args, "--output", str(out)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=pin)
+
+
+def test_default_rank_count_is_the_usable_cores() -> None:
+    assert default_nprocs("cpu") == usable_cores() >= 1
+
+
+def test_note_only_when_ranks_outnumber_cores() -> None:
+    assert oversubscription_note(2, 2) is None
+    note = oversubscription_note(4, 2)
+    assert note is not None and note.count("\n") == 0
+    assert "4 ranks on 2 cores" in note and "-n 2" in note
+
+
+def test_launch_without_n_runs_one_rank_per_core(tmp_path: Path) -> None:
+    cores = set(sorted(os.sched_getaffinity(0))[:2])
+    proc = _launch(QUICK, tmp_path / "r.jsonl", cores)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "oversubscribed" not in proc.stderr
+    records = load_records(tmp_path / "r.jsonl")
+    assert {r.world_size for r in records} == {len(cores)}
+    assert {r.method["oversubscribed"] for r in records} == {False}
+
+
+def test_oversubscribed_run_says_so_once_and_records_it(tmp_path: Path) -> None:
+    ranks = (os.cpu_count() or 1) + 1          # one more rank than the node has cores
+    if ranks > 5:
+        pytest.skip(f"{ranks - 1} cores: too many ranks to oversubscribe in a quick test")
+    proc = _launch(["-n", str(ranks), *QUICK], tmp_path / "r.jsonl")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    notes = [line for line in proc.stderr.splitlines() if "oversubscribed" in line]
+    assert len(notes) == 1 and f"{ranks} ranks on {ranks - 1} cores" in notes[0]
+    records = load_records(tmp_path / "r.jsonl")
+    assert records and all(r.method["oversubscribed"] is True for r in records)
+    assert all(r.method["cores_per_node"] == ranks - 1 for r in records)
