@@ -21,7 +21,7 @@ from ccbench.harness import Method
 from ccbench.sizes import parse_sizes
 
 SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
-               "merge", "report", "compare")
+               "merge", "report", "compare", "testbed")
 
 __all__ = ["bench_parser", "config_from_args", "main"]
 

@@ -13,15 +13,18 @@ node count, and the address of the control store (hosted by rank 0).
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import os
 import re
 import socket
+import struct
 from dataclasses import dataclass
 
 from ccbench.control import ControlClient, ControlServer
 from ccbench.errors import UsageError
 
-__all__ = ["LaunchInfo", "connect_control", "detect_launch", "expand_nodelist"]
+__all__ = ["LaunchInfo", "connect_control", "detect_launch", "expand_nodelist", "published_address"]
 
 # Set by a launcher for its ranks. Not MPI_LOCALRANKID: Intel MPI also sets that in a process
 # that merely called MPI_Init, and every child of that process inherits it.
@@ -111,6 +114,53 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _interface_addresses() -> list[str]:
+    """IPv4 addresses of this network namespace's interfaces (SIOCGIFADDR), loopback last."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), 0x8915,   # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:                                   # no IPv4 address
+                continue
+            found.append(socket.inet_ntoa(packed[20:24]))
+    return sorted(found, key=_is_loopback)
+
+
+def published_address(peer: str | None = None) -> str:
+    """The address rank 0 publishes for its control store: one the other hosts can reach.
+
+    Not the hostname (it may resolve only here, e.g. to 127.0.1.1) and not 127.0.0.1: the
+    address of the interface that routes to `peer` (torchrun's MASTER_ADDR), else the hostname's
+    address if it is not loopback, else the first non-loopback interface address.
+    CCBENCH_CONTROL_ADDR overrides the choice.
+    """
+    explicit = os.environ.get("CCBENCH_CONTROL_ADDR")
+    if explicit:
+        return explicit
+    candidates = []
+    if peer:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.connect((peer, 9))           # UDP: picks the route, sends nothing
+                candidates.append(sock.getsockname()[0])
+        except OSError:
+            pass
+        if candidates and _is_loopback(candidates[0]):
+            return candidates[0]                  # the rendezvous is on this host: so are all
+    try:
+        candidates.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    candidates += _interface_addresses()
+    return next((a for a in candidates if not _is_loopback(a)), "127.0.0.1")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
@@ -142,7 +192,7 @@ def connect_control(info: LaunchInfo, timeout: float) -> tuple[ControlClient, Co
 
         if info.rank == 0:
             server = ControlServer("0.0.0.0", 0)
-            address = (socket.gethostname(), server.port)
+            address = (published_address(), server.port)
         else:
             address = None
         host, port = MPI.COMM_WORLD.bcast(address, root=0)
@@ -163,7 +213,7 @@ def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer
         + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if info.rank == 0:
         server = ControlServer("0.0.0.0", 0)
-        store.set(key, f"{socket.gethostname()}:{server.port}")
+        store.set(key, f"{published_address(master)}:{server.port}")
         return server, "127.0.0.1", server.port
     host, _, port = store.get(key).decode().rpartition(":")
     return None, host, int(port)

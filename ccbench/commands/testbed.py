@@ -1,0 +1,122 @@
+"""`ccbench testbed up|exec|status|measure|down`: a cluster of emulated hosts on one machine.
+
+    ccbench testbed up --hosts 4 --link 1G --topology two-tier:2:oversub=2 --slurm
+    ccbench testbed exec h1 -- hostname
+    ccbench testbed status --format json
+    ccbench testbed measure            # iperf3: measured vs configured link rates
+    ccbench testbed down
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ccbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from ccbench.testbed.topology import Plan
+
+ACTIONS = ("up", "exec", "status", "measure", "down")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "testbed", help="emulated hosts on this machine (network namespaces, shaped links)",
+        description="Emulated hosts on one machine: each a network and UTS namespace with its "
+                    "own hostname, veth links into Linux bridges shaped with tbf. Needs root.")
+    parser.add_argument("action", choices=ACTIONS)
+    parser.add_argument("words", nargs="*",
+                        help="exec: HOST -- COMMAND ...")
+    parser.add_argument("--hosts", type=int, default=2, help="up: number of hosts (default 2)")
+    parser.add_argument("--ranks-per-host", type=int, default=1,
+                        help="up: ranks each host runs (Slurm CPUs per node; default 1)")
+    parser.add_argument("--link", default="1G",
+                        help="up: link rate in bits/s, e.g. 100M, 500M, 1G (default 1G)")
+    parser.add_argument("--topology", default="switch",
+                        help="up: switch | two-tier:LEAVES[:oversub=R] | dual-plane")
+    parser.add_argument("--slurm", action="store_true",
+                        help="up: also start slurmctld on h0 and slurmd on every host")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measure: seconds per test")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ccbench import testbed
+
+    if args.action != "exec" and args.words:
+        raise UsageError(f"unexpected arguments for testbed {args.action}: {' '.join(args.words)}")
+    if args.action == "up":
+        plan = testbed.build_plan(args.hosts, testbed.parse_rate(args.link),
+                                  testbed.parse_topology(args.topology), args.ranks_per_host)
+        outcome = testbed.up(plan, slurm=args.slurm)
+        print(f"testbed {outcome}: {len(plan.hosts)} hosts, {plan.topology}, "
+              f"links {testbed.format_rate(plan.link_rate)}"
+              + (f"; Slurm: export SLURM_CONF={plan.options['slurm_conf']}"
+                 if args.slurm and "slurm_conf" in plan.options else ""))
+        return 0
+    if args.action == "down":
+        removed = testbed.down()
+        print(f"testbed down: removed {len(removed)} items" if removed else "testbed down: nothing to remove")
+        return 0
+    current = testbed.load_plan()
+    if current is None:
+        raise UsageError("no testbed is up (start one: ccbench testbed up --hosts 2)")
+    if args.action == "exec":
+        return _exec(current, args.words)
+    if args.action == "status":
+        info = testbed.status(current)
+        if args.format == "json":
+            print(json.dumps(info, indent=1))
+        else:
+            _print_status(info)
+        return 0
+    rows = testbed.measure(current, args.seconds)
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"{'path':<40} {'flows':>5} {'configured':>14} {'measured':>14} {'ratio':>6}")
+        for row in rows:
+            print(f"{row['path']:<40} {row['flows']:>5} "
+                  f"{testbed.format_rate(row['configured_bps']):>14} "
+                  f"{testbed.format_rate(round(row['measured_bps'], -5)):>14} "
+                  f"{row['measured_bps'] / row['configured_bps']:>6.2f}")
+    return 0
+
+
+def _exec(plan: Plan, words: list[str]) -> int:
+    from ccbench.testbed import host_command
+
+    if not words:
+        raise UsageError("usage: ccbench testbed exec HOST -- COMMAND ...")
+    host_name, command = words[0], words[1:]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("usage: ccbench testbed exec HOST -- COMMAND ...")
+    host = plan.host(host_name)
+    env = dict(os.environ)
+    if plan.options.get("slurm_conf"):
+        env.setdefault("SLURM_CONF", plan.options["slurm_conf"])
+    argv = host_command(host.netns, host.name, command)
+    sys.stdout.flush()
+    os.execvpe(argv[0], argv, env)
+
+
+def _print_status(info: dict[str, Any]) -> None:
+    print(f"testbed: {len(info['hosts'])} hosts, topology {info['topology']}, links "
+          f"{info['link_rate']}, {info['ranks_per_host']} rank(s) per host; this namespace "
+          f"{info['root_address']}")
+    for host in info["hosts"]:
+        links = ", ".join(f"{lk['nic']}->{lk['bridge']} {lk['rate']}" for lk in host["links"])
+        print(f"  {host['name']:<4} {host['address']:<14} {'up' if host['up'] else 'MISSING':<8}"
+              f" {links}")
+    for uplink in info["uplinks"]:
+        print(f"  uplink {uplink['from']} -> {uplink['to']} {uplink['rate']}")
+    if "slurm" in info:
+        slurm = info["slurm"]
+        nodes = ", ".join(f"{n} {s}" for n, s in sorted(slurm["nodes"].items())) or "no answer"
+        print(f"  slurm: SLURM_CONF={slurm['SLURM_CONF']} partition {slurm['partition']}: {nodes}")

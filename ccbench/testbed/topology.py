@@ -1,0 +1,204 @@
+"""What a testbed is, as data: hosts, bridges, links and their rates (pure, no root needed).
+
+A *plan* is built from the command line (`--hosts 4 --link 1G --topology two-tier:2:oversub=2`)
+and is what `net.py` creates with iproute2 and what `status` prints. Names:
+
+* host i is `h<i>` (its hostname, the name in /etc/hosts, the Slurm node name), living in the
+  network namespace `ccb-h<i>`; its NICs are `eth0` (and `eth1` on the second plane);
+* every bridge and every root-side veth end starts with `ccb-`, so `down` can find what an
+  interrupted `up` left behind even without the state file.
+
+Addresses come from 10.213.<plane>.0/24 (plane 0 and, for dual-plane, plane 1); the machine's
+own (root) namespace gets .254 on plane 0 so that sbatch/srun there reach the emulated hosts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ccbench.errors import UsageError
+
+__all__ = ["Bridge", "HostPlan", "Link", "Plan", "build_plan", "format_rate", "parse_rate",
+           "parse_topology"]
+
+PREFIX = "ccb-"
+SUBNET = "10.213"              # plane p uses 10.213.p.0/24
+ROOT_HOST_ID = 254             # the root namespace's address on plane 0
+MAX_HOSTS = 64
+TOPOLOGY_FORMS = "switch, two-tier:LEAVES[:oversub=R], dual-plane"
+
+_RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_rate(text: str) -> int:
+    """'500M', '1G', '1gbit', '250mbit' -> bits per second (decimal units, as tc)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps|b)?(?:/s)?\s*",
+                         text, re.IGNORECASE)
+    if not match:
+        raise UsageError(f"bad --link rate {text!r} (valid: a number with K, M or G: 100M, "
+                         f"500M, 1G, 2.5G; bits per second)")
+    value = float(match.group(1)) * _RATE_UNITS[match.group(2).lower()]
+    if value < 10**5:
+        raise UsageError(f"--link rate {text!r} is below 100K (bits per second)")
+    return int(value)
+
+
+def format_rate(bits_per_s: float) -> str:
+    for unit, scale in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
+        if bits_per_s >= scale:
+            return f"{bits_per_s / scale:g}{unit}bit/s"
+    return f"{bits_per_s:g}bit/s"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    kind: str                  # switch | two-tier | dual-plane
+    leaves: int = 1
+    oversub: float = 1.0
+
+    def spec(self) -> str:
+        if self.kind == "two-tier":
+            return f"two-tier:{self.leaves}:oversub={self.oversub:g}"
+        return self.kind
+
+
+def parse_topology(text: str) -> Topology:
+    parts = text.strip().split(":")
+    kind = parts[0]
+    if kind in ("switch", "dual-plane") and len(parts) == 1:
+        return Topology(kind)
+    if kind == "two-tier" and len(parts) in (2, 3):
+        try:
+            leaves = int(parts[1])
+        except ValueError:
+            raise UsageError(f"bad --topology {text!r}: LEAVES must be an integer "
+                             f"(valid: {TOPOLOGY_FORMS})") from None
+        oversub = 1.0
+        if len(parts) == 3:
+            key, _, value = parts[2].partition("=")
+            try:
+                oversub = float(value)
+            except ValueError:
+                oversub = -1.0
+            if key != "oversub" or oversub < 1.0:
+                raise UsageError(f"bad --topology {text!r}: expected oversub=R with R >= 1 "
+                                 f"(valid: {TOPOLOGY_FORMS})")
+        if leaves < 2:
+            raise UsageError(f"bad --topology {text!r}: two-tier needs at least 2 leaves")
+        return Topology("two-tier", leaves, oversub)
+    raise UsageError(f"unknown --topology {text!r} (valid: {TOPOLOGY_FORMS})")
+
+
+@dataclass(frozen=True, slots=True)
+class Bridge:
+    name: str
+    role: str                  # switch | leaf | spine | plane
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A veth pair shaped to `rate` in both directions (tbf on each end's egress)."""
+
+    a: str                     # "h0:eth0" (inside a host) or a root-namespace veth name
+    b: str                     # the root-namespace end: attached to `bridge`
+    bridge: str
+    rate: int                  # bits per second
+    a_bridge: str | None = None   # for bridge-to-bridge links: the bridge end a attaches to
+
+
+@dataclass(frozen=True, slots=True)
+class HostPlan:
+    name: str
+    netns: str
+    addresses: dict[str, str]  # NIC -> address/prefix, e.g. {"eth0": "10.213.0.1/24"}
+
+    @property
+    def address(self) -> str:
+        return self.addresses["eth0"].split("/")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    hosts: list[HostPlan]
+    bridges: list[Bridge]
+    links: list[Link]
+    link_rate: int
+    topology: str
+    ranks_per_host: int
+    root_address: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def host(self, name: str) -> HostPlan:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise UsageError(f"unknown testbed host {name!r} "
+                         f"(valid: {', '.join(h.name for h in self.hosts)})")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        return cls(hosts=[HostPlan(**h) for h in data["hosts"]],
+                   bridges=[Bridge(**b) for b in data["bridges"]],
+                   links=[Link(**lk) for lk in data["links"]], link_rate=data["link_rate"],
+                   topology=data["topology"], ranks_per_host=data["ranks_per_host"],
+                   root_address=data["root_address"], options=data.get("options", {}))
+
+
+def _address(plane: int, host_id: int) -> str:
+    return f"{SUBNET}.{plane}.{host_id}/24"
+
+
+def build_plan(num_hosts: int, link_rate: int, topology: Topology, ranks_per_host: int = 1
+               ) -> Plan:
+    if not 1 <= num_hosts <= MAX_HOSTS:
+        raise UsageError(f"--hosts must be 1..{MAX_HOSTS}, got {num_hosts}")
+    if ranks_per_host < 1:
+        raise UsageError(f"--ranks-per-host must be >= 1, got {ranks_per_host}")
+    planes = 2 if topology.kind == "dual-plane" else 1
+    hosts = [HostPlan(f"h{i}", f"{PREFIX}h{i}",
+                      {f"eth{p}": _address(p, i + 1) for p in range(planes)})
+             for i in range(num_hosts)]
+    bridges: list[Bridge] = []
+    links: list[Link] = []
+    if topology.kind == "two-tier":
+        if topology.leaves > num_hosts:
+            raise UsageError(f"two-tier with {topology.leaves} leaves needs at least as many "
+                             f"hosts, got --hosts {num_hosts}")
+        spine = Bridge(f"{PREFIX}spine", "spine")
+        bridges.append(spine)
+        per_leaf = [list(range(num_hosts))[leaf::topology.leaves]
+                    for leaf in range(topology.leaves)]
+        for leaf, members in enumerate(per_leaf):
+            bridge = Bridge(f"{PREFIX}leaf{leaf}", "leaf")
+            bridges.append(bridge)
+            for i in members:
+                links.append(Link(f"h{i}:eth0", f"{PREFIX}h{i}-0", bridge.name, link_rate))
+            # the uplink carries what the leaf's hosts can send, divided by the oversubscription
+            uplink = int(len(members) * link_rate / topology.oversub)
+            links.append(Link(f"{PREFIX}l{leaf}-up", f"{PREFIX}l{leaf}-dn", spine.name, uplink,
+                              a_bridge=bridge.name))
+    else:
+        for plane in range(planes):
+            role = "plane" if planes > 1 else "switch"
+            bridge = Bridge(f"{PREFIX}{'plane' + str(plane) if planes > 1 else 'sw'}", role)
+            bridges.append(bridge)
+            for i in range(num_hosts):
+                links.append(Link(f"h{i}:eth{plane}", f"{PREFIX}h{i}-{plane}", bridge.name,
+                                  link_rate))
+    return Plan(hosts=hosts, bridges=bridges, links=links, link_rate=link_rate,
+                topology=topology.spec(), ranks_per_host=ranks_per_host,
+                root_address=_address(0, ROOT_HOST_ID))
+
+
+def root_bridge(plan: Plan) -> str:
+    """The bridge the root namespace's address sits on (spine, switch or plane 0)."""
+    for role in ("spine", "switch", "plane"):
+        for bridge in plan.bridges:
+            if bridge.role == role:
+                return bridge.name
+    raise AssertionError("a plan always has a bridge")
