@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from typing import TextIO
 
-from ccbench.record import Record
+from ccbench.records import Record
 
 __all__ = ["Progress", "TableWriter", "make_writer"]
 

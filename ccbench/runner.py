@@ -25,7 +25,7 @@ from ccbench.errors import BackendUnavailable, RunFailure, UsageError
 from ccbench.harness import Case, Method, SizeResult, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.output import Progress, TableWriter, make_writer
-from ccbench.record import Record, append_record
+from ccbench.records import Record, append_record
 from ccbench.sysinfo import cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
 

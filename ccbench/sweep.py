@@ -51,13 +51,13 @@ import yaml
 
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
 from ccbench.errors import UsageError, choices_error
-from ccbench.record import Record, iter_result_files, load_records
+from ccbench.records import Record, cut_torn_tail, iter_result_files, load_records
 from ccbench.sizes import parse_sizes
 
 __all__ = [
     "Case", "CaseRun", "Sweep", "Task", "build_case_command", "case_environment", "case_label",
     "load_sweep",
-    "missing_sizes", "plan_runs", "repair_tail", "run_local", "run_task", "sweep_from_dict",
+    "missing_sizes", "plan_runs", "run_local", "run_task", "sweep_from_dict",
     "done_sizes",
 ]
 
@@ -593,19 +593,6 @@ def _default_mpiexec(python: str) -> str:
     return str(beside) if beside.exists() else "mpiexec"
 
 
-def repair_tail(path: Path) -> None:
-    """Cut a torn last line (a writer killed mid-write), so appending after it stays valid."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as handle:
-        handle.seek(-1, os.SEEK_END)
-        if handle.read(1) == b"\n":
-            return
-        handle.seek(0)
-        data = handle.read()
-        handle.truncate(data.rfind(b"\n") + 1)
-
-
 @contextmanager
 def task_lock(sweep: Sweep, task_id: int) -> Iterator[None]:
     """One writer per task file, whether it runs under Slurm or locally."""
@@ -721,7 +708,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
     output = sweep.task_output(task_id)
     failures: list[str] = []
     with task_lock(sweep, task_id):
-        repair_tail(output)
+        cut_torn_tail(output)
         runs = plan_runs(task.cases, completed(sweep)[0])
         skipped = len(task.cases) - sum(len(run.cases) for run in runs)
         log(f"ccbench sweep {sweep.name}: task {task_id}: {len(task.cases)} cases, "
@@ -735,7 +722,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
             marker.write_text(json.dumps([asdict(case) for case in run.cases]) + "\n")
             started = time.monotonic()
             status = _run_with_timeout(argv, env, sweep.case_timeout, log)
-            repair_tail(output)
+            cut_torn_tail(output)
             log(f"ccbench sweep: {label}: exit {status} after {time.monotonic() - started:.1f} s")
             if status != 0:
                 failures.append(f"{label} (exit {status})")

@@ -135,8 +135,9 @@ done
 
 # Fit the alpha-beta-gamma models to the native libraries' records, then the report.
 MODEL="${MODEL:-$ROOT/results/model.json}"
+# (the .gz files are current now; ccbench reads them as they are)
 natives=()
-for f in "$DATA"/*.jsonl; do
+for f in "$DATA"/*.jsonl.gz; do
   if [[ "$f" != */algorithms-* ]]; then natives+=("$f"); fi
 done
 if ! "$VENV/bin/python" -m ccbench calibrate "${natives[@]}" -o "$MODEL" --bootstrap 0 \
@@ -144,7 +145,7 @@ if ! "$VENV/bin/python" -m ccbench calibrate "${natives[@]}" -o "$MODEL" --boots
   echo "calibrate failed (see $LOGS/calibrate.txt): report without the model"; MODEL=""
 fi
 rm -rf "$ROOT/results/report"
-"$VENV/bin/python" -m ccbench report "$DATA" -o "$ROOT/results/report" \
+"$VENV/bin/python" -m ccbench report "$DATA"/*.jsonl.gz -o "$ROOT/results/report" \
   --title "ccbench on a 2-core CPU machine: gloo, Intel MPI, MPICH, Open MPI, oneCCL" \
   ${MODEL:+--model "$MODEL"}
 du -sh "$ROOT/results"

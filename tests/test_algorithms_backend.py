@@ -160,7 +160,7 @@ def test_cli_exit_codes() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="needs mpiexec")
 def test_harness_records_carry_algorithm(tmp_path: Path) -> None:
-    from ccbench.record import load_records
+    from ccbench.records import load_records
 
     out = tmp_path / "r.jsonl"
     proc = subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "2", "--",

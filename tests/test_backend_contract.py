@@ -15,7 +15,7 @@ from conftest import MPIEXEC, PYTHON, have_mpi
 
 from ccbench.backends import REGISTRY, backend_class
 from ccbench.backends.base import Backend
-from ccbench.record import load_records
+from ccbench.records import load_records
 
 #: backends whose buffers live on a device; their world-size-1 run is in tests/gpu/check.sh
 DEVICE_BACKENDS = frozenset({"nccl", "rccl"})

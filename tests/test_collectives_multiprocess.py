@@ -11,7 +11,7 @@ from conftest import have_mpi, run_ccbench
 
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING
 from ccbench.dtypes import DTYPES
-from ccbench.record import load_records
+from ccbench.records import load_records
 
 # 3000 B gives odd element counts (750 float32, 3000 int8) and non-divisible splits at 3 ranks
 SIZES = "8,1K,3000,33K"

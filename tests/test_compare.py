@@ -11,7 +11,7 @@ from conftest import run_ccbench
 
 from ccbench.commands.compare import bootstrap_ratio, compare_records
 from ccbench.errors import UsageError
-from ccbench.record import Record, append_record, record_from_dict
+from ccbench.records import Record, append_record, record_from_dict
 
 FACTORS = {"allreduce": 1.0, "allgather": 0.5, "reduce-scatter": 0.5, "broadcast": 1.0,
            "alltoall": 0.5}

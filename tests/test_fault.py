@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import have_mpi
 
-from ccbench.record import load_records
+from ccbench.records import load_records
 
 TIMEOUT_S = 5.0
 MARGIN_S = 12.0

@@ -9,7 +9,7 @@ import pytest
 
 from ccbench.cli import main as cli_main
 from ccbench.model.synthetic import synthetic_records
-from ccbench.record import append_record
+from ccbench.records import append_record
 from tests.conftest import run_ccbench
 
 
@@ -75,7 +75,7 @@ def test_simulate_table_and_json(model, ccb):
 
 
 def test_simulate_writes_records(model, ccb, tmp_path):
-    from ccbench.record import load_records
+    from ccbench.records import load_records
 
     out = tmp_path / "pred.jsonl"
     proc = ccb("simulate", str(model), "allreduce", "--topology", "switch:8", "--sizes",

@@ -4,7 +4,15 @@ from pathlib import Path
 import pytest
 
 from ccbench.errors import UsageError
-from ccbench.record import SCHEMA_VERSION, Record, append_record, case_key, load_records
+from ccbench.records import (
+    SCHEMA_VERSION,
+    CaseId,
+    Record,
+    RecordKey,
+    append_record,
+    load_records,
+    read_records,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "records-v1.jsonl"
 
@@ -30,8 +38,8 @@ def test_roundtrip(tmp_path: Path) -> None:
     append_record(path, first)
     append_record(path, second)
     assert load_records(path) == [first, second]
-    assert case_key(first) != case_key(second)
-    assert case_key(first, with_size=False) == case_key(second, with_size=False)
+    assert RecordKey.of(first) != RecordKey.of(second)
+    assert first.case == second.case == CaseId.of(first)
 
 
 def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
@@ -51,11 +59,14 @@ def test_unknown_version_refused(tmp_path: Path) -> None:
         load_records(path)
 
 
-def test_not_a_record_refused(tmp_path: Path) -> None:
+def test_not_a_record_skipped_and_counted(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_text('{"hello": 1}\n')
-    with pytest.raises(UsageError, match="not a ccbench record"):
-        load_records(path)
+    records, report = read_records(path)
+    assert records == [] and len(report.skipped) == 1
+    assert "not a ccbench record" in str(report.skipped[0])
+    with pytest.raises(UsageError, match="no ccbench records"):
+        load_records(path, require=True)
 
 
 def test_v1_fixture_still_loads() -> None:

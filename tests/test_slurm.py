@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ccbench.record import case_key, load_records
+from ccbench.records import RecordKey, load_records
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 
@@ -203,8 +203,8 @@ def test_scancel_then_resubmit_finishes_only_what_is_missing(slurm: None,
     assert f"{len(sizes) - len(partial)} sizes:" in log    # only the missing ones were run
 
     records = load_records(results)
-    counts = Counter(case_key(r) for r in records)
-    assert sorted(key[-1] for key in counts) == sizes
+    counts = Counter(RecordKey.of(r) for r in records)
+    assert sorted(key.size_asked for key in counts) == sizes
     assert set(counts.values()) == {1}, "a (case, size) was measured twice"
 
     merged = tmp_path / "merged.jsonl"

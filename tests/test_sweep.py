@@ -15,7 +15,7 @@ import yaml
 
 from ccbench.commands.merge import merge_records
 from ccbench.errors import UsageError
-from ccbench.record import Record, append_record, case_key, load_records
+from ccbench.records import Record, RecordKey, append_record, cut_torn_tail, load_records
 from ccbench.sweep import (
     Case,
     build_case_command,
@@ -23,7 +23,6 @@ from ccbench.sweep import (
     load_sweep,
     missing_sizes,
     plan_runs,
-    repair_tail,
     sweep_from_dict,
 )
 
@@ -227,10 +226,10 @@ def test_repair_tail_cuts_a_torn_line(tmp_path: Path) -> None:
     append_record(path, make_record(size_asked=8))
     with open(path, "a") as handle:
         handle.write('{"schema": "ccbench.rec')          # killed mid-write
-    repair_tail(path)
+    cut_torn_tail(path)
     append_record(path, make_record(size_asked=16))
     assert [r.size_asked for r in load_records(path)] == [8, 16]
-    repair_tail(path)                                     # intact file: untouched
+    cut_torn_tail(path)                                     # intact file: untouched
     assert len(load_records(path)) == 2
 
 
@@ -240,12 +239,22 @@ def test_merge_records_keeps_one_per_case_and_size() -> None:
     a, b = make_record(size_asked=8, run_id="1"), make_record(size_asked=16, run_id="1")
     again = make_record(size_asked=8, run_id="2")          # same case and size, another run
     other = make_record(size_asked=8, backend="mpi")
-    merged, dropped = merge_records([a, b, again, other])
-    assert merged == [a, b, other] and dropped == 1
+    same = make_record(size_asked=8, run_id="1")           # the same measurement again
+    result = merge_records([a, b, again, other, same])
+    assert result.records == [a, b, again, other] and result.duplicates == 1
+    assert not result.conflicts
     bad = make_record(size_asked=32, wrong=4)
-    good = make_record(size_asked=32, wrong=0, run_id="3")
-    merged, dropped = merge_records([bad, good])
-    assert merged == [good] and dropped == 1
+    good = make_record(size_asked=32, wrong=0)             # same run, case, size: a conflict
+    result = merge_records([bad, good])
+    assert result.records == [good] and result.duplicates == 1
+    assert result.conflicts and "measured twice with different results" in result.conflicts[0]
+
+
+def test_merge_refuses_one_run_id_with_different_metadata() -> None:
+    a = make_record(size_asked=8, run_id="1")
+    b = make_record(size_asked=16, run_id="1", ccbench_version="9.9")
+    result = merge_records([a, b])
+    assert result.conflicts == ["run 1: records differ in ccbench_version"]
 
 
 def test_merge_command(tmp_path: Path) -> None:
@@ -262,7 +271,7 @@ def test_merge_command(tmp_path: Path) -> None:
     assert "4 records in, 3 written" in proc.stderr and "1 duplicates dropped" in proc.stderr
     merged = load_records(out)
     assert sorted(r.size_asked for r in merged) == [8, 16, 32]
-    assert len({case_key(r) for r in merged}) == len(merged)
+    assert len({RecordKey.of(r) for r in merged}) == len(merged)
 
 
 def test_merge_refuses_another_schema(tmp_path: Path) -> None:
@@ -340,3 +349,17 @@ def test_detect_launch_under_srun_ignores_what_case_environment_drops(
         monkeypatch.setenv(name, value)
     info = detect_launch()
     assert (info.launcher, info.rank, info.world_size) == ("srun", 1, 2)
+
+
+def test_merge_command_refuses_a_run_id_conflict_unless_forced(tmp_path: Path) -> None:
+    one, two = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    append_record(one, make_record(size_asked=8))
+    append_record(two, make_record(size_asked=16, hosts=["other"]))
+    out = tmp_path / "m.jsonl"
+    argv = [sys.executable, "-m", "ccbench", "merge", str(one), str(two), "-o", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and not out.exists()
+    assert proc.stderr.strip() == ("ccbench: error: refusing to merge: run abc: records differ in "
+                                   "hosts; pass --force to merge anyway")
+    proc = subprocess.run([*argv, "--force"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and len(load_records(out)) == 2

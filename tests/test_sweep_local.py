@@ -12,7 +12,7 @@ import pytest
 from conftest import have_mpi
 from test_sweep import make_record
 
-from ccbench.record import append_record, case_key, load_records
+from ccbench.records import RecordKey, append_record, load_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -48,7 +48,7 @@ def test_local_sweep_resumes_and_is_idempotent(tmp_path: Path) -> None:
     assert "1 cases: 1 done, 0 running, 0 pending" in proc.stdout
     records = load_records(results)
     assert Counter(r.size_asked for r in records) == {8: 1, 16: 1, 32: 1}
-    assert len({case_key(r) for r in records}) == 3
+    assert len({RecordKey.of(r) for r in records}) == 3
 
     again = sweep()
     assert again.returncode == 0, again.stderr

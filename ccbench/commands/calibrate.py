@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ccbench.errors import UsageError
-from ccbench.record import load_records
+from ccbench.records import load_records
 
 __all__ = ["register", "main", "parse_validate"]
 
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    records = load_records(*args.results)
+    records = load_records(*args.results, require=True)
     if args.backend:
         records = [r for r in records if r.backend == args.backend]
     if args.collective:

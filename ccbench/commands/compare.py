@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ccbench.errors import UsageError
-from ccbench.record import Record, load_records
+from ccbench.records import Record, load_records
 
 __all__ = ["Comparison", "compare_records", "bootstrap_ratio", "register", "main"]
 
@@ -237,8 +237,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.resamples < 100:
         raise UsageError(f"--resamples must be >= 100, got {args.resamples}")
-    base = load_records(args.base)
-    new = load_records(args.new)
+    base = load_records(args.base, require=True)
+    new = load_records(args.new, require=True)
     rows, note = compare_records(base, new, threshold=args.threshold, force=args.force,
                                  confidence=args.confidence, resamples=args.resamples,
                                  seed=args.seed)

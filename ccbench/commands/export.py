@@ -71,9 +71,9 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.export_kind == "chakra":
         from ccbench.model.astra import export_measured
-        from ccbench.record import load_records
+        from ccbench.records import load_records
 
-        records = load_records(*args.results)
+        records = load_records(*args.results, require=True)
         prefixes = export_measured(records, args.output)
         for p in prefixes:
             print(f"wrote {p}.<rank>.et")

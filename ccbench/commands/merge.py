@@ -1,58 +1,87 @@
-"""`ccbench merge IN... -o OUT`: combine results files, one record per (case, size).
+"""`ccbench merge IN... -o OUT`: combine results files, keeping every run.
 
-Inputs are files or folders (every *.jsonl below). Records of another schema or an unknown
-schema version are refused (exit 2). When several records have the same case key and size,
-one is kept: the first that passed validation, else the first seen; the rest are counted and
-dropped. OUT is written atomically (a temporary file renamed into place).
+Inputs are files or folders (every *.jsonl and *.jsonl.gz below). A record is dropped only
+when another record is the same measurement: the same run id, the same case (every field of
+the case identity) and the same size. Every run of a case is kept. Records that claim the
+same run id with different run metadata (ccbench version, hosts, world, method, environment),
+or the same measurement with different results, are refused unless --force (then the first
+seen, or the one that passed validation, is kept). OUT is written atomically.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ccbench.errors import UsageError
-from ccbench.record import Record, case_key, load_records
+from ccbench.records import Record, RecordKey, load_records, run_metadata, write_records
+
+__all__ = ["MergeResult", "merge_records", "register", "main"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("merge", help="combine results files, dropping duplicates",
+    parser = subparsers.add_parser("merge", help="combine results files, keeping every run",
                                    description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("inputs", nargs="+", metavar="IN", help="results files or folders")
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="merged .jsonl")
+    parser.add_argument("--force", action="store_true",
+                        help="write even when records claim one run id with different metadata")
 
 
-def merge_records(records: list[Record]) -> tuple[list[Record], int]:
-    """Keep one record per case_key (size included), in first-seen order."""
-    kept: dict[tuple[object, ...], Record] = {}
-    dropped = 0
+@dataclass(slots=True)
+class MergeResult:
+    records: list[Record]
+    duplicates: int = 0                                   # the same measurement seen again
+    conflicts: list[str] = field(default_factory=list)   # one line per conflict found
+
+
+def merge_records(records: list[Record]) -> MergeResult:
+    """One record per RecordKey (run, case, size), in first-seen order."""
+    kept: dict[RecordKey, Record] = {}
+    runs: dict[str, dict[str, object]] = {}
+    result = MergeResult(records=[])
     for record in records:
-        key = case_key(record)
+        meta = run_metadata(record)
+        first = runs.setdefault(record.run_id, meta)
+        if first != meta:
+            differ = sorted(k for k in meta if meta[k] != first.get(k))
+            result.conflicts.append(f"run {record.run_id}: records differ in {', '.join(differ)}")
+        key = RecordKey.of(record)
         if key not in kept:
             kept[key] = record
             continue
-        dropped += 1
+        result.duplicates += 1
+        if _results(kept[key]) != _results(record):
+            result.conflicts.append(f"run {record.run_id}: {key.case.describe()} at "
+                                    f"{record.size_asked} B measured twice with different results")
         if (kept[key].wrong or 0) > 0 and (record.wrong or 0) == 0:
             kept[key] = record                # a validated record beats a failed one
-    return list(kept.values()), dropped
+    result.records = list(kept.values())
+    return result
+
+
+def _results(record: Record) -> str:
+    return json.dumps([record.time_us, record.samples_us, record.wrong], sort_keys=True)
 
 
 def main(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {str(out)!r} is a folder; name a .jsonl file")
-    records = load_records(*args.inputs)
-    merged, dropped = merge_records(records)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for record in merged:
-            handle.write(record.to_json() + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, out)
-    print(f"ccbench merge: {len(records)} records in, {len(merged)} written to {out}, "
-          f"{dropped} duplicates dropped", file=sys.stderr)
+    records = load_records(*args.inputs, require=True)
+    merged = merge_records(records)
+    if merged.conflicts:
+        unique = list(dict.fromkeys(merged.conflicts))
+        if not args.force:
+            more = f" (and {len(unique) - 1} more)" if len(unique) > 1 else ""
+            raise UsageError(f"refusing to merge: {unique[0]}{more}; pass --force to merge anyway")
+        for line in unique:
+            print(f"ccbench merge: warning: {line}", file=sys.stderr)
+    write_records(out, merged.records)
+    runs = len({r.run_id for r in merged.records})
+    print(f"ccbench merge: {len(records)} records in, {len(merged.records)} written to {out} "
+          f"({runs} run(s)), {merged.duplicates} duplicates dropped", file=sys.stderr)
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from ccbench.errors import UsageError
-from ccbench.record import iter_result_files, load_records
+from ccbench.records import iter_result_files, load_records
 
 __all__ = ["register", "main"]
 
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     sources = [str(p) for p in iter_result_files(args.results)]
-    records = load_records(*args.results)
+    records = load_records(*args.results, require=True)
     if args.collective:
         wanted = {c.strip() for c in args.collective.split(",") if c.strip()}
         records = [r for r in records if r.collective in wanted]

@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
                    args.sharing, args.backend, links, args.segments)
     if args.output:
         from ccbench.model.simulate import prediction_records
-        from ccbench.record import append_record
+        from ccbench.records import append_record
 
         for rec in prediction_records(out):
             append_record(args.output, rec)

@@ -193,18 +193,16 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> 
     """One Chakra trace per measured case (run id + case), one COMM_COLL node per timed
     iteration with its duration; each rank's file is the same sequence (the samples are
     the max over ranks). Returns the prefixes written."""
-    from ccbench.record import case_key
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    groups: dict[tuple, list[Any]] = {}
+    groups: dict[Any, list[Any]] = {}
     for r in records:
         if r.collective not in ("allreduce", "allgather", "reduce-scatter", "broadcast",
                                 "alltoall"):
             continue
-        groups.setdefault((r.run_id,) + case_key(r, with_size=False), []).append(r)
+        groups.setdefault(r.case, []).append(r)     # one run's case: CaseId holds the run id
     prefixes = []
-    for _key, recs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    for _key, recs in sorted(groups.items(), key=lambda kv: repr(kv[0])):
         recs.sort(key=lambda r: r.size_used)
         first = recs[0]
         prefix = _safe(f"{first.run_id}_{first.collective}_{first.backend}_{first.algorithm}_"

@@ -48,7 +48,7 @@ import numpy as np
 
 from ccbench.errors import UsageError
 from ccbench.model.costs import candidates, canonical_algorithm, coefficients
-from ccbench.record import Record
+from ccbench.records import Record
 
 __all__ = ["Point", "LineFit", "fit_line", "nnls_small", "points_from_records", "calibrate",
            "validate_world_sizes", "predict_from_fit", "GROUP_FIELDS"]

@@ -13,7 +13,7 @@ from ccbench import __version__
 from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm
 from ccbench.model.fit import SELECTION, GroupFit
-from ccbench.record import Record
+from ccbench.records import Record
 
 SCHEMA = "ccbench.model"
 VERSION = 1
@@ -57,6 +57,10 @@ def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise UsageError(f"no such model file: {str(path)!r}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a ccbench model file (not UTF-8 text)") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from None
     if not isinstance(model, dict) or model.get("schema") != SCHEMA:
         raise UsageError(f"{path}: not a ccbench model file (run `ccbench calibrate` first)")
     if model.get("version") != VERSION:

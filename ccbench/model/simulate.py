@@ -122,7 +122,7 @@ def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[An
 
     from ccbench import __version__
     from ccbench.collectives import REDUCING
-    from ccbench.record import Record
+    from ccbench.records import Record
 
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     fit = out["fit"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ccbench.collectives import busbw_factor, layout
 from ccbench.model.costs import predict_time
-from ccbench.record import Record
+from ccbench.records import Record
 
 __all__ = ["synthetic_records"]
 

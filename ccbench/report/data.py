@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ccbench.record import Record
+from ccbench.records import Record
 
 __all__ = ["series_label", "colour_key", "to_frame", "library_versions", "key_numbers",
            "half_peak_size", "COLLECTIVE_ORDER"]

@@ -103,7 +103,7 @@ run "$gpu_backend with --nccl-algo Ring --nccl-proto Simple" "${bench[@]}" allre
     --backend "$gpu_backend" --device cuda --sizes 1M --nccl-algo Ring --nccl-proto Simple \
     --iters 3 --warmup 1 -q --output "$rec"
 run "settings in the record" "$python" -c "
-from ccbench.record import load_records
+from ccbench.records import load_records
 r = load_records('$rec')[0]
 e = r.environment
 assert e['nccl_algo'] == 'Ring' and e['nccl_proto'] == 'Simple', e

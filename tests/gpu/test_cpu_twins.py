@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ccbench.record import load_records
+from ccbench.records import load_records
 
 HERE = Path(__file__).resolve().parent
 DRIVER = str(HERE / "ccbench_with.py")

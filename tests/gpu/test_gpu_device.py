@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE))
 
 import device_checks  # noqa: E402
 
-from ccbench.record import load_records  # noqa: E402
+from ccbench.records import load_records  # noqa: E402
 
 _REASON = device_checks.skip_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None,

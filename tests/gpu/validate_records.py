@@ -16,7 +16,7 @@ from typing import Any
 
 from ccbench.collectives import COLLECTIVES, REDUCING
 from ccbench.dtypes import DTYPES
-from ccbench.record import load_records
+from ccbench.records import load_records
 
 
 def expected_cases(ops: list[str]) -> set[tuple[Any, ...]]:

@@ -1,0 +1,162 @@
+"""The results record: one JSON object per (case, size), appended as JSON lines.
+
+Schema history (bump SCHEMA_VERSION on any change that a reader must know about,
+keep an old file in tests/fixtures for every version still read):
+
+1 -- first version: case fields, sizes asked/used, time statistics in us,
+     per-iteration samples (max over ranks) and per-rank medians, algbw/busbw
+     in GB/s (1e9 bytes), wrong, method and environment blocks.
+     The case identity (ccbench.records.identity.CaseId) is made of fields
+     every version-1 record already holds, so naming it needed no new version.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from ccbench.errors import UsageError
+
+SCHEMA = "ccbench.record"
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "SUPPORTED_VERSIONS", "Record", "BadRecord",
+           "record_from_dict"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Record:
+    """One measured (case, size). Times are microseconds, bandwidths GB/s (1e9 B/s)."""
+
+    run_id: str
+    timestamp: str                    # ISO 8601, UTC, when the size finished
+    ccbench_version: str
+    collective: str                   # broadcast | allreduce | allgather | reduce-scatter | alltoall
+    backend: str                      # registry name: gloo, mpi, oneccl, nccl, rccl, ring@mpi ...
+    library: str                      # e.g. "Intel(R) MPI Library", "gloo", "NCCL"
+    library_version: str
+    algorithm: str                    # "native" for a library's own choice, else ring, tree ...
+    transport: str                    # the library that carries the bytes (= backend if native)
+    device: str                       # cpu | cuda:0 ...
+    dtype: str
+    op: str | None                    # None for collectives that do not reduce
+    inplace: bool
+    timing: str                       # per-op | pipelined
+    world_size: int
+    nodes: int
+    ranks_per_node: int
+    hosts: list[str]
+    root: int
+    size_asked: int                   # bytes, the S the user asked for
+    size_used: int                    # bytes, S after rounding counts to divisibility
+    count: int                        # elements, as the nccl-tests count column
+    iterations: int
+    warmup: int
+    time_us: dict[str, float]         # median, mean, min, p5, p95, max, stdev
+    samples_us: list[float]           # per timed iteration, max over ranks
+    rank_median_us: list[float]       # per rank, median of its own iteration times
+    algbw_gbps: float                 # size_used / median time
+    busbw_gbps: float                 # algbw x nccl-tests factor
+    wrong: int | None                 # wrong elements summed over ranks; None = not checked
+    method: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    schema: str = SCHEMA
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def case(self) -> CaseId:
+        """What this record measured (every field that changes the measurement, and the run)."""
+        from ccbench.records.identity import CaseId
+
+        return CaseId.of(self)
+
+
+if typing.TYPE_CHECKING:
+    from ccbench.records.identity import CaseId
+
+
+class BadRecord(ValueError):
+    """A line that is not a usable record; the reader skips it and says where and why."""
+
+
+_HINTS = typing.get_type_hints(Record)
+_REQUIRED = frozenset(f.name for f in fields(Record)
+                      if f.default is MISSING and f.default_factory is MISSING)
+
+
+def _is(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a field's annotation (the few shapes Record uses)."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_is(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        return isinstance(value, dict) and all(_is(k, key) and _is(v, item)
+                                               for k, v in value.items())
+    raise TypeError(f"Record field type {hint!r} has no JSON check")   # a schema edit missed here
+
+
+def _type_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def record_from_dict(data: Any) -> Record:
+    """A Record from one decoded JSON line.
+
+    Raises BadRecord for a line that is not a well-formed record (the reader skips it) and
+    UsageError for a record of a schema version this ccbench does not read (the reader stops:
+    a newer writer's data must not be dropped silently)."""
+    if not isinstance(data, dict):
+        raise BadRecord(f"not a JSON object but {type(data).__name__} {_short(data)}")
+    if data.get("schema") != SCHEMA:
+        raise BadRecord(f"not a ccbench record (schema {_short(data.get('schema'))})")
+    version = data.get("schema_version")
+    if version not in SUPPORTED_VERSIONS:
+        raise UsageError(
+            f"unknown record schema version {_short(version)} "
+            f"(this ccbench reads: {', '.join(map(str, sorted(SUPPORTED_VERSIONS)))}; "
+            f"a newer ccbench wrote it)")
+    unknown = sorted(set(data) - set(_HINTS))
+    if unknown:
+        raise BadRecord(f"unknown field(s) {', '.join(unknown)}")
+    missing = sorted(_REQUIRED - set(data))
+    if missing:
+        raise BadRecord(f"missing field(s) {', '.join(missing)}")
+    for name, value in data.items():
+        if not _is(value, _HINTS[name]):
+            raise BadRecord(f"field {name!r} is {_short(value)}, expected {_type_name(_HINTS[name])}")
+    record = Record(**data)
+    if record.size_asked < 0 or record.size_used < 0 or record.world_size < 1:
+        raise BadRecord("negative size or world size below 1")
+    median = record.time_us.get("median")
+    if median is None or not math.isfinite(median):
+        raise BadRecord("time_us has no finite median")
+    return record
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
