@@ -58,21 +58,28 @@ def test_astra_comm_size_semantics():
     assert astra_comm_size("allreduce", 1 << 20, 4) == 1 << 20
     assert astra_comm_size("reduce-scatter", 1 << 20, 4) == 1 << 20
     assert astra_comm_size("alltoall", 1 << 20, 4) == 1 << 20
-    assert astra_comm_size("allgather", 1000, 3) == 999 // 3
+    assert astra_comm_size("allgather", 996, 3) == 332     # the laid-out size S, 83 x 3 x 4 B
 
 
 def test_export_astra_files(tmp_path):
     m = export_astra(_model(), tmp_path, 8, None, "allgather", [1 << 20, 1 << 22])
     net = (tmp_path / "network.yml").read_text()
     assert "topology: [ Switch ]" in net and "npus_count: [ 8 ]" in net
-    # Switch: 2 hops per message, so latency per hop = alpha / 2
-    assert m["dims"][0]["latency_ns"] == pytest.approx(5000.0)
-    assert "bandwidth: [ 9.31323 ]" in net
+    # Switch: 2 hops per message and 1 ns of endpoint delay per step, so latency per
+    # hop = (alpha - 1 ns) / 2
+    assert m["dims"][0]["latency_ns"] == pytest.approx(4999.5)
+    assert "bandwidth: [ 9.31322575 ]" in net
     sysconf = json.loads((tmp_path / "system.json").read_text())
-    assert sysconf["all-reduce-implementation"] == ["halvingDoubling"]
+    assert sysconf["endpoint-delay"] == 1      # 0 aborts ASTRA-sim
     assert sysconf["all-gather-implementation"] == ["ring"]
-    assert sysconf["all-to-all-implementation"] == ["direct"]
-    assert sysconf["local-mem-bw"] == pytest.approx(4e10 / GIB, rel=1e-6)
+    assert sysconf["all-to-all-implementation"] == ["direct1"]
+    assert m["fit_used"].startswith("mpi/x allgather fit (measured algorithm native, formula ring")
+    m = export_astra(_model(), tmp_path / "ar", 8, None, "allreduce", [1 << 20])
+    sysconf = json.loads((tmp_path / "ar" / "system.json").read_text())
+    assert sysconf["all-reduce-implementation"] == ["halvingDoubling"]
+    # halvingDoubling reduces n (p-2)/(2p) at 3 x bytes / local-mem-bw (x 1e9);
+    # the formula charges gamma n (p-1)/p
+    assert sysconf["local-mem-bw"] == pytest.approx(3 * (6 / 14) / 2.5e-11 / 1e9, rel=1e-6)
     for rank in range(8):
         gm, nodes = read_trace(tmp_path / f"workload.{rank}.et")
         assert [node_attrs(n)["comm_size"] for n in nodes] == [(1 << 20) // 8, (1 << 22) // 8]
@@ -92,6 +99,17 @@ def test_export_astra_two_dims(tmp_path):
     assert m["dims"][1]["bandwidth"] == pytest.approx(2 * 10e9 / GIB)   # two NIC ports
     sysconf = json.loads((tmp_path / "system.json").read_text())
     assert sysconf["all-gather-implementation"] == ["ring", "ring"]
+    assert any("dimension by dimension" in n for n in m["system_notes"])
+
+
+def test_export_refuses_to_guess_the_backend(tmp_path):
+    model = _model()
+    other = [dict(f, backend="gloo", library="gloo") for f in model["fits"]]
+    model["fits"] += other
+    with pytest.raises(UsageError, match="2 backends.*--backend"):
+        export_astra(model, tmp_path, 4, None, "allgather", [1024])
+    m = export_astra(model, tmp_path, 4, None, "allgather", [1024], backend="gloo")
+    assert m["fit_used"].startswith("gloo/gloo allgather fit")
 
 
 def test_export_astra_refuses_broadcast(tmp_path):

@@ -99,15 +99,48 @@ def test_candidate_selection_picks_true_algorithm(coll, truth):
 
 
 def test_piecewise_breakpoint_detected():
+    # one world size: a bandwidth change is a piece; the pieces share the small-message alpha
     recs = synthetic_records("broadcast", "tree", [4], SIZES, ALPHA, BETA, 0.0, noise=0.01,
-                             breakpoint=(65536, 80e-6, 1 / 8e9))
+                             breakpoint=(65536, ALPHA, 1 / 2e9))
     fits = calibrate(recs, bootstrap=0)
     f = fits[0]
     assert f.pieces is not None and f.pieces[0]["max_bytes"] == 65536
     assert f.pieces[0]["alpha"] == pytest.approx(ALPHA, rel=0.05)
-    assert f.pieces[1]["beta"] == pytest.approx(1 / 8e9, rel=0.05)
+    assert f.pieces[1]["alpha"] == f.pieces[0]["alpha"]
+    assert f.pieces[1]["beta"] == pytest.approx(1 / 2e9, rel=0.05)
     assert f.goodness["max_rel_err"] < 0.05
     assert any("breakpoint at 65536" in n for n in f.notes)
+    assert any("shares the lower piece's alpha" in n for n in f.notes)
+
+
+def test_piecewise_alpha_of_its_own_only_across_world_sizes():
+    # a large-message intercept (80 us per step) is identified when the piece spans p
+    recs = synthetic_records("broadcast", "tree", [2, 4, 8], SIZES, ALPHA, BETA, 0.0,
+                             noise=0.01, breakpoint=(65536, 80e-6, 1 / 8e9))
+    across = next(f for f in calibrate(recs, bootstrap=0) if f.scope == "all-world-sizes")
+    assert across.pieces is not None and across.pieces[0]["max_bytes"] == 65536
+    assert across.pieces[1]["alpha"] == pytest.approx(80e-6, rel=0.05)
+    assert across.pieces[1]["alpha_source"] == "fitted across world sizes"
+    # the same intercept seen at one world size is not turned into a per-step latency
+    one = calibrate([r for r in recs if r.world_size == 2], bootstrap=0)[0]
+    assert all(p["alpha"] < 40e-6 for p in one.pieces or [{"alpha": one.line.alpha}])
+
+
+def test_unidentifiable_fits_are_refused_or_flagged():
+    one = synthetic_records("allreduce", "ring", [2], [1 << 20], ALPHA, BETA, 0.0)
+    with pytest.raises(UsageError, match="one size.*cannot be told apart"):
+        calibrate(one, bootstrap=0)
+    skipped: list[str] = []
+    two = synthetic_records("allgather", "ring", [2], [1024, 1 << 20], ALPHA, BETA, 0.0)
+    fits = calibrate(one + two, bootstrap=0, skipped=skipped)
+    assert len(fits) == 1 and fits[0].key["collective"] == "allgather"
+    assert any("allreduce" in s and "one size" in s for s in skipped)
+    assert any("exact by construction" in f for f in fits[0].flags)
+    # gamma without a non-reducing collective: flagged in the model
+    ar = synthetic_records("allreduce", "ring", [2, 4], SIZES, ALPHA, BETA, GAMMA)
+    f = calibrate(ar, bootstrap=0)[-1]
+    assert any(flag.startswith("gamma not identified") for flag in f.to_json()["flags"])
+    assert f.to_json()["sizes"] == [SIZES[0], SIZES[-1]]
 
 
 def test_unknown_algorithm_groups_are_skipped():

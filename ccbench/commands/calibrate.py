@@ -147,10 +147,13 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(goodness_table(model["fits"]))
         for f in model["fits"]:
+            worlds = ",".join(map(str, f["world_sizes"]))
             for note in f["notes"]:
-                if "breakpoint" in note or note.startswith("native: kept"):
-                    worlds = ",".join(map(str, f["world_sizes"]))
+                if "breakpoint" in note or note.startswith(("native: kept", "piecewise: the upper")):
                     print(f"{f['backend']} ({f['library']}) {f['collective']} p={worlds}: {note}")
+            for flag in f.get("flags") or []:
+                print(f"{f['backend']} ({f['library']}) {f['collective']} p={worlds}: "
+                      f"flagged: {flag}")
         if validation:
             print()
             print(f"validation: fitted on world sizes {args.validate.split(':')[0]}, "

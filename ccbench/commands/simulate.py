@@ -15,7 +15,8 @@ __all__ = ["register", "main"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("simulate", help="predict collective time on a topology")
     parser.add_argument("model", help="model file from `ccbench calibrate`")
-    parser.add_argument("collective", help="broadcast, allreduce, allgather, reduce-scatter, alltoall")
+    parser.add_argument("collective", help="broadcast, allreduce, allgather, reduce-scatter, "
+                                           "alltoall, or all (each in turn)")
     parser.add_argument("--ranks", "-p", type=int, default=None,
                         help="rank count (default: the one in --topology)")
     parser.add_argument("--topology", "-t", default="switch",
@@ -50,28 +51,83 @@ def _positive(value: float | None, what: str) -> float | None:
     return value
 
 
+def _ranks_from_topology(spec: str) -> int:
+    from ccbench.model.topology import parse_topology
+
+    _, positional, _ = parse_topology(spec)
+    if not positional:
+        raise UsageError(f"--ranks is needed with --topology {spec!r}")
+    ranks = 1
+    for part in positional[0].lower().split("x"):
+        try:
+            dim = int(part)
+        except ValueError:
+            raise UsageError(f"malformed rank count {positional[0]!r} in --topology {spec!r} "
+                             f"(examples: ring:8, torus:4x4, torus:4x4x4)") from None
+        if dim < 1:
+            raise UsageError(f"--topology {spec!r}: every dimension must be >= 1, got {dim} "
+                             f"(examples: ring:8, torus:4x4, torus:4x4x4)")
+        ranks *= dim
+    if ranks < 2:
+        raise UsageError(f"--topology {spec!r} has {ranks} rank; need 2 or more")
+    return ranks
+
+
+def _collectives(name: str) -> list[str]:
+    from ccbench.collectives import COLLECTIVES, canonical_collective
+    from ccbench.errors import choices_error
+
+    if name.lower() == "all":
+        return list(COLLECTIVES)
+    try:
+        return [canonical_collective(name)]
+    except UsageError:
+        raise choices_error("collective", name, (*COLLECTIVES, "all")) from None
+
+
+def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
+    from ccbench.sizes import format_size
+
+    print(f"# {out['collective']} {out['algorithm']} on {topology}, {ranks} ranks, "
+          f"{fidelity}; {out['fit_choice']}; {out['fit_scope']}")
+    for flag in out["flags"]:
+        print(f"# warning: {flag}")
+    legend: list[str] = []
+    both = fidelity == "both"
+    head = ["size", "time_us", "algbw_GBps", "busbw_GBps"]
+    if both:
+        head += ["replay_us", "replay_busbw", "replay/analytical", "max_flows/link"]
+    head.append("flags")
+    rows = [head]
+    for r in out["rows"]:
+        line = [format_size(r["size_used"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}",
+                f"{r['busbw_gbps']:.3f}"]
+        if both:
+            line += [f"{r['replay_time_us']:.2f}", f"{r['replay_busbw_gbps']:.3f}",
+                     f"{r['replay_vs_analytical']:.3f}", str(r["max_flows_per_link"])]
+        marks = []
+        for flag in r["flags"]:
+            if flag not in legend:
+                legend.append(flag)
+            marks.append(str(legend.index(flag) + 1))
+        line.append(",".join(marks) or "-")
+        rows.append(line)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    for i, flag in enumerate(legend, 1):
+        print(f"# flag {i}: {flag}")
+
+
 def main(args: argparse.Namespace) -> int:
-    from ccbench.collectives import canonical_collective
     from ccbench.model.modelfile import load_model
     from ccbench.model.simulate import LinkOverrides, simulate
-    from ccbench.model.topology import parse_topology
-    from ccbench.sizes import format_size, parse_sizes
+    from ccbench.sizes import parse_sizes
 
-    collective = canonical_collective(args.collective)
+    collectives = _collectives(args.collective)
     sizes = parse_sizes(args.sizes)
     model = load_model(args.model)
-    ranks = args.ranks
-    if ranks is None:
-        kind, positional, _ = parse_topology(args.topology)
-        if not positional:
-            raise UsageError(f"--ranks is needed with --topology {args.topology!r}")
-        text = positional[0].lower()
-        try:
-            ranks = 1
-            for part in text.split("x"):
-                ranks *= int(part)
-        except ValueError:
-            raise UsageError(f"malformed rank count in --topology {args.topology!r}") from None
+    ranks = args.ranks if args.ranks is not None else _ranks_from_topology(args.topology)
     inter_bw = _positive(args.inter_bw, "--inter-bw")
     intra_bw = _positive(args.intra_bw, "--intra-bw")
     links = LinkOverrides(
@@ -80,33 +136,26 @@ def main(args: argparse.Namespace) -> int:
         intra_alpha=None if args.intra_alpha_us is None else args.intra_alpha_us * 1e-6,
         intra_beta=None if intra_bw is None else 1.0 / (intra_bw * 1e9),
         hop_latency=args.hop_latency_us * 1e-6)
-    out = simulate(model, collective, ranks, args.topology, sizes, args.algorithm, args.fidelity,
-                   args.sharing, args.backend, links, args.segments)
+    if args.algorithm and len(collectives) > 1:
+        raise UsageError("--algorithm names one collective's formula; give one collective "
+                         "instead of all")
+    outs = []
+    for collective in collectives:
+        outs.append(simulate(model, collective, ranks, args.topology, sizes, args.algorithm,
+                             args.fidelity, args.sharing, args.backend, links, args.segments))
     if args.output:
         from ccbench.model.simulate import prediction_records
         from ccbench.records import append_record
 
-        for rec in prediction_records(out):
-            append_record(args.output, rec)
+        for out in outs:
+            for rec in prediction_records(out):
+                append_record(args.output, rec)
     if args.format == "json":
-        json.dump(out, sys.stdout, indent=1)
+        json.dump(outs[0] if len(outs) == 1 else {"predictions": outs}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    print(f"# {collective} {out['algorithm']} on {args.topology}, {ranks} ranks, "
-          f"{args.fidelity}; {out['fit_choice']}")
-    both = args.fidelity == "both"
-    head = ["size", "time_us", "algbw_GBps", "busbw_GBps"]
-    if both:
-        head += ["replay_us", "replay_busbw", "replay/analytical", "max_flows/link"]
-    rows = [head]
-    for r in out["rows"]:
-        line = [format_size(r["size_used"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}",
-                f"{r['busbw_gbps']:.3f}"]
-        if both:
-            line += [f"{r['replay_time_us']:.2f}", f"{r['replay_busbw_gbps']:.3f}",
-                     f"{r['replay_vs_analytical']:.3f}", str(r["max_flows_per_link"])]
-        rows.append(line)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    for row in rows:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+    for i, out in enumerate(outs):
+        if i:
+            print()
+        _print_table(out, ranks, args.topology, args.fidelity)
     return 0

@@ -1,17 +1,39 @@
 """ASTRA-sim v2 analytical-backend inputs from a calibrated model, and Chakra workloads.
 
-Units, minded on the way out:
+What the real binaries do (read from ASTRA-sim's source and measured against
+../shared/tools/astra-sim; tests/test_model_astra_binary.py runs them), and how the
+export maps ccbench's alpha-beta-gamma model onto it so that the congestion-unaware
+binary's time equals `ccbench simulate --fidelity analytical` on the same model:
 
-* network `bandwidth` is written in the unit ASTRA-sim reads: it says GB/s but converts
-  with 2^30 (GiB/s), so the value is (bytes per second) / 2^30, where ccbench's own
-  GB/s are 1e9 bytes per second. 10 GB/s (ccbench) -> 9.313 in the YAML.
-* `latency` is ns per hop; ASTRA-sim charges hops x latency + bytes / bandwidth per
-  message, hops 1 for Ring neighbours and FullyConnected, 2 for Switch. The fitted
-  alpha is one message's end-to-end cost, so latency = alpha / hops of the dimension.
-* `local-mem-bw` comes from gamma the same way as the bandwidth (1 / gamma bytes per
-  second, / 2^30); endpoint-delay is left 0 because alpha is already in the latency.
+* network `bandwidth` says GB/s but is converted with 2^30 (GiB/s): written as
+  (1 / beta) / 2^30, where ccbench's GB/s are 1e9 bytes per second.
+* a message costs hops x `latency` + bytes / bandwidth (hops: Switch 2, Ring the shorter
+  direction, FullyConnected 1) and every step of a collective also costs `endpoint-delay`
+  once, plus once more per collective. endpoint-delay 0 aborts the run (the event queue
+  asserts strictly increasing event times), so it is 1 ns and the latency carries the
+  rest: latency = (alpha - 1 ns) / hops. The error left is 1 ns per collective.
+* a reducing receive costs 3 x its bytes / `local-mem-bw`, with local-mem-bw multiplied
+  by 1e9 (decimal). Ring reduces (p-1)/p n bytes, as the formula's c(p) says, so
+  local-mem-bw = 3 / gamma / 1e9. halvingDoubling skips the reduction of its first
+  step (it reduces n (p-2) / (2p)), so its local-mem-bw is scaled to charge the
+  formula's gamma n (p-1)/p; at 2 ranks it reduces nothing, and a gamma there is refused.
+* implementations: ring -> `ring`; pairwise all-to-all -> `direct1` (one message in
+  flight: p-1 steps; plain `direct` sends all p-1 messages at once); Rabenseifner,
+  recursive halving, recursive doubling / Bruck all-gather -> `halvingDoubling` at
+  powers of two only (elsewhere ASTRA-sim aborts or computes a power of two's time);
+  the binomial-tree allreduce -> `doubleBinaryTree` at powers of two without gamma
+  (ASTRA-sim's tree is not pipelined: 2 lg p steps of the whole buffer). Everything
+  else (recursive-doubling allreduce, the pipelined double binary tree, Bruck
+  all-to-all, broadcast) has no ASTRA-sim counterpart and is refused.
+* one network per run: a workload whose sizes fall in different pieces of a piecewise
+  fit is refused (export each piece's sizes separately); so is a multi-dimensional
+  network for a collective workload (ASTRA-sim runs a collective dimension by dimension,
+  a hierarchical algorithm ccbench's flat formula does not describe), and, on a Ring
+  network, an algorithm whose messages travel more than one hop (ASTRA-sim charges the
+  latency per hop, ccbench's alpha once per message).
 * Chakra comm_size: all-gather takes the per-rank shard (S / p), allreduce,
-  reduce-scatter and all-to-all the whole buffer S.
+  reduce-scatter and all-to-all the whole buffer S, laid out with the same element
+  size as `simulate` (float32), so both see the same bytes.
 """
 
 from __future__ import annotations
@@ -23,27 +45,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ccbench.collectives import layout
 from ccbench.errors import UsageError
 from ccbench.model.chakra import comm_coll_node, write_trace
-from ccbench.model.costs import predict_time
-from ccbench.model.modelfile import matches, select_fit
+from ccbench.model.modelfile import select_fit
 from ccbench.model.topology import LinkClass, build_topology
 
-__all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "export_astra", "network_yaml",
-           "system_json", "IMPLEMENTATION"]
+__all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "astra_implementation", "export_astra",
+           "network_yaml", "system_json", "ENDPOINT_DELAY_NS"]
 
 GIB = float(1 << 30)
 HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
+ENDPOINT_DELAY_NS = 1          # the smallest value that does not abort the run
+NO_REDUCTION_COST = 1e6        # local-mem-bw (x 1e9 B/s) when gamma is 0: 3 x 1 GiB costs 3 ns
 
-# fitted formula -> ASTRA-sim collective implementation
-IMPLEMENTATION = {"ring": "ring", "double-binary-tree": "doubleBinaryTree",
-                  "tree": "doubleBinaryTree", "recursive-doubling": "halvingDoubling",
-                  "recursive-halving": "halvingDoubling", "rabenseifner": "halvingDoubling",
-                  "bruck": "halvingDoubling", "pairwise": "direct"}
 _ASTRA_KEYS = {"allreduce": "all-reduce-implementation",
                "reduce-scatter": "reduce-scatter-implementation",
                "allgather": "all-gather-implementation", "alltoall": "all-to-all-implementation"}
+# the implementation written for collectives the workload does not use
+_DEFAULT_IMPL = {"allreduce": "ring", "reduce-scatter": "ring", "allgather": "ring",
+                 "alltoall": "direct1"}
 
 
 def astra_bandwidth(beta: float) -> float:
@@ -53,14 +73,61 @@ def astra_bandwidth(beta: float) -> float:
     return (1.0 / beta) / GIB
 
 
-def astra_comm_size(collective: str, size: int, p: int) -> int:
-    """Chakra comm_size for the nccl-tests size S: all-gather wants the per-rank shard."""
-    used = layout(collective, size, 1, p).size_used or size
-    return used // p if collective == "allgather" else used
+def astra_comm_size(collective: str, size_used: int, p: int) -> int:
+    """Chakra comm_size for the laid-out size S: all-gather wants the per-rank shard."""
+    return size_used // p if collective == "allgather" else size_used
+
+
+def _pow2(p: int) -> bool:
+    return p >= 1 and p & (p - 1) == 0
+
+
+def astra_implementation(collective: str, algorithm: str, p: int, network: str,
+                         gamma: float) -> tuple[str, float]:
+    """(ASTRA-sim implementation, gamma multiplier for local-mem-bw) or UsageError saying
+    why ASTRA-sim cannot reproduce this formula. local-mem-bw = 3 x multiplier / gamma."""
+    what = f"{collective} {algorithm} at {p} ranks"
+    if collective not in _ASTRA_KEYS:
+        raise UsageError(f"ASTRA-sim has no {collective} implementation "
+                         f"(valid: {', '.join(_ASTRA_KEYS)})")
+    if algorithm == "ring" and collective != "alltoall":
+        impl, mult = "ring", 1.0
+    elif collective == "alltoall" and algorithm == "pairwise":
+        impl, mult = "direct1", 1.0
+    elif (collective, algorithm) in (("allreduce", "rabenseifner"),
+                                     ("reduce-scatter", "recursive-halving"),
+                                     ("allgather", "recursive-doubling"), ("allgather", "bruck")):
+        if not _pow2(p):
+            raise UsageError(f"cannot export {what}: ASTRA-sim's halvingDoubling needs a "
+                             f"power-of-two rank count")
+        impl, mult = "halvingDoubling", 1.0
+        if collective != "allgather" and gamma > 0:
+            if p == 2:
+                raise UsageError(f"cannot export {what} with gamma > 0: ASTRA-sim's "
+                                 f"halvingDoubling charges no reduction at 2 ranks")
+            mult = (p - 2) / (2 * (p - 1))    # it reduces n(p-2)/(2p), the formula n(p-1)/p
+    elif collective == "allreduce" and algorithm == "tree":
+        if not _pow2(p):
+            raise UsageError(f"cannot export {what}: ASTRA-sim's doubleBinaryTree needs a "
+                             f"power-of-two rank count")
+        if gamma > 0:
+            raise UsageError(f"cannot export {what} with gamma > 0: ASTRA-sim's "
+                             f"doubleBinaryTree reduces other amounts than the binomial formula")
+        impl, mult = "doubleBinaryTree", 1.0
+    else:
+        raise UsageError(f"cannot export {what}: ASTRA-sim has no implementation with this "
+                         f"cost formula (exportable: ring; pairwise all-to-all; Rabenseifner, "
+                         f"recursive halving/doubling and Bruck all-gather at powers of two; "
+                         f"binomial-tree allreduce at powers of two without gamma)")
+    if network == "Ring" and impl != "ring" and p > 3:
+        raise UsageError(f"cannot export {what} on a Ring network: its messages travel more "
+                         f"than one hop and ASTRA-sim charges the latency per hop, ccbench's "
+                         f"alpha once per message (use switch or fully-connected)")
+    return impl, mult
 
 
 def _fmt_list(values: Sequence[Any]) -> str:
-    return "[ " + ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in values) + " ]"
+    return "[ " + ", ".join(f"{v:.9g}" if isinstance(v, float) else str(v) for v in values) + " ]"
 
 
 def network_yaml(dims: Sequence[dict[str, Any]]) -> str:
@@ -71,6 +138,10 @@ def network_yaml(dims: Sequence[dict[str, Any]]) -> str:
              f"bandwidth: {_fmt_list([d['bandwidth'] for d in dims])}",
              f"latency: {_fmt_list([d['latency_ns'] for d in dims])}"]
     return "\n".join(lines) + "\n"
+
+
+def _latency_ns(alpha: float, kind: str) -> float:
+    return max(0.0, alpha * 1e9 - ENDPOINT_DELAY_NS) / HOPS[kind]
 
 
 def _dims(topology: str, ranks: int, alpha: float, beta: float,
@@ -87,106 +158,173 @@ def _dims(topology: str, ranks: int, alpha: float, beta: float,
         elif topo.kind == "fat-tree" and index == 1:
             b = beta * float(topo.params["oversub"])
         dims.append({"topology": kind, "npus": npus, "bandwidth": astra_bandwidth(b),
-                     "latency_ns": a * 1e9 / HOPS[kind], "beta_s_per_byte": b, "alpha_s": a})
+                     "latency_ns": _latency_ns(a, kind), "beta_s_per_byte": b, "alpha_s": a})
     return dims
 
 
-def system_json(model: dict[str, Any], ranks: int, ndims: int,
-                backend: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    notes = []
-    sysconf: dict[str, Any] = {"scheduling-policy": "LIFO", "endpoint-delay": 0,
+def system_json(implementations: dict[str, str], ndims: int,
+                local_mem_bw: float) -> dict[str, Any]:
+    sysconf: dict[str, Any] = {"scheduling-policy": "LIFO", "endpoint-delay": ENDPOINT_DELAY_NS,
                                "active-chunks-per-dimension": 1, "preferred-dataset-splits": 1}
-    gamma = 0.0
     for coll, key in _ASTRA_KEYS.items():
-        fits = [f for f in model["fits"] if f["collective"] == coll
-                and matches(f, backend)]
-        if fits:
-            fit, _ = select_fit(model, coll, ranks, backend)
-            impl = IMPLEMENTATION[fit["model_algorithm"]]
-            notes.append(f"{key}: {impl} (fitted {coll} formula {fit['model_algorithm']})")
-            if coll in ("allreduce", "reduce-scatter") and fit["gamma"] > 0:
-                gamma = max(gamma, fit["gamma"])
-        else:
-            impl = "direct" if coll == "alltoall" else "ring"
-            notes.append(f"{key}: {impl} (no {coll} fit; default)")
-        sysconf[key] = [impl] * ndims
+        sysconf[key] = [implementations.get(coll, _DEFAULT_IMPL[coll])] * ndims
     sysconf["collective-optimization"] = "localBWAware"
-    if gamma > 0:
-        sysconf["local-mem-bw"] = round((1.0 / gamma) / GIB, 6)
-        notes.append(f"local-mem-bw from gamma {gamma:.3e} s/B")
-    else:
-        sysconf["local-mem-bw"] = 1600
-        notes.append("local-mem-bw: 1600 (no gamma fitted; ASTRA-sim example value)")
+    sysconf["local-mem-bw"] = local_mem_bw
     sysconf["boost-mode"] = 0
-    return sysconf, notes
+    return sysconf
 
 
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
+def _fit_line(fit: dict[str, Any], algorithm: str, piece: str) -> str:
+    worlds = ",".join(map(str, fit["world_sizes"]))
+    return (f"{fit['backend']}/{fit['library']} {fit['collective']} fit "
+            f"(measured algorithm {fit.get('algorithm', '?')}, formula {algorithm}, "
+            f"world sizes {worlds}, {piece})")
+
+
+def _piece_name(fit: dict[str, Any], index: int) -> str:
+    pieces = fit.get("pieces") or []
+    if len(pieces) < 2:
+        return "one piece"
+    lo = 0 if index == 0 else int(pieces[index - 1]["max_bytes"]) + 1
+    hi = pieces[index]["max_bytes"]
+    span = f"{lo} B and up" if hi is None else f"{lo}-{int(hi)} B"
+    return f"piece {index + 1} of {len(pieces)}: {span}"
+
+
 def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: int,
                  topology: str | None = None, collective: str | None = None,
                  sizes: Sequence[int] = (), backend: str | None = None,
                  prefix: str = "workload", intra_beta: float | None = None,
-                 intra_alpha: float | None = None) -> dict[str, Any]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    coll_for_links = collective or "allgather"
-    fit, why = select_fit(model, coll_for_links, ranks, backend)
-    alpha, beta = fit["alpha"], fit["beta"]
+                 intra_alpha: float | None = None,
+                 algorithm: str | None = None) -> dict[str, Any]:
+    """Write network.yml, system.json, remote_memory.json, ccbench-export.json and, with a
+    collective, one Chakra workload per rank; refuse (UsageError) what ASTRA-sim's
+    analytical backend would time differently from `ccbench simulate`."""
+    from ccbench.model.simulate import simulate
+
+    topology = topology or f"switch:{ranks}"
     intra = None
     if intra_beta is not None or intra_alpha is not None:
-        intra = LinkClass(intra_alpha if intra_alpha is not None else alpha,
-                          intra_beta if intra_beta is not None else beta)
-    topology = topology or f"switch:{ranks}"
-    dims = _dims(topology, ranks, alpha, beta, intra)
-    (out / "network.yml").write_text(network_yaml(dims), encoding="utf-8")
-    sysconf, notes = system_json(model, ranks, len(dims), backend)
-    (out / "system.json").write_text(json.dumps(sysconf, indent=2) + "\n", encoding="utf-8")
-    (out / "remote_memory.json").write_text(
-        json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n", encoding="utf-8")
-    manifest: dict[str, Any] = {
-        "ranks": ranks, "topology": topology, "link_fit": why,
-        "alpha_s": alpha, "beta_s_per_byte": beta, "dims": dims, "system_notes": notes,
-        "units": "network.yml bandwidth = bytes/s / 2^30 (ASTRA-sim reads GB/s as GiB/s); "
-                 "latency ns per hop = alpha / hops (Switch 2, Ring 1, FullyConnected 1)",
-    }
+        intra = LinkClass(intra_alpha if intra_alpha is not None else 0.0,
+                          intra_beta if intra_beta is not None else 0.0)
+    notes: list[str] = []
+    implementations: dict[str, str] = {}
+    manifest: dict[str, Any] = {"ranks": ranks, "topology": topology}
     if collective:
         if collective not in _ASTRA_KEYS:
             raise UsageError(f"ASTRA-sim has no {collective} implementation "
                              f"(valid: {', '.join(_ASTRA_KEYS)})")
         if not sizes:
             raise UsageError("--collective needs --sizes")
-        cfit, _ = select_fit(model, collective, ranks, backend)
+        pred = simulate(model, collective, ranks, topology, sizes, algorithm, "analytical",
+                        backend=backend)
+        rows = pred["rows"]
+        for row in rows:
+            if row["size_used"] <= 0 or astra_comm_size(collective, row["size_used"], ranks) <= 0:
+                raise UsageError(f"cannot export size {row['size_asked']} of {collective} at "
+                                 f"{ranks} ranks: it holds no float32 element per rank")
+        used_pieces = sorted({row["piece"] for row in rows})
+        if len(used_pieces) > 1:
+            fit = pred["fit"]
+            raise UsageError(f"cannot export sizes {sizes[0]}-{sizes[-1]} in one run: they fall "
+                             f"in {len(used_pieces)} pieces of the piecewise fit (break at "
+                             f"{int(fit['pieces'][0]['max_bytes'])} B) and ASTRA-sim has one set "
+                             f"of link parameters per run; export each piece's sizes separately")
+        fit, algo = pred["fit"], pred["algorithm"]
+        alpha, beta, gamma = rows[0]["alpha_s"], rows[0]["beta_s_per_byte"], rows[0]["gamma_s_per_byte"]
+        piece = _piece_name(fit, used_pieces[0])
+        dims = _dims(topology, ranks, alpha, beta, intra)
+        if len(dims) > 1:
+            raise UsageError(f"cannot export a {collective} workload on {topology}: ASTRA-sim "
+                             f"runs it dimension by dimension ({len(dims)} dimensions), a "
+                             f"hierarchical algorithm that ccbench's flat {algo} formula does not "
+                             f"describe (use a one-dimension topology: switch, ring, "
+                             f"fully-connected)")
+        impl, mult = astra_implementation(collective, algo, ranks, dims[0]["topology"], gamma)
+        if impl == "doubleBinaryTree" and len(sizes) > 1:
+            raise UsageError("cannot export several sizes of the tree allreduce in one run: "
+                             "ASTRA-sim's doubleBinaryTree releases ranks at different times, "
+                             "so its consecutive collectives overlap; export one size per run")
+        implementations[collective] = impl
+        local_mem_bw = 3.0 * mult / gamma / 1e9 if gamma > 0 and mult > 0 else NO_REDUCTION_COST
+        used = _fit_line(fit, algo, piece)
+        notes.append(f"fit used: {used}")
+        notes.append(f"{_ASTRA_KEYS[collective]}: {impl} (formula {algo})")
+        notes.append(f"local-mem-bw {local_mem_bw:.6g} (gamma {gamma:.3e} s/B, 3 x bytes per "
+                     f"reducing receive)" if gamma > 0 else
+                     "local-mem-bw: no reduction cost (gamma 0)")
+        notes.extend(pred.get("flags", []))
         nodes = []
         expected = []
-        for i, size in enumerate(sizes):
-            comm = astra_comm_size(collective, size, ranks)
-            nodes.append(comm_coll_node(i, f"{collective}_{size}", collective, comm,
-                                        deps=[i - 1] if i else [],
-                                        involved_dim=[True] * len(dims)))
-            used = layout(collective, size, 1, ranks).size_used or size
-            algo = cfit["model_algorithm"] if cfit["collective"] == collective else "ring"
-            t = predict_time(collective, algo if collective == cfit["collective"] else
-                             {"alltoall": "pairwise"}.get(collective, "ring"), ranks, used,
-                             cfit["alpha"], cfit["beta"], cfit["gamma"])
-            expected.append({"size": size, "comm_size": comm, "ccbench_analytical_us": t * 1e6})
+        for i, row in enumerate(rows):
+            comm = astra_comm_size(collective, row["size_used"], ranks)
+            nodes.append(comm_coll_node(i, f"{collective}_{row['size_used']}", collective, comm,
+                                        deps=[i - 1] if i else [], involved_dim=[True]))
+            expected.append({"size": row["size_asked"], "size_used": row["size_used"],
+                             "comm_size": comm, "ccbench_analytical_us": row["time_us"]})
         for rank in range(ranks):
-            write_trace(out / f"{_safe(prefix)}.{rank}.et", nodes,
+            write_trace(out_path(out_dir) / f"{_safe(prefix)}.{rank}.et", nodes,
                         metadata={"source": "ccbench export astra-sim"})
-        manifest["workload"] = {"prefix": str(out / _safe(prefix)), "collective": collective,
-                                "nodes": expected,
+        work = out_path(out_dir) / _safe(prefix)
+        manifest["workload"] = {"prefix": str(work), "collective": collective,
+                                "algorithm": algo, "implementation": impl, "nodes": expected,
+                                "total_us": sum(e["ccbench_analytical_us"] for e in expected),
                                 "comm_size_rule": "all-gather: per-rank shard; "
                                                   "others: whole buffer"}
+        manifest["fit_used"] = used
         manifest["run"] = (f"AstraSim_Analytical_Congestion_Unaware "
-                           f"--workload-configuration={out / _safe(prefix)} "
-                           f"--system-configuration={out / 'system.json'} "
-                           f"--network-configuration={out / 'network.yml'} "
-                           f"--remote-memory-configuration={out / 'remote_memory.json'}")
+                           f"--workload-configuration={work} "
+                           f"--system-configuration={out_path(out_dir) / 'system.json'} "
+                           f"--network-configuration={out_path(out_dir) / 'network.yml'} "
+                           f"--remote-memory-configuration="
+                           f"{out_path(out_dir) / 'remote_memory.json'}")
+    else:
+        # configs only: the links from the all-gather fit (no reduction in its beta)
+        fit, why = select_fit(model, "allgather", ranks, backend)
+        alpha, beta = fit["alpha"], fit["beta"]
+        dims = _dims(topology, ranks, alpha, beta, intra)
+        reducing = [f for f in model["fits"] if f is not fit and f["collective"] == "allreduce"
+                    and f["backend"] == fit["backend"] and f["library"] == fit["library"]
+                    and f["gamma"] > 0]
+        gamma = max((f["gamma"] for f in reducing), default=0.0)
+        local_mem_bw = 3.0 / gamma / 1e9 if gamma > 0 else NO_REDUCTION_COST
+        used = _fit_line(fit, fit["model_algorithm"], "first piece" if fit.get("pieces")
+                         else "one piece")
+        notes.append(f"fit used for the links: {used}")
+        notes.append(f"local-mem-bw {local_mem_bw:.6g} from the allreduce gamma {gamma:.3e} s/B"
+                     if gamma > 0 else "local-mem-bw: no reduction cost (no allreduce gamma)")
+        notes.append("implementations: ring, all-to-all direct1 (pass --collective and --sizes "
+                     "for a workload checked against ccbench simulate)")
+        manifest["fit_used"] = used
+        if len(dims) > 1:
+            notes.append(f"{len(dims)} dimensions: ASTRA-sim runs collectives dimension by "
+                         f"dimension; its times are not comparable with ccbench's flat formulas")
+    out = out_path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "network.yml").write_text(network_yaml(dims), encoding="utf-8")
+    sysconf = system_json(implementations, len(dims), round(local_mem_bw, 9))
+    (out / "system.json").write_text(json.dumps(sysconf, indent=2) + "\n", encoding="utf-8")
+    (out / "remote_memory.json").write_text(
+        json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n", encoding="utf-8")
+    manifest.update({
+        "alpha_s": alpha, "beta_s_per_byte": beta, "dims": dims, "system_notes": notes,
+        "units": "network.yml bandwidth = bytes/s / 2^30 (ASTRA-sim reads GB/s as GiB/s); "
+                 "latency ns per hop = (alpha - endpoint-delay) / hops (Switch 2, Ring 1, "
+                 "FullyConnected 1); local-mem-bw x 1e9 bytes/s",
+    })
     (out / "ccbench-export.json").write_text(json.dumps(manifest, indent=1) + "\n",
                                              encoding="utf-8")
     return manifest
+
+
+def out_path(out_dir: str | os.PathLike[str]) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> list[str]:
@@ -230,3 +368,40 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> 
     if not prefixes:
         raise UsageError("no measured collectives to export")
     return prefixes
+
+
+def astra_bin_dir() -> Path:
+    """Where the ASTRA-sim analytical binaries are: $CCBENCH_ASTRA_SIM_BIN, else
+    ../shared/tools/astra-sim/bin beside the repository."""
+    env = os.environ.get("CCBENCH_ASTRA_SIM_BIN")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "astra-sim" / "bin"
+
+
+def run_astra(manifest: dict[str, Any], binary: str | os.PathLike[str] | None = None,
+              aware: bool = False, timeout: float = 600.0) -> float:
+    """Run the real ASTRA-sim binary on an export's files; the slowest NPU's time, seconds."""
+    import subprocess
+    import tempfile
+
+    if "workload" not in manifest:
+        raise UsageError("the export has no workload (pass --collective and --sizes)")
+    name = "AstraSim_Analytical_Congestion_" + ("Aware" if aware else "Unaware")
+    exe = Path(binary) if binary else astra_bin_dir() / name
+    if not exe.is_file():
+        raise UsageError(f"no ASTRA-sim binary at {exe} (set CCBENCH_ASTRA_SIM_BIN to its folder)")
+    args = [str(exe)]
+    for arg in manifest["run"].split()[1:]:
+        key, _, path = arg.partition("=")
+        args.append(f"{key}={Path(path).resolve()}")
+    # ASTRA-sim writes log/log.log under its working directory: keep it out of the caller's
+    with tempfile.TemporaryDirectory(prefix="ccbench-astra-") as cwd:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                              check=False, cwd=cwd)
+    cycles = [int(m) for m in re.findall(r"sys\[\d+\] finished, (\d+) cycles", proc.stdout)]
+    if proc.returncode != 0 or len(cycles) != manifest["ranks"]:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+        raise UsageError(f"ASTRA-sim exited {proc.returncode} with {len(cycles)} of "
+                         f"{manifest['ranks']} NPUs finished: {tail[0][:200]}")
+    return max(cycles) * 1e-9

@@ -143,8 +143,28 @@ class LineFit:
 
 
 def fit_line(collective: str, algorithm: str, ps: np.ndarray, ns: np.ndarray, ts: np.ndarray,
-             fixed_beta: float | None = None) -> LineFit:
-    """NNLS on relative error; gamma identified only through fixed_beta (see module doc)."""
+             fixed_beta: float | None = None, fixed_alpha: float | None = None) -> LineFit:
+    """NNLS on relative error; gamma identified only through fixed_beta (see module doc).
+
+    fixed_alpha holds alpha at a given value and fits the rest (the upper piece of a
+    piecewise fit measured at one world size, see _piecewise)."""
+    if fixed_alpha is not None:
+        x = _design(collective, algorithm, ps, ns)
+        xw = x / ts[:, None]
+        target = 1.0 - xw[:, 0] * fixed_alpha      # what alpha leaves, relative to t
+        if not np.any(x[:, 2]):
+            sol = nnls_small(xw[:, [1]], target)
+            return LineFit(collective, algorithm, fixed_alpha, float(sol[0]), 0.0, "not used")
+        if fixed_beta is not None:
+            sol = nnls_small(xw[:, [2]], target - xw[:, 1] * fixed_beta)
+            return LineFit(collective, algorithm, fixed_alpha, fixed_beta, float(sol[0]),
+                           "fitted with beta fixed from a non-reducing collective")
+        if _collinear(x):
+            sol = nnls_small(xw[:, [1]], target)
+            return LineFit(collective, algorithm, fixed_alpha, float(sol[0]), 0.0,
+                           "not identifiable: set to 0, beta includes the reduction cost")
+        sol = nnls_small(xw[:, 1:], target)
+        return LineFit(collective, algorithm, fixed_alpha, float(sol[0]), float(sol[1]))
     x = _design(collective, algorithm, ps, ns)
     w = 1.0 / ts
     xw = x * w[:, None]
@@ -197,6 +217,8 @@ class GroupFit:
     candidates: list[dict[str, Any]]
     holdout: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    sizes: list[float] = field(default_factory=list)     # smallest and largest bytes seen
+    flags: list[str] = field(default_factory=list)       # what the fit cannot tell
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.key)
@@ -207,6 +229,7 @@ class GroupFit:
             "gamma_source": self.line.gamma_source,
             "pieces": self.pieces, "goodness": self.goodness, "ci95": self.ci95,
             "candidates": self.candidates, "holdout": self.holdout, "notes": self.notes,
+            "sizes": self.sizes, "flags": self.flags,
         })
         return out
 
@@ -217,6 +240,12 @@ def _sse(pred: np.ndarray, ts: np.ndarray) -> float:
 
 def _piecewise(collective: str, algorithm: str, ps, ns, ts, fixed_beta, one: LineFit,
                min_sizes: int = 3) -> list[dict[str, Any]] | None:
+    """Two pieces split at a size, or None. The lower piece is fitted freely. The upper
+    piece keeps its own alpha only when its points span two world sizes or more: at one
+    world size its intercept a(p) alpha is a constant of that p (a protocol switch, a
+    rendezvous), and read as a per-step latency it would be multiplied by a(p) at other
+    rank counts (2046 x at 1024 ranks for ring allreduce). So there it shares the lower
+    piece's alpha and only beta (and gamma) change."""
     pred = one.predict(ps, ns)
     if np.max(np.abs(pred - ts) / ts) <= 0.10:
         return None
@@ -229,15 +258,20 @@ def _piecewise(collective: str, algorithm: str, ps, ns, ts, fixed_beta, one: Lin
         thr = sizes[i - 1]
         lo, hi = ns <= thr, ns > thr
         f1 = fit_line(collective, algorithm, ps[lo], ns[lo], ts[lo], fixed_beta)
-        f2 = fit_line(collective, algorithm, ps[hi], ns[hi], ts[hi], fixed_beta)
+        own_alpha = len(np.unique(ps[hi])) >= 2
+        f2 = fit_line(collective, algorithm, ps[hi], ns[hi], ts[hi], fixed_beta,
+                      None if own_alpha else f1.alpha)
         sse = _sse(f1.predict(ps[lo], ns[lo]), ts[lo]) + _sse(f2.predict(ps[hi], ns[hi]), ts[hi])
         if best is None or sse < best[0]:
-            best = (sse, thr, f1, f2)
+            best = (sse, thr, f1, f2, own_alpha)
     if best is None or best[0] > 0.5 * base:
         return None
-    _, thr, f1, f2 = best
+    _, thr, f1, f2, own_alpha = best
     return [{"max_bytes": float(thr), "alpha": f1.alpha, "beta": f1.beta, "gamma": f1.gamma},
-            {"max_bytes": None, "alpha": f2.alpha, "beta": f2.beta, "gamma": f2.gamma}]
+            {"max_bytes": None, "alpha": f2.alpha, "beta": f2.beta, "gamma": f2.gamma,
+             "alpha_source": "fitted across world sizes" if own_alpha else
+             "the lower piece's (one world size: an intercept there is not a per-step "
+             "latency)"}]
 
 
 def predict_from_fit(fit: dict[str, Any], p: int | np.ndarray, n: float | np.ndarray,
@@ -341,12 +375,24 @@ def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
         notes.append(f"native: kept {name} by {SELECTION}")
         if ties:
             notes.append(f"indistinguishable from {', '.join(ties)} on these points")
+    flags = []
     if line.gamma_source.startswith("not identifiable"):
         notes.append("gamma not identifiable without a non-reducing collective: beta includes it")
+        flags.append("gamma not identified (no non-reducing collective of this backend fits "
+                     "its beta): beta includes the reduction cost")
+    nsizes = len(np.unique(ns))
+    unknowns = 2 if line.gamma_source in ("not used",) or line.gamma_source.startswith(
+        ("not identifiable", "fitted with beta fixed")) else 3
+    if nsizes * len(np.unique(ps)) <= unknowns:
+        flags.append(f"{len(pts)} points at {nsizes} sizes for {unknowns} unknowns: the fit is "
+                     f"exact by construction, its R^2 and errors say nothing")
     pieces = _piecewise(collective, name, ps, ns, ts, fixed_beta, line)
     if pieces:
         notes.append(f"piecewise: breakpoint at {int(pieces[0]['max_bytes'])} bytes "
                      f"(one line left max relative error above 10 %)")
+        if not pieces[1]["alpha_source"].startswith("fitted"):
+            notes.append("piecewise: the upper piece shares the lower piece's alpha "
+                         "(one world size cannot tell an intercept from a per-step latency)")
         pred = _predict_pieces(line, pieces, ps, ns)
     else:
         pred = line.predict(ps, ns)
@@ -358,7 +404,7 @@ def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
     cands = [{"algorithm": t[2], "median_rel_err": t[4]["median_rel_err"],
               "max_rel_err": t[4]["max_rel_err"]} for t in sorted(tried, key=lambda t: t[1])]
     return GroupFit(key, scope, sorted(set(int(p) for p in ps)), line, pieces, g, ci, cands,
-                    holdout, notes)
+                    holdout, notes, [float(ns.min()), float(ns.max())], flags)
 
 
 def _key(record: Record, fields: Sequence[str]) -> tuple:
@@ -378,6 +424,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
     if not recs:
         raise UsageError("no records to calibrate on (need world size > 1)")
     by_group: dict[tuple, list[Record]] = defaultdict(list)
+    unidentified: list[str] = []
     for r in recs:
         if r.algorithm != "native":
             try:
@@ -390,6 +437,21 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
     if not by_group:
         raise UsageError("no records with a cost formula to calibrate on"
                          + (f" ({skipped[0]})" if skipped else ""))
+    for gkey in list(by_group):
+        sizes = {r.size_used for r in by_group[gkey]}
+        if len(sizes) < 2:
+            group = by_group.pop(gkey)
+            at = ",".join(map(str, sorted({r.world_size for r in group})))
+            line = (f"{gkey[0]} ({gkey[1]}) {gkey[4]} {gkey[5]} at {at} ranks: "
+                    f"{len(group)} record(s) of one size ({sizes.pop()} B); alpha and beta "
+                    f"cannot be told apart from one size (measure two sizes or more)")
+            if skipped is not None:
+                skipped.append(line)
+            unidentified.append(line)
+    if not by_group:
+        raise UsageError(f"cannot fit: {unidentified[0]}"
+                         + (f" (and {len(unidentified) - 1} more groups)"
+                            if len(unidentified) > 1 else ""))
     order = sorted(by_group, key=lambda k: (k[4] not in NON_REDUCING, k))
     fits: list[GroupFit] = []
     betas: dict[tuple, tuple[int, float | None]] = {}    # link key -> (points, beta)
@@ -405,6 +467,12 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
                                bootstrap, seed)
         for w in worlds:
             sub = [r for r in group if r.world_size == w]
+            if len({r.size_used for r in sub}) < 2:
+                if skipped is not None:
+                    skipped.append(f"{gkey[0]} ({gkey[1]}) {gkey[4]} {gkey[5]} at {w} ranks "
+                                   f"alone: one size, no per-world-size fit (it is in the fit "
+                                   f"across world sizes)")
+                continue
             forced = across.line.algorithm if (across and key["algorithm"] == "native") else None
             gf = fit_group(key, points_from_records(sub), "world-size", fixed, bootstrap, seed,
                            forced)
@@ -413,7 +481,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
             fits.append(gf)
         if across is not None:
             fits.append(across)
-        if key["collective"] in NON_REDUCING:
+        if key["collective"] in NON_REDUCING and (across or any(f.key == key for f in fits)):
             best = across or max((f for f in fits if f.key == key), key=lambda f: f.goodness["points"])
             npts = int(best.goodness["points"])
             if npts > betas.get(link, (0, None))[0] and best.line.beta > 0:

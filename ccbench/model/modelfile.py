@@ -105,8 +105,10 @@ def select_fit(model: dict[str, Any], collective: str, ranks: int,
         valid = sorted({f"{f['backend']}/{f['library']}" for f in model["fits"]})
         raise UsageError(f"no fit for backend {backend!r} in the model (valid: {', '.join(valid)})")
     libs = sorted({f"{f['backend']}/{f['library']}" for f in fits})
-    more = (f"; {len(libs)} backends in the model, choose with --backend "
-            f"({', '.join(libs)})") if len(libs) > 1 else ""
+    if len(libs) > 1:
+        raise UsageError(f"the model holds fits of {len(libs)} backends; choose one with "
+                         f"--backend (valid: {', '.join(repr(x) for x in libs)})")
+    more = ""
     same = [f for f in fits if f["collective"] == collective]
     if same:
         across = [f for f in same if f["scope"] == "all-world-sizes"]

@@ -23,9 +23,10 @@ from typing import Any
 
 from ccbench.collectives import busbw_factor, layout
 from ccbench.errors import UsageError
-from ccbench.model.costs import canonical_algorithm, predict_time
+from ccbench.model.costs import canonical_algorithm, coefficients, predict_time
 from ccbench.model.modelfile import default_algorithm, select_fit
 from ccbench.model.replay import replay, ring_program, schedule_program
+from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.topology import LinkClass, Topology, build_topology
 
 __all__ = ["LinkOverrides", "simulate", "FIDELITIES", "prediction_records"]
@@ -44,11 +45,21 @@ class LinkOverrides:
     hop_latency: float = 0.0
 
 
-def _params(fit: dict[str, Any], n: float) -> tuple[float, float, float]:
-    for piece in fit.get("pieces") or []:
+def _params(fit: dict[str, Any], n: float) -> tuple[int, float, float, float]:
+    """(piece index, alpha, beta, gamma) of the piece that size n falls in."""
+    for index, piece in enumerate(fit.get("pieces") or []):
         if piece["max_bytes"] is None or n <= piece["max_bytes"]:
-            return piece["alpha"], piece["beta"], piece["gamma"]
-    return fit["alpha"], fit["beta"], fit["gamma"]
+            return index, piece["alpha"], piece["beta"], piece["gamma"]
+    return 0, fit["alpha"], fit["beta"], fit["gamma"]
+
+
+ELEMENT_BYTES = 4     # sizes are laid out as float32 elements, as measurements default to
+
+
+def used_size(collective: str, size: int, ranks: int) -> int:
+    """The bytes a collective of nominal size S moves at `ranks` (per-rank counts rounded
+    down to divisibility, as the harness does); 0 when no element fits per rank."""
+    return layout(collective, size, ELEMENT_BYTES, ranks).size_used
 
 
 def _program(collective: str, algorithm: str, p: int, n: float, segments: int = 1):
@@ -75,8 +86,8 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
     topos: dict[tuple[float, float, float, float], Topology] = {}
     rows = []
     for size in sizes:
-        used = layout(collective, size, 4, ranks).size_used or size
-        alpha, beta, gamma = _params(fit, used)
+        used = used_size(collective, size, ranks) or size
+        piece, alpha, beta, gamma = _params(fit, used)
         inter = LinkClass(links.inter_alpha if links.inter_alpha is not None else alpha,
                           links.inter_beta if links.inter_beta is not None else beta,
                           links.hop_latency)
@@ -88,10 +99,13 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
         if topo is None:
             topo = topos[key] = build_topology(topology, ranks, inter, intra)
         row: dict[str, Any] = {"collective": collective, "algorithm": algo, "world_size": ranks,
-                               "topology": topology, "size_asked": size, "size_used": used}
+                               "topology": topology, "size_asked": size, "size_used": used,
+                               "piece": piece, "alpha_s": alpha, "beta_s_per_byte": beta,
+                               "gamma_s_per_byte": gamma}
         a_eff, b_eff = topo.flat_parameters()
         t_an = predict_time(collective, algo, ranks, used, a_eff, b_eff, gamma)
         factor = busbw_factor(collective, ranks)
+        row["bottleneck_link_gbps"] = 1e-9 / b_eff if b_eff > 0 else float("inf")
         if fidelity in ("analytical", "both"):
             row.update(time_us=t_an * 1e6, algbw_gbps=used / t_an / 1e9,
                        busbw_gbps=used / t_an / 1e9 * factor)
@@ -105,13 +119,19 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
             if fidelity == "replay":
                 row.update(time_us=t_rp * 1e6, algbw_gbps=used / t_rp / 1e9,
                            busbw_gbps=used / t_rp / 1e9 * factor)
+        row["flags"] = row_flags(
+            fit, used, a_eff, coefficients(collective, algo, ranks).a,
+            [row[k] for k in ("busbw_gbps", "replay_busbw_gbps") if k in row],
+            row["bottleneck_link_gbps"], ranks)
         rows.append(row)
     return {"collective": collective, "algorithm": algo, "world_size": ranks,
             "topology": topology, "fidelity": fidelity, "sharing": sharing, "segments": segments,
-            "fit": {k: fit[k] for k in ("backend", "library", "collective", "algorithm",
-                                        "model_algorithm", "world_sizes", "alpha", "beta",
-                                        "gamma")},
-            "fit_choice": why, "rows": rows}
+            "fit": {k: fit.get(k) for k in ("backend", "library", "collective", "algorithm",
+                                            "model_algorithm", "world_sizes", "alpha", "beta",
+                                            "gamma", "pieces")},
+            "fit_choice": why, "fit_scope": fit_scope(fit),
+            "fit_sizes": fit.get("sizes"),
+            "flags": prediction_flags(fit, why, collective, algo, ranks), "rows": rows}
 
 
 def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[Any]:
@@ -145,5 +165,6 @@ def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[An
             busbw_gbps=row["busbw_gbps"], wrong=None,
             method={"predicted": True, "fidelity": out["fidelity"], "sharing": out["sharing"],
                     "segments": out.get("segments", 1), "fit": fit,
-                    "fit_choice": out["fit_choice"]}))
+                    "fit_choice": out["fit_choice"],
+                    "flags": out.get("flags", []) + row.get("flags", [])}))
     return recs

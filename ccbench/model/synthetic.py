@@ -14,7 +14,7 @@ from ccbench.collectives import busbw_factor, layout
 from ccbench.model.costs import predict_time
 from ccbench.records import Record
 
-__all__ = ["synthetic_records"]
+__all__ = ["known_model", "synthetic_records"]
 
 
 def synthetic_records(collective: str, formula: str, world_sizes: Sequence[int],
@@ -59,3 +59,25 @@ def synthetic_records(collective: str, formula: str, world_sizes: Sequence[int],
                 samples_us=[float(s) for s in samples], rank_median_us=[med] * p,
                 algbw_gbps=algbw, busbw_gbps=algbw * busbw_factor(collective, p), wrong=0))
     return out
+
+
+def known_model(alpha: float, beta: float, gamma: float, world_sizes: Sequence[int] = (2, 4),
+                backend: str = "synthetic") -> dict:
+    """A model file (as `calibrate` writes it) with exactly these constants for every
+    collective: the known answer for simulate / export tests. gamma is given to the
+    reducing collectives only."""
+    from ccbench.model.modelfile import SCHEMA, VERSION
+
+    fits = []
+    for coll in ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall"):
+        reducing = coll in ("allreduce", "reduce-scatter")
+        fits.append({"backend": backend, "library": backend, "transport": backend,
+                     "device": "cpu", "collective": coll, "algorithm": "native",
+                     "scope": "all-world-sizes", "world_sizes": list(world_sizes),
+                     "sizes": [1024, 1 << 30], "model_algorithm": "ring" if coll != "alltoall"
+                     else "pairwise", "alpha": alpha, "beta": beta,
+                     "gamma": gamma if reducing else 0.0,
+                     "gamma_source": "given" if reducing else "not used", "pieces": None,
+                     "goodness": {"points": 100, "r2_log": 1.0, "median_rel_err": 0.0,
+                                  "max_rel_err": 0.0}, "notes": []})
+    return {"schema": SCHEMA, "version": VERSION, "fits": fits}
