@@ -17,7 +17,7 @@ from ccbench.commands.merge import merge_records
 from ccbench.errors import UsageError
 from ccbench.records import Record, RecordKey, append_record, cut_torn_tail, load_records
 from ccbench.sweep import (
-    Case,
+    SweepCase,
     build_case_command,
     done_sizes,
     load_sweep,
@@ -161,12 +161,12 @@ def test_plan_is_a_stable_resolved_sweep(tmp_path: Path) -> None:
 
 # -- resume ---------------------------------------------------------------------------------
 
-def _case(**kw: Any) -> Case:
+def _case(**kw: Any) -> SweepCase:
     base: dict[str, Any] = dict(collective="allreduce", backend="gloo", dtype="float32",
-                                op="sum", inplace=False, nodes=1, ranks_per_node=2,
-                                sizes=(8, 16, 32))
+                                op="sum", inplace=False, timing="per-op", nodes=1,
+                                ranks_per_node=2, sizes=(8, 16, 32))
     base.update(kw)
-    return Case(**base)
+    return SweepCase(**base)
 
 
 def test_missing_sizes_from_records() -> None:
@@ -175,23 +175,24 @@ def test_missing_sizes_from_records() -> None:
                make_record(size_asked=16, wrong=3),            # failed validation: not done
                make_record(size_asked=16, timing="pipelined"),  # another timing mode
                make_record(size_asked=16, ranks_per_node=3, world_size=3)]
-    done = done_sizes(records, "per-op")
+    done = done_sizes(records)
     assert missing_sizes(_case(), done) == [16]
     assert missing_sizes(_case(inplace=True), done) == [8, 32]
     assert missing_sizes(_case(backend="mpi"), done) == [8, 16, 32]
     assert missing_sizes(_case(ranks_per_node=3), done) == [8, 32]
+    assert missing_sizes(_case(timing="pipelined"), done) == [8, 32]
 
 
 def test_plan_runs_joins_modes_only_when_they_miss_the_same_sizes() -> None:
     out, inp = _case(), _case(inplace=True)
     assert [(r.modes, r.sizes) for r in plan_runs([out, inp], {})] == [
         (("out-of-place", "in-place"), (8, 16, 32))]
-    done = done_sizes([make_record(size_asked=8)], "per-op")
+    done = done_sizes([make_record(size_asked=8)])
     runs = plan_runs([out, inp], done)
     assert [(r.modes, r.sizes) for r in runs] == [(("out-of-place",), (16, 32)),
                                                   (("in-place",), (8, 16, 32))]
     complete = done_sizes([make_record(size_asked=s, inplace=m) for s in (8, 16, 32)
-                           for m in (False, True)], "per-op")
+                           for m in (False, True)])
     assert plan_runs([out, inp], complete) == []
 
 
@@ -303,18 +304,37 @@ def test_cases_ask_only_for_what_produces_a_record() -> None:
 
 
 def test_skipped_sizes_count_as_complete(tmp_path: Path) -> None:
-    from ccbench.sweep import completed, skipped_file
+    from ccbench.sweep import completed, skipped_file, write_skipped
 
     sweep = sweep_from_dict({"results": str(tmp_path), "sizes": "8-32",
                              "modes": ["out-of-place"]})
     case = sweep.cases()[0]
     append_record(sweep.task_output(0), make_record(size_asked=8))
-    skipped_file(sweep, 0).write_text(json.dumps({"case": list(case.key()),
-                                                  "sizes": [16]}) + "\n")
+    write_skipped(sweep, 0, case, [16])
+    entry = json.loads(skipped_file(sweep, 0).read_text())
+    assert entry["version"] == 2 and entry["case"]["collective"] == "allreduce"
     done, skipped = completed(sweep)
     assert missing_sizes(case, done) == [32]
-    assert skipped == {case.key(): {16}}
+    assert skipped == {case.identity: {16}}
     assert len(load_records(tmp_path)) == 1             # the skipped file is not a results file
+
+
+def test_version_1_state_files_still_read(tmp_path: Path) -> None:
+    """A sweep folder written before state files had a version: cases as value lists."""
+    from ccbench.sweep import completed, current_case_file, read_current_cases, skipped_file
+
+    sweep = sweep_from_dict({"results": str(tmp_path), "sizes": "8-32",
+                             "modes": ["out-of-place"]})
+    case = sweep.cases()[0]
+    tmp_path.mkdir(exist_ok=True)
+    skipped_file(sweep, 0).write_text(json.dumps(
+        {"case": ["allreduce", "gloo", "float32", "sum", False, 1, 2], "sizes": [16]}) + "\n")
+    current_case_file(sweep, 0).write_text(json.dumps(
+        [{"collective": "allreduce", "backend": "gloo", "dtype": "float32", "op": "sum",
+          "inplace": False, "nodes": 1, "ranks_per_node": 2, "sizes": [8, 16, 32]}]) + "\n")
+    done, skipped = completed(sweep)
+    assert skipped == {case.identity: {16}} and missing_sizes(case, done) == [8, 32]
+    assert read_current_cases(sweep, 0) == {case.identity}
 
 
 def test_case_environment_drops_inherited_launcher_identity() -> None:

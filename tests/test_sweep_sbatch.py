@@ -16,7 +16,7 @@ import pytest
 
 from ccbench.errors import UsageError
 from ccbench.sweep import load_sweep, sweep_from_dict
-from ccbench.sweep_slurm import (
+from ccbench.sweep.slurm import (
     SlurmOptions,
     array_jobs,
     array_spec,

@@ -85,8 +85,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _slurm(sweep: Sweep, args: argparse.Namespace) -> int:
-    from ccbench.sweep import _Checker, check_slurm_options
-    from ccbench.sweep_slurm import SlurmOptions, submit, wait_for_jobs
+    from ccbench.sweep.spec import _Checker, check_slurm_options
+    from ccbench.sweep.slurm import SlurmOptions, submit, wait_for_jobs
 
     overrides = check_slurm_options(_Checker("command line"), {
         "partition": args.partition, "account": args.account, "time": args.time,
@@ -111,7 +111,7 @@ def _slurm(sweep: Sweep, args: argparse.Namespace) -> int:
 def _status(sweep: Sweep) -> int:
     """Print the table; returns the number of incomplete cases."""
     from ccbench.sweep import result_files
-    from ccbench.sweep_slurm import squeue_tasks, sweep_status
+    from ccbench.sweep.slurm import squeue_tasks, sweep_status
 
     try:
         queued = squeue_tasks(sweep)

@@ -26,14 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from ccbench.errors import RunFailure, UsageError
-from ccbench.sweep import Sweep, Task, case_label, completed, missing_sizes
+from ccbench.sweep.plan import case_label, missing_sizes
+from ccbench.sweep.spec import Sweep, Task
+from ccbench.sweep.state import completed, read_current_cases, task_is_locked
 
 __all__ = [
     "ArrayJob", "SlurmOptions", "array_jobs", "job_name", "render_sbatch", "sbatch_quote",
     "squeue_tasks", "submit", "sweep_status", "wait_for_jobs",
 ]
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "slurm" / "array.sbatch"
+# shipped inside the package (package data), so an installed ccbench renders it too
+TEMPLATE = Path(__file__).resolve().parent / "templates" / "array.sbatch"
 _SQUEUE_TIMEOUT_S = 30.0
 
 
@@ -272,31 +275,21 @@ class CaseStatus:
 
 def sweep_status(sweep: Sweep, queued: Mapping[int, tuple[str, str]] | None
                  ) -> list[CaseStatus]:
-    from ccbench.sweep import current_case_file, task_is_locked
-
     done, skipped = completed(sweep)
     rows: list[CaseStatus] = []
     for task in sweep.tasks():
         state, job = (queued or {}).get(task.task_id, ("", ""))
         active = state in ("RUNNING", "COMPLETING") or task_is_locked(sweep, task.task_id)
-        current: set[tuple[Any, ...]] = set()
-        marker = current_case_file(sweep, task.task_id)
-        if active and marker.exists():
-            try:
-                current = {tuple(c[k] for k in ("collective", "backend", "dtype", "op", "inplace",
-                                                "nodes", "ranks_per_node"))
-                           for c in json.loads(marker.read_text(encoding="utf-8"))}
-            except (ValueError, KeyError, TypeError):
-                current = set()
+        current = read_current_cases(sweep, task.task_id) if active else set()
         for case in task.cases:
             missing = missing_sizes(case, done)
             if not missing:
                 case_state = "done"
-            elif active and (case.key() in current or not current):
+            elif active and (case.identity in current or not current):
                 case_state = "running"
             else:
                 case_state = "pending"
-            num_skipped = len(skipped.get(case.key(), set()) & set(case.sizes))
+            num_skipped = len(skipped.get(case.identity, set()) & set(case.sizes))
             rows.append(CaseStatus(task_id=task.task_id, label=case_label(case), state=case_state,
                                    done=len(case.sizes) - len(missing), total=len(case.sizes),
                                    skipped=num_skipped,

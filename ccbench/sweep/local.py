@@ -1,0 +1,117 @@
+"""Running a sweep's tasks on this machine (also what each Slurm array task runs)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+
+from ccbench.errors import UsageError
+from ccbench.records import cut_torn_tail
+from ccbench.sweep.plan import build_case_command, case_environment, case_label, plan_runs
+from ccbench.sweep.spec import Sweep
+from ccbench.sweep.state import (
+    completed,
+    current_case_file,
+    done_sizes,
+    load_sweep_records,
+    task_lock,
+    write_current_cases,
+    write_skipped,
+)
+
+__all__ = ["run_task", "run_local"]
+
+def _run_with_timeout(argv: list[str], env: dict[str, str], timeout: float,
+                      log: Callable[[str], None]) -> int:
+    """Run one case in its own process group; kill the group at the deadline."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def forward(signum: int, _frame: object) -> None:
+        _kill_group(proc, signum)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log(f"ccbench sweep: case ran past case_timeout {timeout:g} s; stopping it")
+        _kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait(timeout=15)
+        return 124
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _kill_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def run_task(sweep: Sweep, task_id: int, where: str,
+             log: Callable[[str], None] = lambda line: print(line, flush=True)) -> int:
+    """Run what is missing of one task; 0 when every case of it is complete afterwards."""
+    tasks = sweep.tasks()
+    if not 0 <= task_id < len(tasks):
+        raise UsageError(f"{sweep.source}: task {task_id} does not exist "
+                         f"(this sweep has tasks 0-{len(tasks) - 1})")
+    task = tasks[task_id]
+    output = sweep.task_output(task_id)
+    failures: list[str] = []
+    with task_lock(sweep, task_id):
+        cut_torn_tail(output)
+        runs = plan_runs(task.cases, completed(sweep)[0])
+        skipped = len(task.cases) - sum(len(run.cases) for run in runs)
+        log(f"ccbench sweep {sweep.name}: task {task_id}: {len(task.cases)} cases, "
+            f"{skipped} complete, {len(runs)} runs to do")
+        env = case_environment(sweep)
+        marker = current_case_file(sweep, task_id)
+        for run in runs:
+            label = " + ".join(case_label(case) for case in run.cases)
+            argv = build_case_command(sweep, run, output, where)
+            log(f"ccbench sweep: {label}: {len(run.sizes)} sizes: {shlex.join(argv)}")
+            write_current_cases(sweep, task_id, run.cases)
+            started = time.monotonic()
+            status = _run_with_timeout(argv, env, sweep.case_timeout, log)
+            cut_torn_tail(output)
+            log(f"ccbench sweep: {label}: exit {status} after {time.monotonic() - started:.1f} s")
+            if status != 0:
+                failures.append(f"{label} (exit {status})")
+                continue
+            # exit 0 but sizes without a record: the benchmark chose to skip them (it prints
+            # why); remember that, so a rerun does not ask again forever
+            done = done_sizes(load_sweep_records(sweep))
+            for case in run.cases:
+                left = [s for s in run.sizes if s not in done.get(case.identity, set())]
+                if left:
+                    log(f"ccbench sweep: {case_label(case)}: no record for sizes "
+                        f"{','.join(map(str, left))}; marked skipped")
+                    write_skipped(sweep, task_id, case, left)
+        marker.unlink(missing_ok=True)
+    for failure in failures:
+        log(f"ccbench sweep: failed: {failure}")
+    return 1 if failures else 0
+
+
+def run_local(sweep: Sweep, log: Callable[[str], None] = lambda line: print(line, flush=True)
+              ) -> int:
+    """Every task of the sweep one after another on this machine."""
+    for case in sweep.cases():
+        if case.nodes != 1:
+            raise UsageError(f"{sweep.source}: nodes: a local sweep runs on one node, "
+                             f"got {case.nodes} (use --slurm)")
+    status = 0
+    for task in sweep.tasks():
+        status = max(status, run_task(sweep, task.task_id, "local", log))
+    return status
+
+
