@@ -82,6 +82,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="append one JSON record per (case, size) to this file")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.add_argument("--mpi-thread-level", default="funneled",
+                        choices=("single", "funneled", "serialized", "multiple"),
+                        help="the thread level MPI is initialised at (default funneled: only the "
+                             "main thread calls MPI, as in IMB-MPI1 and OSU; mpi4py's own default "
+                             "is multiple, which slows every call in MPICH and Intel MPI)")
     parser.add_argument("--nccl-algo", default=None, help="sets NCCL_ALGO for the run (nccl, rccl)")
     parser.add_argument("--nccl-proto", default=None, help="sets NCCL_PROTO for the run")
 
@@ -102,7 +107,10 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
 def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> BenchConfig
     """Validate every argument before any rank starts (bad input: exit 2)."""
     from ccbench.backends import parse_backends
+    from ccbench.backends.mpi import set_thread_level
     from ccbench.runner import BenchConfig
+
+    set_thread_level(args.mpi_thread_level)     # before anything imports mpi4py.MPI
 
     collectives = parse_collectives(args.collective)
     backends = parse_backends(args.backend or _default_backend())

@@ -71,6 +71,8 @@ class SizeResult:
     algbw_gbps: float
     busbw_gbps: float
     wrong: int | None
+    local_copy_us: float | None = None     # max over ranks of each rank's median copy time
+    batch_loop: str | None = None          # pipelined: what ran the N calls of a sample
 
 
 class _Buffers:
@@ -113,23 +115,50 @@ class _Buffers:
 
 
 def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
-                   watchdog: Watchdog, count: int) -> list[float]:
-    """`count` samples in seconds, on this rank."""
-    call = backend.bind(case.collective, bufs.send, bufs.recv, case.op, case.root)
+                   watchdog: Watchdog, count: int) -> tuple[list[float], str | None]:
+    """`count` samples in seconds, on this rank. Per-op: barrier, clock, one bound library
+    call, synchronize, clock. Pipelined: barrier, clock, a batch of --pipeline calls run by the
+    backend's loop (no Python between the calls), one synchronize, clock; divided by the batch."""
     barrier, synchronize = backend.barrier, backend.synchronize
     clock = time.perf_counter
     samples = []
-    depth = method.pipeline if method.timing == "pipelined" else 1
+    if method.timing == "pipelined":
+        batch = backend.bind_batch(case.collective, bufs.send, bufs.recv, case.op, case.root)
+        depth = method.pipeline
+        for _ in range(count):
+            watchdog.enter()
+            barrier()
+            start = clock()
+            batch(depth)
+            synchronize()
+            samples.append((clock() - start) / depth)
+            watchdog.leave()
+        return samples, batch.description
+    call = backend.bind(case.collective, bufs.send, bufs.recv, case.op, case.root)
     for _ in range(count):
         watchdog.enter()
         barrier()
         start = clock()
-        for _ in range(depth):
-            call()
+        call()
         synchronize()
-        samples.append((clock() - start) / depth)
+        samples.append(clock() - start)
         watchdog.leave()
-    return samples
+    return samples, None
+
+
+def _local_copy_us(backend: Backend, case: Case, bufs: _Buffers, count: int) -> float | None:
+    """Median time of the local copy the bound call makes besides the collective, timed alone
+    (torch's out-of-place allreduce copies send into recv first); None: it makes none."""
+    copy = backend.local_copy(case.collective, bufs.send, bufs.recv)
+    if copy is None:
+        return None
+    clock, synchronize, times = time.perf_counter, backend.synchronize, []
+    for _ in range(max(1, min(count, 1000))):
+        start = clock()
+        copy()
+        synchronize()
+        times.append(clock() - start)
+    return float(np.median(times)) * 1e6
 
 
 def _validate(backend: Backend, case: Case, bufs: _Buffers, method: Method,
@@ -161,18 +190,21 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
     key = f"m/{step}"
     watchdog.begin_step(step, case.label(size))
     bufs = _Buffers(backend, case, lay, rank)
-    warm = _timed_samples(backend, case, bufs, method, watchdog, method.warmup)
+    warm, _ = _timed_samples(backend, case, bufs, method, watchdog, method.warmup)
     with watchdog.waiting():
         iterations = _agree_iterations(store, f"{key}/warm", warm, method, rank, world)
-    samples = _timed_samples(backend, case, bufs, method, watchdog, iterations)
+    samples, loop = _timed_samples(backend, case, bufs, method, watchdog, iterations)
+    copy_us = _local_copy_us(backend, case, bufs, iterations)
     wrong = _validate(backend, case, bufs, method, watchdog) if method.check else None
     del bufs
-    store.set(f"{key}/times/{rank}", {"samples": samples, "wrong": wrong})
+    store.set(f"{key}/times/{rank}", {"samples": samples, "wrong": wrong, "copy_us": copy_us})
     if rank != 0:
         return None, wrong or 0
     with watchdog.waiting():
         per_rank = [store.get(f"{key}/times/{r}", method.timeout) for r in range(world)]
-    return _summarize(lay, per_rank, iterations, wrong is not None), wrong or 0
+    result = _summarize(lay, per_rank, iterations, wrong is not None)
+    result.batch_loop = loop
+    return result, wrong or 0
 
 
 def _agree_iterations(store: ControlClient, key: str, warm: list[float], method: Method,
@@ -197,8 +229,10 @@ def _summarize(lay: Layout, per_rank: list[dict[str, Any]], iterations: int, che
     seconds = stats["median"] * 1e-6
     algbw = lay.size_used / seconds / 1e9 if seconds > 0 else float("inf")
     wrong = sum(int(entry["wrong"]) for entry in per_rank) if checked else None
+    copies = [float(c) for entry in per_rank if (c := entry.get("copy_us")) is not None]
+    copy_us = max(copies) if len(copies) == len(per_rank) else None
     return SizeResult(
         layout=lay, iterations=iterations, samples_us=[round(v, 4) for v in samples.tolist()],
         rank_median_us=[round(float(v), 4) for v in np.median(matrix, axis=1)],
         time_us=stats, algbw_gbps=algbw, busbw_gbps=algbw * busbw_factor(lay.collective, lay.world_size),
-        wrong=wrong)
+        wrong=wrong, local_copy_us=None if copy_us is None else round(copy_us, 4))

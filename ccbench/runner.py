@@ -32,6 +32,9 @@ from ccbench.watchdog import Watchdog
 __all__ = ["BenchConfig", "run_benchmark"]
 
 MPI_LAUNCHERS = ("mpiexec", "srun", "single")
+#: what a backend's info() may say that changes what is measured: copied into record.method
+METHOD_KEYS = ("buffers", "nccl_algo", "nccl_proto", "allreduce_out_of_place", "mpi_thread_level",
+               "torch_threads", "timed_call")
 
 
 @dataclass(kw_only=True)
@@ -247,8 +250,11 @@ class _Run:
                     "oversubscribed": self.placement["oversubscribed"],
                     "cores_per_node": self.placement["cores"],
                     # settings that change what is measured, when the backend has them
-                    **{k: meta[k] for k in ("buffers", "nccl_algo", "nccl_proto",
-                                            "allreduce_out_of_place") if meta.get(k) is not None}},
+                    **{k: meta[k] for k in METHOD_KEYS if meta.get(k) is not None},
+                    # what the clock saw: one bound call (per-op) or a batch's loop (pipelined)
+                    **({"timed_call": result.batch_loop} if result.batch_loop else {}),
+                    **({"local_copy_us": result.local_copy_us}
+                       if result.local_copy_us is not None else {})},
             environment={**self.environment, "backend": meta.get("env", {}),
                          **{k: v for k, v in meta.items() if k not in ("library", "library_version",
                                                                        "device", "env")}},

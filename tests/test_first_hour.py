@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import PYTHON, have_mpi
 
-from conftest import PYTHON
-
+from ccbench.backends.base import STARMAP_LOOP
+from ccbench.backends.mpi_loop import C_LOOP
 from ccbench.commands.launch import default_nprocs
 from ccbench.record import load_records
 from ccbench.sysinfo import oversubscription_note, usable_cores
@@ -58,3 +60,26 @@ def test_oversubscribed_run_says_so_once_and_records_it(tmp_path: Path) -> None:
     records = load_records(tmp_path / "r.jsonl")
     assert records and all(r.method["oversubscribed"] is True for r in records)
     assert all(r.method["cores_per_node"] == ranks - 1 for r in records)
+
+
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_what_the_clock_saw_is_recorded(tmp_path: Path) -> None:
+    """Thread level, torch's threads, the batch loop and the out-of-place copy are recorded."""
+    out = tmp_path / "r.jsonl"
+    base = ["-n", "2", "allreduce", "--backend", "mpi,gloo", "--sizes", "8,3000", "--iters", "2",
+            "--warmup", "1", "-q"]
+    proc = _launch([*base, "--timing", "pipelined", "--mpi-thread-level", "single"], out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _launch(base, out)                     # per-op, default thread level
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = load_records(out)
+    mpi = [r for r in records if r.backend == "mpi"]
+    gloo = [r for r in records if r.backend == "gloo"]
+    assert {(r.timing, r.method["mpi_thread_level"]) for r in mpi} == {
+        ("pipelined", "single"), ("per-op", "funneled")}
+    loops = {r.method["timed_call"] for r in mpi if r.timing == "pipelined"}
+    assert loops == ({C_LOOP} if shutil.which("cc") or shutil.which("gcc") else {STARMAP_LOOP})
+    assert all("mpi4py" in r.method["timed_call"] for r in mpi if r.timing == "per-op")
+    assert all(r.method["torch_threads"] >= 1 for r in gloo)
+    copies = {r.inplace: r.method.get("local_copy_us") for r in gloo if r.timing == "per-op"}
+    assert copies[True] is None and copies[False] > 0

@@ -10,6 +10,7 @@ and reduce-scatter, a `view` of it) as send and receive buffer.
 from __future__ import annotations
 
 import functools
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,6 +121,17 @@ class Backend(ABC):
         own bound function."""
         return functools.partial(self.run, collective, send, recv, op, root)
 
+    def bind_batch(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+                   ) -> Batch:
+        """`run(N)`: N back-to-back calls with no Python bytecode between them (the loop runs in
+        C: itertools over the bound call). Backends with a cheaper native loop override it."""
+        return starmap_batch(self.bind(collective, send, recv, op, root))
+
+    def local_copy(self, collective: str, send: Any, recv: Any) -> Callable[[], Any] | None:
+        """A local copy that the bound call makes besides the library's collective (None: it
+        makes none). The harness times it alone and records it next to the collective."""
+        return None
+
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
         """Dispatch by collective name (the harness's one call site)."""
         if collective == "broadcast":
@@ -134,6 +146,28 @@ class Backend(ABC):
             self.alltoall(send, recv)
         else:
             raise ValueError(collective)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """`batch(N)` runs N back-to-back calls; `description` says how, for the record."""
+
+    run: Callable[[int], None]
+    description: str
+
+    def __call__(self, times: int) -> None:
+        self.run(times)
+
+
+STARMAP_LOOP = "itertools.starmap over the bound call: no Python bytecode between calls"
+
+
+def starmap_batch(call: Callable[[], object]) -> Batch:
+    """N calls of `call` driven by itertools (C), stopping at a truthy return (an error code)."""
+    def run(times: int) -> None:
+        if any(itertools.starmap(call, itertools.repeat((), times))):
+            raise RuntimeError("the library call returned an error code")
+    return Batch(run, STARMAP_LOOP)
 
 
 class HostBuffers:

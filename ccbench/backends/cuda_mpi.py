@@ -31,6 +31,7 @@ import numpy as np
 
 from ccbench.backends.base import RankContext
 from ccbench.backends.mpi import MPIBackend
+from ccbench.backends.mpi_loop import loaded_libmpi
 from ccbench.errors import UsageError
 
 __all__ = ["CudaMPIBackend", "DeviceBuffer", "cuda_query_symbol", "cuda_support",
@@ -57,24 +58,10 @@ def cupy_missing_reason() -> str | None:
     return None
 
 
-def _loaded_libmpi() -> str | None:
-    """The path of the libmpi this process loaded (mpi4py dlopens it RTLD_LOCAL, so it is not
-    in the global symbol namespace)."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as handle:
-            for line in handle:
-                path = line.split()[-1] if line.strip() else ""
-                if "/libmpi" in path and ".so" in path:
-                    return path
-    except OSError:
-        return None
-    return None
-
-
 def cuda_query_symbol() -> tuple[str | None, bool]:
     """(path of the loaded libmpi, whether it exports MPIX_Query_cuda_support). Only looks the
     symbol up; calling it before MPI_Init aborts MPICH-based libraries (Intel MPI included)."""
-    path = _loaded_libmpi()
+    path = loaded_libmpi()
     if path is None:
         return None, False
     try:

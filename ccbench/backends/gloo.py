@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.backends.torch_dist import TorchDistBackend, torch_missing_reason
+from ccbench.backends.torch_dist import TORCH_TIMED_CALL, TorchDistBackend, torch_missing_reason
 
 
 class GlooBackend(TorchDistBackend):
@@ -29,4 +29,8 @@ class GlooBackend(TorchDistBackend):
 
     def info(self) -> dict[str, Any]:
         return {"library": "gloo", "library_version": f"torch {self.torch.__version__}",
-                "device": "cpu", "env": self._env("GLOO_", "TORCH_")}
+                "device": "cpu", "env": self._env("GLOO_", "TORCH_", "OMP_"),
+                "torch_threads": self.torch.get_num_threads(), "timed_call": TORCH_TIMED_CALL,
+                "allreduce_out_of_place": "recv.copy_(send), then in-place all_reduce, both "
+                                          "timed (torch.distributed has no out-of-place "
+                                          "all_reduce); method.local_copy_us: the copy alone"}

@@ -11,8 +11,36 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.backends.base import Backend, HostBuffers, RankContext
+from ccbench.backends.base import Backend, Batch, HostBuffers, RankContext
+from ccbench.backends.mpi_loop import (
+    batch_call,
+    loaded_libmpi,
+    predefined_datatype,
+)
 from ccbench.errors import RunFailure
+
+THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
+#: IMB-MPI1 and the OSU benchmarks call MPI_Init (a single-threaded level); ccbench's own helper
+#: threads (watchdog, control store) never call MPI, so funneled is the true level it needs.
+DEFAULT_THREAD_LEVEL = "funneled"
+
+
+def set_thread_level(level: str) -> None:
+    """Ask mpi4py to initialise MPI at `level` (mpi4py's own default is multiple, which costs
+    every call a lock in MPICH and Intel MPI). Must run before the first `from mpi4py import
+    MPI` of this process; an explicit MPI4PY_RC_THREAD_LEVEL in the environment wins."""
+    try:
+        import mpi4py
+    except ImportError:
+        return
+    if "MPI4PY_RC_THREAD_LEVEL" not in os.environ:
+        mpi4py.rc.thread_level = level
+
+
+def _provided_level(mpi: Any) -> str:
+    levels = {mpi.THREAD_SINGLE: "single", mpi.THREAD_FUNNELED: "funneled",
+              mpi.THREAD_SERIALIZED: "serialized", mpi.THREAD_MULTIPLE: "multiple"}
+    return levels.get(mpi.Query_thread(), str(mpi.Query_thread()))
 
 
 def _library_name(version: str) -> str:
@@ -55,6 +83,7 @@ class MPIBackend(HostBuffers, Backend):
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
         self._probed: dict[tuple[str, str], str | None] = {}
         self.version = MPI.Get_library_version().strip()
+        self._libmpi = loaded_libmpi()
 
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         if op is None:
@@ -78,22 +107,51 @@ class MPIBackend(HostBuffers, Backend):
         first_line = self.version.splitlines()[0] if self.version else ""
         prefixes = ("MPIR_", "MPICH_", "OMPI_MCA_", "I_MPI_", "FI_", "UCX_", "PMI_", "HYDRA_")
         return {"library": _library_name(self.version), "library_version": first_line,
-                "device": "cpu",
+                "device": "cpu", "mpi_thread_level": _provided_level(self.MPI),
+                "timed_call": "mpi4py Comm.<Collective>([buffer, datatype], ...) bound up "
+                              "front: one Python call into mpi4py per operation",
                 "env": {k: v for k, v in os.environ.items()
                         if k.startswith(prefixes) and "RANK" not in k}}
 
+    def _typed(self, buf: np.ndarray) -> list[Any]:
+        """[buffer, datatype] with MPI's predefined datatype: mpi4py skips inferring it."""
+        if not isinstance(buf, np.ndarray):        # device arrays: mpi4py reads their interface
+            return buf
+        raw = _raw(buf)
+        datatype = predefined_datatype(self.MPI, raw.dtype)
+        # [buffer, datatype]: mpi4py derives the count itself, per peer where the call wants it
+        return raw if datatype is None else [raw, datatype]
+
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
              ) -> Callable[[], None]:
-        """mpi4py's own bound call for the common cases (a Python frame less per op)."""
+        """mpi4py's own bound call with explicit counts and datatypes (no ccbench frame)."""
         comm, in_place = self.comm, self.MPI.IN_PLACE
         if collective == "allreduce":
-            return functools.partial(comm.Allreduce, in_place if send is recv else send, recv,
-                                     self._ops[op or "sum"])
+            return functools.partial(comm.Allreduce, in_place if send is recv else self._typed(send),
+                                     self._typed(recv), self._ops[op or "sum"])
         if collective == "broadcast":
-            return functools.partial(comm.Bcast, _raw(recv), root)
+            return functools.partial(comm.Bcast, self._typed(recv), root)
         if collective == "alltoall" and send is not recv:
-            return functools.partial(comm.Alltoall, _raw(send), _raw(recv))
+            return functools.partial(comm.Alltoall, self._typed(send), self._typed(recv))
+        host = isinstance(send, np.ndarray) and isinstance(recv, np.ndarray)
+        if collective == "allgather" and host and not np.may_share_memory(send, recv):
+            return functools.partial(comm.Allgather, self._typed(send), self._typed(recv))
+        if collective == "reduce-scatter" and host and not np.may_share_memory(send, recv):
+            return functools.partial(comm.Reduce_scatter_block, self._typed(send),
+                                     self._typed(recv), self._ops[op or "sum"])
         return super().bind(collective, send, recv, op, root)
+
+    def bind_batch(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+                   ) -> Batch:
+        """N calls from a compiled C loop (mpi_loop), else itertools over the bound call."""
+        if self._libmpi is not None and isinstance(recv, np.ndarray):
+            raw_recv = _raw(recv)
+            run = batch_call(self.MPI, self._libmpi, self.comm, collective,
+                             raw_recv if send is recv else _raw(send), raw_recv,
+                             self._ops.get(op or "sum"), root)
+            if run is not None:
+                return run
+        return super().bind_batch(collective, send, recv, op, root)
 
     def broadcast(self, buf: Any, root: int) -> None:
         self.comm.Bcast(_raw(buf), root=root)

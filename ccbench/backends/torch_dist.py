@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.util
 import os
 import socket
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ccbench.backends.base import Backend, RankContext
+from ccbench.sysinfo import node_cores, usable_cores
 
 _RAW_INT = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
@@ -27,6 +30,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def intra_op_threads(ranks_on_node: int) -> int:
+    """torch's intra-op pool (the out-of-place copy, local reductions) for one rank: the cores it
+    is pinned to, else its share of the node. torch's default, every core for every rank,
+    makes the ranks of one node compete for cores with the library's own threads."""
+    pinned, cores = usable_cores(), node_cores()
+    if pinned < cores:
+        return pinned
+    return max(1, cores // max(1, ranks_on_node))
+
+
+TORCH_TIMED_CALL = ("torch.distributed's function with its arguments bound up front "
+                    "(functools.partial): one Python call into torch per operation")
+
+
 class TorchDistBackend(Backend):
     """One torch.distributed process group; buffers are torch tensors on `self.device`."""
 
@@ -38,6 +55,8 @@ class TorchDistBackend(Backend):
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
+        if "OMP_NUM_THREADS" not in os.environ:      # the user's explicit choice stands
+            torch.set_num_threads(intra_op_threads(ctx.local_world_size))
         self.device = self._device()
         self._ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
@@ -87,6 +106,33 @@ class TorchDistBackend(Backend):
 
             return host.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
         return host.numpy().copy()
+
+    # -- the timed call ---------------------------------------------------------------------
+    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+             ) -> Callable[[], None]:
+        """torch.distributed's own function with its arguments bound (no ccbench frame)."""
+        dist = self.dist
+        reduce_op = self._ops[op or "sum"]
+        if collective == "allreduce" and send is recv:
+            return functools.partial(dist.all_reduce, recv, reduce_op)
+        if collective == "broadcast":
+            return functools.partial(dist.broadcast, recv, root)
+        if collective == "allgather":
+            return functools.partial(self._allgather, recv, send)
+        if collective == "reduce-scatter":
+            return functools.partial(self._reduce_scatter, recv, send, reduce_op)
+        if collective == "alltoall" and send is not recv:
+            return functools.partial(dist.all_to_all_single, recv, send)
+        return super().bind(collective, send, recv, op, root)
+
+    def local_copy(self, collective: str, send: Any, recv: Any) -> Callable[[], Any] | None:
+        """The copy the timed call makes besides the library call (torch has no out-of-place
+        all_reduce; all_to_all_single cannot alias), timed alone so records can show it."""
+        if collective == "allreduce" and send is not recv:
+            return functools.partial(recv.copy_, send)
+        if collective == "alltoall" and send is recv:
+            return send.clone
+        return None
 
     # -- collectives --------------------------------------------------------------------
     def broadcast(self, buf: Any, root: int) -> None:

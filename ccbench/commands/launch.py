@@ -1,8 +1,9 @@
 """`ccbench launch [-n N] [--] COLLECTIVE ...`: the embedded default launcher.
 
 Starts N local ranks (default: one per local GPU for a GPU run, else one per usable core) with
-a loopback rendezvous. If any requested backend needs MPI, all ranks are started by mpiexec (the torch backends then bootstrap from MPI); otherwise they are plain
-processes with RANK / WORLD_SIZE / LOCAL_RANK and CCBENCH_CONTROL (the control store address).
+a loopback rendezvous. If any requested backend needs MPI, all ranks are started by mpiexec
+(the torch backends then bootstrap from MPI); otherwise they are plain processes with RANK /
+WORLD_SIZE / LOCAL_RANK and CCBENCH_CONTROL (the control store address).
 """
 
 from __future__ import annotations
