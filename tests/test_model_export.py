@@ -164,3 +164,13 @@ def test_export_measured(tmp_path):
     assert durs == [max(1, round(s)) for r in recs for s in r.samples_us]
     assert node_attrs(nodes[0])["comm_size"] == 1024 // 4
     assert nodes[5].start_time_micros > nodes[4].start_time_micros
+
+
+def test_export_says_when_it_extrapolates(tmp_path):
+    from ccbench.model.synthetic import known_model
+
+    model = known_model(5e-6, 1e-10, 2e-11)
+    m = export_astra(model, tmp_path, 64, None, "allreduce", [1 << 20, 1 << 31])
+    assert "extrapolated 16x in ranks from a fit at 2,4 ranks" in m["flags"]
+    assert any("2 GiB is 2x above the largest size" in f for f in m["flags"])
+    assert any(n.startswith("warning: extrapolated 16x") for n in m["system_notes"])

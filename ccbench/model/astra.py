@@ -257,7 +257,11 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
         notes.append(f"local-mem-bw {local_mem_bw:.6g} (gamma {gamma:.3e} s/B, 3 x bytes per "
                      f"reducing receive)" if gamma > 0 else
                      "local-mem-bw: no reduction cost (gamma 0)")
-        notes.extend(pred.get("flags", []))
+        flags = list(pred.get("flags", []))
+        for row in rows:
+            flags += [f for f in row.get("flags", []) if f not in flags]
+        notes.extend(f"warning: {f}" for f in flags)
+        manifest["flags"] = flags
         nodes = []
         expected = []
         for i, row in enumerate(rows):

@@ -240,14 +240,17 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
              "operation at 8 B and 1 KiB, and the size at which the series first reaches half "
              "its peak bus bandwidth (interpolated between measured sizes). "
              "`-`: not measured (8 B of the dtype cannot be split over the ranks of "
-             "allgather, reduce-scatter and all-to-all).")
+             "allgather, reduce-scatter and all-to-all). `4*`: oversubscribed, more ranks "
+             "than cores on a node (the records' `method.oversubscribed`): the times "
+             "include waiting for a core.")
     keys = key_numbers(frame)
     has_8 = bool(keys["lat_8B_us"].notna().any()) if not keys.empty else False
     for coll in keys["collective"].unique() if not keys.empty else []:
         doc.heading(3, coll)
         rows = []
         for _, k in keys[keys["collective"] == coll].iterrows():
-            rows.append([k["series"], str(k["ranks"]), k["mode"],
+            rows.append([k["series"], f"{k['ranks']}{'*' if k.get('oversubscribed') else ''}",
+                         k["mode"],
                          f"{_fmt_bw(k['peak_busbw'])} @ {_fmt_size(k['peak_at'])}"]
                         + ([_fmt_us(k["lat_8B_us"])] if has_8 else [])
                         + [_fmt_us(k["lat_1K_us"]), _fmt_size(k["half_peak_size"])])

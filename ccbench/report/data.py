@@ -105,6 +105,9 @@ def to_frame(records: Sequence[Record]):
             "cpu": str(rec.environment.get("cpu", "")),
             "num_cpus": rec.environment.get("num_cpus"), "hosts": ",".join(rec.hosts),
             "ccbench_version": rec.ccbench_version, "run_id": rec.run_id,
+            # more ranks than cores on a node: the times include waiting for a core
+            "oversubscribed": bool((rec.method or {}).get("oversubscribed")),
+            "cores_per_node": (rec.method or {}).get("cores_per_node"),
         }
         key = (label, rec.collective, rec.dtype, rec.op, rec.inplace, rec.timing, rec.device,
                rec.world_size, rec.nodes, rec.size_asked)
@@ -162,5 +165,7 @@ def key_numbers(frame):
             "lat_8B_us": _at(group, 8), "lat_1K_us": _at(group, 1024),
             "smallest": int(smallest["size"]), "lat_smallest_us": float(smallest["median_us"]),
             "half_peak_size": half_peak_size(group["size"].tolist(), group["busbw"].tolist()),
+            "oversubscribed": bool(group["oversubscribed"].any())
+            if "oversubscribed" in group else False,
         })
     return pd.DataFrame(out)

@@ -113,10 +113,21 @@ def _world_sizes(frame) -> list[int]:
     return sorted(int(p) for p in _unique(frame["world_size"]))
 
 
+def oversubscription(p: int, frame) -> str:
+    """', oversubscribed (4 ranks on 2 cores)' when the records at p say so, else ''."""
+    sub = frame[frame["world_size"] == p]
+    if "oversubscribed" not in sub or not sub["oversubscribed"].any():
+        return ""
+    over = sub[sub["oversubscribed"]]
+    cores = _join(over["cores_per_node"].dropna().astype(int))
+    per_node = _join(over["ranks_per_node"])
+    return f", oversubscribed ({per_node} ranks on {cores or '?'} cores)"
+
+
 def _rank_title(p: int, frame) -> str:
     sub = frame[frame["world_size"] == p]
     nodes = _join(sub["nodes"])
-    return f"{p} ranks on {nodes} node{'s' if nodes != '1' else ''}"
+    return f"{p} ranks on {nodes} node{'s' if nodes != '1' else ''}{oversubscription(p, frame)}"
 
 
 def collective_figure(frame, collective: str):
@@ -194,7 +205,8 @@ def overview_figure(frame, metric: str = "busbw"):
                     ax.set_title(coll + (" (in-place)" if mode == "in-place" else ""),
                                  fontweight="bold")
                 if j == 0:
-                    ax.set_ylabel(f"{p} ranks\n" + ("busbw (GB/s)" if metric == "busbw"
+                    over = "\noversubscribed" if oversubscription(p, frame) else ""
+                    ax.set_ylabel(f"{p} ranks{over}\n" + ("busbw (GB/s)" if metric == "busbw"
                                                      else "time per op"))
         what = "bus bandwidth" if metric == "busbw" else "latency"
         fig.suptitle(f"{what} against size, every collective ({''.join(sorted(modes_used, key=len))})"
@@ -254,7 +266,8 @@ def rank_spread_figure(frame, world_size: int):
             bar = fig.colorbar(image, ax=axes, location="right", shrink=0.8, aspect=30)
             bar.set_label("rank median / fastest rank median")
             bar.set_ticks([1, 1.5, 2, 3, 4], labels=["1", "1.5", "2", "3", "≥4"])
-        fig.suptitle(f"Per-rank spread at {world_size} ranks (straggler view): each rank's median "
+        fig.suptitle(f"Per-rank spread at {world_size} ranks"
+                     f"{oversubscription(world_size, frame)} (straggler view): each rank's median "
                      f"time over the fastest rank's\n{context_line(sub)}", fontsize=10.5)
     return fig
 
