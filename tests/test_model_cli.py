@@ -127,3 +127,29 @@ def test_malformed_fit_in_model(model, ccb, tmp_path):
     bad.write_text(json.dumps(data))
     proc = ccb("simulate", str(bad), "allreduce", "--topology", "ring:4")
     assert proc.returncode == 2 and "fit 0 lacks alpha" in proc.stderr
+
+
+@pytest.mark.parametrize("case", ["one-record", "torus-zero", "all-algorithm"])
+def test_model_bad_input_one_line(tmp_path, model, case):
+    """As a user meets them: exit 2, one `ccbench: error:` line naming the bad value, no
+    traceback, and an existing output file left byte-identical."""
+    out = tmp_path / "m.json"
+    out.write_text("keep")
+    if case == "one-record":
+        one = tmp_path / "one.jsonl"
+        append_record(one, synthetic_records("allreduce", "ring", [2], [1 << 20], 2e-5, 2e-10,
+                                             0.0)[0])
+        args = ["calibrate", str(one), "-o", str(out)]
+        needle = "one size (1048576 B); alpha and beta cannot be told apart"
+    elif case == "torus-zero":
+        args = ["simulate", str(model), "allreduce", "--topology", "torus:3x0"]
+        needle = "--topology 'torus:3x0': every dimension must be >= 1, got 0"
+    else:
+        args = ["simulate", str(model), "all", "--algorithm", "ring", "--topology", "ring:4"]
+        needle = "--algorithm names one collective's formula"
+    proc = run_ccbench(*args, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ccbench: error:") and needle in lines[0], lines
+    assert "Traceback" not in proc.stderr
+    assert out.read_text() == "keep"
