@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ccbench import __version__
 from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
@@ -27,7 +28,12 @@ __all__ = ["bench_parser", "config_from_args", "main"]
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line `ccbench: error: ...` and exit 2."""
+    """argparse, but a bad argument is one line `ccbench: error: ...` and exit 2, and a long
+    option is never guessed from a prefix (`--time 1` is not `--timeout 1`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
@@ -76,6 +82,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="validation iterations after timing, 0 to skip (default 1)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds one operation may take before the run is stopped (default 300)")
+    parser.add_argument("--connect-timeout", type=float, default=None,
+                        help="seconds a rank may take to reach the control store (default: "
+                             "--timeout, at most 30)")
     parser.add_argument("--root", type=int, default=0, help="broadcast root (default 0)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--output", "-O", default=None,
@@ -100,8 +109,42 @@ def bench_parser() -> argparse.ArgumentParser:
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if not math.isfinite(value):
+        raise UsageError(f"--{name} must be a finite number of "
+                         f"{'seconds' if isinstance(value, float) else 'iterations'}, got "
+                         f"{value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
+
+
+_NCCL_BACKENDS = ("nccl", "rccl")
+
+
+def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
+    """Contradictions that would otherwise be accepted silently."""
+    if args.backend is not None and any(not part.strip() for part in args.backend.split(",")):
+        raise UsageError(f"malformed --backend {args.backend!r}: empty item (valid: a comma "
+                         f"list such as gloo,mpi)")
+    if args.max_iters < args.iters:
+        raise UsageError(f"--max-iters {args.max_iters} is below --iters {args.iters} (valid: "
+                         f"--max-iters >= --iters)")
+    if args.root < 0:
+        raise UsageError(f"--root must be >= 0, got {args.root}")
+    for flag, value in (("--nccl-algo", args.nccl_algo), ("--nccl-proto", args.nccl_proto)):
+        if value and not any(b.split("@")[-1] in _NCCL_BACKENDS for b in backends):
+            raise UsageError(f"{flag} {value!r} only applies to the nccl and rccl backends, not "
+                             f"{', '.join(backends)}")
+
+
+def _check_device(device: str) -> None:
+    if device != "cuda":
+        return
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is visible here (valid here: cpu, auto)")
 
 
 def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> BenchConfig
@@ -124,6 +167,13 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     for name in ("warmup", "check", "min_time"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     _positive("timeout", args.timeout)
+    if args.connect_timeout is not None:
+        _positive("connect-timeout", args.connect_timeout)
+    _check_consistency(args, backends)
+    if args.output:
+        from ccbench.output import check_output_file
+
+        check_output_file(args.output)
     if args.inplace and args.outofplace:
         modes: tuple[bool, ...] = (False, True)
     elif args.inplace:
@@ -142,11 +192,16 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     device = args.device
     if device == "auto":
         device = "cuda" if any(b in ("nccl", "rccl") for b in backends) else "cpu"
+    _check_device(device)
+    from ccbench.control import CONNECT_TIMEOUT_S
+
+    connect_timeout = (min(CONNECT_TIMEOUT_S, args.timeout) if args.connect_timeout is None
+                       else args.connect_timeout)
     return BenchConfig(collectives=collectives, backends=backends, sizes=sizes, dtypes=dtypes,
                        ops=ops, modes=modes, method=method, root=args.root, device=device,
                        output=args.output, fmt=args.format, quiet=args.quiet,
                        options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto},
-                       argv=list(argv))
+                       argv=list(argv), connect_timeout=connect_timeout)
 
 
 def _run_subcommand(name: str, argv: Sequence[str]) -> int:
@@ -170,8 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_subcommand(argv[0], argv[1:])
         args = bench_parser().parse_args(argv)
         config = config_from_args(args, argv)
-        if args.root < 0:
-            raise UsageError(f"--root must be >= 0, got {args.root}")
         from ccbench.runner import run_benchmark
 
         return run_benchmark(config)

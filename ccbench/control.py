@@ -18,11 +18,25 @@ from typing import Any
 
 from ccbench.errors import RunFailure
 
-__all__ = ["ControlClient", "ControlServer", "StoreLost"]
+__all__ = ["CONNECT_TIMEOUT_S", "ControlClient", "ControlServer", "StoreLost", "StoreTimeout"]
+
+CONNECT_TIMEOUT_S = 30.0
+# a `get` waits on the server up to its own timeout plus this, so that the watchdog, bounded by
+# the same timeout, speaks first and names the ranks that did not arrive
+_GET_SLACK_S = 5.0
 
 
 class StoreLost(RunFailure):
-    """The connection to the control store (rank 0) broke: rank 0 died or the network did."""
+    """The connection to the control store (rank 0) broke: rank 0 died or the network did,
+    or rank 0 stopped answering (`unresponsive`: stopped, frozen or cut off)."""
+
+    def __init__(self, message: str, unresponsive: bool = False) -> None:
+        super().__init__(message)
+        self.unresponsive = unresponsive
+
+
+class StoreTimeout(RunFailure):
+    """A `get` for a key that no rank set in time."""
 
 
 class ControlServer:
@@ -46,30 +60,35 @@ class ControlServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        rank: int | None = None
-        said_bye = False
+        state: dict[str, Any] = {"rank": None, "bye": False}
         with conn, conn.makefile("rwb") as stream:
-            for line in stream:
-                request = json.loads(line)
-                command = request["cmd"]
-                if command == "hello":
-                    # only a rank's main connection counts for liveness (not its watchdog's)
-                    rank = int(request["rank"]) if request.get("track", True) else None
-                    reply: dict[str, Any] = {"ok": True}
-                elif command == "bye":
-                    said_bye = True
-                    reply = {"ok": True}
-                    with self._cond:      # rank 0 leaves only after every peer said bye
-                        key = f"byes/{request.get('rank', -1)}"
-                        self._data[key] = int(self._data.get(key, 0)) + 1
-                else:
-                    reply = self._handle(command, request)
-                stream.write((json.dumps(reply) + "\n").encode())
-                stream.flush()
-        if rank is not None and not said_bye:
+            try:
+                self._serve_lines(stream, state)
+            except (OSError, ValueError, KeyError, TypeError):
+                pass          # a broken or foreign connection loses only its own answers
+        if state["rank"] is not None and not state["bye"]:
             with self._cond:
-                self._data[f"dead/{rank}"] = time.time()
+                self._data[f"dead/{state['rank']}"] = time.time()
                 self._cond.notify_all()
+
+    def _serve_lines(self, stream: Any, state: dict[str, Any]) -> None:
+        for line in stream:
+            request = json.loads(line)
+            command = request["cmd"]
+            if command == "hello":
+                # only a rank's main connection counts for liveness (not its watchdog's)
+                state["rank"] = int(request["rank"]) if request.get("track", True) else None
+                reply: dict[str, Any] = {"ok": True}
+            elif command == "bye":
+                state["bye"] = True
+                reply = {"ok": True}
+                with self._cond:      # rank 0 leaves only after every peer said bye
+                    key = f"byes/{request.get('rank', -1)}"
+                    self._data[key] = int(self._data.get(key, 0)) + 1
+            else:
+                reply = self._handle(command, request)
+            stream.write((json.dumps(reply) + "\n").encode())
+            stream.flush()
 
     def _handle(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
         key = request.get("key", "")
@@ -102,47 +121,55 @@ class ControlServer:
 
 
 class ControlClient:
-    """One connection per rank. Thread-safe: the watchdog shares it with the main loop."""
+    """One connection per rank. Thread-safe: the watchdog shares it with the main loop.
 
-    def __init__(self, host: str, port: int, rank: int, connect_timeout: float = 60.0,
+    Every wait is bounded: connecting by `connect_timeout` (the error names the address), each
+    reply by `reply_timeout` (plus the wait a `get` asked for), so a rank 0 that is stopped or
+    cut off is noticed instead of blocking a `recv` for ever."""
+
+    def __init__(self, host: str, port: int, rank: int,
+                 connect_timeout: float = CONNECT_TIMEOUT_S, reply_timeout: float = 300.0,
                  track: bool = True) -> None:
         self.rank = rank
         self.address = (host, port)
+        self.connect_timeout, self.reply_timeout = connect_timeout, reply_timeout
         self._lock = threading.Lock()
-        deadline = time.monotonic() + connect_timeout
-        while True:
-            try:
-                self._sock = socket.create_connection((host, port), timeout=5.0)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise StoreLost(f"cannot reach the control store at {host}:{port}: {exc}") \
-                        from None
-                time.sleep(0.05)
-        self._sock.settimeout(None)
+        self._sock = _connect(host, port, connect_timeout, rank)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._stream = self._sock.makefile("rwb")
         self._call({"cmd": "hello", "rank": rank, "track": track})
 
+    @property
+    def where(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
     def second_connection(self) -> ControlClient:
         """Another connection for the same rank (its watchdog), so a long blocking `get` on the
         main connection never delays liveness posts; it does not count for liveness."""
-        return ControlClient(*self.address, self.rank, track=False)
+        return ControlClient(*self.address, self.rank, connect_timeout=self.connect_timeout,
+                             reply_timeout=self.reply_timeout, track=False)
 
-    def _call(self, request: dict[str, Any]) -> Any:
+    def _call(self, request: dict[str, Any], wait: float = 0.0) -> Any:
+        limit = self.reply_timeout + wait
         with self._lock:
             try:
+                self._sock.settimeout(limit)
                 self._stream.write((json.dumps(request) + "\n").encode())
                 self._stream.flush()
                 line = self._stream.readline()
+            except TimeoutError:
+                raise StoreLost(f"the control store at {self.where} (rank 0) did not answer "
+                                f"within {limit:g} s", unresponsive=True) from None
             except OSError as exc:
-                raise StoreLost(f"lost the control store (rank 0): {exc}") from None
+                raise StoreLost(f"lost the control store at {self.where} (rank 0): {exc}") \
+                    from None
         if not line:
-            raise StoreLost("lost the control store (rank 0 exited)")
+            raise StoreLost(f"lost the control store at {self.where} (rank 0 exited)")
         reply = json.loads(line)
         if not reply["ok"]:
             if reply.get("error") == "timeout":
-                raise TimeoutError(request.get("key"))
+                raise StoreTimeout(f"timed out after {float(request.get('timeout', 0)):g} s "
+                                   f"waiting for {request.get('key')!r} from the other ranks")
             raise RunFailure(f"control store: {reply.get('error')}")
         return reply.get("value")
 
@@ -152,7 +179,8 @@ class ControlClient:
         self._call({"cmd": "set", "key": key, "value": value})
 
     def get(self, key: str, timeout: float = 300.0) -> Any:
-        value = self._call({"cmd": "get", "key": key, "timeout": timeout})
+        value = self._call({"cmd": "get", "key": key, "timeout": timeout + _GET_SLACK_S},
+                           wait=timeout + _GET_SLACK_S)
         if isinstance(value, dict) and "__bytes__" in value:
             return bytes.fromhex(value["__bytes__"])
         return value
@@ -180,6 +208,30 @@ class ControlClient:
     def close(self) -> None:
         try:
             self._call({"cmd": "bye", "rank": self.rank})
-        except (StoreLost, RunFailure):
+        except RunFailure:
             pass
         self._sock.close()
+
+
+def _connect(host: str, port: int, timeout: float, rank: int) -> socket.socket:
+    """Retry until rank 0's store listens, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return socket.create_connection((host, port), timeout=max(0.1, min(5.0, left)))
+        except OSError as exc:
+            if time.monotonic() + 0.1 > deadline:
+                raise _unreachable(host, port, timeout, rank, exc) from None
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def _unreachable(host: str, port: int, timeout: float, rank: int, exc: OSError) -> StoreLost:
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    where = f"the control store at {host}:{port}"
+    if isinstance(exc, ConnectionRefusedError):       # the host answers, nobody listens
+        who = "0 (nothing listens there: rank 0 is not running)"
+    else:                                              # this rank cannot get there at all
+        who = f"{rank} (this rank: is rank 0's host name or address reachable from here?)"
+    return StoreLost(f"start-up: cannot reach {where} within {timeout:g} s ({reason}); ranks "
+                     f"that did not arrive: {who}", unresponsive=True)

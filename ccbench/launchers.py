@@ -21,8 +21,10 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ccbench.control import ControlClient, ControlServer
+from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
 from ccbench.errors import UsageError
+from ccbench.faults import UNREACHABLE_HOST, planned
+from ccbench.guard import StartGuard
 
 __all__ = ["LaunchInfo", "connect_control", "detect_launch", "expand_nodelist", "published_address"]
 
@@ -83,7 +85,8 @@ def _mpi_launch_info() -> LaunchInfo:
             local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS") or "1"
             return LaunchInfo("mpiexec", _env_int(rank_var), _env_int(size_var),
                               int(local), int(local_size))
-    from mpi4py import MPI  # the variables differ between MPIs: ask MPI itself
+    with StartGuard("MPI start-up (MPI_Init)", _MPI_INIT_LIMIT_S, -1, 0):
+        from mpi4py import MPI  # the variables differ between MPIs: ask MPI itself
 
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
@@ -91,6 +94,9 @@ def _mpi_launch_info() -> LaunchInfo:
                       node.Get_size())
     node.Free()
     return info
+
+
+_MPI_INIT_LIMIT_S = 300.0
 
 
 def _tasks_on_this_node(spec: str) -> int:
@@ -167,8 +173,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def connect_control(info: LaunchInfo, timeout: float) -> tuple[ControlClient, ControlServer | None]:
-    """Rank 0 starts the store; every rank (rank 0 too) connects to it."""
+def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = CONNECT_TIMEOUT_S
+                    ) -> tuple[ControlClient, ControlServer | None]:
+    """Rank 0 starts the store; every rank (rank 0 too) connects to it, giving up after
+    `connect_timeout`; every reply is bounded by the op `timeout`."""
     server: ControlServer | None = None
     host, port = "127.0.0.1", 0
     env = os.environ
@@ -188,17 +196,26 @@ def connect_control(info: LaunchInfo, timeout: float) -> tuple[ControlClient, Co
     elif info.launcher == "torchrun":
         server, host, port = _via_torchrun_store(info, timeout)
     elif info.launcher == "mpiexec":
+        server, host, port = _via_mpi(info, timeout)
+    if planned(info.rank) == ("start-up", "unreachable"):
+        host = UNREACHABLE_HOST
+    return ControlClient(host, port, info.rank, connect_timeout=connect_timeout,
+                         reply_timeout=timeout), server
+
+
+def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:
+    """MPI_Init and the broadcast of the address hold the interpreter (no watchdog thread can
+    run) and wait for every rank: a guard process ends this rank if they do not finish."""
+    server = ControlServer("0.0.0.0", 0) if info.rank == 0 else None
+    with StartGuard("MPI start-up (MPI_Init)", timeout, info.rank, info.world_size,
+                    all_local=info.local_world_size == info.world_size):
         from mpi4py import MPI
 
-        if info.rank == 0:
-            server = ControlServer("0.0.0.0", 0)
-            address = (published_address(), server.port)
-        else:
-            address = None
+        address = (published_address(), server.port) if server is not None else None
         host, port = MPI.COMM_WORLD.bcast(address, root=0)
-        if info.rank == 0:
-            host = "127.0.0.1"
-    return ControlClient(host, port, info.rank, connect_timeout=timeout), server
+    if server is not None:
+        host = "127.0.0.1"
+    return server, host, port
 
 
 def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:

@@ -1,16 +1,104 @@
 """What rank 0 prints: an nccl-tests style table (out-of-place and in-place side by side),
-JSON lines, or CSV; and the progress bar on stderr."""
+JSON lines, or CSV; the progress bar on stderr; and the checks on the results file it appends
+to (before any rank starts, and the repair of a torn last line before the first append)."""
 
 from __future__ import annotations
 
 import csv
+import json
+import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import TextIO
 
-from ccbench.records import Record
+from ccbench.errors import UsageError
+from ccbench.records import SCHEMA, Record
 
-__all__ = ["Progress", "TableWriter", "make_writer"]
+__all__ = ["Progress", "TableWriter", "check_output_file", "make_writer", "mend_torn_tail"]
+
+_PEEK_BYTES = 1 << 16
+
+
+def check_output_file(path: str) -> None:
+    """Refuse an --output that cannot take records, before anything runs: a missing folder, a
+    folder, a file we may not write, or a file that already holds something else."""
+    target = Path(path)
+    where = f"--output {path!r}"
+    if target.is_dir():
+        raise UsageError(f"{where} is a directory (valid: a file such as {path.rstrip('/')}/"
+                         f"results.jsonl)")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(f"{where}: folder {str(parent)!r} does not exist (create it first)")
+    if not target.exists():
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"{where}: cannot create a file in {str(parent)!r} (permission "
+                             f"denied)")
+        return
+    if not target.is_file():
+        raise UsageError(f"{where} is not a regular file (valid: a .jsonl results file)")
+    if not os.access(target, os.W_OK):
+        raise UsageError(f"{where} is not writable (permission denied)")
+    first = _first_line(target)
+    if first is not None and not _is_record_line(first):
+        raise UsageError(f"{where} already holds something that is not ccbench records "
+                         f"(first line {first[:40]!r}); records are only appended to an empty "
+                         f"file or a ccbench results file")
+
+
+def _first_line(path: Path) -> str | None:
+    with open(path, "rb") as handle:
+        head = handle.read(_PEEK_BYTES)
+    for raw in head.split(b"\n"):
+        if raw.strip():
+            return raw.decode("utf-8", errors="replace")
+    return None
+
+
+def _is_record_line(line: str) -> bool:
+    if len(line) >= _PEEK_BYTES - 1:       # longer than we peeked: judge by its start
+        return line.lstrip().startswith("{") and f'"schema":"{SCHEMA}"' in line.replace(" ", "")
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("schema") == SCHEMA
+
+
+def mend_torn_tail(path: str) -> str | None:
+    """A run killed mid-write leaves a last line without its newline. Appending to it would
+    glue the next record onto it and spoil the file for every reader, so move that piece
+    aside into PATH.torn and cut it off. Returns what was done, for stderr, or None."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            if size == 0:
+                return None
+            handle.seek(size - 1)
+            if handle.read(1) == b"\n":
+                return None
+            start = size - 1
+            while start > 0:                  # back to the end of the last whole line
+                step = min(start, _PEEK_BYTES)
+                handle.seek(start - step)
+                chunk = handle.read(step)
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    start = start - step + cut + 1
+                    break
+                start -= step
+            handle.seek(start)
+            torn = handle.read()
+    except FileNotFoundError:
+        return None
+    aside = f"{path}.torn"
+    with open(aside, "ab") as handle:
+        handle.write(torn + b"\n")
+    os.truncate(path, start)
+    return (f"{path}: its last line ({len(torn)} bytes, no newline: a run stopped while writing "
+            f"it) was moved to {aside} before appending")
 
 _CSV_FIELDS = ("collective", "backend", "algorithm", "library_version", "dtype", "op", "inplace",
                "world_size", "size_used", "count", "iterations", "median_us", "p95_us",
@@ -65,10 +153,14 @@ class TableWriter:
         print(f"  {first.size_used:>10} {first.count:>11} {first.dtype:>8} {first.op or 'none':>6} "
               f"{root:>4}   {cells[0]}   {cells[1]}", file=self.stream, flush=True)
 
-    def footer(self, num_wrong: int) -> None:
+    def footer(self, num_wrong: int | None) -> None:
+        """`num_wrong` None: nothing was validated (--check 0), so nothing is called OK."""
         average = self.busbw_sum / self.busbw_count if self.busbw_count else 0.0
-        print(f"# Out of bounds values : {num_wrong} {'OK' if num_wrong == 0 else 'FAILED'}",
-              file=self.stream)
+        if num_wrong is None:
+            verdict = "not checked (--check 0)"
+        else:
+            verdict = f"{num_wrong} {'OK' if num_wrong == 0 else 'FAILED'}"
+        print(f"# Out of bounds values : {verdict}", file=self.stream)
         print(f"# Avg bus bandwidth    : {average:.5g}\n#", file=self.stream, flush=True)
 
 
@@ -82,7 +174,7 @@ class JsonWriter(TableWriter):
     def add(self, record: Record, modes: tuple[bool, ...]) -> None:
         print(record.to_json(), file=self.stream, flush=True)
 
-    def footer(self, num_wrong: int) -> None:
+    def footer(self, num_wrong: int | None) -> None:
         pass
 
 
@@ -109,7 +201,9 @@ class Progress:
 
     def __init__(self, total: int, enabled: bool) -> None:
         self._bar = None
-        if enabled and total > 1 and sys.stderr.isatty():
+        # under `ccbench launch` stderr is a pipe to the launcher, which says whether it is a tty
+        on_terminal = sys.stderr.isatty() or os.environ.get("CCBENCH_STDERR_TTY") == "1"
+        if enabled and total > 1 and on_terminal:
             try:
                 from tqdm import tqdm
             except ImportError:

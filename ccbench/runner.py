@@ -19,12 +19,13 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.collectives import REDUCING, layout
-from ccbench.control import ControlClient, ControlServer
+from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer, StoreLost, StoreTimeout
 from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.faults import MID_RUN_STEP, inject
 from ccbench.harness import Case, Method, SizeResult, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
-from ccbench.output import Progress, TableWriter, make_writer
+from ccbench.output import Progress, TableWriter, make_writer, mend_torn_tail
 from ccbench.records import Record, append_record
 from ccbench.sysinfo import cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
@@ -55,6 +56,7 @@ class BenchConfig:
     quiet: bool = False
     options: dict[str, Any] | None = None
     argv: list[str] | None = None     # as typed, for the agreement check
+    connect_timeout: float = CONNECT_TIMEOUT_S    # the CLI makes it min(this, --timeout)
 
 
 def _environment() -> dict[str, Any]:
@@ -113,6 +115,22 @@ def _check_memory(config: BenchConfig, info: LaunchInfo) -> None:
                          f"is free (use smaller --sizes)")
 
 
+def check_measurable(config: BenchConfig, world_size: int) -> None:
+    """Refuse a run in which no size has a non-zero element count (nothing would be measured),
+    before any rank starts; a mix of measurable and too-small sizes runs the measurable ones."""
+    for collective in config.collectives:
+        for dtype in config.dtypes:
+            elsize = numpy_dtype(dtype).itemsize
+            for size in config.sizes:
+                lay = layout(collective, size, elsize, world_size)
+                if lay.send_count and lay.recv_count:
+                    return
+    smallest = max(config.sizes)
+    raise UsageError(f"nothing to measure: every size in --sizes (largest {smallest} B) rounds "
+                     f"down to 0 elements per rank for {', '.join(config.collectives)} in "
+                     f"{', '.join(config.dtypes)} on {world_size} ranks (use larger --sizes)")
+
+
 def _cases(config: BenchConfig) -> list[tuple[str, str, str | None]]:
     groups = []
     for collective in config.collectives:
@@ -147,9 +165,12 @@ class _Run:
         self.wrong_total = 0
         self.step = 0
         self.placement = _placement(config.device, info.local_world_size)
+        self.step_appended = 0
+        self.watchdog: Watchdog | None = None
 
     def run(self, watchdog: Watchdog) -> int:
         config, info = self.config, self.info
+        self.watchdog = watchdog
         hosts = self.store.gather("hosts", socket.gethostname(), info.world_size,
                                   config.method.timeout)
         self.hosts = sorted(set(hosts))
@@ -166,7 +187,7 @@ class _Run:
         finally:
             progress.close()
         if self.is_root:
-            self.writer.footer(self.wrong_total)
+            self.writer.footer(self.wrong_total if config.method.check else None)
         return 1 if self.wrong_total else 0
 
     def _run_backend(self, name: str, watchdog: Watchdog, progress: Progress) -> None:
@@ -181,6 +202,7 @@ class _Run:
                           options={**(config.options or {}), "timeout": config.method.timeout,
                                    "multi_host": len(self.hosts) > 1})
         watchdog.label = f"{name}: initialisation"
+        inject("init", info.rank)
         watchdog.enter()
         backend = cls(ctx)
         watchdog.leave()
@@ -214,6 +236,8 @@ class _Run:
             for inplace in modes:
                 case = Case(collective, dtype, op, inplace, config.root)
                 self.step += 1
+                if self.step == MID_RUN_STEP:
+                    inject("mid-run", self.info.rank)
                 try:
                     result, own_wrong = measure_size(backend, self.store, watchdog, case, size,
                                                      config.method, self.step)
@@ -261,8 +285,22 @@ class _Run:
         )
         self.wrong_total += result.wrong or 0
         if config.output:
-            append_record(config.output, record)
+            self._append(record)
         self.writer.add(record, modes)
+
+    def _append(self, record: Record) -> None:
+        assert self.config.output is not None and self.watchdog is not None
+        if self.step_appended == 0:
+            note = mend_torn_tail(self.config.output)
+            if note:
+                print(f"ccbench: warning: {note}", file=sys.stderr, flush=True)
+        try:
+            append_record(self.config.output, record)
+        except OSError as exc:
+            # the records already written stay whole: each is one fsynced line
+            self.watchdog.fail(f"cannot append to --output {self.config.output!r}: "
+                               f"{exc.strerror or exc} (records of the sizes before are kept)")
+        self.step_appended += 1
 
 
 def run_benchmark(config: BenchConfig) -> int:
@@ -272,18 +310,29 @@ def run_benchmark(config: BenchConfig) -> int:
         if backend_class(name).needs_mpi_launcher and info.launcher not in MPI_LAUNCHERS:
             raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
                              f"{info.launcher}; `ccbench launch` starts it under mpiexec")
+    if config.root >= info.world_size:
+        raise UsageError(f"--root {config.root} is not a rank of this run of {info.world_size} "
+                         f"(valid: 0 to {info.world_size - 1})")
+    check_measurable(config, info.world_size)
+    inject("start-up", info.rank)
     timeout = config.method.timeout
-    store, server = connect_control(info, timeout)
+    store, server = connect_control(info, timeout, config.connect_timeout)
     watchdog = Watchdog(store, info.rank, info.world_size, timeout)
     watchdog.start()
     try:
-        with watchdog.waiting():
-            _agree_on_arguments(store, info, config.argv or [], timeout)
+        # the others connect within the connect timeout or say why not: wait a little longer,
+        # so that a rank that cannot reach the store is the one that speaks
+        with watchdog.waiting(limit=config.connect_timeout + 5):
+            _agree_on_arguments(store, info, config.argv or [], config.connect_timeout + 5)
         _check_memory(config, info)
         status = _Run(config, info, store).run(watchdog)
         watchdog.label = "the end of the run"
+        inject("shutdown", info.rank)
         with watchdog.waiting():
             store.barrier("end", info.world_size, timeout)
+    except (StoreLost, StoreTimeout) as failure:
+        watchdog.store_failed(failure)
+        raise
     finally:
         watchdog.stop()
     _close(store, server, info)

@@ -46,6 +46,9 @@ def _parse_part(part: str) -> list[int]:
         return [parse_size(part)]
     bounds, _, factor_text = part.partition(":")
     low_text, _, high_text = bounds.partition("-")
+    if not low_text.strip():
+        raise UsageError(f"size {part!r} is negative or has no lower bound: sizes are positive "
+                         f"byte counts (examples: 8, 1K, 1K-1G)")
     if "-" in high_text:
         raise UsageError(f"malformed size range {part!r} (examples: 1K-1G, 1K-1G:4)")
     low, high = parse_size(low_text), parse_size(high_text)

@@ -8,6 +8,7 @@ posts them to the control store once a second, so timing is not disturbed.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -30,17 +31,46 @@ class Watchdog:
         self.label = "start-up"
         self.position: tuple[int, int] = (0, 0)     # (case-size step, ops entered in it)
         self.blocked_since: float | None = None
+        self.wait_limit: float | None = None          # instead of `timeout`, for one wait
         self._posted: tuple[int, int] | None = None
+        # set once this process has been stopped (SIGSTOP, ^Z) and continued: by then its peers
+        # may have given up on it, and it must not blame them for leaving
+        self.was_stopped = False
+        self._wakeup: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._giving_up = threading.RLock()
         self._thread = threading.Thread(target=self._loop, name="ccbench-watchdog", daemon=True)
 
     def start(self) -> None:
+        """From the main thread. SIGCONT is noticed through the signal wakeup fd, which the
+        interpreter writes at once, even while the main thread is blocked in a library."""
+        if threading.current_thread() is threading.main_thread():
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(read_fd, False)
+            os.set_blocking(write_fd, False)
+            try:
+                signal.signal(signal.SIGCONT, _ignore)
+                signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+                self._wakeup = (read_fd, write_fd)
+            except ValueError:
+                os.close(read_fd)
+                os.close(write_fd)
         self._thread.start()
+
+    def _check_continued(self) -> None:
+        if self._wakeup is None:
+            return
+        try:
+            if signal.SIGCONT in os.read(self._wakeup[0], 512):
+                self.was_stopped = True
+        except BlockingIOError:
+            pass
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self._wakeup is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)
         self.store.close()
 
     # -- called by the harness --------------------------------------------------------
@@ -56,10 +86,25 @@ class Watchdog:
     def leave(self) -> None:
         self.blocked_since = None
 
-    def waiting(self) -> _Waiting:
+    def waiting(self, limit: float | None = None) -> _Waiting:
         """`with watchdog.waiting():` around a control-store wait on other ranks: bounded by the
-        same timeout, without counting as an operation entered."""
-        return _Waiting(self)
+        same timeout (or `limit`), without counting as an operation entered."""
+        return _Waiting(self, limit)
+
+    def fail(self, why: str, status: int = 1) -> None:
+        """This rank hit an error of its own (a full disk): it alone says why, the others
+        leave quietly instead of reporting it as dead (never returns)."""
+        with self._giving_up:
+            print(f"ccbench: error: {self.label}: {why}", file=sys.stderr, flush=True)
+            self._linger_as_store_host(None, {})
+            os._exit(status)
+
+    def store_failed(self, failure: RunFailure) -> None:
+        """The main thread's own store call failed (rank 0 gone or silent, a key never set):
+        stop the way this thread would, so only one line is printed (never returns)."""
+        if isinstance(failure, StoreLost):
+            self._give_up("lost the control store", store_lost=failure)
+        self._give_up(str(failure))
 
     def abort(self, why: str) -> None:
         """A library reported an error mid-collective: usually a peer died. Give the store a
@@ -68,8 +113,8 @@ class Watchdog:
         try:
             while time.monotonic() < deadline and not self.store.prefix("dead/"):
                 time.sleep(0.1)
-        except StoreLost:
-            self._give_up(why, store_lost=True)
+        except StoreLost as lost:
+            self._give_up(why, store_lost=lost)
         self._give_up(why)
 
     # -- the thread ---------------------------------------------------------------------
@@ -77,6 +122,7 @@ class Watchdog:
         last_post = 0.0
         while not self._stop.wait(_POLL_S):
             now = time.monotonic()
+            self._check_continued()
             blocked = self.blocked_since
             try:
                 if now - last_post >= _POST_S and self.position != self._posted:
@@ -88,46 +134,56 @@ class Watchdog:
                 if self.store.peek("aborted") is not None:
                     self._leave_quietly()         # another rank has already said why
                 waited = now - blocked
-                if waited > self.timeout:
-                    self._give_up(f"timed out after {self.timeout:g} s")
+                limit = self.wait_limit or self.timeout
+                if waited > limit:
+                    self._give_up(f"timed out after {limit:g} s")
                 if waited > _DEAD_GRACE_S and self.store.prefix("dead/"):
                     self._give_up("a rank died")
-            except StoreLost:
+            except StoreLost as lost:
                 if not self._stop.is_set():
-                    self._give_up("lost the control store", store_lost=True)
+                    self._give_up("lost the control store", store_lost=lost)
 
-    def _leave_quietly(self) -> None:
+    def _leave_quietly(self, tell_store: bool = True) -> None:
         with self._giving_up:
             try:                      # leaving on purpose: not to be reported as a dead rank
-                self.store.set(f"left/{self.rank}", 1)
+                if tell_store:
+                    self.store.set(f"left/{self.rank}", 1)
             except StoreLost:
                 pass
             os._exit(EXIT_HUNG)
 
-    def _give_up(self, why: str, store_lost: bool = False) -> None:
+    def _give_up(self, why: str, store_lost: StoreLost | None = None) -> None:
         # the main thread (a library error) and this thread (a timeout) may both get here
         self._giving_up.acquire()
         try:
-            if not store_lost and self.store.peek("aborted") is not None:
+            if store_lost is None and self.store.peek("aborted") is not None:
                 self._leave_quietly()         # another rank has already said why
-        except StoreLost:
-            store_lost = True
+        except StoreLost as lost:
+            store_lost = lost
         missing = self._missing_ranks(store_lost)
+        self._check_continued()
+        if self.was_stopped and (store_lost is not None or any(missing.values())):
+            # this process was stopped long enough for its peers to give up on it: they have
+            # said why, and the ranks it would name only left because of it
+            self._leave_quietly(store_lost is None)
         alive = [r for r in range(self.world_size) if r not in missing]
         speaker = alive[0] if alive else self.rank
         if self.rank == speaker:
-            names = ", ".join(f"{r}{' (dead)' if d else ''}" for r, d in sorted(missing.items()))
+            if store_lost is not None and store_lost.unresponsive:
+                why = f"{why}: {store_lost}"
+            names = ", ".join(f"{r}{f' ({d})' if d else ''}" for r, d in sorted(missing.items()))
             print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
                   f"{names or 'unknown'}", file=sys.stderr, flush=True)
             self._linger_as_store_host(store_lost, missing)
             os._exit(EXIT_HUNG)
         self._giving_up.release()
-        self._leave_quietly()
+        self._leave_quietly(store_lost is None)
 
-    def _linger_as_store_host(self, store_lost: bool, missing: dict[int, bool]) -> None:
+    def _linger_as_store_host(self, store_lost: StoreLost | None, missing: dict[int, str]
+                              ) -> None:
         """Rank 0 hosts the store: keep it up until the other live ranks have read 'aborted'
         and left, so none of them reports a lost store instead of the real cause."""
-        if store_lost:
+        if store_lost is not None:
             return
         try:
             self.store.set("aborted", self.rank)
@@ -140,33 +196,42 @@ class Watchdog:
         except StoreLost:
             pass
 
-    def _missing_ranks(self, store_lost: bool) -> dict[int, bool]:
-        """rank -> died?  A rank is missing when it is dead or has entered fewer ops than us."""
-        if store_lost:
-            return {0: True}
+    def _missing_ranks(self, store_lost: StoreLost | None) -> dict[int, str]:
+        """rank -> '' (behind us), 'dead' or 'not answering'. A rank is missing when it is
+        dead or has entered fewer ops than us; rank 0 when its store is gone."""
+        if store_lost is not None:
+            return {0: "not answering" if store_lost.unresponsive else "dead"}
         try:
             left = {int(k.split("/")[1]) for k in self.store.prefix("left/")}
             dead = {int(k.split("/")[1]) for k in self.store.prefix("dead/")} - left
             progress = self.store.prefix("progress/")
-        except (StoreLost, RunFailure):
-            return {0: True}
-        self.store.set(f"progress/{self.rank}", list(self.position))
+            self.store.set(f"progress/{self.rank}", list(self.position))
+        except StoreLost as lost:
+            return {0: "not answering" if lost.unresponsive else "dead"}
+        except RunFailure:
+            return {0: "dead"}
         if dead:                  # a dead rank explains the stop; the others only wait for it
-            return {rank: True for rank in dead}
-        missing: dict[int, bool] = {}
+            return {rank: "dead" for rank in dead}
+        missing: dict[int, str] = {}
         for rank in range(self.world_size):
             where = tuple(progress.get(f"progress/{rank}", (-1, -1)))
             if rank != self.rank and where < self.position:
-                missing[rank] = False
+                missing[rank] = ""
         return missing
 
 
+def _ignore(_signum: int, _frame: object) -> None:
+    """SIGCONT needs a handler for the wakeup fd to see it; continuing needs nothing more."""
+
+
 class _Waiting:
-    def __init__(self, watchdog: Watchdog) -> None:
-        self.watchdog = watchdog
+    def __init__(self, watchdog: Watchdog, limit: float | None) -> None:
+        self.watchdog, self.limit = watchdog, limit
 
     def __enter__(self) -> None:
+        self.watchdog.wait_limit = self.limit
         self.watchdog.blocked_since = time.monotonic()
 
     def __exit__(self, *exc: object) -> None:
         self.watchdog.blocked_since = None
+        self.watchdog.wait_limit = None

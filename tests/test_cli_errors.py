@@ -17,7 +17,7 @@ CASES = {
     "malformed sizes": (["allreduce", "--sizes", "1Q"], "malformed size '1Q'"),
     "empty sizes": (["allreduce", "--sizes", ""], "empty --sizes"),
     "zero size": (["allreduce", "--sizes", "0"], "size must be positive"),
-    "negative size": (["allreduce", "--sizes", "-8"], "malformed"),
+    "negative size": (["allreduce", "--sizes", "-8"], "is negative"),
     "too large": (["allreduce", "--sizes", "4T"], "GiB is free"),
     "bad iters": (["allreduce", "--iters", "0"], "--iters must be > 0"),
     "unknown flag": (["allreduce", "--bogus"], "unrecognized arguments"),

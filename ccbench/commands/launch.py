@@ -15,13 +15,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.sysinfo import usable_cores
-
-_GRACE_S = 5.0   # after one rank fails, the rest get the op timeout plus this to report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +42,12 @@ def find_mpiexec(explicit: str | None = None) -> str | None:
     if beside.exists():
         return str(beside)
     return shutil.which("mpiexec")
+
+
+def _is_hydra(mpiexec: str) -> bool:
+    """MPICH and Intel MPI's mpiexec (hydra) know -disable-auto-cleanup; Open MPI's does not."""
+    path = Path(shutil.which(mpiexec) or mpiexec).resolve()
+    return "hydra" in path.name or (path.parent / "mpiexec.hydra").exists()
 
 
 def _free_port() -> int:
@@ -78,7 +84,9 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
         if mpiexec is None:
             raise BackendUnavailable("an MPI backend was asked for but no mpiexec was found "
                                      "(pip install 'ccbench[mpi]' or pass --mpiexec)")
-        return [[mpiexec, "-n", str(nprocs), *python]], [{}]
+        # the ranks' own watchdogs say which rank failed: mpiexec must not kill them first
+        cleanup = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
+        return [[mpiexec, *cleanup, "-n", str(nprocs), *python]], [{}]
     control = f"127.0.0.1:{_free_port()}"
     envs = [{"RANK": str(r), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(r),
              "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control}
@@ -89,20 +97,31 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
 def main(args: argparse.Namespace) -> int:
     from ccbench.cli import bench_parser, config_from_args
 
-    if args.nprocs is not None and args.nprocs < 1:
-        raise UsageError(f"-n must be >= 1, got {args.nprocs}")
+    if args.nprocs is not None:
+        _check_rank_count(args.nprocs)
     bench = [a for a in args.bench if a != "--"] if args.bench[:1] == ["--"] else list(args.bench)
     if not bench:
         raise UsageError("launch needs a benchmark: ccbench launch -n 2 allreduce --backend gloo")
     config = config_from_args(bench_parser().parse_args(bench), bench)
-    needs_mpi = _check_backends(config.backends)
     nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
-    commands, envs = build_commands(nprocs, bench, needs_mpi, find_mpiexec(args.mpiexec))
+    if config.root >= nprocs:
+        raise UsageError(f"--root {config.root} is not a rank of -n {nprocs} (valid: 0 to "
+                         f"{nprocs - 1})")
+    from ccbench.runner import check_measurable
+
+    check_measurable(config, nprocs)
+    needs_mpi = _check_backends(config.backends)
+    mpiexec = find_mpiexec(args.mpiexec) if needs_mpi or args.mpiexec else None
+    if mpiexec is not None:
+        _check_mpiexec(mpiexec)
+    commands, envs = build_commands(nprocs, bench, needs_mpi, mpiexec)
     if needs_mpi and nprocs > usable_cores():
         # oversubscribed: yield the core while waiting, so ranks do not starve each other (with a
         # core each, Intel MPI busy-polls, as IMB-MPI1 and the OSU benchmarks measure it)
         envs = [{"I_MPI_WAIT_MODE": os.environ.get("I_MPI_WAIT_MODE", "1"), **e} for e in envs]
-    return _supervise(commands, envs, config.method.timeout)
+    if sys.stderr.isatty():
+        envs = [{"CCBENCH_STDERR_TTY": "1", **e} for e in envs]
+    return Supervisor(commands, envs, config.connect_timeout, via_mpiexec=needs_mpi).run()
 
 
 def default_nprocs(device: str) -> int:
@@ -119,31 +138,178 @@ def default_nprocs(device: str) -> int:
     return usable_cores()
 
 
-def _supervise(commands: list[list[str]], envs: list[dict[str, str]], timeout: float) -> int:
-    procs = [subprocess.Popen(cmd, env={**os.environ, **env})
-             for cmd, env in zip(commands, envs, strict=True)]
+_RANK_MEMORY = 200 * 2**20      # one rank's interpreter with numpy and torch loaded, roughly
 
-    def forward(signum: int, _frame: object) -> None:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
 
-    previous = signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
-    failed_at: float | None = None
+def _check_rank_count(nprocs: int) -> None:
+    """Refuse a rank count this machine cannot start, before starting any."""
+    if nprocs < 1:
+        raise UsageError(f"-n must be >= 1, got {nprocs}")
     try:
-        while any(p.poll() is None for p in procs):
-            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > timeout + _GRACE_S:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return
+    limit = max(1, available // _RANK_MEMORY)
+    if nprocs > limit:
+        raise UsageError(f"-n {nprocs} is more ranks than this machine can run: at most {limit} "
+                         f"(each rank needs about {_RANK_MEMORY // 2**20} MiB and "
+                         f"{available / 2**30:.1f} GiB is available); use a cluster launcher "
+                         f"(srun, mpiexec -hosts) for more")
+
+
+def _check_mpiexec(mpiexec: str) -> None:
+    """A missing or broken --mpiexec is bad input, found before any rank starts."""
+    path = shutil.which(mpiexec)
+    if path is None:
+        raise UsageError(f"--mpiexec {mpiexec!r}: no such executable (valid: a path to an "
+                         f"mpiexec, e.g. {find_mpiexec() or '/usr/bin/mpiexec'})")
+    try:
+        probe = subprocess.run([path, "--version"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--mpiexec {mpiexec!r} cannot be run: {exc}") from None
+    text = (probe.stdout + probe.stderr).decode(errors="replace")
+    if probe.returncode != 0 or not any(word in text for word in ("MPI", "HYDRA", "mpiexec")):
+        raise UsageError(f"--mpiexec {mpiexec!r} is not a working mpiexec (`{mpiexec} --version` "
+                         f"exited with status {probe.returncode} and did not name an MPI)")
+
+
+_KILL_GRACE_S = 5.0   # after the error line, the other ranks get this long to leave
+_ERROR = b"ccbench: error:"
+
+
+class Supervisor:
+    """Starts the ranks (or mpiexec) in a process group of their own and watches them all at
+    once: the first failure starts a short grace for the others to report and leave, then the
+    whole group (mpiexec, its proxies, every rank, a stopped one too) is killed. Their stderr
+    passes through here, so that exactly one `ccbench: error:` line comes out: the first one a
+    rank printed, or the launcher's own when no rank could."""
+
+    def __init__(self, commands: list[list[str]], envs: list[dict[str, str]],
+                 connect_timeout: float, via_mpiexec: bool = False) -> None:
+        self.commands, self.envs, self.via_mpiexec = commands, envs, via_mpiexec
+        # no rank has said why yet: the others notice a dead peer within seconds, a missing
+        # control store within the connect timeout
+        self.silent_grace = connect_timeout + 10
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.first_failed: int | None = None
+        self.group = 0
+        self.error_seen = threading.Event()
+        self._print_lock = threading.Lock()
+        self._readers: list[threading.Thread] = []
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGINT,
+                                                                       signal.SIGTERM)}
+        try:
+            self._start()
+            codes = self._watch()
+        finally:
+            self._kill_group()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        for reader in self._readers:
+            reader.join(timeout=5)
+        status = _combined_status(codes)
+        if status != 0 and not self.error_seen.is_set():
+            print(f"ccbench: error: {self._why(codes)}", file=sys.stderr, flush=True)
+        return status
+
+    def _start(self) -> None:
+        for cmd, env in zip(self.commands, self.envs, strict=True):
+            try:
+                proc = subprocess.Popen(cmd, env={**os.environ, **env}, stderr=subprocess.PIPE,
+                                        process_group=self.group)
+            except OSError as exc:
+                raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
+            if not self.group:
+                self.group = proc.pid
+            self.procs.append(proc)
+            assert proc.stderr is not None
+            reader = threading.Thread(target=self._pass_stderr, args=(proc.stderr,), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def _watch(self) -> list[int]:
+        failed_at: float | None = None
+        said_at: float | None = None
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if all(code is not None for code in codes):
+                return [int(code) for code in codes if code is not None]
+            now = time.monotonic()
+            if failed_at is None and any(code not in (None, 0) for code in codes):
+                failed_at = now
+                self.first_failed = next(r for r, c in enumerate(codes) if c not in (None, 0))
+            if said_at is None and self.error_seen.is_set():
+                said_at = now
+            if ((said_at is not None and now - said_at > _KILL_GRACE_S)
+                    or (failed_at is not None and now - failed_at > self.silent_grace)):
+                self._kill_group()
             time.sleep(0.05)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    codes = [p.returncode for p in procs]
-    return _combined_status(codes)
+
+    def _kill_group(self) -> None:
+        if self.group:
+            try:
+                os.killpg(self.group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        if self.group:
+            try:
+                os.killpg(self.group, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _pass_stderr(self, stream: IO[bytes]) -> None:
+        """Line by line (a carriage return ends a line too, for progress bars)."""
+        pending = b""
+        while True:
+            chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+            if not chunk:
+                break
+            pending += chunk
+            while True:
+                cut = max(pending.rfind(b"\n"), pending.rfind(b"\r"))
+                if cut < 0:
+                    break
+                complete, pending = pending[:cut + 1], pending[cut + 1:]
+                self._emit(complete)
+        if pending:
+            self._emit(pending)
+
+    def _emit(self, text: bytes) -> None:
+        out = []
+        for line in text.splitlines(keepends=True):
+            if line.startswith(_ERROR):
+                if self.error_seen.is_set():
+                    continue                  # a consequence of the first; that one said why
+                self.error_seen.set()
+            out.append(line)
+        with self._print_lock:
+            sys.stderr.buffer.write(b"".join(out))
+            sys.stderr.buffer.flush()
+
+    def _why(self, codes: list[int]) -> str:
+        """The launcher's own line, when no rank said what went wrong."""
+        if self.via_mpiexec:
+            return (f"{self.commands[0][0]} ended with {_describe(codes[0])} before any rank "
+                    f"said why")
+        first = self.first_failed if self.first_failed is not None else \
+            next(r for r, c in enumerate(codes) if c != 0)
+        return (f"rank {first} ended with {_describe(codes[first])} and no rank said why; "
+                f"ranks that did not arrive: {first}")
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 def _combined_status(codes: list[int]) -> int:

@@ -1,0 +1,196 @@
+"""Fault injection for the fault-matrix tests and benchmark: `CCBENCH_FAULT=PHASE:RANK:ACTION`
+makes one rank really die, stop or exit at a chosen point, so every phase can be hit on time.
+
+Phases: start-up (before the control store and MPI_Init), init (the backend's
+initialisation), mid-run (the third measured size), shutdown (after the last record, before
+the closing barrier). Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
+unreachable (start-up only: the control store address becomes one that does not resolve).
+Unset, every call is a dictionary lookup that does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ccbench.errors import UsageError
+
+__all__ = ["ACTIONS", "PHASES", "UNREACHABLE_HOST", "Cell", "Outcome", "inject", "planned",
+           "run_cell", "tagged_processes"]
+
+PHASES = ("start-up", "init", "mid-run", "shutdown")
+ACTIONS = ("kill", "stop", "exit", "unreachable")
+UNREACHABLE_HOST = "control-store.invalid"     # .invalid never resolves (RFC 2606)
+MID_RUN_STEP = 3
+
+
+def planned(rank: int) -> tuple[str, str] | None:
+    """(phase, action) planned for this rank, or None."""
+    spec = os.environ.get("CCBENCH_FAULT")
+    if not spec:
+        return None
+    try:
+        phase, victim, action = spec.split(":")
+        victim_rank = int(victim)
+    except ValueError:
+        raise UsageError(f"CCBENCH_FAULT={spec!r} (valid: PHASE:RANK:ACTION)") from None
+    if phase not in PHASES or action not in ACTIONS:
+        raise UsageError(f"CCBENCH_FAULT={spec!r} (valid phases: {', '.join(PHASES)}; "
+                         f"actions: {', '.join(ACTIONS)})")
+    return (phase, action) if victim_rank == rank else None
+
+
+def inject(phase: str, rank: int) -> None:
+    """Carry out the planned fault if it is for this phase and rank."""
+    plan = planned(rank)
+    if plan is None or plan[0] != phase:
+        return
+    action = plan[1]
+    log = os.environ.get("CCBENCH_FAULT_LOG")
+    if log:                              # when the fault happened, for the stop-time figures
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"{time.time()}\n")
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "exit":
+        os._exit(1)
+
+
+# -- running one cell of the fault matrix (tests and scripts/fault_matrix.py) -----------------
+
+ERROR_PREFIX = "ccbench: error:"
+# what the error line must name for each phase (the label of the step that stopped)
+PHASE_WORDS = {"start-up": ("start-up",), "init": ("initialisation", "start-up"),
+               "mid-run": ("allreduce",), "shutdown": ("end of the run",)}
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    backend: str
+    world_size: int
+    victim: int
+    action: str
+    phase: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}-n{self.world_size}-{self.phase}-{self.action}-rank{self.victim}"
+
+
+@dataclass(slots=True)
+class Outcome:
+    cell: Cell
+    status: int | None
+    stop_s: float | None            # from the fault to the launcher's exit
+    error_lines: list[str]
+    leftovers: list[int]
+    records_ok: bool
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def run_cell(cell: Cell, workdir: Path, timeout: float = 5.0, bound: float = 240.0
+             ) -> Outcome:
+    """Launch a small run with the fault planned, wait (at most `bound` seconds), then check:
+    non-zero exit, exactly one error line naming the phase and the victim, no process of the
+    run left, every record on disk whole."""
+    tag = f"ccbench-fault-{uuid.uuid4().hex[:10]}"
+    out, log = workdir / f"{cell.name}.jsonl", workdir / f"{cell.name}.time"
+    for old in (out, log):
+        old.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "ccbench", "launch", "-n", str(cell.world_size), "allreduce",
+           "--backend", cell.backend, "--sizes", "1K-32K", "--iters", "3", "--warmup", "1",
+           "--timeout", f"{timeout:g}", "-q", "--output", str(out)]
+    env = {**os.environ, "CCBENCH_FAULT": f"{cell.phase}:{cell.victim}:{cell.action}",
+           "CCBENCH_FAULT_LOG": str(log), "CCBENCH_FAULT_TAG": tag}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=bound)
+        ended = time.time()
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        ended = None
+    time.sleep(0.5)
+    leftovers = tagged_processes(tag)
+    for pid in leftovers:                # clean up after a failed cell, then report it
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    fault_at = float(log.read_text().split()[0]) if log.exists() else None
+    stop = ended - fault_at if ended is not None and fault_at is not None else None
+    errors = [line for line in stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+    outcome = Outcome(cell, proc.returncode if ended is not None else None, stop, errors,
+                      leftovers, _records_whole(out))
+    outcome.problems = _judge(outcome, stderr, fault_at)
+    return outcome
+
+
+def _judge(outcome: Outcome, stderr: str, fault_at: float | None) -> list[str]:
+    cell, problems = outcome.cell, []
+    if outcome.status is None:
+        problems.append("hung: still running at the bound")
+    elif outcome.status == 0:
+        problems.append("exit status 0")
+    if fault_at is None:
+        problems.append("the fault never happened")
+    if outcome.leftovers:
+        problems.append(f"processes left: {outcome.leftovers}")
+    if len(outcome.error_lines) != 1:
+        problems.append(f"{len(outcome.error_lines)} error lines")
+    if "Traceback" in stderr:
+        problems.append("a traceback")
+    if not outcome.records_ok:
+        problems.append("a torn or invalid record")
+    if outcome.error_lines:
+        line = outcome.error_lines[0]
+        if not any(word in line for word in PHASE_WORDS[cell.phase]):
+            problems.append(f"phase not named: {line}")
+        named = re.search(r"did not arrive: (.*)$", line)
+        ranks = {int(r) for r in re.findall(r"(?<![\w.:])(\d+)(?![\w.:])", named.group(1))} \
+            if named else set()
+        if cell.victim not in ranks:
+            problems.append(f"rank {cell.victim} not named: {line}")
+    return problems
+
+
+def _records_whole(path: Path) -> bool:
+    if not path.exists():
+        return True
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        return False
+    try:
+        return all(isinstance(json.loads(line), dict) for line in data.splitlines() if line)
+    except ValueError:
+        return False
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Processes whose environment carries `tag` (everything a cell started)."""
+    needle = f"CCBENCH_FAULT_TAG={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,103 @@
+"""A guard for waits that hold the interpreter: MPI_Init blocks with the GIL held, so no Python
+thread (the watchdog) can run while a peer that died during start-up keeps it waiting for ever.
+
+The guard is a forked child process, started before the wait: if the parent has not said
+"done" within the limit, the child prints the one error line and kills the parent. If the
+parent dies first, the pipe closes and the child just exits.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["StartGuard", "local_peer_ranks"]
+
+EXIT_HUNG = 3
+_RANK_VARS = (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK", b"RANK")
+
+
+def local_peer_ranks(parent: int) -> dict[int, str]:
+    """rank -> process state ('R', 'S', 'T' stopped, ...) of the processes started by the same
+    parent (an MPI proxy) on this host, read from /proc."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) != parent:
+                continue
+            env = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0")
+                       if b"=" in v)
+        except (OSError, ValueError, IndexError):
+            continue
+        for name in _RANK_VARS:
+            if name in env:
+                found[int(env[name])] = fields[0]
+                break
+    return found
+
+
+class StartGuard:
+    """`with StartGuard("MPI start-up (MPI_Init)", limit, rank, world):` around the wait."""
+
+    def __init__(self, phase: str, limit: float, rank: int, world_size: int,
+                 all_local: bool = False) -> None:
+        self.phase, self.limit, self.rank, self.world_size = phase, limit, rank, world_size
+        self.all_local = all_local          # every rank on this host: /proc tells who is there
+        self._child = 0
+        self._done_fd = -1
+
+    def __enter__(self) -> StartGuard:
+        read_fd, write_fd = os.pipe()
+        child = os.fork()
+        if child == 0:                                   # the guard: no Python cleanup at all
+            try:
+                os.close(write_fd)
+                _watch(read_fd, os.getppid(), self)
+            finally:
+                os._exit(0)
+        os.close(read_fd)
+        self._child, self._done_fd = child, write_fd
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        os.close(self._done_fd)                          # EOF: the guard exits
+        os.waitpid(self._child, 0)
+
+
+def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
+    phase, limit, rank, world = guard.phase, guard.limit, guard.rank, guard.world_size
+    ready, _, _ = select.select([read_fd], [], [], limit)
+    if ready:
+        return
+    peers = local_peer_ranks(_parent_of(parent))
+    here = {r for r, state in peers.items() if state not in ("T", "t", "Z", "X")}
+    missing = [r for r in range(world) if r not in here and r != rank]
+    complete = guard.all_local
+    speaker = min(here | {rank}) == rank
+    if complete and not speaker:
+        os.kill(parent, signal.SIGKILL)    # the lowest live rank speaks for all
+        return
+    names = ", ".join(map(str, missing)) if complete and missing else "unknown"
+    line = (f"ccbench: error: {phase}: did not finish within {limit:g} s (a rank died or hangs "
+            f"during start-up); ranks that did not arrive: {names}\n")
+    try:
+        os.write(sys.stderr.fileno(), line.encode())
+    finally:
+        os.kill(parent, signal.SIGKILL)
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
