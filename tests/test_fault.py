@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import have_mpi
 
+from ccbench.faults import Cell, run_cell
 from ccbench.records import load_records
 
 TIMEOUT_S = 5.0
-MARGIN_S = 12.0
+# "no hang" bounds, in minutes: a loaded CI machine is slow, never stuck (stop times are
+# measured by scripts/fault_matrix.py, not asserted here)
+NO_HANG_S = TIMEOUT_S + 30 + 120
 
 
 def _ranks_of(tag: str, world: int, deadline: float) -> dict[int, int]:
@@ -71,24 +74,19 @@ def test_gloo_rank_dies_or_hangs(tmp_path: Path, how: str, monkeypatch: pytest.M
     _wait_records(out, 3, proc)
     victim = ranks[2]
     os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-    started = time.monotonic()
     try:
-        _, stderr = proc.communicate(timeout=TIMEOUT_S + MARGIN_S + 10)
+        _, stderr = proc.communicate(timeout=NO_HANG_S)
     finally:
         if how == "stop":
             try:
                 os.kill(victim, signal.SIGKILL)      # the launcher should have reaped it
             except ProcessLookupError:
                 pass
-    elapsed = time.monotonic() - started
     assert proc.returncode != 0
     errors = [line for line in stderr.splitlines() if line.startswith("ccbench: error:")]
     assert len(errors) == 1, stderr
     assert "allreduce" in errors[0] and "ranks that did not arrive: 2" in errors[0], errors
     assert "Traceback" not in stderr
-    # the survivors stopped within the op timeout plus a margin (SIGSTOP: the launcher also
-    # has to reap the stopped rank)
-    assert elapsed < TIMEOUT_S + MARGIN_S, elapsed
     records = load_records(out)
     assert len(records) >= 3 and all(r.wrong == 0 for r in records)
 
@@ -101,8 +99,39 @@ def test_mpi_rank_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ranks = _ranks_of(tag, 3, time.monotonic() + 60)
     _wait_records(out, 3, proc)
     os.kill(ranks[1], signal.SIGKILL)
-    started = time.monotonic()
-    proc.communicate(timeout=TIMEOUT_S + MARGIN_S + 10)
+    _, stderr = proc.communicate(timeout=NO_HANG_S)
     assert proc.returncode != 0
-    assert time.monotonic() - started < TIMEOUT_S + MARGIN_S
+    errors = [line for line in stderr.splitlines() if line.startswith("ccbench: error:")]
+    assert len(errors) == 1 and "ranks that did not arrive: 1 (dead)" in errors[0], stderr
     assert len(load_records(out)) >= 3
+
+
+# One cell of every kind of the fault matrix (scripts/fault_matrix.py runs all of them): each
+# fault, each phase, each victim position (first, middle, last) and each backend at least once.
+CELLS = [
+    Cell("gloo", 3, 0, "stop", "mid-run"),
+    Cell("gloo", 3, 1, "kill", "start-up"),
+    Cell("gloo", 2, 1, "exit", "shutdown"),
+    Cell("gloo", 3, 2, "unreachable", "start-up"),
+    Cell("mpi", 3, 2, "kill", "start-up"),
+    Cell("mpi", 3, 1, "stop", "init"),
+    Cell("oneccl", 2, 1, "kill", "mid-run"),
+    Cell("ring@mpi", 2, 0, "exit", "init"),
+]
+
+
+def _available(backend: str) -> str | None:
+    from ccbench.backends import backend_class
+
+    if "mpi" in backend and not have_mpi():
+        return "no mpiexec"
+    return backend_class(backend).unavailable_reason()
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.name)
+def test_fault_cell(cell: Cell, tmp_path: Path) -> None:
+    reason = _available(cell.backend)
+    if reason and os.environ.get("CI") != "true":
+        pytest.skip(reason)
+    outcome = run_cell(cell, tmp_path, timeout=TIMEOUT_S, bound=NO_HANG_S)
+    assert outcome.ok, (outcome.problems, outcome.error_lines)
