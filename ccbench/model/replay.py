@@ -19,7 +19,7 @@ schedule equals its alpha-beta-gamma formula; tests/test_model_replay.py checks 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from ccbench.errors import UsageError
 from ccbench.model.topology import Topology
 
 __all__ = ["ArrayProgram", "SimStep", "Program", "ReplayResult", "program_from_schedule", "replay",
-           "ring_program", "to_arrays",
+           "ring_program", "to_arrays", "replay_rounds", "round_time",
            "schedule_program", "unit_bytes"]
 
 SHARING = ("max-min", "equal")
@@ -398,6 +398,171 @@ def replay(program: Program | ArrayProgram, topo: Topology, gamma: float = 0.0,
         stuck = np.flatnonzero(~rank_done)[:8].tolist()
         raise UsageError(f"schedule deadlocked: ranks {stuck} wait for messages that never come")
     return ReplayResult(float(rank_finish.max()) if p else 0.0, rank_finish, nmsg, batches, most)
+
+
+# -- the rounds engine: one fluid solve per round, arrays of O(p) -------------------------------
+
+def _fair_rates(lv: np.ndarray, cap: np.ndarray, sharing: str) -> tuple[np.ndarray, int]:
+    """Rates of flows whose links are the rows of `lv` (padding points at the last entry of
+    `cap`, which is inf), and the most flows on one link."""
+    nl = len(cap)
+    cnt = np.bincount(lv.ravel(), minlength=nl)
+    most = int(cnt[:-1].max()) if nl > 1 else 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if sharing == "equal":
+            share = cap / np.maximum(cnt, 1)
+            share[-1] = np.inf
+            return share[lv].min(axis=1), most
+        rate = np.empty(lv.shape[0])
+        todo = np.arange(lv.shape[0])
+        rem = cap.astype(float)
+        sub = lv
+        while todo.size:
+            # progressive filling: the links with the smallest fair share saturate first
+            c = cnt if sub is lv else np.bincount(sub.ravel(), minlength=nl)
+            share = np.where(c > 0, rem / c, np.inf)
+            share[-1] = np.inf
+            fshare = share[sub].min(axis=1)
+            m = fshare.min()
+            newly = fshare <= m * (1 + 1e-9)
+            rate[todo[newly]] = m
+            rem = np.maximum(rem - np.bincount(sub[newly].ravel(), minlength=nl) * m, 0.0)
+            todo, sub = todo[~newly], sub[~newly]
+    return rate, most
+
+
+def _fluid(lv: np.ndarray, nbytes: np.ndarray, start: np.ndarray, cap: np.ndarray,
+           sharing: str) -> tuple[np.ndarray, int]:
+    """Finish times of flows that start at `start` and share links as a fluid; rates are
+    solved again whenever a flow starts or ends."""
+    finish = start.copy()
+    starts = np.unique(start)
+    pending = 0
+    active = np.zeros(0, np.int64)
+    left = np.zeros(0)
+    now, most = 0.0, 0
+    while pending < len(starts) or active.size:
+        t_start = starts[pending] if pending < len(starts) else np.inf
+        if active.size:
+            rates, m = _fair_rates(lv[active], cap, sharing)
+            most = max(most, m)
+            dts = left / rates
+            dt = float(dts.min())
+        else:
+            dt = np.inf
+        if t_start <= now + dt:
+            if active.size:
+                left = left - rates * (t_start - now)
+            now = float(t_start)
+            new = np.flatnonzero(start == t_start)
+            active = np.concatenate((active, new))
+            left = np.concatenate((left, nbytes[new]))
+            pending += 1
+            continue
+        now += dt
+        done = dts <= dt * (1 + 1e-9) + 1e-18
+        finish[active[done]] = now
+        left = (left - rates * dt)[~done]
+        active = active[~done]
+    return finish, most
+
+
+@dataclass
+class _LinkArrays:
+    cap: np.ndarray        # bytes/s per link, then inf for the padding
+    alpha: np.ndarray      # then 0
+    hop: np.ndarray        # then 0
+
+    @classmethod
+    def of(cls, topo: Topology) -> _LinkArrays:
+        return cls(np.append(np.asarray(topo.cap, float), np.inf),
+                   np.append(np.asarray(topo.alpha, float), 0.0),
+                   np.append(np.asarray(topo.hop, float), 0.0))
+
+
+def round_time(rnd: Any, topo: Topology, gamma: float = 0.0, sharing: str = "max-min",
+               arrays: _LinkArrays | None = None) -> tuple[float, int, np.ndarray]:
+    """Seconds from the start of a round (every rank starts it together) until its last
+    rank has sent, received and reduced; the most flows on one link; the per-rank end.
+
+    A message waits the largest alpha on its path, then flows; a send is done when its
+    last byte left, a recv when it arrived (plus per-hop latencies); a rank then reduces
+    gamma x the bytes it received to reduce."""
+    p = topo.ranks
+    nmsg = rnd.src.size
+    if nmsg == 0:
+        return 0.0, 0, np.zeros(p)
+    paths = topo.paths(rnd.src, rnd.dst)
+    la = arrays
+    if la is None or len(la.cap) != len(topo.cap) + 1:   # fully-connected adds links on use
+        la = _LinkArrays.of(topo)
+    nl = len(la.cap) - 1
+    lv = np.where(paths.links >= 0, paths.links, nl)
+    sub_alpha = la.alpha[lv].max(axis=1) if lv.shape[1] else np.zeros(len(lv))
+    if paths.msg.size == nmsg and np.array_equal(paths.msg, np.arange(nmsg)):
+        msg_alpha = sub_alpha
+    else:
+        msg_alpha = np.zeros(nmsg)
+        np.maximum.at(msg_alpha, paths.msg, sub_alpha)
+    sub_bytes = rnd.nbytes[paths.msg] * paths.frac
+    start = msg_alpha[paths.msg]
+    flowing = np.flatnonzero((sub_bytes > 0) & (lv < nl).any(axis=1)) if lv.shape[1] \
+        else np.zeros(0, np.int64)
+    finish = start.copy()
+    most = 0
+    if flowing.size:
+        finish[flowing], most = _fluid(lv[flowing], sub_bytes[flowing], start[flowing],
+                                       la.cap, sharing)
+    arrive = finish + (la.hop[lv].sum(axis=1) if lv.shape[1] else 0.0)
+    if paths.msg.size == nmsg:
+        msg_sent, msg_arrived = np.empty(nmsg), np.empty(nmsg)
+        msg_sent[paths.msg], msg_arrived[paths.msg] = finish, arrive
+    else:
+        msg_sent, msg_arrived = np.zeros(nmsg), np.zeros(nmsg)
+        np.maximum.at(msg_sent, paths.msg, finish)
+        np.maximum.at(msg_arrived, paths.msg, arrive)
+    rank_end = np.zeros(p)
+    np.maximum.at(rank_end, rnd.src, msg_sent)
+    np.maximum.at(rank_end, rnd.dst, msg_arrived)
+    if gamma:
+        rank_end += gamma * np.bincount(rnd.dst, weights=rnd.reduce, minlength=p)
+    return float(rank_end.max()), most, rank_end
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+def replay_rounds(program: Any, topo: Topology, gamma: float = 0.0, sharing: str = "max-min",
+                  progress: ProgressFn | None = None) -> ReplayResult:
+    """Replay a RoundProgram (ccbench.model.rounds) round by round.
+
+    Rounds are bulk-synchronous: round k+1 starts on every rank when round k has ended on
+    all of them. The schedules here run their ranks in lock step when no link is shared
+    (so this equals the event replay and the alpha-beta-gamma formula); under contention
+    a rank that ends a round early waits for the slowest one, where the event replay lets
+    it start its next step, so this can be slower (tests/test_model_rounds.py measures
+    the gap on small cases). Memory is O(p x path length) per round.
+    """
+    if sharing not in SHARING:
+        raise UsageError(f"unknown sharing {sharing!r} (valid: {', '.join(SHARING)})")
+    p = program.p
+    if p != topo.ranks:
+        raise UsageError(f"schedule has {p} ranks, topology {topo.spec!r} has {topo.ranks}")
+    arrays = _LinkArrays.of(topo)
+    now, most, done, messages, solved = 0.0, 0, 0, 0, 0
+    rank_finish = np.zeros(p)
+    for rnd in program.rounds():
+        dt, m, rank_end = round_time(rnd, topo, gamma, sharing, arrays)
+        solved += 1
+        touched = rank_end > 0
+        rank_finish[touched] = now + (rnd.repeat - 1) * dt + rank_end[touched]
+        now += rnd.repeat * dt
+        most = max(most, m)
+        done += rnd.repeat
+        messages += rnd.repeat * rnd.src.size
+        if progress is not None:
+            progress(done, program.num_rounds)
+    return ReplayResult(now, rank_finish, messages, solved, most)
 
 
 def program_stats(program: Sequence[Sequence[SimStep]]) -> dict[str, float]:

@@ -36,7 +36,20 @@ from ccbench.errors import UsageError, choices_error
 
 KINDS = ("ring", "fully-connected", "switch", "fat-tree", "torus", "hypercube", "dual-plane")
 
-__all__ = ["KINDS", "LinkClass", "Topology", "parse_topology", "build_topology"]
+__all__ = ["KINDS", "LinkClass", "Paths", "Topology", "parse_topology", "build_topology"]
+
+
+@dataclass(frozen=True, slots=True)
+class Paths:
+    """Routes of many messages at once, as arrays.
+
+    A message split over several paths (dual-plane) has one subflow per path. Row i of
+    `links` lists the link ids of subflow i, -1 where the path is shorter than the row.
+    """
+
+    msg: np.ndarray       # message index of each subflow
+    links: np.ndarray     # (subflows, longest path) link ids, -1 padded
+    frac: np.ndarray      # share of the message's bytes on each subflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +74,7 @@ class Topology:
     params: dict[str, int | float] = field(default_factory=dict)
     _routes: dict[tuple[int, int], list[tuple[list[int], float]]] = field(default_factory=dict)
     _inter: LinkClass | None = None
+    _tables: dict[str, np.ndarray] = field(default_factory=dict)
 
     # -- construction -------------------------------------------------------------------
     def add_link(self, u: int, v: int, lc: LinkClass, name: str, scale: float = 1.0) -> int:
@@ -156,6 +170,167 @@ class Topology:
             return out
         raise choices_error("topology", k, KINDS)
 
+    # -- vectorised routing (one call per round of a schedule) ---------------------------
+    def paths(self, src: np.ndarray, dst: np.ndarray) -> Paths:
+        """The routes of messages src[i] -> dst[i], the same links as `routes`, computed
+        with numpy for every kind but fully-connected (whose links are made on first use)."""
+        src = np.asarray(src, np.int64)
+        dst = np.asarray(dst, np.int64)
+        if self.kind == "fully-connected":
+            return self._paths_scalar(src, dst)
+        tab = self._link_tables()
+        k = self.kind
+        if k == "switch":
+            return _single(np.stack([tab["up"][src], tab["down"][dst]], axis=1), src == dst)
+        if k == "fat-tree":
+            leaf = int(self.params["leaf"])
+            ls, ld = src // leaf, dst // leaf
+            cross = ls != ld
+            links = np.stack([tab["up"][src], np.where(cross, tab["leaf_up"][ls], -1),
+                              np.where(cross, tab["leaf_down"][ld], -1), tab["down"][dst]],
+                             axis=1)
+            return _single(links, src == dst)
+        if k == "ring":
+            return _single(self._ring_columns(src, dst, self.ranks, tab["next"], tab["prev"],
+                                              1, src.copy()), src == dst)
+        if k == "torus":
+            shape = [n for _, n in self.dims]
+            strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
+            node = src.copy()
+            cols: list[np.ndarray] = []
+            for d, n in enumerate(shape):
+                if n == 1:
+                    continue
+                part = self._ring_columns((src // strides[d]) % n, (dst // strides[d]) % n, n,
+                                          tab[f"plus{d}"], tab[f"minus{d}"], strides[d], node)
+                cols.extend(part.T)
+            return _single(_stack(cols, src.size), src == dst)
+        if k == "hypercube":
+            diff = src ^ dst
+            cur = src.copy()
+            cols = []
+            for bit in range(max(0, self.ranks.bit_length() - 1)):
+                on = (diff >> bit) & 1 == 1
+                cols.append(np.where(on, tab[f"cube{bit}"][cur], -1))
+                cur = np.where(on, cur ^ (1 << bit), cur)
+            return _single(_stack(cols, src.size), src == dst)
+        if k == "dual-plane":
+            return self._paths_dual_plane(src, dst, tab)
+        raise choices_error("topology", k, KINDS)
+
+    def _ring_columns(self, a: np.ndarray, b: np.ndarray, n: int, plus: np.ndarray,
+                      minus: np.ndarray, stride: int, node: np.ndarray) -> np.ndarray:
+        """Links walked from coordinate a to b on a ring of n (shorter direction, ties
+        forward); `node` holds the current node ids and is advanced in place."""
+        fwd = (b - a) % n
+        forward = fwd <= n - fwd
+        hops = np.where(forward, fwd, n - fwd)
+        longest = int(hops.max()) if hops.size else 0
+        cols = np.full((a.size, longest), -1, np.int64)
+        coord = a.copy()
+        step = np.where(forward, 1, -1)
+        for j in range(longest):
+            on = j < hops
+            cols[:, j] = np.where(on, np.where(forward, plus[node], minus[node]), -1)
+            new = np.where(on, (coord + step) % n, coord)
+            node += (new - coord) * stride
+            coord = new
+        return cols
+
+    def _paths_dual_plane(self, src: np.ndarray, dst: np.ndarray,
+                          tab: dict[str, np.ndarray]) -> Paths:
+        g, tor = int(self.params["gpus"]), int(self.params["tor"])
+        hs, hd = src // g, dst // g
+        local = hs == hd
+        loc = np.flatnonzero(local & (src != dst))
+        far = np.flatnonzero(~local)
+        msgs = [loc]
+        rows = [np.stack([tab["intra_up"][src[loc]], tab["intra_down"][dst[loc]],
+                          np.full(loc.size, -1), np.full(loc.size, -1)], axis=1)]
+        fracs = [np.ones(loc.size)]
+        ts, td = hs[far] // tor, hd[far] // tor
+        cross = ts != td
+        for plane in (0, 1):
+            up = tab.get(f"tor_up{plane}")
+            down = tab.get(f"tor_down{plane}")
+            rows.append(np.stack([
+                tab[f"nic_up{plane}"][src[far]],
+                np.where(cross, up[ts] if up is not None else -1, -1),
+                np.where(cross, down[td] if down is not None else -1, -1),
+                tab[f"nic_down{plane}"][dst[far]]], axis=1))
+            msgs.append(far)
+            fracs.append(np.full(far.size, 0.5))
+        same = np.flatnonzero(src == dst)
+        msgs.append(same)
+        rows.append(np.full((same.size, 4), -1, np.int64))
+        fracs.append(np.ones(same.size))
+        return Paths(np.concatenate(msgs), np.concatenate(rows).astype(np.int64),
+                     np.concatenate(fracs))
+
+    def _paths_scalar(self, src: np.ndarray, dst: np.ndarray) -> Paths:
+        msg, rows, frac = [], [], []
+        for i, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+            for links, f in self.routes(s, d):
+                msg.append(i)
+                rows.append(links)
+                frac.append(f)
+        width = max((len(r) for r in rows), default=0)
+        out = np.full((len(rows), width), -1, np.int64)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return Paths(np.asarray(msg, np.int64), out, np.asarray(frac, float))
+
+    def _link_tables(self) -> dict[str, np.ndarray]:
+        """Per-node link id arrays, built once from `link_ids` (-1 where a link is absent)."""
+        if self._tables:
+            return self._tables
+        p, k, tab = self.ranks, self.kind, self._tables
+        ids = self.link_ids
+
+        def table(pairs: list[tuple[int, int]]) -> np.ndarray:
+            return np.asarray([ids.get(pair, -1) for pair in pairs], np.int64)
+
+        ranks = range(p)
+        if k == "switch":
+            tab["up"], tab["down"] = table([(r, p) for r in ranks]), table([(p, r) for r in ranks])
+        elif k == "fat-tree":
+            leaf, spine = int(self.params["leaf"]), int(self.params["spine"])
+            leaves = range(p, spine)
+            tab["up"] = table([(r, p + r // leaf) for r in ranks])
+            tab["down"] = table([(p + r // leaf, r) for r in ranks])
+            tab["leaf_up"] = table([(x, spine) for x in leaves])
+            tab["leaf_down"] = table([(spine, x) for x in leaves])
+        elif k == "ring":
+            tab["next"] = table([(r, (r + 1) % p) for r in ranks])
+            tab["prev"] = table([(r, (r - 1) % p) for r in ranks])
+        elif k == "torus":
+            shape = [n for _, n in self.dims]
+            coords = np.array(np.unravel_index(np.arange(p), shape))
+            for d, n in enumerate(shape):
+                for name, step in ((f"plus{d}", 1), (f"minus{d}", -1)):
+                    nxt = coords.copy()
+                    nxt[d] = (nxt[d] + step) % n
+                    peers = np.ravel_multi_index(tuple(nxt), shape).tolist()
+                    tab[name] = table(list(zip(ranks, peers, strict=True)))
+        elif k == "hypercube":
+            for bit in range(max(0, p.bit_length() - 1)):
+                tab[f"cube{bit}"] = table([(r, r ^ (1 << bit)) for r in ranks])
+        elif k == "dual-plane":
+            g, tor = int(self.params["gpus"]), int(self.params["tor"])
+            hb, tb = int(self.params["host_base"]), int(self.params["tor_base"])
+            sb, ntor = int(self.params["spine_base"]), int(self.params["tors_per_plane"])
+            tab["intra_up"] = table([(r, hb + r // g) for r in ranks])
+            tab["intra_down"] = table([(hb + r // g, r) for r in ranks])
+            for plane in (0, 1):
+                tors = [tb + plane * ntor + (r // g) // tor for r in ranks]
+                tab[f"nic_up{plane}"] = table(list(zip(ranks, tors, strict=True)))
+                tab[f"nic_down{plane}"] = table(list(zip(tors, ranks, strict=True)))
+                if ntor > 1:
+                    own = [tb + plane * ntor + t for t in range(ntor)]
+                    tab[f"tor_up{plane}"] = table([(x, sb + plane) for x in own])
+                    tab[f"tor_down{plane}"] = table([(sb + plane, x) for x in own])
+        return tab
+
     # -- summaries for the analytical model ---------------------------------------------
     def path_cost(self, src: int, dst: int) -> tuple[float, float]:
         """(alpha + hop latencies, seconds per byte) of one uncontended message."""
@@ -201,6 +376,17 @@ class Topology:
             i = self.klass.index(c)
             parts.append(f"{c}: {self.cap[i] / 1e9:.3g} GB/s, alpha {self.alpha[i] * 1e6:.3g} us")
         return f"{self.spec} ({self.ranks} ranks, {len(self.cap)} links; {'; '.join(parts)})"
+
+
+def _stack(cols: list[np.ndarray], rows: int) -> np.ndarray:
+    return np.stack(cols, axis=1) if cols else np.full((rows, 0), -1, np.int64)
+
+
+def _single(links: np.ndarray, same: np.ndarray) -> Paths:
+    """One path per message; a message to itself crosses no link."""
+    links = np.where(same[:, None], -1, links).astype(np.int64)
+    n = links.shape[0]
+    return Paths(np.arange(n, dtype=np.int64), links, np.ones(n))
 
 
 def parse_topology(spec: str, ranks: int | None = None) -> tuple[str, list[str], dict[str, str]]:
