@@ -139,10 +139,17 @@ def main(args: argparse.Namespace) -> int:
     if args.algorithm and len(collectives) > 1:
         raise UsageError("--algorithm names one collective's formula; give one collective "
                          "instead of all")
+    from ccbench.model.progress import StderrProgress
+
     outs = []
-    for collective in collectives:
-        outs.append(simulate(model, collective, ranks, args.topology, sizes, args.algorithm,
-                             args.fidelity, args.sharing, args.backend, links, args.segments))
+    progress = StderrProgress()
+    try:
+        for collective in collectives:
+            outs.append(simulate(model, collective, ranks, args.topology, sizes, args.algorithm,
+                                 args.fidelity, args.sharing, args.backend, links, args.segments,
+                                 progress=progress))
+    finally:
+        progress.close()
     if args.output:
         from ccbench.model.simulate import prediction_records
         from ccbench.records import append_record

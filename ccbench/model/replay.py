@@ -29,7 +29,8 @@ from ccbench.errors import UsageError
 from ccbench.model.topology import Topology
 
 __all__ = ["ArrayProgram", "SimStep", "Program", "ReplayResult", "program_from_schedule", "replay",
-           "ring_program", "to_arrays", "replay_rounds", "round_time",
+           "ring_program", "to_arrays", "replay_rounds", "round_time", "replay_collective",
+           "ENGINES",
            "schedule_program", "unit_bytes"]
 
 SHARING = ("max-min", "equal")
@@ -107,6 +108,7 @@ class ReplayResult:
     messages: int
     events: int                       # event batches processed
     max_link_flows: int               # most flows seen on one link at once (1 = no contention)
+    engine: str = "events"            # "rounds": rank_finish is not kept (empty)
 
 
 @dataclass
@@ -402,39 +404,57 @@ def replay(program: Program | ArrayProgram, topo: Topology, gamma: float = 0.0,
 
 # -- the rounds engine: one fluid solve per round, arrays of O(p) -------------------------------
 
-def _fair_rates(lv: np.ndarray, cap: np.ndarray, sharing: str) -> tuple[np.ndarray, int]:
-    """Rates of flows whose links are the rows of `lv` (padding points at the last entry of
-    `cap`, which is inf), and the most flows on one link."""
+def _column_min(table: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """min over j of table[cols[j]] (cols is links x flows: a path per column)."""
+    out = table[cols[0]]
+    for row in cols[1:]:
+        np.minimum(out, table[row], out=out)
+    return out
+
+
+def _fair_rates(cols: np.ndarray, cap: np.ndarray, sharing: str) -> tuple[np.ndarray, int]:
+    """Rates of flows whose paths are the columns of `cols` (hops x flows; padding points
+    at the last entry of `cap`, which is inf), and the most flows on one link."""
     nl = len(cap)
-    cnt = np.bincount(lv.ravel(), minlength=nl)
+    cnt = np.bincount(cols.ravel(), minlength=nl)
     most = int(cnt[:-1].max()) if nl > 1 else 0
     with np.errstate(divide="ignore", invalid="ignore"):
+        share = cap / cnt
+        share[-1] = np.inf
+        fshare = _column_min(share, cols)
         if sharing == "equal":
-            share = cap / np.maximum(cnt, 1)
-            share[-1] = np.inf
-            return share[lv].min(axis=1), most
-        rate = np.empty(lv.shape[0])
-        todo = np.arange(lv.shape[0])
+            return fshare, most
+        m = fshare.min()
+        newly = fshare <= m * (1 + 1e-9)
+        if newly.all():                   # one bottleneck share for every flow
+            return fshare, most
+        rate = np.empty(cols.shape[1])
+        todo = np.arange(cols.shape[1])
         rem = cap.astype(float)
-        sub = lv
-        while todo.size:
+        sub = cols
+        while True:
             # progressive filling: the links with the smallest fair share saturate first
-            c = cnt if sub is lv else np.bincount(sub.ravel(), minlength=nl)
-            share = np.where(c > 0, rem / c, np.inf)
+            rate[todo[newly]] = m
+            rem = np.maximum(rem - np.bincount(sub[:, newly].ravel(), minlength=nl) * m, 0.0)
+            todo, sub = todo[~newly], sub[:, ~newly]
+            if not todo.size:
+                return rate, most
+            share = rem / np.bincount(sub.ravel(), minlength=nl)
             share[-1] = np.inf
-            fshare = share[sub].min(axis=1)
+            fshare = _column_min(share, sub)
             m = fshare.min()
             newly = fshare <= m * (1 + 1e-9)
-            rate[todo[newly]] = m
-            rem = np.maximum(rem - np.bincount(sub[newly].ravel(), minlength=nl) * m, 0.0)
-            todo, sub = todo[~newly], sub[~newly]
-    return rate, most
 
 
-def _fluid(lv: np.ndarray, nbytes: np.ndarray, start: np.ndarray, cap: np.ndarray,
+def _fluid(cols: np.ndarray, nbytes: np.ndarray, start: np.ndarray, cap: np.ndarray,
            sharing: str) -> tuple[np.ndarray, int]:
     """Finish times of flows that start at `start` and share links as a fluid; rates are
     solved again whenever a flow starts or ends."""
+    if start.min() == start.max():
+        rates, most = _fair_rates(cols, cap, sharing)
+        dts = nbytes / rates
+        if dts.max() <= dts.min() * (1 + 1e-9):      # every flow ends together
+            return start + dts, most
     finish = start.copy()
     starts = np.unique(start)
     pending = 0
@@ -444,7 +464,8 @@ def _fluid(lv: np.ndarray, nbytes: np.ndarray, start: np.ndarray, cap: np.ndarra
     while pending < len(starts) or active.size:
         t_start = starts[pending] if pending < len(starts) else np.inf
         if active.size:
-            rates, m = _fair_rates(lv[active], cap, sharing)
+            rates, m = _fair_rates(cols if active.size == cols.shape[1] else cols[:, active],
+                                   cap, sharing)
             most = max(most, m)
             dts = left / rates
             dt = float(dts.min())
@@ -472,18 +493,23 @@ class _LinkArrays:
     cap: np.ndarray        # bytes/s per link, then inf for the padding
     alpha: np.ndarray      # then 0
     hop: np.ndarray        # then 0
+    one_alpha: float | None = None     # the alpha of every link, when they share one
+    no_hops: bool = True
 
     @classmethod
     def of(cls, topo: Topology) -> _LinkArrays:
-        return cls(np.append(np.asarray(topo.cap, float), np.inf),
-                   np.append(np.asarray(topo.alpha, float), 0.0),
-                   np.append(np.asarray(topo.hop, float), 0.0))
+        alpha = np.asarray(topo.alpha, float)
+        hop = np.asarray(topo.hop, float)
+        one = float(alpha[0]) if alpha.size and np.all(alpha == alpha[0]) else None
+        return cls(np.append(np.asarray(topo.cap, float), np.inf), np.append(alpha, 0.0),
+                   np.append(hop, 0.0), one, not np.any(hop))
 
 
 def round_time(rnd: Any, topo: Topology, gamma: float = 0.0, sharing: str = "max-min",
-               arrays: _LinkArrays | None = None) -> tuple[float, int, np.ndarray]:
+               arrays: _LinkArrays | None = None,
+               cache: dict[Any, tuple[float, int]] | None = None) -> tuple[float, int]:
     """Seconds from the start of a round (every rank starts it together) until its last
-    rank has sent, received and reduced; the most flows on one link; the per-rank end.
+    rank has sent, received and reduced, and the most flows on one link.
 
     A message waits the largest alpha on its path, then flows; a send is done when its
     last byte left, a recv when it arrived (plus per-hop latencies); a rank then reduces
@@ -491,42 +517,180 @@ def round_time(rnd: Any, topo: Topology, gamma: float = 0.0, sharing: str = "max
     p = topo.ranks
     nmsg = rnd.src.size
     if nmsg == 0:
-        return 0.0, 0, np.zeros(p)
+        return 0.0, 0
+    if getattr(rnd, "xor_symmetric", False) and topo.xor_orbits() is not None:
+        return _xor_round_time(rnd, topo, gamma, sharing, arrays or _LinkArrays.of(topo), cache)
     paths = topo.paths(rnd.src, rnd.dst)
     la = arrays
     if la is None or len(la.cap) != len(topo.cap) + 1:   # fully-connected adds links on use
         la = _LinkArrays.of(topo)
     nl = len(la.cap) - 1
-    lv = np.where(paths.links >= 0, paths.links, nl)
-    sub_alpha = la.alpha[lv].max(axis=1) if lv.shape[1] else np.zeros(len(lv))
-    if paths.msg.size == nmsg and np.array_equal(paths.msg, np.arange(nmsg)):
+    nsub = paths.msg.size
+    cols = np.ascontiguousarray(paths.links.T)
+    if not cols.shape[0]:
+        cols = np.full((1, nsub), -1, np.int64)
+    pad = cols < 0
+    crosses = ~pad.all(axis=0)
+    cols[pad] = nl
+    if la.one_alpha is not None:
+        sub_alpha = np.where(crosses, la.one_alpha, 0.0)
+    else:
+        sub_alpha = _column_max(la.alpha, cols)
+    hop = 0.0 if la.no_hops else la.hop[cols].sum(axis=0)
+    if paths.single:
         msg_alpha = sub_alpha
     else:
         msg_alpha = np.zeros(nmsg)
         np.maximum.at(msg_alpha, paths.msg, sub_alpha)
     sub_bytes = rnd.nbytes[paths.msg] * paths.frac
-    start = msg_alpha[paths.msg]
-    flowing = np.flatnonzero((sub_bytes > 0) & (lv < nl).any(axis=1)) if lv.shape[1] \
-        else np.zeros(0, np.int64)
-    finish = start.copy()
+    start = msg_alpha[paths.msg] if not paths.single else msg_alpha
+    flowing = crosses & (sub_bytes > 0)
     most = 0
-    if flowing.size:
-        finish[flowing], most = _fluid(lv[flowing], sub_bytes[flowing], start[flowing],
-                                       la.cap, sharing)
-    arrive = finish + (la.hop[lv].sum(axis=1) if lv.shape[1] else 0.0)
-    if paths.msg.size == nmsg:
-        msg_sent, msg_arrived = np.empty(nmsg), np.empty(nmsg)
-        msg_sent[paths.msg], msg_arrived[paths.msg] = finish, arrive
+    if flowing.all():
+        finish, most = _fluid(cols, sub_bytes, start, la.cap, sharing)
+    else:
+        finish = start.copy()
+        idx = np.flatnonzero(flowing)
+        if idx.size:
+            finish[idx], most = _fluid(cols[:, idx], sub_bytes[idx], start[idx], la.cap,
+                                       sharing)
+    arrive = finish + hop
+    if paths.single:
+        msg_sent, msg_arrived = finish, arrive
     else:
         msg_sent, msg_arrived = np.zeros(nmsg), np.zeros(nmsg)
         np.maximum.at(msg_sent, paths.msg, finish)
         np.maximum.at(msg_arrived, paths.msg, arrive)
-    rank_end = np.zeros(p)
-    np.maximum.at(rank_end, rnd.src, msg_sent)
-    np.maximum.at(rank_end, rnd.dst, msg_arrived)
-    if gamma:
-        rank_end += gamma * np.bincount(rnd.dst, weights=rnd.reduce, minlength=p)
-    return float(rank_end.max()), most, rank_end
+    # a rank ends when its last send left and its last recv arrived, then it reduces
+    if gamma and rnd.reduce.any():
+        red = gamma * np.bincount(rnd.dst, weights=rnd.reduce, minlength=p)
+        return float(max((msg_sent + red[rnd.src]).max(),
+                         (msg_arrived + red[rnd.dst]).max())), most
+    return float(max(msg_sent.max(), msg_arrived.max())), most
+
+
+def _xor_round_time(rnd: Any, topo: Topology, gamma: float, sharing: str,
+                    la: _LinkArrays, cache: dict[Any, tuple[float, int]] | None = None
+                    ) -> tuple[float, int]:
+    """round_time of a round that the relabellings r -> r XOR t map onto itself, on a
+    topology they are automorphisms of: every rank's flows are alike, so the fluid model
+    runs on rank 0's subflows with each link orbit as one link carrying p x (uses) /
+    (orbit size) flows. Equals round_time on the p flows (tests check it)."""
+    orbit, size = topo.xor_orbits()  # type: ignore[misc]
+    p = topo.ranks
+    rep = np.flatnonzero(rnd.src == 0)
+    paths = topo.paths(rnd.src[rep], rnd.dst[rep])
+    # rounds alike up to the relabelling (same orbits crossed, same bytes) end alike
+    key = (tuple(tuple(sorted(orbit[row[row >= 0]].tolist())) for row in paths.links),
+           paths.msg.tobytes(), paths.frac.tobytes(), rnd.nbytes[rep].tobytes(),
+           float(rnd.reduce[rep].sum()), gamma, sharing)
+    if cache is not None and key in cache:
+        return cache[key]
+    out = _xor_solve(rnd, rep, paths, orbit, size, p, gamma, sharing, la)
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+def _xor_solve(rnd: Any, rep: np.ndarray, paths: Any, orbit: np.ndarray, size: np.ndarray,
+               p: int, gamma: float, sharing: str, la: _LinkArrays) -> tuple[float, int]:
+    nsub = paths.msg.size
+    norb = size.size
+    load = np.zeros((nsub, norb + 1))           # flows of each class on one link of an orbit
+    alpha = np.zeros(nsub)
+    hop = np.zeros(nsub)
+    for i in range(nsub):
+        links = paths.links[i][paths.links[i] >= 0]
+        if links.size:
+            np.add.at(load[i], orbit[links], float(p) / size[orbit[links]])
+            alpha[i] = la.alpha[links].max()
+            hop[i] = la.hop[links].sum()
+    cap = np.full(norb + 1, np.inf)
+    cap[orbit] = la.cap[:-1]
+    msg_alpha = np.zeros(rep.size)
+    np.maximum.at(msg_alpha, paths.msg, alpha)
+    nbytes = rnd.nbytes[rep][paths.msg] * paths.frac
+    start = msg_alpha[paths.msg]
+    flowing = (load[:, :-1].sum(axis=1) > 0) & (nbytes > 0)
+    finish = start.copy()
+    most = 0
+    if flowing.any():
+        finish[flowing], most = _fluid_classes(load[flowing], nbytes[flowing], start[flowing],
+                                               cap, sharing)
+    sent, arrived = np.zeros(rep.size), np.zeros(rep.size)
+    np.maximum.at(sent, paths.msg, finish)
+    np.maximum.at(arrived, paths.msg, finish + hop)
+    # every rank receives what rank 0 sends (the round is a union of XOR pairings)
+    red = gamma * float(rnd.reduce[rep].sum())
+    return float(max(sent.max(), arrived.max())) + red, most
+
+
+def _fluid_classes(load: np.ndarray, nbytes: np.ndarray, start: np.ndarray, cap: np.ndarray,
+                   sharing: str) -> tuple[np.ndarray, int]:
+    """_fluid for flow classes: load[f, l] flows of class f cross each link of class l
+    (the last column is unused padding, cap inf); every flow of a class runs alike."""
+    finish = start.copy()
+    active = np.zeros(len(nbytes), bool)
+    left = nbytes.astype(float).copy()
+    now, most = 0.0, 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while True:
+            waiting = ~active & (finish == start) & (left > 0)
+            t_start = start[waiting].min() if waiting.any() else np.inf
+            if active.any():
+                rate = _class_rates(load, active, cap, sharing)
+                most = max(most, int(round(load[active].sum(axis=0)[:-1].max())))
+                dts = np.where(active, left / rate, np.inf)
+                dt = float(dts.min())
+            else:
+                dt = np.inf
+            if t_start == np.inf and dt == np.inf:
+                return finish, most
+            if t_start <= now + dt:
+                if active.any():
+                    left = np.where(active, left - rate * (t_start - now), left)
+                now = float(t_start)
+                active |= waiting & (start == t_start)
+                continue
+            now += dt
+            done = active & (dts <= dt * (1 + 1e-9) + 1e-18)
+            left = np.where(active, left - rate * dt, left)
+            finish[done] = now
+            left[done] = 0.0
+            active &= ~done
+
+
+def _class_rates(load: np.ndarray, active: np.ndarray, cap: np.ndarray,
+                 sharing: str) -> np.ndarray:
+    """Max-min (progressive filling) or equal-share rates of the active flow classes."""
+    uses = load > 0
+    count = load[active].sum(axis=0)
+    rate = np.zeros(len(load))
+    if sharing == "equal":
+        share = np.where(count > 0, cap / count, np.inf)
+        for f in np.flatnonzero(active):
+            rate[f] = share[uses[f]].min()
+        return rate
+    rem = cap.astype(float).copy()
+    todo = active.copy()
+    while todo.any():
+        count = load[todo].sum(axis=0)
+        share = np.where(count > 0, rem / count, np.inf)
+        fshare = np.array([share[uses[f]].min() if todo[f] else np.inf
+                           for f in range(len(load))])
+        m = fshare.min()
+        newly = todo & (fshare <= m * (1 + 1e-9))
+        rate[newly] = m
+        rem = np.maximum(rem - load[newly].sum(axis=0) * m, 0.0)
+        todo &= ~newly
+    return rate
+
+
+def _column_max(table: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    out = table[cols[0]]
+    for row in cols[1:]:
+        np.maximum(out, table[row], out=out)
+    return out
 
 
 ProgressFn = Callable[[int, int], None]
@@ -549,20 +713,48 @@ def replay_rounds(program: Any, topo: Topology, gamma: float = 0.0, sharing: str
     if p != topo.ranks:
         raise UsageError(f"schedule has {p} ranks, topology {topo.spec!r} has {topo.ranks}")
     arrays = _LinkArrays.of(topo)
+    cache: dict[Any, tuple[float, int]] = {}
     now, most, done, messages, solved = 0.0, 0, 0, 0, 0
-    rank_finish = np.zeros(p)
     for rnd in program.rounds():
-        dt, m, rank_end = round_time(rnd, topo, gamma, sharing, arrays)
+        dt, m = round_time(rnd, topo, gamma, sharing, arrays, cache)
         solved += 1
-        touched = rank_end > 0
-        rank_finish[touched] = now + (rnd.repeat - 1) * dt + rank_end[touched]
         now += rnd.repeat * dt
         most = max(most, m)
         done += rnd.repeat
         messages += rnd.repeat * rnd.src.size
         if progress is not None:
             progress(done, program.num_rounds)
-    return ReplayResult(now, rank_finish, messages, solved, most)
+    return ReplayResult(now, np.zeros(0), messages, solved, most, "rounds")
+
+
+ENGINES = ("auto", "rounds", "events")
+
+
+def replay_collective(collective: str, algorithm: str, p: int, size: float, topo: Topology,
+                      gamma: float = 0.0, sharing: str = "max-min", segments: int = 1,
+                      engine: str = "auto", progress: ProgressFn | None = None) -> ReplayResult:
+    """Replay (algorithm, collective) of S bytes at p ranks on `topo`.
+
+    auto: the rounds engine (O(p) memory, any p) when the schedule has a round generator
+    and one segment, else the event engine on the algorithms/ schedule (pipelined
+    segments, double binary tree), whose memory grows with the messages of the whole
+    schedule."""
+    from ccbench.model.rounds import round_program
+
+    if engine not in ENGINES:
+        raise UsageError(f"unknown replay engine {engine!r} (valid: {', '.join(ENGINES)})")
+    program = round_program(collective, algorithm, p, size) \
+        if segments == 1 and engine != "events" else None
+    if program is not None:
+        return replay_rounds(program, topo, gamma, sharing, progress)
+    if engine == "rounds":
+        raise UsageError(f"no round program for {collective} {algorithm} with "
+                         f"{segments} segment(s) (use the events engine)")
+    if segments == 1 and algorithm == "ring" and collective in ("allreduce", "reduce-scatter",
+                                                                 "allgather"):
+        return replay(ring_program(collective, p, size), topo, gamma, sharing)
+    return replay(schedule_program(collective, algorithm, p, size, segments), topo, gamma,
+                  sharing)
 
 
 def program_stats(program: Sequence[Sequence[SimStep]]) -> dict[str, float]:

@@ -37,6 +37,9 @@ class Round:
     nbytes: np.ndarray       # float bytes per message
     reduce: np.ndarray       # bytes the receiver reduces on arrival, per message
     repeat: int = 1
+    #: rank r sends to r XOR s, the same bytes on every rank (p a power of two): the
+    #: relabellings r -> r XOR t map the round onto itself
+    xor_symmetric: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,13 @@ def _round(src: np.ndarray, dst: np.ndarray, nbytes: float | np.ndarray, reduce:
     src = np.asarray(src, np.int64)
     b = np.broadcast_to(np.asarray(nbytes, float), src.shape).astype(float)
     return Round(src, np.asarray(dst, np.int64), b, b if reduce else np.zeros(src.size), repeat)
+
+
+def _xor_round(p: int, mask: int, nbytes: float, reduce: bool) -> Round:
+    """Every rank r sends nbytes to r XOR mask (p a power of two)."""
+    r = np.arange(p, dtype=np.int64)
+    b = np.full(p, float(nbytes))
+    return Round(r, r ^ mask, b, b if reduce else np.zeros(p), 1, xor_symmetric=True)
 
 
 class _Fold:
@@ -146,7 +156,8 @@ def _rd_allreduce(p: int, s: float) -> Iterator[Round]:
     nr = np.arange(f.p2)
     mask = 1
     while mask < f.p2:
-        yield _round(f.real(nr), f.real(nr ^ mask), s, True)
+        yield _xor_round(p, mask, s, True) if not f.rem else \
+            _round(f.real(nr), f.real(nr ^ mask), s, True)
         mask *= 2
     yield from f.fold_out(s)
 
@@ -158,11 +169,13 @@ def _rabenseifner(p: int, s: float) -> Iterator[Round]:
     block = s / f.p2
     mask = f.p2 // 2
     while mask >= 1:
-        yield _round(f.real(nr), f.real(nr ^ mask), mask * block, True)
+        yield _xor_round(p, mask, mask * block, True) if not f.rem else \
+            _round(f.real(nr), f.real(nr ^ mask), mask * block, True)
         mask //= 2
     mask = 1
     while mask < f.p2:
-        yield _round(f.real(nr), f.real(nr ^ mask), mask * block, False)
+        yield _xor_round(p, mask, mask * block, False) if not f.rem else \
+            _round(f.real(nr), f.real(nr ^ mask), mask * block, False)
         mask *= 2
     yield from f.fold_out(s)
 
@@ -185,10 +198,9 @@ def _halving_reduce_scatter(p: int, s: float) -> Iterator[Round]:
 
 
 def _rd_allgather(p: int, s: float) -> Iterator[Round]:
-    r = np.arange(p)
     mask = 1
     while mask < p:
-        yield _round(r, r ^ mask, mask * s / p, False)
+        yield _xor_round(p, mask, mask * s / p, False)
         mask *= 2
 
 
@@ -221,7 +233,8 @@ def _pairwise_alltoall(p: int, s: float) -> Iterator[Round]:
     r = np.arange(p)
     power_of_two = p & (p - 1) == 0
     for step in range(1, p):
-        yield _round(r, r ^ step if power_of_two else (r + step) % p, s / p, False)
+        yield _xor_round(p, step, s / p, False) if power_of_two else \
+            _round(r, (r + step) % p, s / p, False)
 
 
 def _direct(p: int, s: float) -> Iterator[Round]:

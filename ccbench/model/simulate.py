@@ -6,9 +6,10 @@ Two fidelities:
   path (largest alpha plus hop latencies, slowest bottleneck bandwidth; a message
   split over two planes counts each half on its own plane). Congestion-unaware, like
   ASTRA-sim's analytical backend.
-* replay: the algorithm's schedule (algorithms/, or the array ring program for ring
-  allreduce / reduce-scatter / allgather) run step by step on the topology with links
-  shared by concurrent transfers (ccbench.model.replay).
+* replay: the algorithm's schedule (lazy array rounds from ccbench.model.rounds, or the
+  algorithms/ schedule for pipelined segments and the double binary tree) run on the
+  topology with links shared max-min fair by concurrent transfers
+  (ccbench.model.replay; row["replay_engine"] says which engine ran).
 
 Without contention both give the same time; where several transfers share a link
 (recursive doubling on a ring, all-to-all through an oversubscribed fat tree) the
@@ -17,7 +18,7 @@ replay is slower, and the ratio says by how much.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from ccbench.collectives import busbw_factor, layout
 from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm, coefficients, predict_time
 from ccbench.model.modelfile import default_algorithm, select_fit
-from ccbench.model.replay import replay, ring_program, schedule_program
+from ccbench.model.replay import replay_collective
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.topology import LinkClass, Topology, build_topology
 
@@ -62,17 +63,18 @@ def used_size(collective: str, size: int, ranks: int) -> int:
     return layout(collective, size, ELEMENT_BYTES, ranks).size_used
 
 
-def _program(collective: str, algorithm: str, p: int, n: float, segments: int = 1):
-    if segments == 1 and algorithm == "ring" and collective in ("allreduce", "reduce-scatter",
-                                                                 "allgather"):
-        return ring_program(collective, p, n)
-    return schedule_program(collective, algorithm, p, n, segments)
+def _labelled(progress: Callable[[str, int, int], None] | None,
+              label: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(label, done, total)
 
 
 def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
              sizes: Sequence[int], algorithm: str | None = None, fidelity: str = "analytical",
              sharing: str = "max-min", backend: str | None = None,
-             links: LinkOverrides | None = None, segments: int = 1) -> dict[str, Any]:
+             links: LinkOverrides | None = None, segments: int = 1,
+             progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     if fidelity not in FIDELITIES:
         raise UsageError(f"unknown fidelity {fidelity!r} (valid: {', '.join(FIDELITIES)})")
     if segments < 1:
@@ -110,8 +112,10 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
             row.update(time_us=t_an * 1e6, algbw_gbps=used / t_an / 1e9,
                        busbw_gbps=used / t_an / 1e9 * factor)
         if fidelity in ("replay", "both"):
-            res = replay(_program(collective, algo, ranks, used, segments), topo, gamma, sharing)
+            res = replay_collective(collective, algo, ranks, used, topo, gamma, sharing, segments,
+                                    progress=_labelled(progress, f"{collective} {algo} {used} B"))
             t_rp = res.time
+            row["replay_engine"] = res.engine
             row.update(replay_time_us=t_rp * 1e6, replay_algbw_gbps=used / t_rp / 1e9,
                        replay_busbw_gbps=used / t_rp / 1e9 * factor,
                        replay_vs_analytical=t_rp / t_an if t_an > 0 else float("nan"),

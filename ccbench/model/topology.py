@@ -50,6 +50,7 @@ class Paths:
     msg: np.ndarray       # message index of each subflow
     links: np.ndarray     # (subflows, longest path) link ids, -1 padded
     frac: np.ndarray      # share of the message's bytes on each subflow
+    single: bool = False  # one subflow per message, subflow i = message i
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ class Topology:
     _routes: dict[tuple[int, int], list[tuple[list[int], float]]] = field(default_factory=dict)
     _inter: LinkClass | None = None
     _tables: dict[str, np.ndarray] = field(default_factory=dict)
+    _orbits: dict[str, np.ndarray] = field(default_factory=dict)
 
     # -- construction -------------------------------------------------------------------
     def add_link(self, u: int, v: int, lc: LinkClass, name: str, scale: float = 1.0) -> int:
@@ -331,6 +333,48 @@ class Topology:
                     tab[f"tor_down{plane}"] = table([(sb + plane, x) for x in own])
         return tab
 
+    def xor_orbits(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Link orbits under the group of rank relabellings r -> r XOR t, when every such
+        relabelling is an automorphism of this topology (p and every block size powers of
+        two): (orbit id of each link, size of each orbit), else None.
+
+        A round whose traffic the same relabellings map onto itself (rank r sends to
+        r XOR s, every rank alike) then has every rank's flows alike, and each link of
+        an orbit carries p x (the representative's uses of the orbit) / (orbit size)
+        flows; ccbench.model.replay solves that quotient instead of p flows."""
+        if self._orbits:
+            return self._orbits["orbit"], self._orbits["size"]
+        p = self.ranks
+
+        def pow2(n: int) -> bool:
+            return n >= 1 and n & (n - 1) == 0
+
+        role: dict[int, int] = {}
+        k = self.kind
+        if not pow2(p) or k not in ("switch", "hypercube", "fat-tree", "dual-plane"):
+            return None
+        if k == "fat-tree":
+            if not pow2(int(self.params["leaf"])):
+                return None
+            role = {int(self.params["spine"]): 2}
+        elif k == "dual-plane":
+            g, tor = int(self.params["gpus"]), int(self.params["tor"])
+            if not (pow2(g) and pow2(tor)):
+                return None
+            ntor = int(self.params["tors_per_plane"])
+            tb, sb = int(self.params["tor_base"]), int(self.params["spine_base"])
+            role = {tb + t: 2 + t // ntor for t in range(2 * ntor)}
+            role.update({sb: 4, sb + 1: 5})
+        keys = []
+        for (u, v), _ in sorted(self.link_ids.items(), key=lambda kv: kv[1]):
+            ru = 0 if u < p else role.get(u, 1)
+            rv = 0 if v < p else role.get(v, 1)
+            keys.append((ru, rv, u ^ v if k == "hypercube" else 0))
+        _, orbit = np.unique(np.asarray(keys, np.int64), axis=0, return_inverse=True)
+        orbit = orbit.ravel().astype(np.int64)
+        self._orbits.update(orbit=orbit, size=np.bincount(orbit))
+        return self._orbits["orbit"], self._orbits["size"]
+
     # -- summaries for the analytical model ---------------------------------------------
     def path_cost(self, src: int, dst: int) -> tuple[float, float]:
         """(alpha + hop latencies, seconds per byte) of one uncontended message."""
@@ -384,9 +428,11 @@ def _stack(cols: list[np.ndarray], rows: int) -> np.ndarray:
 
 def _single(links: np.ndarray, same: np.ndarray) -> Paths:
     """One path per message; a message to itself crosses no link."""
-    links = np.where(same[:, None], -1, links).astype(np.int64)
+    if same.any():
+        links = np.where(same[:, None], -1, links)
     n = links.shape[0]
-    return Paths(np.arange(n, dtype=np.int64), links, np.ones(n))
+    return Paths(np.arange(n, dtype=np.int64), links.astype(np.int64, copy=False), np.ones(n),
+                 single=True)
 
 
 def parse_topology(spec: str, ranks: int | None = None) -> tuple[str, list[str], dict[str, str]]:
