@@ -14,12 +14,16 @@ others and the two-tier runs (`simulate --fidelity replay` on the matching fat t
 write results/testbed/{errors.md,errors.csv,*.png}.
 
 Needs root (network namespaces). Only the testbed this script brings up is used, and it
-is always taken down.
+is always taken down; it refuses to start while another testbed is up.
+
+Status: no results yet (results/testbed/ does not exist); the testbed was held by other
+work whenever this was to run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -102,7 +106,9 @@ def run_mpi(plan, out: Path, collectives: str, sizes: str, iters: int) -> None:
                OMP_NUM_THREADS="1")
     argv = [str(venv / "mpiexec"), "-n", str(len(plan.hosts)), "-ppn", "1", "-hosts", hosts,
             "-genv", "PYTHONPATH", str(ROOT), "-genv", "FI_PROVIDER", "tcp",
-            "-genv", "I_MPI_FABRICS", "ofi",
+            "-genv", "I_MPI_FABRICS", "ofi", "-genv", "FI_TCP_IFACE", "eth0",
+            # several ranks share 2 cores: wait in the kernel instead of polling
+            "-genv", "I_MPI_WAIT_MODE", "1",
             sys.executable, "-m", "ccbench", collectives, "--backend", "mpi", "--sizes", sizes,
             "--iters", str(iters), "--warmup", "1", "--timeout", "120", "--output", str(out),
             "--quiet"]
@@ -133,8 +139,22 @@ def measure(hosts: list[int], link: str, backends: list[str], topology: str, tag
                 (run_gloo if backend == "gloo" else run_mpi)(plan, out, collectives, sizes, iters)
                 print(f"{tag} {backend} n={n}: {time.time() - started:.0f} s, load before "
                       f"{load[0]:.1f}, after {os.getloadavg()[0]:.1f}", flush=True)
-            status = ccbench("testbed", "status", "--format", "json").stdout
-            (DATA / f"{tag}-n{n}-testbed.json").write_text(status)
+            status = json.loads(ccbench("testbed", "status", "--format", "json").stdout)
+            # can the cores keep every link busy at once? iperf3 on the testbed's paths
+            status["iperf3"] = json.loads(ccbench("testbed", "measure", "--seconds", "2",
+                                                  "--format", "json").stdout)
+            # every host sending to the next at once (the ring's pattern): does the machine
+            # keep all links busy together?
+            from ccbench.testbed import _iperf
+
+            names = [h.name for h in plan.hosts]
+            ring = [(names[i], names[(i + 1) % n], "eth0") for i in range(n)] if n > 2 else \
+                [(names[0], names[1], "eth0"), (names[1], names[0], "eth0")]
+            rates = _iperf(plan, ring, 3.0)
+            status["iperf3_all_links"] = {"flows": len(ring), "configured_bps": plan.link_rate,
+                                          "measured_bps": rates}
+            status["load_before"] = load
+            (DATA / f"{tag}-n{n}-testbed.json").write_text(json.dumps(status, indent=1) + "\n")
         finally:
             ccbench("testbed", "down", check=False)
 
