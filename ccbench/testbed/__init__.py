@@ -16,7 +16,13 @@ from typing import Any
 
 from ccbench.errors import RunFailure
 from ccbench.testbed.net import (
-    NETNS_DIR, create, host_command, load_plan, require_root, save_plan, teardown,
+    NETNS_DIR,
+    create,
+    host_command,
+    load_plan,
+    require_root,
+    save_plan,
+    teardown,
 )
 from ccbench.testbed.topology import Plan, build_plan, format_rate, parse_rate, parse_topology
 
