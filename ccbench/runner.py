@@ -18,6 +18,7 @@ from typing import Any
 from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.options import BackendOptions
 from ccbench.collectives import REDUCING, layout
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer, StoreLost, StoreTimeout
 from ccbench.dtypes import numpy_dtype
@@ -199,8 +200,9 @@ class _Run:
         ctx = RankContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                           local_world_size=info.local_world_size, launcher=info.launcher,
                           store=self.store, hostname=socket.gethostname(), device=config.device,
-                          options={**(config.options or {}), "timeout": config.method.timeout,
-                                   "multi_host": len(self.hosts) > 1})
+                          options=BackendOptions.from_mapping({
+                              **(config.options or {}), "timeout": config.method.timeout,
+                              "multi_host": len(self.hosts) > 1}))
         watchdog.label = f"{name}: initialisation"
         inject("init", info.rank)
         watchdog.enter()

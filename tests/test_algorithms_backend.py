@@ -14,7 +14,7 @@ import pytest
 
 from algorithms import REGISTRY, generate
 from ccbench.backends import backend_class
-from ccbench.backends.algorithmic import AlgorithmicBackend, algorithm_backend_class, parse_name
+from ccbench.backends.algorithmic import AlgorithmBackend, AlgorithmSpec, algorithm_backend_class, parse_name
 from ccbench.commands import algorithms as cmd
 from ccbench.errors import UsageError
 
@@ -29,7 +29,7 @@ def test_names_parse() -> None:
 
 @pytest.mark.parametrize("name,match", [
     ("foo@mpi", r"unknown algorithm 'foo' \(valid: ring, tree"),
-    ("ring@nccl", r"unknown transport 'nccl' \(valid: mpi, gloo\)"),
+    ("ring@rccl", r"unknown transport 'rccl' \(valid: mpi, gloo, oneccl, nccl\)"),
     ("ring:abc@mpi", "malformed size"),
     ("@mpi", "malformed algorithm backend"),
     ("ring@", "malformed algorithm backend"),
@@ -39,34 +39,57 @@ def test_bad_names_are_usage_errors(name: str, match: str) -> None:
         backend_class(name)
 
 
+def _backend(name: str, device: str = "cpu", world_size: int = 4) -> AlgorithmBackend:
+    """An AlgorithmBackend with its spec and context but no communicator (what the pure
+    methods read)."""
+    backend = object.__new__(AlgorithmBackend)
+    backend.spec = algorithm_backend_class(name)
+    backend.ctx = argparse.Namespace(device=device, world_size=world_size)
+    backend.name = name
+    return backend
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="needs mpi4py")
-def test_class_carries_algorithm_and_transport() -> None:
+def test_spec_wraps_the_transport_class() -> None:
+    from ccbench.backends.cuda_mpi import CudaMPIBackend
     from ccbench.backends.mpi import MPIBackend
 
-    cls = backend_class("dbtree:1M@mpi")
-    assert cls is algorithm_backend_class("dbtree:1M@mpi")
-    assert issubclass(cls, MPIBackend) and issubclass(cls, AlgorithmicBackend)
-    assert cls.name == "dbtree:1M@mpi" and cls.algorithm == "dbtree:1M"
-    assert cls.transport_name == "mpi" and cls.chunk_bytes == 1 << 20
-    assert cls.needs_mpi_launcher
-    # `transport` is what records carry: the wrapped library, not the backend name
-    backend = object.__new__(cls)
-    assert backend.transport == "mpi"
-    assert cls.bind is not MPIBackend.bind      # the timed call must run the schedule
+    spec = backend_class("dbtree:1M@mpi")
+    assert isinstance(spec, AlgorithmSpec) and spec == algorithm_backend_class("dbtree:1M@mpi")
+    assert spec.name == "dbtree:1M@mpi" and spec.label == "dbtree:1M"
+    assert spec.transport == "mpi" and spec.chunk_bytes == 1 << 20
+    assert spec.transport_factory is MPIBackend and spec.needs_mpi_launcher
+    assert spec.unavailable_reason() == MPIBackend.unavailable_reason()
+    # on a device the same name wraps the CuPy buffers' class: no new class per pair
+    assert backend_class("ring@mpi", "cuda").transport_factory is CudaMPIBackend
+    # the timed call runs the schedule, never the transport's own collective
+    assert AlgorithmBackend.bind is not MPIBackend.bind
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="needs mpi4py")
+def test_every_transport_is_a_registered_backend_with_messages() -> None:
+    from ccbench.backends import REGISTRY
+    from ccbench.backends.algorithmic import TRANSPORTS
+    from ccbench.backends.base import Backend
+
+    for transport in TRANSPORTS:
+        cls = backend_class(transport)
+        assert transport in REGISTRY and isinstance(cls, type) and issubclass(cls, Backend)
+        assert cls.point_to_point is not Backend.point_to_point, transport
+
+
 def test_unsupported_names_missing_schedules() -> None:
-    backend = object.__new__(backend_class("tree@mpi"))
-    backend.ctx = argparse.Namespace(device="cpu")       # only the device is read
+    backend = _backend("tree@mpi")
     reason = backend.unsupported("alltoall", np.dtype(np.float32), None)
     assert reason and "no alltoall schedule" in reason and "broadcast" in reason
-    # reductions run in the executor, so bfloat16 works even where MPI cannot reduce it
+    # reductions run in ccbench's kernels, so bfloat16 works even where MPI cannot reduce it,
+    # on the host and on a device
     import ml_dtypes
 
     assert backend.unsupported("allreduce", np.dtype(ml_dtypes.bfloat16), "sum") is None
-    backend.ctx = argparse.Namespace(device="cuda")
-    assert "host buffers only" in backend.unsupported("allreduce", np.dtype(np.float32), "sum")
+    assert _backend("tree@nccl", "cuda").unsupported("allreduce", np.dtype(np.float16),
+                                                     "prod") is None
+    assert "dtype uint16" in _backend("ring@gloo").unsupported("allgather", np.dtype(np.uint16),
+                                                               None)
 
 
 def test_every_algorithm_has_a_five_collective_schedule() -> None:
@@ -76,14 +99,12 @@ def test_every_algorithm_has_a_five_collective_schedule() -> None:
 
 
 def test_segments_follow_the_chunk() -> None:
-    backend = object.__new__(algorithm_backend_class("ring:1M@gloo"))
-    backend.ctx = argparse.Namespace(world_size=4)      # only world_size is read
+    backend = _backend("ring:1M@gloo")
     assert backend._segments("broadcast", 8 << 20, 0) == 8
     assert backend._segments("broadcast", 1 << 10, 0) == 1
     assert backend._segments("allreduce", 64 << 20, 0) == 16      # 16 MiB per ring chunk
     assert backend._segments("broadcast", 1 << 40, 0) == 64       # capped
-    default = object.__new__(algorithm_backend_class("ring@gloo"))
-    default.ctx = backend.ctx
+    default = _backend("ring@gloo")
     assert default._segments("allreduce", 64 << 20, 0) == 1
     assert default._segments("broadcast", 4 << 20, 0) == 8        # 512 KiB default pipeline
 

@@ -45,9 +45,10 @@ def test_registered_class_keeps_the_contract(name: str) -> None:
 
 @pytest.mark.parametrize("name", _algorithm_names())
 def test_algorithm_class_keeps_the_contract(name: str) -> None:
-    cls = backend_class(name)
-    assert issubclass(cls, Backend) and cls.name == name
-    reason = cls.unavailable_reason()
+    factory = backend_class(name)           # an AlgorithmSpec wrapping the transport's class
+    assert factory.name == name and callable(factory)
+    assert isinstance(factory.needs_mpi_launcher, bool)
+    reason = factory.unavailable_reason()
     assert reason is None or (isinstance(reason, str) and reason.strip()), repr(reason)
 
 

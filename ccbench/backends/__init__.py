@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, BackendFactory, RankContext
 from ccbench.errors import BackendUnavailable, choices_error
 
 # name -> "module:Class". Each backend is one file; its library is imported only inside it.
@@ -22,19 +22,21 @@ DEVICE_VARIANTS: dict[tuple[str, str], str] = {
     ("mpi", "cuda"): "ccbench.backends.cuda_mpi:CudaMPIBackend",
 }
 
-__all__ = ["REGISTRY", "Backend", "RankContext", "backend_class", "backend_names", "parse_backends"]
+__all__ = ["REGISTRY", "Backend", "BackendFactory", "RankContext", "backend_class",
+           "backend_names", "parse_backends"]
 
 
 def backend_names() -> list[str]:
     return list(REGISTRY)
 
 
-def backend_class(name: str, device: str = "cpu") -> type[Backend]:
-    """The class for a backend name; `algo@transport` names come from algorithms/."""
+def backend_class(name: str, device: str = "cpu") -> BackendFactory:
+    """What builds the backend of a name on a device: a Backend class, or for
+    `algo@transport` an AlgorithmSpec wrapping the transport's."""
     if "@" in name:
         from ccbench.backends.algorithmic import algorithm_backend_class
 
-        return algorithm_backend_class(name)
+        return algorithm_backend_class(name, device)
     target = DEVICE_VARIANTS.get((name, device)) or REGISTRY.get(name)
     if target is None:
         raise choices_error("backend", name, [*REGISTRY, "<algorithm>@<transport>"])

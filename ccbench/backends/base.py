@@ -14,12 +14,18 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
+from ccbench.backends.buffers import BufferPolicy, HostBuffers
+from ccbench.backends.options import BackendOptions
+
 if TYPE_CHECKING:
+    from algorithms.transport import Transport
     from ccbench.control import ControlClient
+
+__all__ = ["Backend", "BackendFactory", "BackendOptions", "HostBuffers", "RankContext"]
 
 
 @dataclass(kw_only=True)
@@ -34,13 +40,31 @@ class RankContext:
     store: ControlClient            # control-plane key/value store hosted by rank 0
     hostname: str
     device: str = "cpu"             # cpu | cuda (the backend picks the index from local_rank)
-    options: dict[str, Any] = field(default_factory=dict)   # backend-specific CLI settings
+    options: BackendOptions = field(default_factory=BackendOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, BackendOptions):     # a dict from an older caller
+            self.options = BackendOptions.from_mapping(self.options)
+
+
+class BackendFactory(Protocol):
+    """What the registry hands out: a Backend class, or an object that builds one (an
+    algorithm over a transport). Both answer these before any rank is set up."""
+
+    @property
+    def needs_mpi_launcher(self) -> bool: ...
+
+    def unavailable_reason(self) -> str | None: ...
+
+    def __call__(self, ctx: RankContext) -> Backend: ...
 
 
 class Backend(ABC):
-    """One library's collectives on one communicator."""
+    """One library's collectives on one communicator. Its buffers are those of its buffer
+    policy (`self.buffers`, host numpy unless the backend sets another)."""
 
-    name: ClassVar[str]
+    #: the registry name (an algorithm backend's is per instance: ring@mpi, tree@nccl)
+    name: str
     #: the ranks must be started by an MPI launcher (mpiexec) for this backend
     needs_mpi_launcher: ClassVar[bool] = False
     #: the algorithm recorded for this backend's collectives ("native": the library's choice)
@@ -54,6 +78,7 @@ class Backend(ABC):
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
+        self.buffers: BufferPolicy = HostBuffers()
 
     # -- what it can do -------------------------------------------------------------
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
@@ -68,18 +93,18 @@ class Backend(ABC):
     def info(self) -> dict[str, Any]:
         """library, library_version, device and an `env` dict of the variables that steer it."""
 
-    # -- buffers --------------------------------------------------------------------
-    @abstractmethod
-    def alloc(self, count: int, dtype: np.dtype) -> Any: ...
+    # -- buffers (the policy's) ------------------------------------------------------
+    def alloc(self, count: int, dtype: np.dtype) -> Any:
+        return self.buffers.alloc(count, dtype)
 
-    @abstractmethod
-    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None: ...
+    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
+        self.buffers.copy_from_numpy(buf, values)
 
-    @abstractmethod
-    def to_numpy(self, buf: Any) -> np.ndarray: ...
+    def to_numpy(self, buf: Any) -> np.ndarray:
+        return self.buffers.to_numpy(buf)
 
     def view(self, buf: Any, start: int, stop: int) -> Any:
-        return buf[start:stop]
+        return self.buffers.view(buf, start, stop)
 
     # -- collectives (op is one of sum, max, min, prod) -----------------------------
     @abstractmethod
@@ -103,6 +128,16 @@ class Backend(ABC):
 
     def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
         raise NotImplementedError(f"{self.name} has no point-to-point recv")
+
+    def point_to_point(self, device: bool) -> Transport | None:
+        """An algorithms.transport over this backend's communicator, moving numpy arrays
+        (device False) or CuPy arrays (device True); None when it has no such messages."""
+        return None
+
+    def device_stream(self) -> Any:
+        """The CuPy stream this backend's library orders its device work on, for the kernels
+        of algorithms run over it (None: CuPy's current stream)."""
+        return None
 
     # -- control --------------------------------------------------------------------
     @abstractmethod
@@ -169,15 +204,3 @@ def starmap_batch(call: Callable[[], object]) -> Batch:
             raise RuntimeError("the library call returned an error code")
     return Batch(run, STARMAP_LOOP)
 
-
-class HostBuffers:
-    """Buffers as plain numpy arrays in host memory (MPI, oneCCL, the algorithms' executor)."""
-
-    def alloc(self, count: int, dtype: np.dtype) -> Any:
-        return np.empty(count, dtype=dtype)
-
-    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
-        np.copyto(buf, values)
-
-    def to_numpy(self, buf: Any) -> np.ndarray:
-        return np.array(buf, copy=True)

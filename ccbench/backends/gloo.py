@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ccbench.backends.torch_dist import TORCH_TIMED_CALL, TorchDistBackend, torch_missing_reason
+
+if TYPE_CHECKING:
+    from algorithms.transport import Transport
 
 
 class GlooBackend(TorchDistBackend):
@@ -34,3 +37,10 @@ class GlooBackend(TorchDistBackend):
                 "allreduce_out_of_place": "recv.copy_(send), then in-place all_reduce, both "
                                           "timed (torch.distributed has no out-of-place "
                                           "all_reduce); method.local_copy_us: the copy alone"}
+
+    def point_to_point(self, device: bool) -> Transport | None:
+        if device:
+            return None
+        from ccbench.backends.p2p import TorchTransport
+
+        return TorchTransport.host(self.dist, self.torch)

@@ -1,5 +1,9 @@
-"""mpi: MPI collectives through mpi4py on numpy buffers (MPICH, Open MPI or Intel MPI:
-whichever libmpi mpi4py loads; MPI.Get_library_version() goes into every record)."""
+"""mpi: MPI collectives through mpi4py (MPICH, Open MPI or Intel MPI: whichever libmpi mpi4py
+loads; MPI.Get_library_version() goes into every record).
+
+The collectives are written once against the buffer policy: numpy here, CuPy arrays in
+ccbench.backends.cuda_mpi (handed over as device memory, or staged through host mirrors).
+`wire` is what MPI is given, `stage_in` / `stage_out` the copies a staging policy makes."""
 
 from __future__ import annotations
 
@@ -7,17 +11,21 @@ import functools
 import importlib.util
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ccbench.backends.base import Backend, Batch, HostBuffers, RankContext
+from ccbench.backends.base import Backend, Batch, RankContext
+from ccbench.backends.buffers import spans_overlap
 from ccbench.backends.mpi_loop import (
     batch_call,
     loaded_libmpi,
     predefined_datatype,
 )
 from ccbench.errors import RunFailure
+
+if TYPE_CHECKING:
+    from algorithms.transport import Transport
 
 THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
 #: IMB-MPI1 and the OSU benchmarks call MPI_Init (a single-threaded level); ccbench's own helper
@@ -51,12 +59,13 @@ def _library_name(version: str) -> str:
     return version.split()[0] if version else "MPI"
 
 
-def _raw(buf: np.ndarray) -> np.ndarray:
-    """bfloat16 has no MPI datatype; moving it needs none: send its 16-bit patterns."""
+def _raw(buf: Any) -> Any:
+    """bfloat16 has no MPI datatype; moving it needs none: send its 16-bit patterns (device
+    buffers already store them as uint16)."""
     return buf.view(np.uint16) if buf.dtype.name == "bfloat16" else buf
 
 
-class MPIBackend(HostBuffers, Backend):
+class MPIBackend(Backend):
     name = "mpi"
     needs_mpi_launcher = True
 
@@ -90,7 +99,6 @@ class MPIBackend(HostBuffers, Backend):
             return None
         if dtype.name == "bfloat16":
             return "unsupported by mpi: MPI has no bfloat16 datatype to reduce"
-            return None
         key = (dtype.name, op)
         if key not in self._probed:       # every rank probes the same keys in the same order
             one = np.ones(1, dtype=dtype)
@@ -113,6 +121,13 @@ class MPIBackend(HostBuffers, Backend):
                 "env": {k: v for k, v in os.environ.items()
                         if k.startswith(prefixes) and "RANK" not in k}}
 
+    def point_to_point(self, device: bool) -> Transport | None:
+        if device:
+            return None
+        from ccbench.backends.p2p import MPITransport
+
+        return MPITransport(self.comm)
+
     def _typed(self, buf: np.ndarray) -> list[Any]:
         """[buffer, datatype] with MPI's predefined datatype: mpi4py skips inferring it."""
         if not isinstance(buf, np.ndarray):        # device arrays: mpi4py reads their interface
@@ -125,6 +140,8 @@ class MPIBackend(HostBuffers, Backend):
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
              ) -> Callable[[], None]:
         """mpi4py's own bound call with explicit counts and datatypes (no ccbench frame)."""
+        if not self.buffers.direct:               # staging copies belong to every call
+            return super().bind(collective, send, recv, op, root)
         comm, in_place = self.comm, self.MPI.IN_PLACE
         if collective == "allreduce":
             return functools.partial(comm.Allreduce, in_place if send is recv else self._typed(send),
@@ -154,35 +171,55 @@ class MPIBackend(HostBuffers, Backend):
         return super().bind_batch(collective, send, recv, op, root)
 
     def broadcast(self, buf: Any, root: int) -> None:
-        self.comm.Bcast(_raw(buf), root=root)
+        b, is_root = self.buffers, self.comm.Get_rank() == root
+        self.comm.Bcast(_raw(b.stage_in(buf) if is_root else b.wire(buf)), root=root)
+        if not is_root:
+            b.stage_out(buf)
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        self.comm.Allreduce(self.MPI.IN_PLACE if send is recv else send, recv, op=self._ops[op])
+        b = self.buffers
+        data = b.stage_in(send)                   # in place: send is recv, one mirror
+        self.comm.Allreduce(self.MPI.IN_PLACE if send is recv else data, b.wire(recv),
+                            op=self._ops[op])
+        b.stage_out(recv)
 
     def allgather(self, send: Any, recv: Any) -> None:
-        if np.may_share_memory(send, recv):       # my shard already sits in the output
-            self.comm.Allgather(self.MPI.IN_PLACE, _raw(recv))
+        b = self.buffers
+        data = b.stage_in(send)                   # a view's mirror aliases: in place stays
+        if spans_overlap(send, recv):             # my shard already sits in the output
+            self.comm.Allgather(self.MPI.IN_PLACE, _raw(b.wire(recv)))
         else:
-            self.comm.Allgather(_raw(send), _raw(recv))
+            self.comm.Allgather(_raw(data), _raw(b.wire(recv)))
+        b.stage_out(recv)
 
     def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        if np.may_share_memory(send, recv):
+        b = self.buffers
+        data = b.stage_in(send)
+        if spans_overlap(send, recv):
             # MPI's in-place result lands at the start of the buffer; ccbench's (and NCCL's)
             # convention is this rank's slice, so move it there (one block copy)
-            self.comm.Reduce_scatter_block(self.MPI.IN_PLACE, send, op=self._ops[op])
+            self.comm.Reduce_scatter_block(self.MPI.IN_PLACE, data, op=self._ops[op])
             if self.comm.Get_rank() != 0:
-                recv[...] = send[:recv.size]
+                out = b.wire(recv)
+                out[...] = data[:recv.size]
+                if b.direct:
+                    self.synchronize()            # the next MPI call must not read before it
         else:
-            self.comm.Reduce_scatter_block(send, recv, op=self._ops[op])
+            self.comm.Reduce_scatter_block(data, b.wire(recv), op=self._ops[op])
+        b.stage_out(recv)
 
     def alltoall(self, send: Any, recv: Any) -> None:
-        self.comm.Alltoall(self.MPI.IN_PLACE if send is recv else _raw(send), _raw(recv))
+        b = self.buffers
+        data = b.stage_in(send)
+        self.comm.Alltoall(self.MPI.IN_PLACE if send is recv else _raw(data), _raw(b.wire(recv)))
+        b.stage_out(recv)
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Send(buf, dest=peer, tag=tag)
+        self.comm.Send(self.buffers.stage_in(buf), dest=peer, tag=tag)
 
     def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Recv(buf, source=peer, tag=tag)
+        self.comm.Recv(self.buffers.wire(buf), source=peer, tag=tag)
+        self.buffers.stage_out(buf)
 
     def barrier(self) -> None:
         self.comm.Barrier()

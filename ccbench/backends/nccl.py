@@ -20,13 +20,17 @@ rank's shard inside the full buffer).
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ccbench.backends.base import RankContext
 from ccbench.backends.torch_dist import TorchDistBackend, torch_missing_reason
 from ccbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from algorithms.transport import Transport
 
 __all__ = ["NCCLBackend", "RCCLBackend", "format_nccl_version", "nccl_version"]
 
@@ -150,6 +154,40 @@ class NCCLBackend(TorchDistBackend):
                     f"this is {self._library_version}")
         return None
 
+    @property
+    def transport(self) -> str:
+        """How ccbench reaches the library (records: library nccl, transport torch)."""
+        return "torch"
+
+    # -- point to point: the algorithms over NCCL -------------------------------------------
+    def point_to_point(self, device: bool) -> Transport | None:
+        """torch.distributed send/recv on CuPy arrays' memory, one NCCL group per step, waited
+        for on the stream (see ccbench.backends.p2p)."""
+        if not device:
+            return None
+        from ccbench.backends.p2p import GroupedTorchTransport
+
+        return GroupedTorchTransport(self.dist, self._tensor_of(), on_stream=True)
+
+    def _tensor_of(self) -> Callable[[Any], Any]:
+        """CuPy slice -> the uint8 CUDA tensor over the same memory (no copy)."""
+        import cupy
+
+        torch, device = self.torch, self.device
+
+        def tensor_of(buf: Any) -> Any:
+            return torch.as_tensor(buf.view(cupy.uint8), device=device)
+        return tensor_of
+
+    def device_stream(self) -> Any:
+        """torch's current stream, as CuPy sees it: NCCL's point-to-point calls wait for it
+        before they start and make it wait for them, so kernels queued there are ordered with
+        the transfers without the host waiting."""
+        import cupy
+
+        cupy.cuda.Device(self.device.index).use()
+        return cupy.cuda.ExternalStream(self.torch.cuda.current_stream(self.device).cuda_stream)
+
     # -- control ----------------------------------------------------------------------------
     def barrier(self) -> None:
         # naming the device keeps torch from guessing it (and warning) for the barrier's allreduce
@@ -176,8 +214,8 @@ class NCCLBackend(TorchDistBackend):
             "cuda_runtime": torch.version.cuda,
             "hip_runtime": getattr(torch.version, "hip", None),
             # what the user asked for (--nccl-algo/--nccl-proto); None: the library chose
-            "nccl_algo": options.get("nccl_algo") or os.environ.get("NCCL_ALGO"),
-            "nccl_proto": options.get("nccl_proto") or os.environ.get("NCCL_PROTO"),
+            "nccl_algo": options.nccl_algo or os.environ.get("NCCL_ALGO"),
+            "nccl_proto": options.nccl_proto or os.environ.get("NCCL_PROTO"),
             "allreduce_out_of_place": "device copy send->recv, then in-place all_reduce "
                                       "(torch.distributed has no out-of-place all_reduce)",
         }

@@ -14,13 +14,16 @@ import ctypes
 import itertools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
-from ccbench.backends.base import Backend, HostBuffers, RankContext
+from ccbench.backends.base import Backend, RankContext
 from ccbench.errors import RunFailure
+
+if TYPE_CHECKING:
+    from ccbench.backends.p2p import OneCCLTransport
 
 __all__ = ["DTYPES", "OPS", "OneCCLBackend"]
 
@@ -64,7 +67,7 @@ def _ptr(buf: np.ndarray) -> int:
     return int(buf.ctypes.data)
 
 
-class OneCCLBackend(HostBuffers, Backend):
+class OneCCLBackend(Backend):
     name = "oneccl"
 
     @classmethod
@@ -93,7 +96,7 @@ class OneCCLBackend(HostBuffers, Backend):
         self.rank, self.world = ctx.rank, ctx.world_size
         self.comm = ctypes.c_void_p()
         self._destroyed = False
-        timeout = float(ctx.options.get("init_timeout", 300.0))
+        timeout = ctx.options.timeout
         key = f"oneccl/unique-id/{next(_generation)}"
         if self.rank == 0:
             uid = UniqueId()
@@ -212,6 +215,13 @@ class OneCCLBackend(HostBuffers, Backend):
     def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
         self._check(self.lib.onecclRecv(_ptr(buf), buf.size, self._dtype(buf), peer,
                                         self._handle, None), "onecclRecv")
+
+    def point_to_point(self, device: bool) -> OneCCLTransport | None:
+        if device:
+            return None
+        from ccbench.backends.p2p import OneCCLTransport
+
+        return OneCCLTransport(self)
 
     # -- control ---------------------------------------------------------------------
     def barrier(self) -> None:

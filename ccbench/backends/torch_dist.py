@@ -10,12 +10,9 @@ import socket
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.buffers import TorchBuffers
 from ccbench.sysinfo import node_cores, usable_cores
-
-_RAW_INT = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
 
 def torch_missing_reason() -> str | None:
@@ -58,10 +55,11 @@ class TorchDistBackend(Backend):
         if "OMP_NUM_THREADS" not in os.environ:      # the user's explicit choice stands
             torch.set_num_threads(intra_op_threads(ctx.local_world_size))
         self.device = self._device()
+        self.buffers = TorchBuffers(torch, self.device)
         self._ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
         # the library's own timeout stays above ccbench's, so the watchdog speaks first
-        timeout = datetime.timedelta(seconds=float(ctx.options.get("timeout", 300)) + 30)
+        timeout = datetime.timedelta(seconds=ctx.options.timeout + 30)
         if not dist.is_initialized():
             dist.init_process_group(self.process_group_backend, init_method=self._init_method(),
                                     rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
@@ -78,34 +76,10 @@ class TorchDistBackend(Backend):
             return "env://"
         key = f"torch/{self.process_group_backend}/address"
         if self.ctx.rank == 0:
-            host = socket.gethostname() if self.ctx.options.get("multi_host") else "127.0.0.1"
+            host = socket.gethostname() if self.ctx.options.multi_host else "127.0.0.1"
             self.ctx.store.set(key, f"{host}:{_free_port()}")
-        address = self.ctx.store.get(key, timeout=300)
+        address = self.ctx.store.get(key, timeout=self.ctx.options.timeout)
         return f"tcp://{address}"
-
-    # -- buffers ----------------------------------------------------------------------
-    def _torch_dtype(self, dtype: np.dtype) -> Any:
-        if dtype.name == "bfloat16":
-            return self.torch.bfloat16
-        return getattr(self.torch, dtype.name)
-
-    def alloc(self, count: int, dtype: np.dtype) -> Any:
-        return self.torch.empty(count, dtype=self._torch_dtype(dtype), device=self.device)
-
-    def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
-        if values.dtype.name == "bfloat16":     # torch cannot read ml_dtypes' bfloat16: bits
-            source = self.torch.from_numpy(values.view(np.int16)).view(self.torch.bfloat16)
-        else:
-            source = self.torch.from_numpy(np.ascontiguousarray(values))
-        buf.copy_(source)
-
-    def to_numpy(self, buf: Any) -> np.ndarray:
-        host = buf.detach().cpu()
-        if host.dtype == self.torch.bfloat16:
-            import ml_dtypes
-
-            return host.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-        return host.numpy().copy()
 
     # -- the timed call ---------------------------------------------------------------------
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int

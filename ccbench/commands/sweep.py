@@ -85,8 +85,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _slurm(sweep: Sweep, args: argparse.Namespace) -> int:
-    from ccbench.sweep.spec import _Checker, check_slurm_options
     from ccbench.sweep.slurm import SlurmOptions, submit, wait_for_jobs
+    from ccbench.sweep.spec import _Checker, check_slurm_options
 
     overrides = check_slurm_options(_Checker("command line"), {
         "partition": args.partition, "account": args.account, "time": args.time,
