@@ -38,6 +38,12 @@ def main(argv: list[str]) -> int:
         from ccbench.backends import REGISTRY
 
         REGISTRY["nccl"] = "cpu_twins:NCCLCpuTwin"
+    import ccbench.cli as cli
+
+    if "--fake-cupy" in flags or "--nccl-twin" in flags:
+        # the twin's "device" is the CPU: the command line's GPU presence check would refuse
+        # --device cuda before the substituted code could run
+        cli._check_device = lambda device: None
     from ccbench.cli import main as ccbench_main
 
     return ccbench_main(bench)
