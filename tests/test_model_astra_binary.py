@@ -59,6 +59,20 @@ def test_binary_matches_simulate(tmp_path, network, ranks, collective, formula):
         assert run_astra(man) == pytest.approx(expected, rel=0.01), (sizes, man["system_notes"])
 
 
+@pytest.mark.parametrize("topology,ranks,intra_gbps", [
+    ("fat-tree:32:leaf=8:oversub=2", 32, None), ("dual-plane:24:gpus=4", 24, 300.0),
+    ("torus:2x3x4", 24, None),
+])
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "reduce-scatter"])
+def test_multi_dimensional_hierarchical_ring_matches(tmp_path, topology, ranks, intra_gbps,
+                                                      collective):
+    intra = None if intra_gbps is None else 1 / (intra_gbps * 1e9)
+    man = export_astra(MODEL, tmp_path, ranks, topology, collective, SIZES,
+                       intra_beta=intra, algorithm="hierarchical-ring")
+    assert len(man["dims"]) > 1
+    assert run_astra(man) == pytest.approx(man["workload"]["total_us"] * 1e-6, rel=0.01)
+
+
 def test_tree_without_gamma_matches(tmp_path):
     model = known_model(alpha=2e-6, beta=4e-10, gamma=0.0)
     for size in SIZES:

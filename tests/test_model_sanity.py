@@ -113,3 +113,20 @@ def test_topology_errors_name_the_topology(tmp_path, capsys, topology, needle):
     assert cli_main(["simulate", str(path), "allreduce", "--topology", topology]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "--ranks" not in err.split(":", 2)[2].split("(")[0]
+
+
+def test_hierarchical_ring_known_answer():
+    # fat tree of 4 leaves x 8 ranks, spine 2:1 oversubscribed: dims (8, beta), (4, 2 beta)
+    model = known_model(ALPHA, BETA, GAMMA)
+    n = 1 << 30
+    out = simulate(model, "allreduce", 32, "fat-tree:32:leaf=8:oversub=2", [n],
+                   "hierarchical-ring")
+    expected = (2 * 7 * ALPHA + 2 * 7 / 8 * n * BETA + 7 / 8 * n * GAMMA
+                + 2 * 3 * ALPHA + 2 * 3 / 4 * (n / 8) * 2 * BETA + 3 / 4 * (n / 8) * GAMMA)
+    assert out["rows"][0]["time_us"] * 1e-6 == pytest.approx(expected, rel=1e-12)
+    flat = simulate(model, "allgather", 32, "switch:32", [n], "ring")["rows"][0]["time_us"]
+    one = simulate(model, "allgather", 32, "switch:32", [n], "hierarchical-ring")
+    assert one["rows"][0]["time_us"] == pytest.approx(flat, rel=1e-12)   # one dimension: ring
+    with pytest.raises(UsageError, match="no replayable schedule"):
+        simulate(model, "allreduce", 32, "fat-tree:32:leaf=8", [n], "hierarchical-ring",
+                 fidelity="replay")

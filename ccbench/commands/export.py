@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     astra.add_argument("--backend", default=None,
                         help="use the fits of this backend, library or backend/library "
                              "(mpi, 'Open MPI', 'mpi/Intel MPI')")
+    astra.add_argument("--algorithm", "-a", default=None,
+                       help="cost formula, as for simulate (default: the fitted one); "
+                            "hierarchical-ring for a multi-dimensional topology")
     astra.add_argument("--prefix", default="workload", help="Chakra file prefix (default workload)")
     astra.add_argument("--intra-bw", type=float, default=None,
                        help="intra-host GB/s for dual-plane's first dimension")
@@ -56,7 +59,8 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--intra-bw must be > 0, got {args.intra_bw}")
         manifest = export_astra(load_model(args.model), args.output, args.ranks, args.topology,
                                 collective, sizes, args.backend, args.prefix,
-                                None if args.intra_bw is None else 1 / (args.intra_bw * 1e9))
+                                None if args.intra_bw is None else 1 / (args.intra_bw * 1e9),
+                                algorithm=args.algorithm)
         print(f"wrote {args.output}/network.yml, system.json, remote_memory.json"
               + (f", {args.ranks} Chakra files {manifest['workload']['prefix']}.<rank>.et"
                  if collective else ""))

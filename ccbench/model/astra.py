@@ -47,6 +47,8 @@ from typing import Any
 
 from ccbench.errors import UsageError
 from ccbench.model.chakra import comm_coll_node, write_trace
+from ccbench.model.hierarchical import ALGORITHM as HIER
+from ccbench.model.hierarchical import link_dims
 from ccbench.model.modelfile import select_fit
 from ccbench.model.topology import LinkClass, build_topology
 
@@ -148,18 +150,16 @@ def _dims(topology: str, ranks: int, alpha: float, beta: float,
           intra: LinkClass | None) -> list[dict[str, Any]]:
     inter = LinkClass(alpha, beta)
     topo = build_topology(topology, ranks, inter, intra)
-    dims = []
-    for index, (kind, npus) in enumerate(topo.dims):
-        a, b = alpha, beta
-        if topo.kind == "dual-plane" and index == 0:
-            a, b = (intra or inter).alpha, (intra or inter).beta
-        elif topo.kind == "dual-plane":
-            b = beta / 2            # two NIC ports, one per plane
-        elif topo.kind == "fat-tree" and index == 1:
-            b = beta * float(topo.params["oversub"])
-        dims.append({"topology": kind, "npus": npus, "bandwidth": astra_bandwidth(b),
-                     "latency_ns": _latency_ns(a, kind), "beta_s_per_byte": b, "alpha_s": a})
-    return dims
+    return [{"topology": d.kind, "npus": d.npus, "bandwidth": astra_bandwidth(d.beta),
+             "latency_ns": _latency_ns(d.alpha, d.kind), "beta_s_per_byte": d.beta,
+             "alpha_s": d.alpha} for d in link_dims(topo, inter, intra)]
+
+
+def _intra(alpha: float, beta: float, intra_alpha: float | None,
+           intra_beta: float | None) -> LinkClass:
+    """The intra-host link class: the given values, else the network's."""
+    return LinkClass(alpha if intra_alpha is None else intra_alpha,
+                     beta if intra_beta is None else intra_beta)
 
 
 def system_json(implementations: dict[str, str], ndims: int,
@@ -204,13 +204,9 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
     """Write network.yml, system.json, remote_memory.json, ccbench-export.json and, with a
     collective, one Chakra workload per rank; refuse (UsageError) what ASTRA-sim's
     analytical backend would time differently from `ccbench simulate`."""
-    from ccbench.model.simulate import simulate
+    from ccbench.model.simulate import LinkOverrides, simulate
 
     topology = topology or f"switch:{ranks}"
-    intra = None
-    if intra_beta is not None or intra_alpha is not None:
-        intra = LinkClass(intra_alpha if intra_alpha is not None else 0.0,
-                          intra_beta if intra_beta is not None else 0.0)
     notes: list[str] = []
     implementations: dict[str, str] = {}
     manifest: dict[str, Any] = {"ranks": ranks, "topology": topology}
@@ -221,7 +217,8 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
         if not sizes:
             raise UsageError("--collective needs --sizes")
         pred = simulate(model, collective, ranks, topology, sizes, algorithm, "analytical",
-                        backend=backend)
+                        backend=backend, links=LinkOverrides(intra_alpha=intra_alpha,
+                                                             intra_beta=intra_beta))
         rows = pred["rows"]
         for row in rows:
             if row["size_used"] <= 0 or astra_comm_size(collective, row["size_used"], ranks) <= 0:
@@ -237,14 +234,15 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
         fit, algo = pred["fit"], pred["algorithm"]
         alpha, beta, gamma = rows[0]["alpha_s"], rows[0]["beta_s_per_byte"], rows[0]["gamma_s_per_byte"]
         piece = _piece_name(fit, used_pieces[0])
-        dims = _dims(topology, ranks, alpha, beta, intra)
-        if len(dims) > 1:
-            raise UsageError(f"cannot export a {collective} workload on {topology}: ASTRA-sim "
-                             f"runs it dimension by dimension ({len(dims)} dimensions), a "
-                             f"hierarchical algorithm that ccbench's flat {algo} formula does not "
-                             f"describe (use a one-dimension topology: switch, ring, "
+        dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
+        if len(dims) > 1 and algo != HIER:
+            raise UsageError(f"cannot export a {collective} {algo} workload on {topology}: "
+                             f"ASTRA-sim runs it dimension by dimension ({len(dims)} "
+                             f"dimensions), which ccbench's flat {algo} formula does not describe "
+                             f"(use -a {HIER}, or a one-dimension topology: switch, ring, "
                              f"fully-connected)")
-        impl, mult = astra_implementation(collective, algo, ranks, dims[0]["topology"], gamma)
+        impl, mult = astra_implementation(collective, "ring" if algo == HIER else algo, ranks,
+                                          dims[0]["topology"], gamma)
         if impl == "doubleBinaryTree" and len(sizes) > 1:
             raise UsageError("cannot export several sizes of the tree allreduce in one run: "
                              "ASTRA-sim's doubleBinaryTree releases ranks at different times, "
@@ -267,7 +265,8 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
         for i, row in enumerate(rows):
             comm = astra_comm_size(collective, row["size_used"], ranks)
             nodes.append(comm_coll_node(i, f"{collective}_{row['size_used']}", collective, comm,
-                                        deps=[i - 1] if i else [], involved_dim=[True]))
+                                        deps=[i - 1] if i else [],
+                                        involved_dim=[True] * len(dims)))
             expected.append({"size": row["size_asked"], "size_used": row["size_used"],
                              "comm_size": comm, "ccbench_analytical_us": row["time_us"]})
         for rank in range(ranks):
@@ -290,7 +289,7 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
         # configs only: the links from the all-gather fit (no reduction in its beta)
         fit, why = select_fit(model, "allgather", ranks, backend)
         alpha, beta = fit["alpha"], fit["beta"]
-        dims = _dims(topology, ranks, alpha, beta, intra)
+        dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
         reducing = [f for f in model["fits"] if f is not fit and f["collective"] == "allreduce"
                     and f["backend"] == fit["backend"] and f["library"] == fit["library"]
                     and f["gamma"] > 0]

@@ -25,6 +25,9 @@ from typing import Any
 from ccbench.collectives import busbw_factor, layout
 from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm, coefficients, predict_time
+from ccbench.model.hierarchical import ALGORITHM as HIER
+from ccbench.model.hierarchical import COLLECTIVES as HIER_COLLECTIVES
+from ccbench.model.hierarchical import hierarchical_steps, hierarchical_time, link_dims
 from ccbench.model.modelfile import default_algorithm, select_fit
 from ccbench.model.replay import replay_collective
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
@@ -83,8 +86,14 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
         raise UsageError(f"--ranks must be >= 2, got {ranks}")
     links = links or LinkOverrides()
     fit, why = select_fit(model, collective, ranks, backend)
-    algo = canonical_algorithm(collective, algorithm) if algorithm else \
-        default_algorithm(fit, collective)
+    hierarchical = bool(algorithm) and str(algorithm).lower() in (HIER, "hierarchical")
+    if hierarchical and fidelity != "analytical":
+        raise UsageError(f"-a {HIER} has no replayable schedule; use --fidelity analytical")
+    algo = HIER if hierarchical else canonical_algorithm(collective, algorithm) if algorithm \
+        else default_algorithm(fit, collective)
+    if hierarchical and collective not in HIER_COLLECTIVES:
+        raise UsageError(f"no {HIER} formula for {collective} "
+                         f"(valid: {', '.join(HIER_COLLECTIVES)})")
     topos: dict[tuple[float, float, float, float], Topology] = {}
     rows = []
     for size in sizes:
@@ -105,7 +114,13 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
                                "piece": piece, "alpha_s": alpha, "beta_s_per_byte": beta,
                                "gamma_s_per_byte": gamma}
         a_eff, b_eff = topo.flat_parameters()
-        t_an = predict_time(collective, algo, ranks, used, a_eff, b_eff, gamma)
+        if hierarchical:       # a ring per dimension (ccbench.model.hierarchical)
+            dims = link_dims(topo, inter, intra)
+            t_an = hierarchical_time(collective, dims, used, gamma)
+            steps = float(hierarchical_steps(collective, dims))
+        else:
+            t_an = predict_time(collective, algo, ranks, used, a_eff, b_eff, gamma)
+            steps = coefficients(collective, algo, ranks).a
         factor = busbw_factor(collective, ranks)
         row["bottleneck_link_gbps"] = 1e-9 / b_eff if b_eff > 0 else float("inf")
         if fidelity in ("analytical", "both"):
@@ -124,7 +139,7 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
                 row.update(time_us=t_rp * 1e6, algbw_gbps=used / t_rp / 1e9,
                            busbw_gbps=used / t_rp / 1e9 * factor)
         row["flags"] = row_flags(
-            fit, used, a_eff, coefficients(collective, algo, ranks).a,
+            fit, used, a_eff, steps,
             [row[k] for k in ("busbw_gbps", "replay_busbw_gbps") if k in row],
             row["bottleneck_link_gbps"], ranks)
         rows.append(row)
