@@ -15,7 +15,8 @@ from typing import TextIO
 from ccbench.errors import UsageError
 from ccbench.records import SCHEMA, Record
 
-__all__ = ["Progress", "TableWriter", "check_output_file", "make_writer", "mend_torn_tail"]
+__all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
+           "check_writable_file", "make_writer", "mend_torn_tail"]
 
 _PEEK_BYTES = 1 << 16
 
@@ -45,6 +46,31 @@ def check_output_file(path: str) -> None:
         raise UsageError(f"{where} already holds something that is not ccbench records "
                          f"(first line {first[:40]!r}); records are only appended to an empty "
                          f"file or a ccbench results file")
+
+
+def check_writable_file(path: str, flag: str = "-o") -> None:
+    """A file about to be (over)written, e.g. a model: its folder exists, it is no folder."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path!r} is a directory (valid: a file path such as "
+                         f"{path.rstrip('/')}/model.json)")
+    if not target.parent.is_dir():
+        raise UsageError(f"{flag} {path!r}: folder {str(target.parent)!r} does not exist "
+                         f"(create it first)")
+    if not os.access(target if target.exists() else target.parent, os.W_OK):
+        raise UsageError(f"{flag} {path!r} is not writable (permission denied)")
+
+
+def check_output_folder(path: str, flag: str = "-o") -> None:
+    """A folder that will be created or written into: not an existing file, and its parent
+    exists."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{flag} {path!r} is an existing file, not a folder (valid: a new or "
+                         f"existing folder for the figures)")
+    if not target.exists() and not target.parent.is_dir():
+        raise UsageError(f"{flag} {path!r}: folder {str(target.parent)!r} does not exist "
+                         f"(create it first)")
 
 
 def _first_line(path: Path) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -297,9 +298,15 @@ class _Run:
             if note:
                 print(f"ccbench: warning: {note}", file=sys.stderr, flush=True)
         try:
+            whole = os.path.getsize(self.config.output)
+        except OSError:
+            whole = 0
+        try:
             append_record(self.config.output, record)
         except OSError as exc:
-            # the records already written stay whole: each is one fsynced line
+            # cut the part of this record that got written: the file keeps whole lines only
+            with contextlib.suppress(OSError):
+                os.truncate(self.config.output, whole)
             self.watchdog.fail(f"cannot append to --output {self.config.output!r}: "
                                f"{exc.strerror or exc} (records of the sizes before are kept)")
         self.step_appended += 1

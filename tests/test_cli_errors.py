@@ -22,8 +22,37 @@ CASES = {
     "bad iters": (["allreduce", "--iters", "0"], "--iters must be > 0"),
     "unknown flag": (["allreduce", "--bogus"], "unrecognized arguments"),
     "bad timing": (["allreduce", "--timing", "fast"], "invalid choice"),
-    "launch without ranks": (["launch", "allreduce"], "required"),
+    "launch without a benchmark": (["launch", "-n", "2"], "launch needs a benchmark"),
     "launch bad collective": (["launch", "-n", "2", "nope"], "unknown collective 'nope'"),
+    "negative size without range": (["allreduce", "--sizes=-5"], "'-5' is negative"),
+    "timeout nan": (["allreduce", "--timeout", "nan"], "--timeout must be a finite number"),
+    "timeout inf": (["allreduce", "--timeout", "inf"], "--timeout must be a finite number"),
+    "min-time nan": (["allreduce", "--min-time", "nan"], "--min-time must be a finite number"),
+    "connect-timeout zero": (["allreduce", "--connect-timeout", "0"], "--connect-timeout must"),
+    "root beyond ranks": (["launch", "-n", "2", "broadcast", "--backend", "gloo", "--root", "5"],
+                          "--root 5 is not a rank of -n 2 (valid: 0 to 1)"),
+    "negative root": (["broadcast", "--root", "-1"], "--root must be >= 0"),
+    "too many ranks": (["launch", "-n", "100000", "allreduce", "--backend", "gloo"],
+                       "-n 100000 is more ranks than this machine can run: at most"),
+    "mpiexec missing": (["launch", "-n", "2", "--mpiexec", "/nonexistent/mpiexec", "allreduce",
+                         "--backend", "mpi"], "--mpiexec '/nonexistent/mpiexec': no such"),
+    "mpiexec false": (["launch", "-n", "2", "--mpiexec", "/bin/false", "allreduce",
+                       "--backend", "mpi"], "is not a working mpiexec"),
+    "nothing to measure": (["launch", "-n", "4", "alltoall", "--backend", "gloo", "--dtype",
+                            "int8", "--sizes", "3"], "nothing to measure"),
+    "max-iters below iters": (["allreduce", "--max-iters", "2", "--iters", "5"],
+                              "--max-iters 2 is below --iters 5"),
+    "empty backend item": (["allreduce", "--backend", "gloo,"], "malformed --backend 'gloo,'"),
+    "nccl-algo with gloo": (["allreduce", "--backend", "gloo", "--nccl-algo", "Ring"],
+                            "--nccl-algo 'Ring' only applies to the nccl and rccl backends"),
+    "abbreviated option": (["allreduce", "--time", "1"], "unrecognized arguments: --time"),
+    "abbreviated launch option": (["launch", "-n", "2", "--mpi", "x", "allreduce"],
+                                  "unrecognized arguments"),
+    "output folder missing": (["allreduce", "--output", "/nonexistent/dir/x.jsonl"],
+                              "folder '/nonexistent/dir' does not exist"),
+    "calibrate into missing folder": (["calibrate", "tests/fixtures/records-v1.jsonl", "-o",
+                                       "/nonexistent/dir/model.json"],
+                                      "folder '/nonexistent/dir' does not exist"),
 }
 
 
@@ -40,6 +69,51 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -
 def test_bad_input(name: str) -> None:
     args, needle = CASES[name]
     assert_one_line_error(run_ccbench(*args, timeout=120), needle)
+
+
+# cases whose argument is an existing file or folder, which must be left byte-identical
+FILE_CASES = {
+    "output is a directory": (lambda d: ["allreduce", "--output", str(d)], "is a directory"),
+    "output holds a CSV": (lambda d: ["allreduce", "--output", str(d / "table.csv")],
+                           "not ccbench records"),
+    "output holds other JSON lines": (lambda d: ["allreduce", "--output", str(d / "other.jsonl")],
+                                      "not ccbench records"),
+    "launch output holds a CSV": (lambda d: ["launch", "-n", "2", "allreduce", "--backend", "gloo",
+                                             "--output", str(d / "table.csv")],
+                                  "not ccbench records"),
+    "report into an existing file": (lambda d: ["report", "tests/fixtures/records-v1.jsonl", "-o",
+                                                str(d / "table.csv")], "is an existing file"),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("name", sorted(FILE_CASES))
+def test_bad_output_leaves_files_alone(name: str, tmp_path: Path) -> None:
+    (tmp_path / "table.csv").write_text("size,time\n1024,3.5\n")
+    (tmp_path / "other.jsonl").write_text('{"event": "login", "user": 7}\n')
+    before = _snapshot(tmp_path)
+    make_args, needle = FILE_CASES[name]
+    assert_one_line_error(run_ccbench(*make_args(tmp_path), timeout=120), needle)
+    assert _snapshot(tmp_path) == before
+
+
+def test_device_cuda_without_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert_one_line_error(run_ccbench("allreduce", "--device", "cuda", "--backend", "gloo"),
+                          "--device cuda: no CUDA GPU is visible here")
+
+
+def test_check_0_does_not_say_ok(tmp_path: Path) -> None:
+    proc = run_ccbench("allreduce", "--backend", "gloo", "--sizes", "1K", "--iters", "2",
+                       "--warmup", "0", "--check", "0", "-q", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "0 OK" not in proc.stdout and "not checked (--check 0)" in proc.stdout
 
 
 def test_valid_choices_are_listed() -> None:

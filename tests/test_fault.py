@@ -135,3 +135,52 @@ def test_fault_cell(cell: Cell, tmp_path: Path) -> None:
         pytest.skip(reason)
     outcome = run_cell(cell, tmp_path, timeout=TIMEOUT_S, bound=NO_HANG_S)
     assert outcome.ok, (outcome.problems, outcome.error_lines)
+
+
+def test_torn_last_line_is_moved_aside(tmp_path: Path) -> None:
+    """A run killed mid-write left half a line: the next run cuts it off (keeping it in
+    .torn) before appending, and says so; every line of the file is whole afterwards."""
+    out = tmp_path / "r.jsonl"
+    quick = ["allreduce", "--backend", "gloo", "--sizes", "1K", "--iters", "2", "--warmup", "0",
+             "-q", "--output", str(out)]
+    first = subprocess.run([sys.executable, "-m", "ccbench", *quick], capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    whole = out.read_bytes()
+    out.write_bytes(whole + b'{"schema":"ccbench.record","collec')
+    second = subprocess.run([sys.executable, "-m", "ccbench", *quick], capture_output=True,
+                            text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "ccbench: warning:" in second.stderr and ".torn" in second.stderr
+    assert (tmp_path / "r.jsonl.torn").read_bytes() == b'{"schema":"ccbench.record","collec\n'
+    assert out.read_bytes().startswith(whole)
+    assert len(load_records(out)) == 2 * len(load_records_text(whole))
+
+
+def load_records_text(data: bytes) -> list[str]:
+    return [line for line in data.decode().splitlines() if line.strip()]
+
+
+def test_disk_full_is_one_line_and_keeps_whole_records(tmp_path: Path) -> None:
+    """--output on a full file system: one line from the rank that hit it, exit non-zero, no
+    'dead' rank blamed, and the file holds only whole records."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mount)],
+                          capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        out = mount / "r.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "2", "allreduce",
+                               "--backend", "gloo", "--sizes", "1K-1M", "--iters", "2",
+                               "--warmup", "0", "-q", "--output", str(out)],
+                              capture_output=True, text=True, timeout=NO_HANG_S)
+        assert proc.returncode != 0
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("ccbench: error:")]
+        assert len(errors) == 1 and "No space left on device" in errors[0], proc.stderr
+        assert "dead" not in proc.stderr and "Traceback" not in proc.stderr
+        assert out.read_bytes().endswith(b"\n")
+        assert len(load_records(out)) >= 1
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -112,8 +112,11 @@ def main(args: argparse.Namespace) -> int:
     from ccbench.model.fit import calibrate, summarize_validation, validate_world_sizes
     from ccbench.model.modelfile import build_model, save_model
 
+    from ccbench.output import check_writable_file
+
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    check_writable_file(args.output)                 # before the fit, not after it
     records = load_records(*args.results, require=True)
     if args.backend:
         records = [r for r in records if r.backend == args.backend]

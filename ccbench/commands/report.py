@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ccbench.output import check_output_folder
+
+    check_output_folder(args.output)
     sources = [str(p) for p in iter_result_files(args.results)]
     records = load_records(*args.results, require=True)
     if args.collective:
