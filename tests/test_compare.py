@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 from conftest import run_ccbench
 
-from ccbench.commands.compare import bootstrap_ratio, compare_records
+from ccbench.commands.compare import (
+    BETWEEN_RUN_THRESHOLD,
+    WITHIN_RUN_THRESHOLD,
+    bootstrap_ratio,
+    compare_records,
+)
 from ccbench.errors import UsageError
 from ccbench.records import Record, append_record, record_from_dict
 
@@ -146,3 +151,53 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
 def test_record_factory_round_trips() -> None:
     rec = make_record()
     assert record_from_dict(json.loads(rec.to_json())) == rec
+
+
+def runs(shifts: list[float], seed: int = 0, **kw) -> list[Record]:
+    """One record of the same case per run; each run's times shifted by a run-level factor
+    (what moves between runs on a real machine: placement, frequency, neighbours)."""
+    out = []
+    for i, shift in enumerate(shifts):
+        rec = make_record(median_us=100.0 * shift, noise=0.01, seed=seed + i, **kw)
+        rec.run_id = f"run{seed + i}"
+        out.append(rec)
+    return out
+
+
+def test_several_runs_per_side_use_the_spread_between_runs() -> None:
+    base = runs([1.0, 1.12, 0.93], seed=0)
+    same = runs([1.08, 0.95, 1.03], seed=10)
+    rows, _ = compare_records(base, same, threshold=0.05)
+    assert [(r.basis, r.base_runs, r.new_runs, r.verdict) for r in rows] == [
+        ("between-run", 3, 3, "same")]
+    # the same data judged run against run: iterations alone call a 12 % shift significant
+    rows, _ = compare_records(base[1:2], same[1:2], threshold=0.05)
+    assert rows[0].basis == "within-run" and rows[0].significant
+    slower = runs([1.5, 1.62, 1.43], seed=20)
+    rows, _ = compare_records(base, slower)
+    assert rows[0].verdict == "regression" and rows[0].ci_low > 1.0
+
+
+def test_default_threshold_depends_on_the_runs() -> None:
+    one, two = runs([1.0], seed=0), runs([1.0 + WITHIN_RUN_THRESHOLD / 2], seed=1)
+    rows, _ = compare_records(one, two)
+    assert rows[0].basis == "within-run" and rows[0].significant
+    assert rows[0].verdict == "same"              # below the measured run-to-run threshold
+    rows, _ = compare_records(one, runs([(1.0 + WITHIN_RUN_THRESHOLD) * 1.2], seed=1))
+    assert rows[0].verdict == "regression"
+    assert BETWEEN_RUN_THRESHOLD < WITHIN_RUN_THRESHOLD
+
+
+def test_cli_says_what_the_interval_covers(tmp_path: Path) -> None:
+    base = write(tmp_path / "base.jsonl", series())
+    same = write(tmp_path / "same.jsonl", series(seed=40))
+    proc = run_ccbench("compare", str(base), str(same))
+    assert "one run on a side: the interval covers within-run noise only" in proc.stdout
+    folder_a, folder_b = tmp_path / "a", tmp_path / "b"
+    folder_a.mkdir()
+    folder_b.mkdir()
+    write(folder_a / "r.jsonl", runs([1.0, 1.1], seed=0))
+    write(folder_b / "r.jsonl", runs([1.05, 0.97], seed=5))
+    proc = run_ccbench("compare", str(folder_a), str(folder_b))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "several runs per side (2 vs 2 runs): the interval covers run-to-run" in proc.stdout

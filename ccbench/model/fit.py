@@ -48,13 +48,15 @@ import numpy as np
 
 from ccbench.errors import UsageError
 from ccbench.model.costs import candidates, canonical_algorithm, coefficients
-from ccbench.records import Record
+from ccbench.records import CaseId, Record
 
 __all__ = ["Point", "LineFit", "fit_line", "nnls_small", "points_from_records", "calibrate",
-           "validate_world_sizes", "predict_from_fit", "GROUP_FIELDS"]
+           "validate_world_sizes", "predict_from_fit", "FIT_GROUP_FIELDS"]
 
 NON_REDUCING = ("allgather", "broadcast", "alltoall")
-GROUP_FIELDS = ("backend", "library", "transport", "device", "collective", "algorithm")
+# A fit group: the case identity fields one alpha-beta-gamma fit is made for (it pools dtypes,
+# ops, modes, world sizes and runs). Not the case identity itself: see ccbench.records.CaseId.
+FIT_GROUP_FIELDS = ("backend", "library", "transport", "device", "collective", "algorithm")
 LINK_FIELDS = ("backend", "library", "transport", "device")
 SELECTION = "lowest median relative error over the group's points (ties: formula-table order)"
 
@@ -407,8 +409,16 @@ def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
                     holdout, notes, [float(ns.min()), float(ns.max())], flags)
 
 
-def _key(record: Record, fields: Sequence[str]) -> tuple:
-    return tuple(getattr(record, name) for name in fields)
+def _key(record: Record, fields: Sequence[str]) -> CaseId:
+    return record.case.only(fields)
+
+
+def _group_of(fit_key: dict[str, Any]) -> CaseId:
+    return CaseId(**{name: fit_key[name] for name in FIT_GROUP_FIELDS})
+
+
+def _order(case: CaseId) -> tuple[str, ...]:
+    return tuple(str(getattr(case, name)) for name in FIT_GROUP_FIELDS)
 
 
 def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
@@ -423,7 +433,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
             ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall")]
     if not recs:
         raise UsageError("no records to calibrate on (need world size > 1)")
-    by_group: dict[tuple, list[Record]] = defaultdict(list)
+    by_group: dict[CaseId, list[Record]] = defaultdict(list)
     unidentified: list[str] = []
     for r in recs:
         if r.algorithm != "native":
@@ -433,7 +443,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
                 if skipped is not None and str(exc) not in skipped:
                     skipped.append(str(exc))
                 continue
-        by_group[_key(r, GROUP_FIELDS)].append(r)
+        by_group[_key(r, FIT_GROUP_FIELDS)].append(r)
     if not by_group:
         raise UsageError("no records with a cost formula to calibrate on"
                          + (f" ({skipped[0]})" if skipped else ""))
@@ -442,7 +452,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
         if len(sizes) < 2:
             group = by_group.pop(gkey)
             at = ",".join(map(str, sorted({r.world_size for r in group})))
-            line = (f"{gkey[0]} ({gkey[1]}) {gkey[4]} {gkey[5]} at {at} ranks: "
+            line = (f"{gkey.backend} ({gkey.library}) {gkey.collective} {gkey.algorithm} at {at} ranks: "
                     f"{len(group)} record(s) of one size ({sizes.pop()} B); alpha and beta "
                     f"cannot be told apart from one size (measure two sizes or more)")
             if skipped is not None:
@@ -452,13 +462,13 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
         raise UsageError(f"cannot fit: {unidentified[0]}"
                          + (f" (and {len(unidentified) - 1} more groups)"
                             if len(unidentified) > 1 else ""))
-    order = sorted(by_group, key=lambda k: (k[4] not in NON_REDUCING, k))
+    order = sorted(by_group, key=lambda k: (k.collective not in NON_REDUCING, _order(k)))
     fits: list[GroupFit] = []
-    betas: dict[tuple, tuple[int, float | None]] = {}    # link key -> (points, beta)
+    betas: dict[CaseId, tuple[int, float | None]] = {}    # link key -> (points, beta)
     for gkey in order:
         group = by_group[gkey]
-        key = dict(zip(GROUP_FIELDS, gkey, strict=True))
-        link = gkey[:len(LINK_FIELDS)]
+        key = {name: getattr(gkey, name) for name in FIT_GROUP_FIELDS}
+        link = gkey.only(LINK_FIELDS)
         fixed = None if key["collective"] in NON_REDUCING else betas.get(link, (0, None))[1]
         worlds = sorted({r.world_size for r in group})
         across = None
@@ -469,7 +479,8 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
             sub = [r for r in group if r.world_size == w]
             if len({r.size_used for r in sub}) < 2:
                 if skipped is not None:
-                    skipped.append(f"{gkey[0]} ({gkey[1]}) {gkey[4]} {gkey[5]} at {w} ranks "
+                    skipped.append(f"{gkey.backend} ({gkey.library}) {gkey.collective} "
+                                   f"{gkey.algorithm} at {w} ranks "
                                    f"alone: one size, no per-world-size fit (it is in the fit "
                                    f"across world sizes)")
                 continue
@@ -499,14 +510,14 @@ def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: 
     fits = calibrate(records, bootstrap=bootstrap, world_sizes=list(train))
     # the across-world-size fit where a group has one; a group measured at one training
     # world size predicts with that fit (the coefficients carry p)
-    across = {tuple(f.key[k] for k in GROUP_FIELDS): f for f in fits if f.scope == "world-size"}
-    across.update({tuple(f.key[k] for k in GROUP_FIELDS): f for f in fits
+    across = {_group_of(f.key): f for f in fits if f.scope == "world-size"}
+    across.update({_group_of(f.key): f for f in fits
                    if f.scope == "all-world-sizes"})
     rows = []
     for r in records:
         if r.world_size not in test:
             continue
-        f = across.get(_key(r, GROUP_FIELDS))
+        f = across.get(_key(r, FIT_GROUP_FIELDS))
         if f is None:
             continue
         measured = float(np.median(r.samples_us)) * 1e-6 if r.samples_us else \
@@ -521,11 +532,11 @@ def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: 
 def summarize_validation(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[float]] = defaultdict(list)
     for row in rows:
-        groups[tuple(row[k] for k in GROUP_FIELDS) + (row["world_size"],)].append(row["rel_err"])
+        groups[tuple(row[k] for k in FIT_GROUP_FIELDS) + (row["world_size"],)].append(row["rel_err"])
     out = []
     for gkey, errs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         e = np.array(errs)
-        out.append({**dict(zip(GROUP_FIELDS, gkey[:-1], strict=True)), "world_size": gkey[-1],
+        out.append({**dict(zip(FIT_GROUP_FIELDS, gkey[:-1], strict=True)), "world_size": gkey[-1],
                     "sizes": len(e), "median_rel_err": float(np.median(e)),
                     "p90_rel_err": float(np.percentile(e, 90)), "max_rel_err": float(e.max())})
     return out
