@@ -144,3 +144,24 @@ def test_cli(tmp_path: Path) -> None:
 def test_no_records(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         build_report([], tmp_path)
+
+
+def test_several_runs_of_a_case_are_pooled_shown_each_or_latest() -> None:
+    from ccbench.report.data import runs_note
+
+    first = make_record(size=1024, median_us=10.0, seed=1, iters=30)
+    second = make_record(size=1024, median_us=20.0, seed=2, iters=30)
+    second.run_id, second.timestamp = "r1", "2026-12-02T13:00:00+00:00"
+    records = [first, second]
+    pooled = to_frame(records, "pooled")
+    assert len(pooled) == 1 and int(pooled["iterations"].iloc[0]) == 60
+    assert 10.0 < float(pooled["median_us"].iloc[0]) < 20.0
+    each = to_frame(records, "each")
+    assert sorted(each["series"]) == ["Intel MPI [run r0]", "Intel MPI [run r1]"]
+    latest = to_frame(records, "latest")
+    assert len(latest) == 1 and float(latest["median_us"].iloc[0]) == pytest.approx(20.0)
+    assert runs_note(records, "pooled").startswith("1 (case, size) point(s) were measured in "
+                                                   "several runs (up to 2); shown: their runs'")
+    assert runs_note([first], "pooled") is None
+    with pytest.raises(UsageError, match="unknown run view 'all'"):
+        to_frame(records, "all")

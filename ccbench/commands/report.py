@@ -12,6 +12,7 @@ import argparse
 
 from ccbench.errors import UsageError
 from ccbench.records import iter_result_files, load_records
+from ccbench.report.data import RUN_VIEWS
 
 __all__ = ["register", "main"]
 
@@ -28,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--collective", default=None,
                         help="only these collectives (comma list)")
     parser.add_argument("--backend", default=None, help="only these backends (comma list)")
+    parser.add_argument("--runs", choices=RUN_VIEWS, default="pooled",
+                        help="a case measured in several runs: pool their iterations "
+                             "(default), show each run as a series, or only the latest")
     parser.add_argument("--formats", default="png,svg",
                         help="figure formats: png,svg (default) or png")
 
@@ -62,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
 
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
     report = build_report(records, args.output, model=model, sources=sources, title=args.title,
-                          formats=formats)
+                          formats=formats, runs=args.runs)
     print(f"ccbench report: {len(report.figures)} figures ({', '.join(formats)}), "
           f"{report.markdown}, "
           f"{report.html}")

@@ -177,10 +177,10 @@ def _slug(text: str) -> str:
 
 def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any] | None = None,
                  sources: list[str] | None = None, title: str = "ccbench results",
-                 formats: tuple[str, ...] = ("png", "svg")) -> Report:
+                 formats: tuple[str, ...] = ("png", "svg"), runs: str = "pooled") -> Report:
     from ccbench.errors import UsageError
     from ccbench.report import figures
-    from ccbench.report.data import key_numbers, library_versions, to_frame
+    from ccbench.report.data import key_numbers, library_versions, runs_note, to_frame
 
     if not records:
         raise UsageError("no records to report on")
@@ -191,7 +191,7 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         raise UsageError(f"figure formats must include png, from png and svg; got "
                          f"{','.join(formats)}")
     report = Report(directory=directory, formats=tuple(formats))
-    frame = to_frame(records)
+    frame = to_frame(records, runs)
     doc = _Doc()
     doc.heading(1, title)
     worlds = sorted(int(p) for p in frame["world_size"].unique())
@@ -210,6 +210,10 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         "time = median over iterations of the slowest rank's time; busbw = algbw x the "
         "nccl-tests factor; bands: 5th-95th percentile of the iterations",
     ])
+    several = runs_note(records, runs)
+    if several:
+        report.notes.append(several)
+        doc.para(f"{several}.")
     wrong = frame[frame["wrong"].fillna(0) > 0]
     if not wrong.empty:
         note = f"{len(wrong)} record(s) have wrong elements: their numbers are not valid"

@@ -5,12 +5,18 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from ccbench.records import Record
+from ccbench.records import CaseId, Record
+from ccbench.stats import summarize
 
 __all__ = ["series_label", "colour_key", "to_frame", "library_versions", "key_numbers",
-           "half_peak_size", "COLLECTIVE_ORDER"]
+           "half_peak_size", "COLLECTIVE_ORDER", "RUN_VIEWS", "combine_runs", "runs_note"]
+
+# How a case measured in several runs is shown: its runs' iterations together, each run as
+# its own series, or only the latest run.
+RUN_VIEWS = ("pooled", "each", "latest")
 
 COLLECTIVE_ORDER = ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall", "reduce")
 _DISPLAY = {"gloo": "gloo", "oneccl": "oneCCL", "nccl": "NCCL", "rccl": "RCCL"}
@@ -71,12 +77,64 @@ def _factor(rec: Record) -> float:
     return rec.busbw_gbps / rec.algbw_gbps if rec.algbw_gbps > 0 else 1.0
 
 
-def to_frame(records: Sequence[Record]):
-    """One row per (series, case, size); a repeated measurement keeps the latest record."""
+def _by_case(records: Sequence[Record]) -> dict[tuple[CaseId, int], dict[str, Record]]:
+    """(case without the run, size) -> {run id: record}, latest record of a run kept."""
+    groups: dict[tuple[CaseId, int], dict[str, Record]] = {}
+    for rec in sorted(records, key=lambda r: r.timestamp):
+        groups.setdefault((rec.case.without({"run_id"}), rec.size_asked), {})[rec.run_id] = rec
+    return groups
+
+
+def _pooled(runs: list[Record]) -> Record:
+    """One record holding the iterations of every run of a (case, size)."""
+    latest = max(runs, key=lambda r: r.timestamp)
+    samples = [t for r in runs for t in (r.samples_us or [r.time_us["median"]])]
+    stats = summarize(samples)
+    algbw = latest.size_used / (stats["median"] * 1e-6) / 1e9 if stats["median"] > 0 else 0.0
+    return replace(latest, run_id=f"pooled:{len(runs)}", time_us=stats, samples_us=samples,
+                   iterations=sum(r.iterations for r in runs), algbw_gbps=algbw,
+                   busbw_gbps=algbw * _factor(latest),
+                   wrong=None if any(r.wrong is None for r in runs)
+                   else sum(r.wrong or 0 for r in runs))
+
+
+def combine_runs(records: Sequence[Record], view: str = "pooled") -> list[Record]:
+    """The records a figure shows for `view` (see RUN_VIEWS)."""
+    if view not in RUN_VIEWS:
+        from ccbench.errors import choices_error
+
+        raise choices_error("run view", view, RUN_VIEWS)
+    out: list[Record] = []
+    for runs in _by_case(records).values():
+        if view == "each" or len(runs) == 1:
+            out.extend(runs.values())
+        elif view == "latest":
+            out.append(max(runs.values(), key=lambda r: r.timestamp))
+        else:
+            out.append(_pooled(list(runs.values())))
+    return out
+
+
+def runs_note(records: Sequence[Record], view: str) -> str | None:
+    """One sentence saying how cases measured in several runs are shown; None if none were."""
+    counts = [len(runs) for runs in _by_case(records).values() if len(runs) > 1]
+    if not counts:
+        return None
+    how = {"pooled": "their runs' iterations pooled into one distribution (--runs pooled)",
+           "each": "each run as its own series, labelled with its run id (--runs each)",
+           "latest": "the latest run only, the others left out (--runs latest)"}[view]
+    return (f"{len(counts)} (case, size) point(s) were measured in several runs "
+            f"(up to {max(counts)}); shown: {how}")
+
+
+def to_frame(records: Sequence[Record], runs: str = "pooled"):
+    """One row per (series, case, size) -- and per run with runs="each"; several runs of a
+    case are combined as `runs` says (RUN_VIEWS)."""
     import pandas as pd
 
+    multi = {key for key, group in _by_case(records).items() if len(group) > 1}
     rows: dict[tuple, dict[str, Any]] = {}
-    for rec in sorted(records, key=lambda r: r.timestamp):
+    for rec in sorted(combine_runs(records, runs), key=lambda r: r.timestamp):
         t = rec.time_us
         factor = _factor(rec)
         size = rec.size_used
@@ -85,6 +143,9 @@ def to_frame(records: Sequence[Record]):
             return size / (us * 1e-6) / 1e9 * factor if us > 0 else math.nan
 
         label = series_label(rec)
+        several = (rec.case.without({"run_id"}), rec.size_asked) in multi
+        if runs == "each" and several:
+            label = f"{label} [run {rec.run_id[:8]}]"
         row = {
             "series": label, "colour_key": colour_key(rec), "backend": rec.backend,
             "library": rec.library, "library_version": rec.library_version,
@@ -109,8 +170,9 @@ def to_frame(records: Sequence[Record]):
             "oversubscribed": bool((rec.method or {}).get("oversubscribed")),
             "cores_per_node": (rec.method or {}).get("cores_per_node"),
         }
-        key = (label, rec.collective, rec.dtype, rec.op, rec.inplace, rec.timing, rec.device,
-               rec.world_size, rec.nodes, rec.size_asked)
+        # the label names the backend (and library); two versions of one library under one
+        # label: the latest record wins, as before runs were told apart
+        key = (label, rec.case.without({"run_id", "library", "library_version"}), rec.size_asked)
         rows[key] = row
     frame = pd.DataFrame(list(rows.values()))
     if frame.empty:
