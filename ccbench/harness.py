@@ -24,13 +24,13 @@ from ccbench.control import ControlClient
 from ccbench.dtypes import numpy_dtype
 from ccbench.sizes import format_size
 from ccbench.stats import summarize
-from ccbench.validation import count_wrong, initial_output, make_input
+from ccbench.validation import CHUNK, chunks, count_wrong_slice, initial_output, make_input
 from ccbench.watchdog import Watchdog
 
 # fault injection for the test suite: flip one received element on rank 0 before validation
 _INJECT_CORRUPTION = os.environ.get("CCBENCH_CORRUPT") == "1"
 
-__all__ = ["Case", "Method", "SizeResult", "measure_size"]
+__all__ = ["Case", "Method", "SizeResult", "host_bytes_per_rank", "measure_size"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +80,11 @@ class _Buffers:
 
     def __init__(self, backend: Backend, case: Case, lay: Layout, rank: int) -> None:
         dtype = numpy_dtype(case.dtype)
-        self.backend, self.case, self.lay, self.rank = backend, case, lay, rank
-        self.input = make_input(lay, dtype, case.op, rank, case.root)
-        self.fresh_output = initial_output(lay, dtype)
+        self.backend, self.case, self.lay, self.rank, self.dtype = backend, case, lay, rank, dtype
+        # no host copy of the inputs or the sentinel output: they are written into the native
+        # buffers a chunk at a time, so host memory is the send and receive buffers and little
+        # more (host_bytes_per_rank)
+        self.sentinel = initial_output(lay, dtype, min(CHUNK, lay.recv_count))
         if case.collective == "broadcast":
             self.recv = backend.alloc(lay.recv_count, dtype)
             self.send = self.recv
@@ -100,18 +102,47 @@ class _Buffers:
             self.recv = self.send
         self.reset()
 
+    def _write_input(self) -> None:
+        lay, case, backend = self.lay, self.case, self.backend
+        for lo in chunks(lay.send_count):
+            hi = min(lo + CHUNK, lay.send_count)
+            backend.copy_from_numpy(backend.view(self.send, lo, hi),
+                                    make_input(lay, self.dtype, case.op, self.rank, case.root,
+                                               lo, hi))
+
+    def _write_sentinel(self) -> None:
+        backend, count = self.backend, self.lay.recv_count
+        for lo in chunks(count):
+            hi = min(lo + CHUNK, count)
+            backend.copy_from_numpy(backend.view(self.recv, lo, hi), self.sentinel[:hi - lo])
+
     def reset(self) -> None:
         """Fresh inputs (in-place runs overwrite them) and sentinel outputs."""
-        backend, case = self.backend, self.case
+        case = self.case
         if case.collective == "broadcast" or (case.inplace and case.collective != "allgather"):
-            backend.copy_from_numpy(self.send, self.input)
+            self._write_input()
             return
-        if case.inplace:                           # allgather: sentinel, then my shard
-            backend.copy_from_numpy(self.recv, self.fresh_output)
-            backend.copy_from_numpy(self.send, self.input)
-            return
-        backend.copy_from_numpy(self.send, self.input)
-        backend.copy_from_numpy(self.recv, self.fresh_output)
+        self._write_sentinel()                     # in-place allgather: then my shard over it
+        self._write_input()
+
+    def wrong(self) -> int:
+        """Wrong elements of the receive buffer, read back a chunk at a time."""
+        lay, backend, case = self.lay, self.backend, self.case
+        wrong = 0
+        for lo in chunks(lay.recv_count):
+            hi = min(lo + CHUNK, lay.recv_count)
+            part = backend.to_numpy(backend.view(self.recv, lo, hi))
+            if _INJECT_CORRUPTION and self.rank == 0 and lo == 0:   # proves, in tests, that
+                part[0] = part[0] + part.dtype.type(1)              # wrong values fail
+            wrong += count_wrong_slice(part, lay, case.op, self.rank, case.root, lo)
+        return wrong
+
+
+def host_bytes_per_rank(lay: Layout) -> int:
+    """Host memory one rank needs for a (case, size) beyond its interpreter and libraries:
+    the native send and receive buffers (device buffers on GPUs; counted anyway as an upper
+    bound) plus the chunked input, sentinel and read-back temporaries."""
+    return (lay.send_count + lay.recv_count) * lay.elsize + 4 * CHUNK * 8
 
 
 def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
@@ -171,10 +202,7 @@ def _validate(backend: Backend, case: Case, bufs: _Buffers, method: Method,
         backend.run(case.collective, bufs.send, bufs.recv, case.op, case.root)
         backend.synchronize()
         watchdog.leave()
-        result = backend.to_numpy(bufs.recv)
-        if _INJECT_CORRUPTION and bufs.rank == 0:    # proves, in tests, that wrong values fail
-            result[0] = result[0] + result.dtype.type(1)
-        wrong += count_wrong(result, bufs.lay, case.op, bufs.rank, case.root)
+        wrong += bufs.wrong()
     return wrong
 
 

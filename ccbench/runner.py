@@ -25,7 +25,7 @@ from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer, Sto
 from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
 from ccbench.faults import MID_RUN_STEP, inject
-from ccbench.harness import Case, Method, SizeResult, measure_size
+from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.output import Progress, TableWriter, make_writer, mend_torn_tail
 from ccbench.records import Record, append_record
@@ -38,6 +38,9 @@ MPI_LAUNCHERS = ("mpiexec", "srun", "single")
 #: what a backend's info() may say that changes what is measured: copied into record.method
 METHOD_KEYS = ("buffers", "nccl_algo", "nccl_proto", "allreduce_out_of_place", "mpi_thread_level",
                "torch_threads", "timed_call")
+# peak resident memory of a rank before its first buffer (python, numpy, torch or MPI);
+# benchmarks/host_memory.py measures it (about 0.4 GB with torch and gloo)
+RANK_BASELINE_BYTES = 512 << 20
 
 
 @dataclass(kw_only=True)
@@ -108,9 +111,10 @@ def _check_memory(config: BenchConfig, info: LaunchInfo) -> None:
     for collective in config.collectives:
         for dtype in config.dtypes:
             lay = layout(collective, max(config.sizes), numpy_dtype(dtype).itemsize, info.world_size)
-            # native send + recv, the host input copy and the host copy read back to validate
-            largest = max(largest, 2 * (lay.send_count + lay.recv_count) * lay.elsize)
-    needed = largest * info.local_world_size
+            largest = max(largest, host_bytes_per_rank(lay))
+    # what a rank holds before any buffer (interpreter, numpy, the backend's library), as
+    # measured by benchmarks/host_memory.py
+    needed = (largest + RANK_BASELINE_BYTES) * info.local_world_size
     if needed > available:
         raise UsageError(f"size {max(config.sizes)} needs about {needed / 2**30:.1f} GiB on this "
                          f"node ({info.local_world_size} ranks) but {available / 2**30:.1f} GiB "

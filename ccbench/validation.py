@@ -11,7 +11,8 @@ import numpy as np
 
 from ccbench.collectives import Layout
 
-__all__ = ["count_wrong", "expected_output", "initial_output", "make_input"]
+__all__ = ["CHUNK", "chunks", "count_wrong", "count_wrong_slice", "expected_output",
+           "initial_output", "make_input"]
 
 SENTINEL = -1  # what output buffers hold before the collective, so untouched elements show
 
@@ -66,23 +67,36 @@ def _expected_slice(lay: Layout, op: str | None, rank: int, root: int, lo: int, 
     raise ValueError(lay.collective)
 
 
-def make_input(lay: Layout, dtype: np.dtype, op: str | None, rank: int, root: int = 0
-               ) -> np.ndarray:
-    """This rank's send buffer (for broadcast: the buffer, sentinel on non-roots)."""
-    index = np.arange(lay.send_count, dtype=np.int64)
-    if lay.collective == "broadcast":
-        values = _values(None, root, index, lay.world_size) if rank == root \
-            else np.full(lay.send_count, SENTINEL)
-    else:
-        values = _values(op, rank, index, lay.world_size)
-    return values.astype(dtype)
+CHUNK = 1 << 20      # elements generated or checked at a time: bounded int64 temporaries
 
 
-def initial_output(lay: Layout, dtype: np.dtype) -> np.ndarray:
-    return np.full(lay.recv_count, SENTINEL, dtype=dtype)
+def chunks(count: int) -> range:
+    """Start offsets of CHUNK-sized pieces of a buffer of `count` elements."""
+    return range(0, count, CHUNK)
 
 
-_CHUNK = 1 << 20
+def make_input(lay: Layout, dtype: np.dtype, op: str | None, rank: int, root: int = 0,
+               start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Elements start..stop of this rank's send buffer (for broadcast: the buffer, sentinel on
+    non-roots), in `dtype`. Generated CHUNK elements at a time, so the only 64-bit
+    temporaries are one chunk long whatever the buffer size."""
+    stop = lay.send_count if stop is None else stop
+    out = np.empty(stop - start, dtype=dtype)
+    if lay.collective == "broadcast" and rank != root:
+        out.fill(SENTINEL)
+        return out
+    source = root if lay.collective == "broadcast" else rank
+    kind = None if lay.collective == "broadcast" else op
+    for lo in range(start, stop, CHUNK):
+        hi = min(lo + CHUNK, stop)
+        index = np.arange(lo, hi, dtype=np.int64)
+        out[lo - start:hi - start] = _values(kind, source, index, lay.world_size)
+    return out
+
+
+def initial_output(lay: Layout, dtype: np.dtype, count: int | None = None) -> np.ndarray:
+    """Sentinel elements (count of them; the whole receive buffer by default)."""
+    return np.full(lay.recv_count if count is None else count, SENTINEL, dtype=dtype)
 
 
 def expected_output(lay: Layout, dtype: np.dtype, op: str | None, rank: int, root: int = 0
@@ -91,15 +105,22 @@ def expected_output(lay: Layout, dtype: np.dtype, op: str | None, rank: int, roo
     return _expected_slice(lay, op, rank, root, 0, lay.recv_count).astype(dtype)
 
 
-def count_wrong(actual: np.ndarray, lay: Layout, op: str | None, rank: int, root: int = 0) -> int:
-    """Elements of `actual` that differ bit for bit from the expected result, in chunks so a
-    1 GiB buffer is checked without a second copy of it."""
-    if actual.size != lay.recv_count:
-        return int(max(actual.size, lay.recv_count))
+def count_wrong_slice(actual: np.ndarray, lay: Layout, op: str | None, rank: int, root: int,
+                      start: int) -> int:
+    """Elements of `actual` (receive-buffer elements start..start+len) that differ bit for bit
+    from the expected result."""
     raw = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[actual.dtype.itemsize]
     wrong = 0
-    for lo in range(0, lay.recv_count, _CHUNK):
-        hi = min(lo + _CHUNK, lay.recv_count)
-        expected = _expected_slice(lay, op, rank, root, lo, hi).astype(actual.dtype)
+    for lo in range(0, actual.size, CHUNK):
+        hi = min(lo + CHUNK, actual.size)
+        expected = _expected_slice(lay, op, rank, root, start + lo, start + hi
+                                   ).astype(actual.dtype)
         wrong += int(np.count_nonzero(actual[lo:hi].view(raw) != expected.view(raw)))
     return wrong
+
+
+def count_wrong(actual: np.ndarray, lay: Layout, op: str | None, rank: int, root: int = 0) -> int:
+    """Elements of a whole receive buffer that differ bit for bit from the expected result."""
+    if actual.size != lay.recv_count:
+        return int(max(actual.size, lay.recv_count))
+    return count_wrong_slice(actual, lay, op, rank, root, 0)
