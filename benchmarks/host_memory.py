@@ -24,7 +24,7 @@ proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 print(json.dumps({"rc": proc.returncode, "err": proc.stderr[-400:],
                   "maxrss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
 """
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int8", "int64", "uint8")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int8")
 
 
 def _available() -> int:

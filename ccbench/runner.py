@@ -39,7 +39,7 @@ MPI_LAUNCHERS = ("mpiexec", "srun", "single")
 METHOD_KEYS = ("buffers", "nccl_algo", "nccl_proto", "allreduce_out_of_place", "mpi_thread_level",
                "torch_threads", "timed_call")
 # peak resident memory of a rank before its first buffer (python, numpy, torch or MPI);
-# benchmarks/host_memory.py measures it (about 0.4 GB with torch and gloo)
+# benchmarks/host_memory.py measured 305 MiB with torch and gloo; kept with a margin
 RANK_BASELINE_BYTES = 512 << 20
 
 
