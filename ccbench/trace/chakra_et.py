@@ -1,0 +1,73 @@
+"""Chakra execution traces (.et, gzip or not; one file per rank, `<prefix>.<rank>.et`).
+
+A comm op is a COMM_COLL_NODE, COMM_SEND_NODE or COMM_RECV_NODE. Sizes follow ASTRA-sim's
+reading of comm_size (ANCHORS.md): the per-rank shard for all-gather, the whole buffer for
+the other collectives. Chakra records no element type: ops are taken as float32 when the
+size allows, else as bytes (int8), and say so in their notes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ccbench.errors import UsageError
+from ccbench.trace.ops import CommOp, TraceError
+
+__all__ = ["parse_chakra_et"]
+
+_COLL = {0: "allreduce", 1: "reduce", 2: "allgather", 3: "gather", 4: "scatter", 5: "broadcast",
+         6: "alltoall", 7: "reduce-scatter", 8: "reduce-scatter", 9: "barrier"}
+_SEND, _RECV, _COLL_NODE = 5, 6, 7
+
+
+def _op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path) -> CommOp:
+    size = int(attrs.get("comm_size", 0) or 0)
+    node_id = int(node.id)
+    if node.type == _COLL_NODE:
+        code = attrs.get("comm_type")
+        if code not in _COLL:
+            raise TraceError(path, f"unknown comm_type {code!r} (valid: 0-9)", node_id)
+        collective = _COLL[int(code)]
+    else:
+        collective = "send" if node.type == _SEND else "recv"
+    elsize = 4 if size % 4 == 0 else 1
+    op = CommOp(rank=rank, index=index, node_id=node_id, name=node.name, collective=collective,
+                dtype="float32" if elsize == 4 else "int8", elsize=elsize, in_bytes=size,
+                out_bytes=size, source=str(path), notes=["element type not in the trace"])
+    if collective == "send":
+        op.out_bytes, op.peer = 0, int(attrs.get("comm_dst", 0))
+    if collective == "recv":
+        op.in_bytes, op.peer = 0, int(attrs.get("comm_src", 0))
+    if collective == "barrier":
+        op.in_bytes = op.out_bytes = 0
+    if collective in ("broadcast", "reduce", "gather", "scatter"):
+        op.root = int(attrs.get("comm_root", attrs.get("root", 0)) or 0)
+    if node.duration_micros or node.start_time_micros:
+        op.start_us, op.dur_us = float(node.start_time_micros), float(node.duration_micros)
+    return op
+
+
+def parse_chakra_et(path: Path, rank: int, world: int) -> tuple[list[CommOp], str, list[str]]:
+    """(this rank's comm ops in file order, the schema version, pg names seen)."""
+    from ccbench.model.chakra import node_attrs, read_trace
+
+    try:
+        meta, nodes = read_trace(path)
+    except TraceError:
+        raise
+    except UsageError as exc:
+        raise TraceError(path, str(exc).removeprefix(f"{path}: ")) from None
+    except Exception as exc:  # noqa: BLE001  protobuf's DecodeError and friends: bad bytes
+        raise TraceError(path, f"not a Chakra trace ({type(exc).__name__}: {exc})") from None
+    version = str(meta.version)
+    ops: list[CommOp] = []
+    pg_names: list[str] = []
+    for node in nodes:
+        if node.type not in (_SEND, _RECV, _COLL_NODE):
+            continue
+        attrs = node_attrs(node)
+        if attrs.get("pg_name"):
+            pg_names.append(str(attrs["pg_name"]))
+        ops.append(_op(node, attrs, rank, len(ops), path))
+    return ops, version, pg_names

@@ -1,0 +1,183 @@
+"""Matching every rank's comm ops into calls, and each call to its process group.
+
+A collective call is one op on every rank of its group, at the same place in each member's
+sequence of calls on that group. NCCL traces name the group of each op; gloo traces do not,
+so the group is found here: the ranks are walked forward together and each op is matched with
+the ops its group's other members have next, trying the candidate groups (those the trace
+declares, that contain the rank and whose size the op's buffers divide by) smallest first.
+Where several assignments are consistent the first is kept (op.group_source = "inferred");
+where none is, the ranks' sequences disagree and the trace is refused.
+"""
+
+from __future__ import annotations
+
+from ccbench.trace.ops import CommOp, Group, TraceError
+
+__all__ = ["match_calls"]
+
+_MAX_STEPS = 200_000       # backtracking budget; real traces need one step per call
+
+
+def _divides(op: CommOp, group: Group) -> str | None:
+    """None if the op's buffers fit a group of this size, else why not."""
+    n = group.size
+    if op.collective == "allgather" and op.out_bytes != op.in_bytes * n:
+        return f"all-gather output {op.out_bytes} B is not {n} x its input {op.in_bytes} B"
+    if op.collective == "reduce-scatter" and op.in_bytes != op.out_bytes * n:
+        return f"reduce-scatter input {op.in_bytes} B is not {n} x its output {op.out_bytes} B"
+    if op.collective == "alltoall" and op.in_bytes % (n * max(op.elsize, 1)):
+        return f"all-to-all of {op.in_bytes} B does not divide into {n} blocks"
+    if op.collective == "alltoallv" and op.in_splits and len(op.in_splits) != n:
+        return f"all-to-allv has {len(op.in_splits)} splits, not {n}"
+    if op.root is not None and not 0 <= op.root < n:
+        return f"root {op.root} outside a group of {n}"
+    return None
+
+
+def _candidates(op: CommOp, groups: list[Group], world: Group) -> list[Group]:
+    if op.group is not None:
+        why = _divides(op, op.group)
+        if why:
+            raise TraceError(op.source, f"op size not divisible by the group: {why} "
+                                        f"(group {list(op.group.ranks)})", op.node_id)
+        return [op.group]
+    if op.collective in ("send", "recv"):
+        return [world]
+    fits = [g for g in groups if op.rank in g.ranks and _divides(op, g) is None]
+    if not fits:
+        reasons = "; ".join(f"{list(g.ranks)}: {_divides(op, g)}" for g in groups
+                            if op.rank in g.ranks)
+        raise TraceError(op.source, f"op size not divisible by the group ({reasons})",
+                         op.node_id)
+    return sorted(fits, key=lambda g: (g.size, g.ranks))
+
+
+def _same_call(a: CommOp, b: CommOp) -> bool:
+    if (a.collective, a.dtype, a.root) != (b.collective, b.dtype, b.root):
+        return False
+    if a.collective in ("alltoallv", "gather", "scatter", "barrier"):
+        return True                          # per-rank sizes may differ by design
+    return a.size == b.size
+
+
+def _signature(op: CommOp) -> tuple[object, ...]:
+    return (op.collective, op.dtype, op.size, op.root)
+
+
+class _Matcher:
+    def __init__(self, ops: list[list[CommOp]], groups: list[Group]) -> None:
+        self.ops = ops
+        self.world = Group(groups[0].name, tuple(range(len(ops))))
+        self.cands = [[_candidates(op, groups, self.world) for op in rank_ops]
+                      for rank_ops in ops]
+        # (rank, op signature) -> groups it ran on so far: a training loop repeats an op
+        # (same collective and shape) on the same group, so the last one is tried first
+        self.history: dict[tuple[int, tuple[object, ...]], list[Group]] = {}
+
+    def _ready(self, pos: list[int], rank: int, group: Group) -> bool:
+        op = self.ops[rank][pos[rank]]
+        return all(pos[m] < len(self.ops[m]) and group in self.cands[m][pos[m]]
+                   and _same_call(self.ops[m][pos[m]], op) for m in group.ranks)
+
+    def _p2p(self, pos: list[int], rank: int) -> list[tuple[Group, tuple[int, ...]]]:
+        op = self.ops[rank][pos[rank]]
+        peer = op.peer if op.peer is not None else -1
+        want = "recv" if op.collective == "send" else "send"
+        if 0 <= peer < len(self.ops) and pos[peer] < len(self.ops[peer]):
+            other = self.ops[peer][pos[peer]]
+            if other.collective == want and other.peer == rank and other.size == op.size:
+                return [(self.world, tuple(sorted((rank, peer))))]
+        return []
+
+    def _moves(self, pos: list[int]) -> list[tuple[Group, tuple[int, ...]]]:
+        """Calls that can happen next: (group, members) whose next ops all agree. A rank
+        whose op ran on a known group before waits for that group rather than taking
+        another; other groups are kept as the fallback a dead end backtracks to."""
+        fallback: list[tuple[Group, tuple[int, ...]]] = []
+        for rank, rank_ops in enumerate(self.ops):
+            if pos[rank] >= len(rank_ops):
+                continue
+            op = rank_ops[pos[rank]]
+            if op.collective in ("send", "recv"):
+                moves = self._p2p(pos, rank)
+                if moves:
+                    return moves
+                continue
+            before = self.history.get((rank, _signature(op)))
+            ready = [g for g in self.cands[rank][pos[rank]] if self._ready(pos, rank, g)]
+            if before and before[-1] in ready:
+                return [(before[-1], before[-1].ranks)] + \
+                    [(g, g.ranks) for g in ready if g != before[-1]]
+            if ready and not before:
+                return [(g, g.ranks) for g in ready]
+            fallback.extend((g, g.ranks) for g in ready if (g, g.ranks) not in fallback)
+        return fallback
+
+    def _apply(self, pos: list[int], group: Group, members: tuple[int, ...], step: int) -> None:
+        """step +1: make the call; -1: undo it."""
+        for m in members:
+            if step < 0:
+                pos[m] -= 1
+            op = self.ops[m][pos[m]]
+            key = (m, _signature(op))
+            if step > 0:
+                self.history.setdefault(key, []).append(group)
+                pos[m] += 1
+            else:
+                self.history[key].pop()
+
+    def run(self) -> list[tuple[Group, tuple[int, ...]]]:
+        pos = [0] * len(self.ops)
+        total = sum(len(o) for o in self.ops)
+        done = 0
+        path: list[tuple[Group, tuple[int, ...]]] = []
+        stack = [self._moves(pos)]
+        deepest = (0, list(pos))
+        steps = 0
+        while done < total:
+            steps += 1
+            if not stack or steps > _MAX_STEPS:
+                self._disagree(deepest[1])
+            moves = stack[-1]
+            if not moves:                      # dead end: undo the last call
+                stack.pop()
+                if not path:
+                    self._disagree(deepest[1])
+                group, members = path.pop()
+                self._apply(pos, group, members, -1)
+                done -= len(members)
+                continue
+            group, members = moves.pop(0)
+            path.append((group, members))
+            self._apply(pos, group, members, +1)
+            done += len(members)
+            if done > deepest[0]:
+                deepest = (done, list(pos))
+            stack.append(self._moves(pos) if done < total else [])
+        return path
+
+    def _disagree(self, pos: list[int]) -> None:
+        stuck = [(r, self.ops[r][p]) for r, p in enumerate(pos) if p < len(self.ops[r])]
+        rank, op = stuck[0]
+        others = ", ".join(f"rank {r} next has {o.collective} {o.size} B (node {o.node_id})"
+                           for r, o in stuck[1:4]) or "no other rank has an op left"
+        raise TraceError(op.source, f"ranks' op sequences disagree: rank {rank}'s op #{op.index} "
+                                    f"({op.name}: {op.describe()}) matches no other rank's next "
+                                    f"op; {others}", op.node_id)
+
+
+def match_calls(ops: list[list[CommOp]], groups: list[Group]) -> int:
+    """Give every op its group and call number (in place); returns the number of calls.
+    `groups` starts with the world group."""
+    path = _Matcher(ops, groups).run()
+    pos = [0] * len(ops)
+    for call, (group, members) in enumerate(path):
+        for m in members:
+            op = ops[m][pos[m]]
+            pos[m] += 1
+            if op.group is None:
+                choices = len([g for g in groups if m in g.ranks and _divides(op, g) is None])
+                op.group_source = "inferred" if choices > 1 else "only"
+                op.group = group
+            op.call = call
+    return len(path)

@@ -1,0 +1,113 @@
+"""Reading a trace: files or folders -> one file per rank -> a matched `Trace`."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ccbench.errors import UsageError
+from ccbench.trace.chakra_et import parse_chakra_et
+from ccbench.trace.groups import match_calls
+from ccbench.trace.ops import CommOp, Group, Trace, TraceError
+from ccbench.trace.pytorch_et import parse_pytorch_et, read_json
+
+__all__ = ["load_trace", "rank_files"]
+
+_RANK_RE = re.compile(r"(\d+)(?=\D*$)")
+
+
+def _kind(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".et", ".et.gz")):
+        return "chakra-et"
+    if name.endswith(".json"):
+        return "pytorch-et"
+    raise UsageError(f"{path}: not a trace file (valid: PyTorch ET *.json, Chakra *.et, *.et.gz)")
+
+
+def _expand(paths: list[str | os.PathLike[str]]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir()
+                           if p.is_file() and p.name.lower().endswith((".json", ".et", ".et.gz")))
+            if not found:
+                raise UsageError(f"{path}: no trace files in this folder "
+                                 f"(valid: PyTorch ET *.json, Chakra *.et, *.et.gz)")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UsageError(f"no such trace file or folder: {str(path)!r}")
+    return files
+
+
+def rank_files(paths: list[str | os.PathLike[str]]) -> tuple[str, list[Path]]:
+    """(kind, file of rank r at index r): the rank is the last number in each file name."""
+    files = _expand(paths)
+    kinds = {_kind(p) for p in files}
+    if len(kinds) > 1:
+        raise UsageError(f"mixed trace kinds {sorted(kinds)}: give one kind per replay")
+    by_rank: dict[int, Path] = {}
+    for path in files:
+        match = _RANK_RE.search(path.name)
+        if match is None:
+            if len(files) == 1:
+                return kinds.pop(), [path]
+            raise UsageError(f"{path}: no rank number in the file name (expected e.g. rank3.json "
+                             f"or workload.3.et)")
+        rank = int(match.group(1))
+        if rank in by_rank:
+            raise UsageError(f"two files for rank {rank}: {by_rank[rank]} and {path}")
+        by_rank[rank] = path
+    missing = sorted(set(range(len(by_rank))) - set(by_rank))
+    if missing:
+        raise UsageError(f"trace files for ranks {sorted(by_rank)} but not {missing} "
+                         f"(need one file per rank 0..N-1)")
+    return kinds.pop(), [by_rank[r] for r in range(len(by_rank))]
+
+
+def _merge_groups(declared: list[dict[str, Group]], world: int, path: Path) -> list[Group]:
+    world_group = Group("world", tuple(range(world)))
+    groups = [world_group]
+    for table in declared:
+        for group in table.values():
+            if any(r >= world for r in group.ranks):
+                raise TraceError(path, f"process group {group.name} has ranks {list(group.ranks)} "
+                                       f"outside a world of {world}")
+            if group.ranks != world_group.ranks and group not in groups \
+                    and all(g.ranks != group.ranks for g in groups):
+                groups.append(group)
+    return groups
+
+
+def load_trace(paths: list[str | os.PathLike[str]]) -> Trace:
+    """Parse, match across ranks and check a trace; TraceError (exit 2) on bad input."""
+    kind, files = rank_files(paths)
+    world = len(files)
+    ops: list[list[CommOp]] = []
+    declared: list[dict[str, Group]] = []
+    schema = ""
+    for rank, path in enumerate(files):
+        if kind == "pytorch-et":
+            data = read_json(path)
+            if "traceEvents" in data and "nodes" not in data:
+                raise TraceError(path, "a Kineto (profiler timeline) trace, not an execution "
+                                       "trace: record with torch.profiler.ExecutionTraceObserver")
+            rank_ops, table, schema = parse_pytorch_et(path, rank, world, data)
+            declared.append(table)
+        else:
+            rank_ops, schema, _ = parse_chakra_et(path, rank, world)
+        ops.append(rank_ops)
+    groups = _merge_groups(declared, world, files[0])
+    trace = Trace(kind=kind, paths=[str(p) for p in files], world_size=world, ops=ops,
+                  groups=groups, schema=schema)
+    match_calls(ops, groups)
+    used = {op.group for op in trace.all_ops() if op.group is not None}
+    trace.groups = [g for g in groups if g in used] or groups[:1]
+    if any(op.group_source == "inferred" for op in trace.all_ops()):
+        trace.notes.append("the trace does not name each op's process group (gloo): groups "
+                           "were matched across ranks, smallest consistent group first, then the group the same op ran on before")
+    return trace

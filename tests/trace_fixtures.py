@@ -1,0 +1,38 @@
+"""Traces recorded by real PyTorch runs (gloo, ExecutionTraceObserver), once per test session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "make-traces.py"
+
+
+def record_traces(folder: Path, nprocs: int) -> Path:
+    """scripts/make-traces.py all -n NPROCS -o FOLDER: one subfolder per workload."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "all", "-n", str(nprocs), "-o", str(folder)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+def raw_comm_nodes(path: Path) -> list[dict[str, Any]]:
+    """The trace's own list of communication calls: its c10d:: dispatcher nodes, by id."""
+    nodes = json.loads(path.read_text())["nodes"]
+    return sorted((n for n in nodes if n["name"].startswith("c10d::")), key=lambda n: n["id"])
+
+
+@pytest.fixture(scope="session")
+def traces4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_traces(tmp_path_factory.mktemp("traces4"), 4)
+
+
+@pytest.fixture(scope="session")
+def traces3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_traces(tmp_path_factory.mktemp("traces3"), 3)
