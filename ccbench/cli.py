@@ -22,7 +22,7 @@ from ccbench.harness import Method
 from ccbench.sizes import parse_sizes
 
 SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
-               "merge", "report", "compare", "testbed")
+               "merge", "report", "compare", "testbed", "replay")
 
 __all__ = ["bench_parser", "config_from_args", "main"]
 

@@ -26,3 +26,6 @@ def have_mpi() -> bool:
 @pytest.fixture
 def tmp_results(tmp_path: Path) -> Path:
     return tmp_path / "results.jsonl"
+
+# real PyTorch execution traces, recorded once per session (tests/trace_fixtures.py)
+from tests.trace_fixtures import traces3, traces4  # noqa: E402, F401

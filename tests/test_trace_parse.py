@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ccbench.trace import load_trace
-from tests.trace_fixtures import raw_comm_nodes, traces3, traces4  # noqa: F401  (fixtures)
+from tests.trace_fixtures import raw_comm_nodes
 
 WORKLOADS4 = ("ddp", "tp", "moe", "p2p", "groups")
 

@@ -191,7 +191,7 @@ class NCCLBackend(TorchDistBackend):
     # -- control ----------------------------------------------------------------------------
     def barrier(self) -> None:
         # naming the device keeps torch from guessing it (and warning) for the barrier's allreduce
-        self.dist.barrier(device_ids=[self.device.index])
+        self.dist.barrier(group=self.group, device_ids=[self.device.index])
 
     def synchronize(self) -> None:
         self.torch.cuda.synchronize(self.device)

@@ -63,6 +63,7 @@ class TorchDistBackend(Backend):
         if not dist.is_initialized():
             dist.init_process_group(self.process_group_backend, init_method=self._init_method(),
                                     rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
+        self.group: Any = None       # a sub-communicator (trace replay); None: every rank
         self._allgather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
                                 or dist.reduce_scatter_tensor)
@@ -110,34 +111,45 @@ class TorchDistBackend(Backend):
 
     # -- collectives --------------------------------------------------------------------
     def broadcast(self, buf: Any, root: int) -> None:
-        self.dist.broadcast(buf, src=root)
+        if self.group is None:
+            self.dist.broadcast(buf, src=root)
+        else:
+            self.dist.broadcast(buf, group=self.group, group_src=root)
 
     def allreduce(self, send: Any, recv: Any, op: str) -> None:
         if send is not recv:                 # torch has no out-of-place allreduce: copy first
             recv.copy_(send)
-        self.dist.all_reduce(recv, op=self._ops[op])
+        self.dist.all_reduce(recv, op=self._ops[op], group=self.group)
 
     def allgather(self, send: Any, recv: Any) -> None:
-        self._allgather(recv, send)
+        self._allgather(recv, send, group=self.group)
 
     def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        self._reduce_scatter(recv, send, op=self._ops[op])
+        self._reduce_scatter(recv, send, op=self._ops[op], group=self.group)
 
     def alltoall(self, send: Any, recv: Any) -> None:
         if send is recv:
             send = send.clone()              # all_to_all_single cannot alias its buffers
-        self.dist.all_to_all_single(recv, send)
+        self.dist.all_to_all_single(recv, send, group=self.group)
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.dist.send(buf, dst=peer, tag=tag)
+        if self.group is None:
+            self.dist.send(buf, dst=peer, tag=tag)
+        else:
+            self.dist.send(buf, group=self.group, group_dst=peer, tag=tag)
 
     def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.dist.recv(buf, src=peer, tag=tag)
+        if self.group is None:
+            self.dist.recv(buf, src=peer, tag=tag)
+        else:
+            self.dist.recv(buf, group=self.group, group_src=peer, tag=tag)
 
     def barrier(self) -> None:
-        self.dist.barrier()
+        self.dist.barrier(group=self.group)
 
     def finalize(self) -> None:
+        if self.group is not None:   # a sub-communicator: the whole one is finalised once
+            return
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
 

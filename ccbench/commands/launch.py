@@ -102,15 +102,22 @@ def main(args: argparse.Namespace) -> int:
     bench = [a for a in args.bench if a != "--"] if args.bench[:1] == ["--"] else list(args.bench)
     if not bench:
         raise UsageError("launch needs a benchmark: ccbench launch -n 2 allreduce --backend gloo")
-    config = config_from_args(bench_parser().parse_args(bench), bench)
-    nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
-    if config.root >= nprocs:
-        raise UsageError(f"--root {config.root} is not a rank of -n {nprocs} (valid: 0 to "
-                         f"{nprocs - 1})")
-    from ccbench.runner import check_measurable
+    if bench[0] == "replay":                    # a trace replay: its own arguments
+        from ccbench.commands.replay import launch_plan
 
-    check_measurable(config, nprocs)
-    needs_mpi = _check_backends(config.backends)
+        backends, connect_timeout, trace_ranks = launch_plan(bench[1:])
+        nprocs = args.nprocs if args.nprocs is not None else trace_ranks
+    else:
+        config = config_from_args(bench_parser().parse_args(bench), bench)
+        nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
+        if config.root >= nprocs:
+            raise UsageError(f"--root {config.root} is not a rank of -n {nprocs} (valid: 0 to "
+                             f"{nprocs - 1})")
+        from ccbench.runner import check_measurable
+
+        check_measurable(config, nprocs)
+        backends, connect_timeout = config.backends, config.connect_timeout
+    needs_mpi = _check_backends(backends)
     mpiexec = find_mpiexec(args.mpiexec) if needs_mpi or args.mpiexec else None
     if mpiexec is not None:
         _check_mpiexec(mpiexec)
@@ -121,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         envs = [{"I_MPI_WAIT_MODE": os.environ.get("I_MPI_WAIT_MODE", "1"), **e} for e in envs]
     if sys.stderr.isatty():
         envs = [{"CCBENCH_STDERR_TTY": "1", **e} for e in envs]
-    return Supervisor(commands, envs, config.connect_timeout, via_mpiexec=needs_mpi).run()
+    return Supervisor(commands, envs, connect_timeout, via_mpiexec=needs_mpi).run()
 
 
 def default_nprocs(device: str) -> int:

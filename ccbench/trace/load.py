@@ -109,5 +109,6 @@ def load_trace(paths: list[str | os.PathLike[str]]) -> Trace:
     trace.groups = [g for g in groups if g in used] or groups[:1]
     if any(op.group_source == "inferred" for op in trace.all_ops()):
         trace.notes.append("the trace does not name each op's process group (gloo): groups "
-                           "were matched across ranks, smallest consistent group first, then the group the same op ran on before")
+                           "were matched across ranks (an op first takes the group the same "
+                           "op ran on before, else the smallest consistent one)")
     return trace

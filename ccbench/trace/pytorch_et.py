@@ -154,7 +154,8 @@ def _comm_op(node: dict[str, Any], rank: int, index: int, path: Path) -> CommOp:
 def _param_comms(node: dict[str, Any]) -> dict[str, Any]:
     """What a record_param_comms node (NCCL traces) says about its call: attributes pg_name,
     pg_size, global_rank_start, global_rank_stride, collective_name, dtype."""
-    return {a.get("name"): a.get("value") for a in node.get("attrs", []) if isinstance(a, dict)}
+    return {str(a.get("name")): a.get("value") for a in node.get("attrs", [])
+            if isinstance(a, dict)}
 
 
 def _group_of(info: dict[str, Any], groups: dict[str, Group]) -> Group | None:

@@ -1,0 +1,155 @@
+"""`ccbench replay TRACE...`: a training job's communication, measured on any backend.
+
+Started like the benchmark, one process per rank of the trace:
+
+    ccbench launch -n 4 replay traces/groups --backend gloo,mpi
+    torchrun --nproc-per-node 4 -m ccbench replay traces/groups
+    mpiexec -n 4 python -m ccbench replay traces/groups --backend mpi,ring@mpi
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ccbench.errors import UsageError
+
+__all__ = ["register", "main", "launch_plan"]
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("traces", nargs="+",
+                        help="PyTorch execution traces (rank<r>.json, one per rank, or their "
+                             "folder) or Chakra traces (<prefix>.<r>.et[.gz])")
+    parser.add_argument("--backend", "-B", default="gloo",
+                        help="comma list: gloo, mpi, oneccl, <algorithm>@mpi ... (default gloo)")
+    parser.add_argument("--iters", "-n", type=int, default=5,
+                        help="timed iterations per call (default 5)")
+    parser.add_argument("--warmup", "-w", type=int, default=1,
+                        help="warm-up iterations per call (default 1)")
+    parser.add_argument("--check", "-c", type=int, default=1,
+                        help="validation iterations per call, 0 to skip (default 1)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds one operation may take (default 300)")
+    parser.add_argument("--sequence", choices=("back-to-back", "gaps", "none"),
+                        default="back-to-back",
+                        help="also time the whole op sequence: back to back, with the trace's "
+                             "gaps between ops as sleeps, or not (default back-to-back)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="passes over the sequence (default 3)")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="replay at this many ranks (data-parallel sizes kept per rank, "
+                             "groups re-tiled)")
+    parser.add_argument("--output", "-O", default=None,
+                        help="append one record per measured call to this file (JSON lines)")
+    parser.add_argument("--summary", default=None, help="write the per-trace summary (JSON)")
+    parser.add_argument("--quiet", "-q", action="store_true")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("replay", help="replay a trace's communication")
+    _arguments(parser)
+    parser.set_defaults(func=main)
+
+
+def _validate(args: argparse.Namespace) -> tuple[list[str], Any]:
+    from ccbench.backends import parse_backends
+    from ccbench.harness import Method
+
+    for name in ("iters", "repeat"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("warmup", "check"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    if args.world_size is not None and args.world_size < 1:
+        raise UsageError(f"--world-size must be >= 1, got {args.world_size}")
+    backends = parse_backends(args.backend)
+    if not backends:
+        raise UsageError("empty --backend")
+    method = Method(iters=args.iters, warmup=args.warmup, check=args.check,
+                    timeout=args.timeout)
+    return backends, method
+
+
+def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
+    """(backends, connect timeout, rank count) of a replay command line, for `ccbench launch`."""
+    from ccbench.cli import OneLineParser
+
+    parser = OneLineParser(prog="ccbench replay")
+    _arguments(parser)
+    args = parser.parse_args(argv)
+    backends, method = _validate(args)
+    trace = _load(args)             # bad traces: refused once, before any rank starts
+    from ccbench.control import CONNECT_TIMEOUT_S
+
+    return backends, min(CONNECT_TIMEOUT_S, method.timeout), trace.world_size
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from ccbench.trace import load_trace
+
+    trace = load_trace(args.traces)
+    if args.world_size is not None and args.world_size != trace.world_size:
+        from ccbench.trace.scale import rescale
+
+        trace = rescale(trace, args.world_size)
+    if args.sequence == "gaps" and not trace.has_timings:
+        raise UsageError(f"--sequence gaps: {trace.paths[0]} has no op timings (PyTorch "
+                         f"execution traces carry none; Chakra traces do)")
+    return trace
+
+
+def _report(config: Any, collected: list[dict[str, Any]]) -> None:
+    from ccbench.trace.summary import format_summary, summarize_results
+
+    trace = config.trace
+    out: dict[str, Any] = {"trace": trace.paths, "kind": trace.kind, "schema": trace.schema,
+                           "world_size": trace.world_size, "notes": trace.notes, "backends": []}
+    print(f"# trace {trace.paths[0]}{' ...' if len(trace.paths) > 1 else ''}: {trace.kind} "
+          f"{trace.schema}, {trace.world_size} ranks, "
+          f"{1 + max((op.call for op in trace.all_ops()), default=-1)} calls")
+    for note in trace.notes:
+        print(f"# note: {note}")
+    totals = []
+    for item in collected:
+        meta = item["meta"] or {}
+        summary = summarize_results(item["results"])
+        summary["sequence_us"] = item["sequence_us"]
+        name = f"{meta.get('backend')} ({meta.get('library')} {meta.get('library_version')})"
+        for line in format_summary(name, summary):
+            print(line)
+        if item["sequence_us"]:
+            seq = sorted(item["sequence_us"])[len(item["sequence_us"]) // 2]
+            print(f"#   whole sequence ({config.sequence}), median of {len(item['sequence_us'])} "
+                  f"passes: {seq:.1f} us")
+            totals.append((seq, meta.get("backend")))
+        out["backends"].append({**meta, "summary": summary,
+                                "ops": [r.to_dict() for r in item["results"]]})
+    if len(totals) > 1:
+        totals.sort()
+        best, best_name = totals[0]
+        for seq, other in totals[1:]:
+            print(f"# {best_name} replays this trace {seq / best:.2f}x faster than {other} "
+                  f"({best:.1f} vs {seq:.1f} us per pass)")
+    if config.summary:
+        with open(config.summary, "w", encoding="utf-8") as handle:
+            json.dump(out, handle, indent=1)
+
+
+def main(args: argparse.Namespace) -> int:
+    from ccbench.trace.replay import ReplayConfig, replay_rank
+
+    backends, method = _validate(args)
+    trace = _load(args)
+    config = ReplayConfig(trace=trace, backends=backends, method=method, sequence=args.sequence,
+                          repeat=args.repeat, output=args.output, summary=args.summary,
+                          quiet=args.quiet, argv=["replay", *sys.argv[1:]])
+    status, collected = replay_rank(config)
+    if collected is not None:
+        _report(config, collected)
+    return status

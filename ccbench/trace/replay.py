@@ -1,0 +1,377 @@
+"""What every rank runs for `ccbench replay`: a trace's communication on a backend.
+
+Per backend, two passes over this rank's ops, in trace order:
+1. per op: each call of the five collectives measured with the benchmark's own method
+   (`ccbench.harness.measure_size`: warm-up, timed iterations, max over the group's ranks,
+   bit-exact validation) on the call's process group; barrier and send/recv timed the same
+   way; anything else listed as skipped, with the reason. One record per measured call,
+   tagged with its trace node id (record.method["trace"]).
+2. the sequence: every op back to back (or, `--gaps`, with the trace's gaps between ops kept
+   as sleeps), repeated; its time is the max over ranks, median over repetitions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ccbench import __version__
+from ccbench.backends import backend_class
+from ccbench.backends.base import Backend, RankContext
+from ccbench.collectives import REDUCING, layout
+from ccbench.control import ControlClient
+from ccbench.dtypes import DTYPES, numpy_dtype
+from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.harness import Case, Method, measure_size
+from ccbench.launchers import LaunchInfo, connect_control, detect_launch
+from ccbench.record import Record, append_record
+from ccbench.stats import summarize
+from ccbench.trace.ops import FIVE, CommOp, Group, Trace
+from ccbench.trace.subcomm import free_groups, split_groups
+from ccbench.trace.summary import OpResult
+from ccbench.watchdog import Watchdog
+
+__all__ = ["ReplayConfig", "replay_rank"]
+
+# element types the harness does not offer, measured as one of the same width (same bytes)
+_SAME_WIDTH = {"int64": "float64", "uint8": "int8", "bool": "int8", "int16": "float16"}
+_STEP_BASE = 10_000_000          # step numbers: backend index x this + call number
+
+
+@dataclass(kw_only=True)
+class ReplayConfig:
+    """Everything a replay needs, validated by the command before any rank starts."""
+
+    trace: Trace
+    backends: list[str]
+    method: Method
+    sequence: str = "back-to-back"     # back-to-back | gaps | none
+    repeat: int = 3
+    output: str | None = None
+    summary: str | None = None
+    quiet: bool = False
+    argv: list[str] = field(default_factory=list)
+
+
+def _case(op: CommOp) -> tuple[Case, str]:
+    """The harness case of a call of the five, and a note when its dtype was substituted."""
+    dtype, note = op.dtype, ""
+    if dtype not in DTYPES:
+        if dtype not in _SAME_WIDTH:
+            raise UsageError(f"{op.source}, node {op.node_id}: element type {dtype!r} has no "
+                             f"ccbench dtype of the same width (valid: {', '.join(DTYPES)})")
+        dtype, note = _SAME_WIDTH[dtype], f"{op.dtype} measured as {_SAME_WIDTH[dtype]}"
+    reduce_op = (op.op or "sum") if op.collective in REDUCING else None
+    # c10d's allreduce_ and broadcast_ work in place; the _base_ variants do not
+    inplace = op.collective in ("allreduce", "broadcast")
+    return Case(op.collective, dtype, reduce_op, inplace, op.root or 0), note
+
+
+class _Rank:
+    def __init__(self, config: ReplayConfig, info: LaunchInfo, store: ControlClient,
+                 watchdog: Watchdog) -> None:
+        self.config, self.info, self.store, self.watchdog = config, info, store, watchdog
+        self.trace = config.trace
+        self.ops = self.trace.ops[info.rank]
+        self.hosts: list[str] = []
+        self.run_id = ""
+        self.wrong = 0
+
+    # -- per op ---------------------------------------------------------------------------
+    def _measure_five(self, sub: Backend, op: CommOp, step: int) -> OpResult | str | None:
+        case, note = _case(op)
+        reason = sub.unsupported(case.collective, numpy_dtype(case.dtype), case.op)
+        if reason:
+            return reason
+        try:
+            result, wrong = measure_size(sub, self.store, self.watchdog, case, op.size,
+                                         self.config.method, step)
+        except (UsageError, RunFailure):
+            raise
+        except Exception as exc:  # noqa: BLE001  a library error: one line naming the call
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            self.watchdog.abort(f"{sub.name} failed: {text[:160]}")
+        self.wrong += wrong
+        if sub.ctx.rank != 0:
+            return None
+        if result is None:
+            return f"{op.collective} of {op.size} B rounds to zero elements per rank"
+        record = self._record(sub, op, case, result, note)
+        if self.config.output:
+            append_record(self.config.output, record)
+        return OpResult(call=op.call, node_id=op.node_id, name=op.name,
+                        collective=op.collective, size=op.size, group=list(op.group.ranks)
+                        if op.group else [], time_us=result.time_us["median"],
+                        busbw_gbps=result.busbw_gbps, original_us=op.dur_us, wrong=result.wrong,
+                        extra={"size_used": result.layout.size_used, "note": note})
+
+    def _record(self, sub: Backend, op: CommOp, case: Case, result: Any, note: str) -> Record:
+        meta = sub.info()
+        method = self.config.method
+        lay = result.layout
+        return Record(
+            run_id=self.run_id,
+            timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            ccbench_version=__version__, collective=case.collective, backend=sub.name,
+            library=meta["library"], library_version=meta["library_version"],
+            algorithm=sub.algorithm, transport=sub.transport, device=meta["device"],
+            dtype=case.dtype, op=case.op, inplace=case.inplace, timing=method.timing,
+            world_size=sub.ctx.world_size, nodes=len(self.hosts),
+            ranks_per_node=max(1, self.info.world_size // max(1, len(self.hosts))),
+            hosts=self.hosts, root=case.root, size_asked=op.size, size_used=lay.size_used,
+            count=lay.count, iterations=result.iterations, warmup=method.warmup,
+            time_us=result.time_us, samples_us=result.samples_us,
+            rank_median_us=result.rank_median_us, algbw_gbps=result.algbw_gbps,
+            busbw_gbps=result.busbw_gbps, wrong=result.wrong,
+            method={"timing": method.timing, "check": method.check, "combine": "max over ranks",
+                    "launcher": self.info.launcher, "timeout_s": method.timeout,
+                    "trace": {"file": op.source, "node_id": op.node_id, "name": op.name,
+                              "call": op.call, "index": op.index,
+                              "group": list(op.group.ranks) if op.group else None,
+                              "group_source": op.group_source,
+                              "trace_world_size": self.trace.world_size,
+                              "trace_dtype": op.dtype, "note": note,
+                              "original_us": op.dur_us, "start_us": op.start_us}},
+            environment={"backend": meta.get("env", {})})
+
+    def _time_loop(self, sub: Backend, op: CommOp, step: int, body: Any) -> list[float]:
+        method = self.config.method
+        self.watchdog.begin_step(step, f"{op.name} (node {op.node_id})")
+        samples = []
+        for i in range(method.warmup + method.iters):
+            self.watchdog.enter()
+            start = time.perf_counter()
+            body()
+            sub.synchronize()
+            if i >= method.warmup:
+                samples.append(time.perf_counter() - start)
+            self.watchdog.leave()
+        return samples
+
+    def _measure_extra(self, sub: Backend, op: CommOp, step: int) -> OpResult | str | None:
+        """barrier on its group; send/recv between the pair, validated bit for bit."""
+        key = f"trace/x/{step}"
+        wrong = 0
+        if op.collective == "barrier":
+            samples = self._time_loop(sub, op, step, sub.barrier)
+            members = op.group.ranks if op.group else (self.info.rank,)
+        elif op.collective in ("send", "recv") and op.peer is not None and op.peer >= 0:
+            dtype = numpy_dtype(_SAME_WIDTH.get(op.dtype, op.dtype)
+                                if op.dtype not in DTYPES else op.dtype)
+            count = op.size // dtype.itemsize
+            pattern = (np.arange(count) % 7).astype(dtype)
+            buf = sub.alloc(count, dtype)
+            if op.collective == "send":
+                sub.copy_from_numpy(buf, pattern)
+                samples = self._time_loop(sub, op, step, lambda: sub.send(buf, op.peer))
+            else:
+                samples = self._time_loop(sub, op, step, lambda: sub.recv(buf, op.peer))
+                got = sub.to_numpy(buf)
+                wrong = int(np.count_nonzero(got.view(np.uint8) != pattern.view(np.uint8)))
+            members = tuple(sorted((self.info.rank, op.peer)))
+        else:
+            return (f"{op.collective}: not replayed (ccbench replays the five collectives, "
+                    f"barrier and send/recv)")
+        self.store.set(f"{key}/{self.info.rank}", {"samples": samples, "wrong": wrong})
+        if self.info.rank != members[0]:
+            return None
+        with self.watchdog.waiting():
+            per_rank = [self.store.get(f"{key}/{r}", self.config.method.timeout)
+                        for r in members]
+        matrix = np.asarray([p["samples"] for p in per_rank]).max(axis=0) * 1e6
+        total_wrong = sum(int(p["wrong"]) for p in per_rank)
+        self.wrong += total_wrong
+        return OpResult(call=op.call, node_id=op.node_id, name=op.name,
+                        collective="sendrecv" if op.collective in ("send", "recv")
+                        else op.collective, size=op.size, group=list(members),
+                        time_us=summarize(matrix.tolist())["median"], original_us=op.dur_us,
+                        wrong=total_wrong)
+
+    def per_op(self, number: int, subs: dict[Group, Backend | str]) -> None:
+        for op in self.ops:
+            step = _STEP_BASE * (number + 1) + op.call
+            sub = subs.get(op.group) if op.group else None
+            leader = op.group.ranks[0] if op.group else self.info.rank
+            if op.collective in ("send", "recv") and op.peer is not None:
+                leader = min(self.info.rank, op.peer)
+            if sub is None or isinstance(sub, str):
+                outcome: OpResult | str | None = sub or "no communicator for its group"
+            elif op.collective in FIVE:
+                outcome = self._measure_five(sub, op, step)
+            else:
+                outcome = self._measure_extra(sub, op, step)
+            if isinstance(outcome, str) and self.info.rank == leader:
+                outcome = OpResult(call=op.call, node_id=op.node_id, name=op.name,
+                                   collective=op.collective, size=op.size,
+                                   group=list(op.group.ranks) if op.group else [],
+                                   reason=outcome)
+            if isinstance(outcome, OpResult):
+                self.store.set(f"trace/{number}/op/{op.call}", outcome.to_dict())
+
+    # -- the sequence ---------------------------------------------------------------------
+    def _bound(self, sub: Backend, op: CommOp, cache: dict[Any, Any]) -> Any:
+        if op.collective in FIVE:
+            case, _ = _case(op)
+            dtype = numpy_dtype(case.dtype)
+            if sub.unsupported(case.collective, dtype, case.op):
+                return None
+            lay = layout(case.collective, op.size, dtype.itemsize, sub.ctx.world_size)
+            if lay.send_count == 0 or lay.recv_count == 0:
+                return None
+            key = (id(sub), case, op.size)
+            if key not in cache:
+                send = sub.alloc(lay.send_count, dtype)
+                recv = send if case.inplace else sub.alloc(lay.recv_count, dtype)
+                sub.copy_from_numpy(send, np.zeros(lay.send_count, dtype=dtype))
+                # the buffers stay in the cache: a bound call may hold only their addresses
+                cache[key] = (sub.bind(case.collective, send, recv, case.op, case.root),
+                              send, recv)
+            return cache[key][0]
+        if op.collective == "barrier":
+            return sub.barrier
+        if op.collective in ("send", "recv") and op.peer is not None and op.peer >= 0:
+            buf = sub.alloc(max(1, op.size), np.dtype(np.int8))
+            cache[("p2p", op.call)] = buf
+            peer = op.peer
+            return (lambda: sub.send(buf, peer)) if op.collective == "send" \
+                else (lambda: sub.recv(buf, peer))
+        return None
+
+    def _gaps(self) -> list[float]:
+        """Seconds to sleep before each op: the trace's idle time since the previous one."""
+        gaps, end = [], None
+        for op in self.ops:
+            if op.start_us is None or end is None:
+                gaps.append(0.0)
+            else:
+                gaps.append(max(0.0, (op.start_us - end) * 1e-6))
+            if op.start_us is not None:
+                end = op.start_us + (op.dur_us or 0.0)
+        return gaps
+
+    def sequence(self, number: int, backend: Backend, subs: dict[Group, Backend | str]
+                 ) -> None:
+        cache: dict[Any, Any] = {}
+        calls = []
+        for op in self.ops:
+            sub = subs.get(op.group) if op.group else None
+            calls.append(self._bound(sub, op, cache) if isinstance(sub, Backend) else None)
+        gaps = self._gaps() if self.config.sequence == "gaps" else [0.0] * len(calls)
+        totals = []
+        step = _STEP_BASE * (number + 1) + _STEP_BASE // 2
+        for rep in range(self.config.repeat):
+            self.watchdog.begin_step(step + rep, f"sequence pass {rep + 1}")
+            self.watchdog.enter()
+            backend.barrier()
+            start = time.perf_counter()
+            for call, gap in zip(calls, gaps, strict=True):
+                if gap:
+                    time.sleep(gap)
+                if call is not None:
+                    self.watchdog.enter()
+                    call()
+            backend.synchronize()
+            totals.append(time.perf_counter() - start)
+            self.watchdog.leave()
+        self.store.set(f"trace/{number}/seq/{self.info.rank}", totals)
+
+    # -- the whole replay -----------------------------------------------------------------
+    def run_backend(self, number: int, name: str) -> None:
+        info = self.info
+        cls = backend_class(name)
+        reason = cls.unavailable_reason()
+        if reason:
+            raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
+        ctx = RankContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+                          local_world_size=info.local_world_size, launcher=info.launcher,
+                          store=self.store, hostname=socket.gethostname(), device="cpu",
+                          options={"timeout": self.config.method.timeout,
+                                   "multi_host": len(self.hosts) > 1})
+        self.watchdog.label = f"{name}: initialisation"
+        with self.watchdog.waiting():
+            backend = cls(ctx)
+            subs = split_groups(backend, self.trace.groups, info.world_size,
+                                self.config.method.timeout)
+        try:
+            if info.rank == 0:
+                meta = backend.info()
+                self.store.set(f"trace/{number}/meta", {"backend": name,
+                                                        "library": meta["library"],
+                                                        "library_version": meta["library_version"]})
+            self.per_op(number, subs)
+            if self.config.sequence != "none":
+                self.sequence(number, backend, subs)
+            with self.watchdog.waiting():
+                self.store.barrier(f"trace/{number}/done", info.world_size,
+                                   self.config.method.timeout)
+        finally:
+            self.watchdog.label = f"{name}: finalisation"
+            with self.watchdog.waiting():
+                free_groups(subs, backend)
+                backend.finalize()
+
+
+def _collect(store: ControlClient, number: int, world: int, calls: int) -> dict[str, Any]:
+    results = [OpResult(**store.get(f"trace/{number}/op/{c}", 60)) for c in range(calls)]
+    seq = [store.peek(f"trace/{number}/seq/{r}") for r in range(world)]
+    passes = None
+    if all(s is not None for s in seq):
+        passes = [max(s[i] for s in seq) * 1e6 for i in range(len(seq[0]))]
+    return {"meta": store.peek(f"trace/{number}/meta"), "results": results,
+            "sequence_us": passes}
+
+
+def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]:
+    """One rank's replay. Returns (exit status, rank 0: per backend its results)."""
+    from ccbench.runner import _agree_on_arguments, _close
+
+    info = detect_launch()
+    trace = config.trace
+    if info.world_size != trace.world_size:
+        raise UsageError(f"the trace has {trace.world_size} ranks but {info.world_size} were "
+                         f"started (start {trace.world_size}, or pass --world-size "
+                         f"{info.world_size} to rescale the trace)")
+    for name in config.backends:
+        if backend_class(name).needs_mpi_launcher and info.launcher not in \
+                ("mpiexec", "srun", "single"):
+            raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
+                             f"{info.launcher}; `ccbench launch` starts it under mpiexec")
+    timeout = config.method.timeout
+    from ccbench.control import CONNECT_TIMEOUT_S
+
+    store, server = connect_control(info, timeout, min(CONNECT_TIMEOUT_S, timeout))
+    watchdog = Watchdog(store, info.rank, info.world_size, timeout)
+    watchdog.start()
+    rank = _Rank(config, info, store, watchdog)
+    collected: list[dict[str, Any]] | None = None
+    try:
+        with watchdog.waiting():
+            _agree_on_arguments(store, info, config.argv, timeout)
+            rank.hosts = sorted(set(store.gather("trace/hosts", socket.gethostname(),
+                                                 info.world_size, timeout)))
+            if info.rank == 0:
+                import uuid
+
+                store.set("trace/run_id", uuid.uuid4().hex[:12])
+            rank.run_id = store.get("trace/run_id", timeout)
+        calls = 1 + max((op.call for op in trace.all_ops()), default=-1)
+        for number, name in enumerate(config.backends):
+            rank.run_backend(number, name)
+        if info.rank == 0:
+            collected = [_collect(store, n, info.world_size, calls)
+                         for n in range(len(config.backends))]
+        store.set(f"trace/wrong/{info.rank}", rank.wrong)
+        with watchdog.waiting():
+            store.barrier("trace/end", info.world_size, timeout)
+    finally:
+        watchdog.stop()
+    _close(store, server, info)
+    status = 0
+    if collected is not None and any(r.wrong for c in collected for r in c["results"]):
+        status = 1
+    return status, collected

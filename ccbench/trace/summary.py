@@ -1,0 +1,95 @@
+"""Per-trace summaries: ops by collective and size bucket, total communication time, the
+time-weighted mean bus bandwidth, and measured against the trace's own durations."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ccbench.sizes import format_size
+
+__all__ = ["OpResult", "bucket", "summarize_results", "format_summary"]
+
+
+@dataclass(kw_only=True, slots=True)
+class OpResult:
+    """One call of the trace on one backend: measured (time_us) or skipped (reason)."""
+
+    call: int
+    node_id: int
+    name: str
+    collective: str
+    size: int                     # bytes, the op's S
+    group: list[int]
+    time_us: float | None = None  # median, max over the group's ranks
+    busbw_gbps: float | None = None
+    original_us: float | None = None
+    wrong: int | None = None
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+
+
+def bucket(size: int) -> str:
+    """The power-of-two range a size falls in, e.g. '64K-128K' ('0' for barriers)."""
+    if size <= 0:
+        return "0"
+    low = 1 << (size.bit_length() - 1)
+    return f"{format_size(low)}-{format_size(low * 2)}" if low != size else format_size(size)
+
+
+def summarize_results(results: list[OpResult]) -> dict[str, Any]:
+    """Totals per (collective, size bucket) and over the whole trace."""
+    rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(
+        lambda: {"ops": 0, "bytes": 0, "time_us": 0.0, "bus_bytes_us": 0.0, "skipped": 0})
+    total_time = 0.0
+    weighted = 0.0
+    for res in results:
+        row = rows[(res.collective, bucket(res.size))]
+        row["ops"] += 1
+        row["bytes"] += res.size
+        if res.time_us is None:
+            row["skipped"] += 1
+            continue
+        row["time_us"] += res.time_us
+        total_time += res.time_us
+        if res.busbw_gbps is not None:
+            row["bus_bytes_us"] += res.busbw_gbps * res.time_us
+            weighted += res.busbw_gbps * res.time_us
+    table = []
+    for (collective, size_bucket), row in sorted(rows.items(), key=lambda kv: kv[0]):
+        bw = row.pop("bus_bytes_us")
+        table.append({"collective": collective, "bucket": size_bucket, **row,
+                      "busbw_gbps": bw / row["time_us"] if row["time_us"] else None})
+    measured = [r for r in results if r.time_us is not None]
+    originals = [r for r in measured if r.original_us is not None]
+    return {
+        "ops": len(results), "measured": len(measured), "skipped": len(results) - len(measured),
+        "total_time_us": total_time,
+        "busbw_gbps": weighted / total_time if total_time else None,
+        "original_time_us": sum(r.original_us or 0.0 for r in originals) if originals else None,
+        "by_bucket": table,
+        "skips": sorted({r.reason for r in results if r.time_us is None and r.reason}),
+    }
+
+
+def format_summary(name: str, summary: dict[str, Any]) -> list[str]:
+    lines = [f"# {name}: {summary['measured']} of {summary['ops']} calls measured, "
+             f"communication {summary['total_time_us']:.1f} us"
+             + (f", time-weighted busbw {summary['busbw_gbps']:.3f} GB/s"
+                if summary["busbw_gbps"] else "")]
+    if summary.get("original_time_us"):
+        lines.append(f"#   the trace's own durations of those calls: "
+                     f"{summary['original_time_us']:.1f} us")
+    head = ["collective", "size", "ops", "skipped", "time_us", "busbw_GBps"]
+    rows = [head] + [[r["collective"], r["bucket"], str(r["ops"]), str(r["skipped"]),
+                      f"{r['time_us']:.1f}",
+                      f"{r['busbw_gbps']:.3f}" if r["busbw_gbps"] is not None else "-"]
+                     for r in summary["by_bucket"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    lines += [f"#   skipped: {reason}" for reason in summary["skips"]]
+    return lines

@@ -1,0 +1,127 @@
+"""`ccbench replay` on traces made by real PyTorch runs, started by `ccbench launch`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ccbench.record import load_records
+from ccbench.trace import load_trace
+from tests.conftest import have_mpi, run_ccbench
+
+
+def _replay(nprocs: int, *args: str) -> tuple[str, str]:
+    done = run_ccbench("launch", "-n", str(nprocs), "replay", *args, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout, done.stderr
+
+
+def test_two_process_groups_replay_on_gloo_as_sub_communicators(traces4: Path,
+                                                                 tmp_path: Path) -> None:
+    out, summary = tmp_path / "rec.jsonl", tmp_path / "summary.json"
+    stdout, _ = _replay(4, str(traces4 / "groups"), "--backend", "gloo", "-O", str(out),
+                        "--summary", str(summary), "--iters", "2", "--repeat", "1")
+    trace = load_trace([traces4 / "groups"])
+    records = load_records(out)
+    # a record carries the node id of the call on its group's first rank
+    calls = {op.call: op for op in trace.all_ops() if op.group and op.rank == op.group.ranks[0]}
+    assert len(records) == len(calls) == 13            # tp: 2 groups x 4 calls, dp: 2 x 2, 1
+    for rec in records:
+        tag = rec.method["trace"]
+        op = calls[tag["call"]]
+        assert tag["node_id"] == op.node_id and tag["group"] == list(op.group.ranks)
+        assert rec.world_size == len(tag["group"]) and rec.wrong == 0
+        assert rec.collective == op.collective and rec.size_used == op.size
+    assert sorted(r.world_size for r in records).count(2) == 12
+    data = json.loads(summary.read_text())
+    backend = data["backends"][0]
+    assert backend["backend"] == "gloo" and backend["summary"]["measured"] == 13
+    assert "whole sequence (back-to-back)" in stdout
+
+
+@pytest.mark.skipif(not have_mpi(), reason="mpiexec is not installed")
+def test_three_ranks_two_backends_say_which_is_faster(traces3: Path, tmp_path: Path) -> None:
+    stdout, _ = _replay(3, str(traces3 / "ddp"), "--backend", "mpi,ring@mpi", "--iters", "2",
+                        "--repeat", "2", "-O", str(tmp_path / "r.jsonl"))
+    records = load_records(tmp_path / "r.jsonl")
+    assert {r.backend for r in records} == {"mpi", "ring@mpi"}
+    assert all(r.wrong == 0 and r.world_size == 3 for r in records)
+    assert "replays this trace" in stdout and "x faster than" in stdout
+
+
+def test_ops_beyond_the_five_replayed_or_skipped_with_reason(traces4: Path,
+                                                             tmp_path: Path) -> None:
+    summary = tmp_path / "s.json"
+    _replay(4, str(traces4 / "p2p"), "--backend", "gloo", "--iters", "2", "--repeat", "1",
+            "--summary", str(summary))
+    ops = json.loads(summary.read_text())["backends"][0]["ops"]
+    by_name = {op["collective"]: op for op in ops}
+    assert by_name["barrier"]["time_us"] > 0 and by_name["sendrecv"]["wrong"] == 0
+    for name in ("broadcast", "allgather", "barrier", "sendrecv"):
+        assert by_name[name]["time_us"] is not None, name
+    for name, op in by_name.items():
+        assert (op["time_us"] is not None) != bool(op["reason"]), name
+
+
+# -- bad input: one line, exit 2, naming the file and node ------------------------------------
+
+def _bad(tmp_path: Path, source: Path, edit) -> Path:        # noqa: ANN001  (a callable)
+    folder = tmp_path / "bad"
+    shutil.copytree(source, folder)
+    edit(folder)
+    return folder
+
+
+def _refused(folder: Path, *expect: str) -> None:
+    done = run_ccbench("launch", "-n", "4", "replay", str(folder))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ccbench: error: "), done.stderr
+    for text in expect:
+        assert text in lines[0], lines[0]
+
+
+def test_unknown_schema_version(traces4: Path, tmp_path: Path) -> None:
+    def edit(folder: Path) -> None:
+        path = folder / "rank2.json"
+        data = json.loads(path.read_text())
+        data["schema"] = "9.0.0"
+        path.write_text(json.dumps(data))
+    _refused(_bad(tmp_path, traces4 / "tp", edit), "rank2.json", "'9.0.0'", "schema")
+
+
+def test_truncated_json(traces4: Path, tmp_path: Path) -> None:
+    def edit(folder: Path) -> None:
+        path = folder / "rank1.json"
+        path.write_text(path.read_text()[: 5000])
+    _refused(_bad(tmp_path, traces4 / "tp", edit), "rank1.json", "truncated JSON")
+
+
+def _drop_first(name: str):                                   # noqa: ANN202
+    def edit(folder: Path) -> None:
+        path = folder / "rank3.json"
+        data = json.loads(path.read_text())
+        first = next(n for n in data["nodes"] if n["name"] == name)
+        data["nodes"].remove(first)
+        path.write_text(json.dumps(data))
+    return edit
+
+
+def test_ranks_whose_sequences_disagree(traces4: Path, tmp_path: Path) -> None:
+    folder = _bad(tmp_path, traces4 / "tp", _drop_first("c10d::_allgather_base_"))
+    _refused(folder, "op sequences disagree", ", node ")
+
+
+def test_size_not_divisible_by_the_group(traces4: Path, tmp_path: Path) -> None:
+    def edit(folder: Path) -> None:
+        for rank in range(4):
+            path = folder / f"rank{rank}.json"
+            data = json.loads(path.read_text())
+            node = next(n for n in data["nodes"] if n["name"] == "c10d::_allgather_base_")
+            node["inputs"]["values"][0][3] = 2047          # output no longer 4 x the input
+            path.write_text(json.dumps(data))
+    folder = _bad(tmp_path, traces4 / "tp", edit)
+    _refused(folder, "rank0.json, node ", "not divisible by the group")
