@@ -88,6 +88,8 @@ class TorchDistBackend(Backend):
         """torch.distributed's own function with its arguments bound (no ccbench frame)."""
         dist = self.dist
         reduce_op = self._ops[op or "sum"]
+        if self.group is not None:   # a sub-communicator: the methods pass group= through
+            return super().bind(collective, send, recv, op, root)
         if collective == "allreduce" and send is recv:
             return functools.partial(dist.all_reduce, recv, reduce_op)
         if collective == "broadcast":
