@@ -8,10 +8,14 @@ Linux bridges shaped with tbf), optionally a multi-node Slurm cluster on them.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ccbench.errors import RunFailure
@@ -28,6 +32,17 @@ from ccbench.testbed.topology import Plan, build_plan, format_rate, parse_rate, 
 
 __all__ = ["Plan", "build_plan", "down", "host_command", "load_plan", "measure", "parse_rate",
            "parse_topology", "status", "up"]
+
+
+_LOCK = Path("/run/ccbench-testbed.lock")
+
+
+@contextlib.contextmanager
+def _exclusive() -> Iterator[None]:
+    """One `up` or `down` at a time: a `down` still running must not remove a new `up`'s work."""
+    with open(_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _same(a: Plan, b: Plan) -> bool:
@@ -54,6 +69,11 @@ def _interrupt(signum: int, _frame: object) -> None:
 def up(plan: Plan, slurm: bool = False) -> str:
     """Create the testbed; returns what happened ('created', 'already up', 'recreated')."""
     require_root()
+    with _exclusive():
+        return _up(plan, slurm)
+
+
+def _up(plan: Plan, slurm: bool) -> str:
     plan.options["slurm"] = slurm
     current = load_plan()
     if current is not None and _same(current, plan) and _healthy(current):
@@ -87,11 +107,12 @@ def _leftovers() -> bool:
 
 def down() -> list[str]:
     require_root()
-    try:
-        plan = load_plan()
-    except RunFailure:
-        plan = None
-    return teardown(plan)
+    with _exclusive():
+        try:
+            plan = load_plan()
+        except RunFailure:
+            plan = None
+        return teardown(plan)
 
 
 def status(plan: Plan) -> dict[str, Any]:
@@ -143,6 +164,8 @@ def _iperf(plan: Plan, pairs: list[tuple[str, str, str]], seconds: float) -> lis
             except (ValueError, KeyError):
                 raise RunFailure(f"testbed measure: iperf3 failed: {(err or out).strip()[:200]}") \
                     from None
+            if rates[-1] <= 0:
+                raise RunFailure(f"testbed measure: no traffic arrived on {pairs[len(rates) - 1]}")
         return rates
     finally:
         for proc in servers + clients:
