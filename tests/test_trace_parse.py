@@ -90,3 +90,20 @@ def test_ops_beyond_the_five(traces4: Path) -> None:
     assert trace.ops[0][0].root == 3 and trace.ops[0][1].root == 0
     assert trace.ops[0][5].peer == 1 and trace.ops[1][5].peer == 0
     assert trace.ops[2][2].size == 4 * 256 * 4            # gather: the root's whole output
+
+
+def test_rescale_keeps_per_rank_sizes_and_retiles_groups(traces4: Path) -> None:
+    from ccbench.trace.scale import rescale
+
+    trace = rescale(load_trace([traces4 / "groups"]), 8)
+    for rank, ops in enumerate(trace.ops):
+        tp = (rank // 2 * 2, rank // 2 * 2 + 1)
+        dp = tuple(range(rank % 2, 8, 2))
+        assert [op.group.ranks if op.group else None for op in ops] == [tp, tp, dp] * 2 \
+            + [tuple(range(8))]
+        assert ops[2].size == (4096 + 256 * (rank % 2)) * 4      # the per-rank gradient kept
+    ddp = rescale(load_trace([traces4 / "ddp"]), 7)
+    assert [op.size for op in ddp.ops[6] if op.collective == "allreduce"] == \
+        [op.size for op in load_trace([traces4 / "ddp"]).ops[0] if op.collective == "allreduce"]
+    p2p = rescale(load_trace([traces4 / "p2p"]), 6)
+    assert any("send: point-to-point peers are not rescaled" in n for n in p2p.notes)
