@@ -164,8 +164,8 @@ def _judge(outcome: Outcome, stderr: str, fault_at: float | None) -> list[str]:
         named = re.search(r"did not arrive: (.*)$", line)
         ranks = {int(r) for r in re.findall(r"(?<![\w.:])(\d+)(?![\w.:])", named.group(1))} \
             if named else set()
-        if cell.victim not in ranks:
-            problems.append(f"rank {cell.victim} not named: {line}")
+        if ranks != {cell.victim}:
+            problems.append(f"named ranks {sorted(ranks)}, not [{cell.victim}]: {line}")
     return problems
 
 

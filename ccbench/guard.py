@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -21,10 +22,10 @@ EXIT_HUNG = 3
 _RANK_VARS = (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK", b"RANK")
 
 
-def local_peer_ranks(parent: int) -> dict[int, str]:
-    """rank -> process state ('R', 'S', 'T' stopped, ...) of the processes started by the same
-    parent (an MPI proxy) on this host, read from /proc."""
-    found: dict[int, str] = {}
+def local_peer_ranks(parent: int) -> dict[int, tuple[int, str]]:
+    """rank -> (pid, process state 'R', 'S', 'T' stopped, ...) of the processes started by the
+    same parent (an MPI proxy) on this host, read from /proc."""
+    found: dict[int, tuple[int, str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -39,7 +40,7 @@ def local_peer_ranks(parent: int) -> dict[int, str]:
             continue
         for name in _RANK_VARS:
             if name in env:
-                found[int(env[name])] = fields[0]
+                found[int(env[name])] = (int(entry.name), fields[0])
                 break
     return found
 
@@ -79,12 +80,15 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
     if ready:
         return
     peers = local_peer_ranks(_parent_of(parent))
-    here = {r for r, state in peers.items() if state not in ("T", "t", "Z", "X")}
+    here = {r for r, (_, state) in peers.items() if state not in _GONE}
     missing = [r for r in range(world) if r not in here and r != rank]
     complete = guard.all_local
-    speaker = min(here | {rank}) == rank
-    if complete and not speaker:
-        os.kill(parent, signal.SIGKILL)    # the lowest live rank speaks for all
+    speaker = min(here | {rank})
+    if complete and speaker != rank:
+        # the lowest live rank speaks for all; stay until it has looked, so that it does not
+        # count this rank among the missing
+        _wait_gone(peers[speaker][0], limit)
+        os.kill(parent, signal.SIGKILL)
         return
     names = ", ".join(map(str, missing)) if complete and missing else "unknown"
     line = (f"ccbench: error: {phase}: did not finish within {limit:g} s (a rank died or hangs "
@@ -93,6 +97,21 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
         os.write(sys.stderr.fileno(), line.encode())
     finally:
         os.kill(parent, signal.SIGKILL)
+
+
+_GONE = ("T", "t", "Z", "X")
+
+
+def _wait_gone(pid: int, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat[stat.rindex(")") + 2:].split()[0] in _GONE:
+            return
+        time.sleep(0.1)
 
 
 def _parent_of(pid: int) -> int:

@@ -184,3 +184,40 @@ def test_disk_full_is_one_line_and_keeps_whole_records(tmp_path: Path) -> None:
         assert len(load_records(out)) >= 1
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_stopped_rank_0_is_named_and_does_not_blame_others_once_continued(tmp_path: Path
+                                                                          ) -> None:
+    """Ranks started by hand (no launcher to filter lines): rank 0, which hosts the control
+    store, is stopped mid-run; rank 1 says so within minutes; continued, rank 0 leaves without
+    blaming rank 1 for having gone."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "r.jsonl"
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "CCBENCH_CONTROL": f"127.0.0.1:{port}"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ccbench", "allreduce", "--backend", "gloo", "--sizes",
+             "1K-4M", "--min-time", "0.4", "--timeout", str(TIMEOUT_S), "-q", "--output",
+             str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    try:
+        _wait_records(out, 2, procs[0])
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        _, survivor = procs[1].communicate(timeout=NO_HANG_S)
+        os.kill(procs[0].pid, signal.SIGCONT)
+        _, stopped = procs[0].communicate(timeout=NO_HANG_S)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert procs[1].returncode != 0 and procs[0].returncode != 0
+    errors = [line for line in survivor.splitlines() if line.startswith("ccbench: error:")]
+    assert len(errors) == 1 and "ranks that did not arrive: 0 (not answering)" in errors[0], \
+        survivor
+    assert "ccbench: error:" not in stopped and "Traceback" not in stopped, stopped
+    assert len(load_records(out)) >= 2
