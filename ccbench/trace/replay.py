@@ -23,6 +23,7 @@ import numpy as np
 from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.options import BackendOptions
 from ccbench.collectives import REDUCING, layout
 from ccbench.control import ControlClient
 from ccbench.dtypes import DTYPES, numpy_dtype
@@ -290,8 +291,9 @@ class _Rank:
         ctx = RankContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                           local_world_size=info.local_world_size, launcher=info.launcher,
                           store=self.store, hostname=socket.gethostname(), device="cpu",
-                          options={"timeout": self.config.method.timeout,
-                                   "multi_host": len(self.hosts) > 1})
+                          options=BackendOptions.from_mapping({
+                              "timeout": self.config.method.timeout,
+                              "multi_host": len(self.hosts) > 1}))
         self.watchdog.label = f"{name}: initialisation"
         with self.watchdog.waiting():
             backend = cls(ctx)

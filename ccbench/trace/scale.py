@@ -81,6 +81,7 @@ def rescale(trace: Trace, world: int) -> Trace:
         mine: list[CommOp] = []
         for op in template:
             reason = ""
+            group: Group | str = ""
             if op.collective in ("send", "recv") or op.group is None:
                 reason = f"{op.collective}: point-to-point peers are not rescaled"
             else:
@@ -94,7 +95,8 @@ def rescale(trace: Trace, world: int) -> Trace:
             if reason:
                 dropped[reason] = dropped.get(reason, 0) + 1
                 continue
-            new = _resize(op, op.group.size, group.size)  # type: ignore[union-attr, arg-type]
+            assert op.group is not None and isinstance(group, Group)
+            new = _resize(op, op.group.size, group.size)
             new.rank, new.index, new.group, new.call = rank, len(mine), group, -1
             new.group_source = "rescaled"
             mine.append(new)

@@ -31,14 +31,9 @@ def _with_ctx(backend: Backend, group: Group) -> Backend:
 
 def _torch(backend: Any, groups: list[Group]) -> dict[Group, Backend | str]:
     out: dict[Group, Backend | str] = {}
-    algorithmic = hasattr(backend, "_transport")
     for group in groups:
         pg = backend.dist.new_group(list(group.ranks))       # every rank, every group
         if backend.ctx.rank not in group.ranks:
-            continue
-        if algorithmic:
-            out[group] = (f"{backend.name}: sub-communicators need MPI as transport "
-                          f"(torch point-to-point here addresses global ranks)")
             continue
         sub = _with_ctx(backend, group)
         sub.group = pg                                        # type: ignore[attr-defined]
@@ -59,11 +54,6 @@ def _mpi(backend: Any, groups: list[Group]) -> dict[Group, Backend | str]:
         sub.comm = comm                                       # type: ignore[attr-defined]
         if hasattr(sub, "_probed"):
             sub._probed = {}                                  # type: ignore[attr-defined]
-        if hasattr(backend, "_transport"):                    # <algorithm>@mpi
-            from ccbench.backends.algorithmic import MPITransport
-
-            sub._transport = MPITransport(comm)               # type: ignore[attr-defined]
-            sub._executors = {}                               # type: ignore[attr-defined]
         out[group] = sub
     return out
 
@@ -96,6 +86,29 @@ def _oneccl(backend: Any, groups: list[Group], timeout: float) -> dict[Group, Ba
     return out
 
 
+def _algorithm(backend: Any, groups: list[Group], world_size: int, timeout: float
+               ) -> dict[Group, Backend | str]:
+    """<algorithm>@<transport>: the transport split, the schedules run on each part."""
+    out: dict[Group, Backend | str] = {}
+    for group, inner in split_groups(backend.inner, groups, world_size, timeout).items():
+        if isinstance(inner, str):
+            out[group] = inner
+            continue
+        if getattr(inner, "group", None) is not None:
+            out[group] = (f"{backend.name}: sub-communicators need MPI or oneCCL as transport "
+                          f"(torch point-to-point addresses global ranks)")
+            continue
+        transport = inner.point_to_point(False)
+        if transport is None:
+            out[group] = f"{backend.name}: the transport has no point-to-point messages"
+            continue
+        sub = _with_ctx(backend, group)
+        sub.inner, sub._transport = inner, transport          # type: ignore[attr-defined]
+        sub._executors = {}                                   # type: ignore[attr-defined]
+        out[group] = sub
+    return out
+
+
 def split_groups(backend: Backend, groups: list[Group], world_size: int, timeout: float
                  ) -> dict[Group, Backend | str]:
     """Group -> its backend on this rank (or why there is none), for the groups this rank is
@@ -107,7 +120,9 @@ def split_groups(backend: Backend, groups: list[Group], world_size: int, timeout
             out[group] = backend
     if not subs:
         return out
-    if hasattr(backend, "comm") and hasattr(backend, "MPI"):
+    if hasattr(backend, "inner") and hasattr(backend, "_transport"):
+        out.update(_algorithm(backend, subs, world_size, timeout))
+    elif hasattr(backend, "comm") and hasattr(backend, "MPI"):
         out.update(_mpi(backend, subs))
     elif hasattr(backend, "dist") and hasattr(backend, "group"):
         out.update(_torch(backend, subs))
@@ -124,9 +139,10 @@ def free_groups(subs: dict[Group, Backend | str], whole: Backend) -> None:
     """Release the sub-communicators (the whole one is finalised by its owner)."""
     for sub in subs.values():
         if isinstance(sub, Backend) and sub is not whole:
-            if hasattr(sub, "comm") and hasattr(sub, "MPI"):
-                for ex in getattr(sub, "_executors", {}).values():
-                    ex.close()
-                sub.comm.Free()                               # type: ignore[attr-defined]
-            elif hasattr(sub, "lib") and hasattr(sub, "ccl"):
-                sub.finalize()
+            for ex in getattr(sub, "_executors", {}).values():
+                ex.close()
+            inner = getattr(sub, "inner", sub)
+            if hasattr(inner, "comm") and hasattr(inner, "MPI"):
+                inner.comm.Free()
+            elif hasattr(inner, "lib") and hasattr(inner, "ccl"):
+                inner.finalize()
