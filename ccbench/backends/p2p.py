@@ -228,22 +228,27 @@ class _TorchPrepared:
 
     def __init__(self, dist: Any, ops: list[Any], num_recvs: int, on_stream: bool) -> None:
         self.dist, self.ops, self.num_recvs, self.on_stream = dist, ops, num_recvs, on_stream
-        self.works: list[_TorchRequest] = []
+        self.works: list[_TorchRequest | None] = []
 
     def start(self) -> None:
         self.works = [_TorchRequest(w, self.on_stream)
                       for w in self.dist.batch_isend_irecv(self.ops) or ()]
 
     def wait_recv(self, i: int, timeout: float | None) -> None:
-        if len(self.works) == len(self.ops):
-            self.works[i].wait(timeout)
-        else:                  # a coalesced group answers with one work for all its ops
+        if len(self.works) != len(self.ops):   # a coalesced group: one work for all its ops
             self.wait_all(timeout)
+            return
+        work = self.works[i]
+        if work is not None:
+            # each work is waited for once: a second wait on a finished gloo receive blocks
+            self.works[i] = None
+            work.wait(timeout)
 
     def wait_all(self, timeout: float | None) -> None:
         works, self.works = self.works, []
         for work in works:
-            work.wait(timeout)
+            if work is not None:
+                work.wait(timeout)
 
     def free(self) -> None:
         self.ops, self.works = [], []

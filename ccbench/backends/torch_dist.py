@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.util
+import itertools
 import os
 import socket
 from collections.abc import Callable
@@ -13,6 +14,10 @@ from typing import Any, ClassVar
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.sysinfo import node_cores, usable_cores
+
+
+#: process groups this rank has created (every rank creates them in the same order)
+_GROUPS = itertools.count()
 
 
 def torch_missing_reason() -> str | None:
@@ -75,7 +80,9 @@ class TorchDistBackend(Backend):
         """torchrun's env:// when it is there, else a port that rank 0 publishes in the store."""
         if self.ctx.launcher == "torchrun":
             return "env://"
-        key = f"torch/{self.process_group_backend}/address"
+        # one key per process group of the run: a later backend (gloo after ring@gloo, which
+        # destroyed the group) must not read the address of the previous one
+        key = f"torch/{self.process_group_backend}/address/{next(_GROUPS)}"
         if self.ctx.rank == 0:
             host = socket.gethostname() if self.ctx.options.multi_host else "127.0.0.1"
             self.ctx.store.set(key, f"{host}:{_free_port()}")

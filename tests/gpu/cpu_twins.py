@@ -1,6 +1,7 @@
 """CPU twins of the device backends: the nccl backend's own code (device choice, barrier,
-metadata, the torch.distributed collectives) over gloo and host tensors, with the device calls
-(set_device, synchronize, device properties) replaced by counters.
+metadata, the torch.distributed collectives, and the point-to-point transport the algorithms
+run over as `ring@nccl`) over gloo and host tensors, with the device calls (set_device,
+synchronize, device properties, CUDA tensors over CuPy memory) replaced.
 
 Used through tests/gpu/ccbench_with.py --nccl-twin; at the end of the run each rank writes its
 counters to $CCBENCH_TWIN_COUNTS.<rank>.json when that variable is set.
@@ -45,6 +46,22 @@ class NCCLCpuTwin(NCCLBackend):
 
     def unsupported(self, collective: str, dtype: Any, op: str | None) -> str | None:
         return None                           # gloo underneath: every dtype and op
+
+    def _tensor_of(self) -> Any:
+        """Fake CuPy slices (host memory) -> uint8 CPU tensors over the same memory; the real
+        code makes CUDA tensors with torch.as_tensor."""
+        import numpy as np
+
+        torch = self.torch
+
+        def tensor_of(buf: Any) -> Any:
+            return torch.from_numpy(buf.view(np.uint8)._host)
+        return tensor_of
+
+    def device_stream(self) -> Any:
+        import cupy                            # the fake, installed by ccbench_with.py
+
+        return cupy.cuda.ExternalStream(1)
 
     def _count(self, what: str) -> None:
         self.counts[what] += 1

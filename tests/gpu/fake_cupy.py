@@ -16,7 +16,9 @@ import numpy as np
 
 __version__ = "0.0.0+fake"
 
-COUNTERS = {"get": 0, "set": 0, "synchronize": 0, "empty": 0}
+COUNTERS = {"get": 0, "set": 0, "synchronize": 0, "empty": 0, "kernel": 0, "stream_use": 0}
+
+uint8, uint16 = np.uint8, np.uint16
 
 
 class ndarray:  # noqa: N801  (the CuPy name)
@@ -41,6 +43,18 @@ class ndarray:  # noqa: N801  (the CuPy name)
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self._host.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return int(self._host.itemsize)
+
+    @property
+    def data(self) -> types.SimpleNamespace:
+        """CuPy's MemoryPointer: .ptr is the address (host memory here)."""
+        return types.SimpleNamespace(ptr=int(self._host.ctypes.data))
+
+    def copy(self) -> ndarray:
+        return ndarray(self._host.copy())
 
     def __len__(self) -> int:
         return len(self._host)
@@ -94,8 +108,96 @@ def empty(shape: Any, dtype: Any = float) -> ndarray:
     return ndarray(np.empty(shape, dtype=dtype))
 
 
+def empty_like(array: ndarray) -> ndarray:
+    return empty(array.shape, array.dtype)
+
+
 def asnumpy(array: ndarray) -> np.ndarray:
     return array.get()
+
+
+class ElementwiseKernel:
+    """A kernel of algorithms.kernels.CupyReducer, run by its CPU twin (TwinReducer) on the
+    host memory: the kernel's parameter types are checked against the arrays, as CuPy would."""
+
+    def __init__(self, in_params: str, out_params: str, body: str, name: str) -> None:
+        _, op, dtype = name.split("_", 2)             # ccbench_<op>_<dtype>
+        from algorithms.kernels import TwinReducer
+
+        self.types = [part.split()[0] for part in f"{in_params}, {out_params}".split(",")]
+        self.reduce = TwinReducer()(op, dtype)
+
+    def __call__(self, a: ndarray, b: ndarray, out: ndarray) -> None:
+        got = [np.dtype(x.dtype).name for x in (a, b, out)]
+        if got != self.types:
+            raise TypeError(f"fake cupy: kernel of {self.types} called on {got}")
+        COUNTERS["kernel"] += 1
+        self.reduce(a._host, b._host, out._host)
+
+
+class Stream:
+    """Streams do nothing on the host (every call is synchronous); they count being made
+    current and record CUDA-graph captures so the capture logic runs."""
+
+    _current: Stream | None = None
+
+    def __init__(self, non_blocking: bool = False, ptr: int = 0) -> None:
+        self.ptr = ptr or id(self)
+        self.capturing: list[Any] | None = None
+        _STREAMS[self.ptr] = self
+
+    def use(self) -> Stream:
+        COUNTERS["stream_use"] += 1
+        Stream._current = self
+        return self
+
+    def synchronize(self) -> None:
+        COUNTERS["synchronize"] += 1
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def begin_capture(self) -> None:
+        self.capturing = []
+
+    def end_capture(self) -> _Graph:
+        calls, self.capturing = self.capturing or [], None
+        return _Graph(calls)
+
+    def __enter__(self) -> Stream:
+        return self.use()
+
+    def __exit__(self, *exc: Any) -> None:
+        Stream._current = None
+
+
+_STREAMS: dict[int, Stream] = {}
+
+
+class ExternalStream(Stream):
+    def __init__(self, ptr: int) -> None:
+        super().__init__(ptr=ptr or 1)
+
+
+class _Graph:
+    def __init__(self, calls: list[Any]) -> None:
+        self.calls = calls
+
+    def launch(self, stream: Any = None) -> None:
+        for call in self.calls:
+            call()
+
+
+class Event:
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        COUNTERS["synchronize"] += 1
+
+
+def get_current_stream() -> Stream:
+    return Stream._current or Stream(ptr=2)
 
 
 class _Device:
@@ -123,7 +225,9 @@ class _Runtime:
         return 0
 
 
-cuda = types.SimpleNamespace(Device=_Device, runtime=_Runtime())
+cuda = types.SimpleNamespace(Device=_Device, runtime=_Runtime(), Stream=Stream,
+                             ExternalStream=ExternalStream, Event=Event,
+                             get_current_stream=get_current_stream)
 
 
 def install() -> types.ModuleType:
