@@ -1,130 +1,206 @@
-"""Harness overhead against the references, at 2 ranks (prints figures; no asserts).
+"""ccbench against the references, 2 ranks, interleaved process launches (prints; no asserts).
 
-1. Intel MPI: IMB-MPI1 Allreduce vs `ccbench allreduce --backend mpi`, 8 B to 4 MiB.
-   IMB times `iter` calls back to back and averages over ranks (t_avg), so ccbench is run
-   with --timing pipelined (and per-op, for reference) and its median is compared.
-   Targets: ratio <= 1.10 from 64 KiB, <= 1.5 below.
-2. gloo: a bare torch.distributed.all_reduce loop vs ccbench gloo in-place pipelined.
-   Target: ratio <= 1.05 from 64 KiB.
+Each round launches, one after the other: IMB-MPI1 Allreduce (ships in the impi-rt wheel),
+osu_allreduce (when found: $OSU_DIR or PATH; it is on neither PyPI nor Debian, so it is not
+built here), ccbench --backend mpi pipelined and per-op, ccbench pipelined at
+--mpi-thread-level multiple, a bare mpi4py loop, a bare torch.distributed loop with the same
+barrier per op as ccbench's per-op mode, and ccbench gloo per-op. A process lands in a fast or
+slow state for its whole life (C programs too), so every figure is the median over --rounds
+separate launches, and the spread between launches is printed beside it.
 
-Run: python benchmarks/bench_harness.py  (in an environment with impi-rt and torch)
+What is compared: IMB's t_avg (mean over ranks of each rank's mean over -iter calls) and OSU's
+average latency against ccbench's median over samples (max over ranks) of
+`--timing pipelined --pipeline N` (N calls from a C loop per sample) and of `--timing per-op`.
+
+Run: python benchmarks/bench_harness.py [--rounds 3] [--markdown]
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
 import os
-import re
+import platform
+import shutil
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-ENV = {**os.environ, "LD_LIBRARY_PATH": f"{BIN.parent / 'lib'}:{os.environ.get('LD_LIBRARY_PATH', '')}",
-       "I_MPI_WAIT_MODE": "1"}
-SIZES = [8 << i for i in range(20)]          # 8 B .. 4 MiB
-ITERS = 200
+ENV = {**os.environ, "LD_LIBRARY_PATH": f"{BIN.parent / 'lib'}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+ENV.pop("I_MPI_WAIT_MODE", None)            # busy polling, as IMB and OSU run by default
+SIZES = [8, 64, 512, 4096, 32768, 65536, 262144, 1 << 20, 4 << 20]
+ITERS, PIPELINE = 100, 50                   # ccbench: samples x calls per pipelined sample
+REF_ITERS = 1000                            # IMB / OSU iterations per size
+Times = dict[int, float]
 
 
-def imb_allreduce() -> dict[int, float]:
-    out = subprocess.run([str(BIN / "mpiexec"), "-n", "2", str(BIN / "IMB-MPI1"), "Allreduce",
-                          "-msglog", "3:22", "-iter", str(ITERS), "-npmin", "2"],
-                         capture_output=True, text=True, env=ENV, timeout=600, check=True).stdout
-    times = {}
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) == 5 and fields[0].isdigit():
-            times[int(fields[0])] = float(fields[4])     # t_avg [usec]
-    return times
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, timeout=900,
+                          check=True).stdout
 
 
-def ccbench_times(backend: str, timing: str, extra: list[str]) -> dict[int, float]:
+def imb() -> Times:
+    out = _run([str(BIN / "mpiexec"), "-n", "2", str(BIN / "IMB-MPI1"), "Allreduce", "-msglog",
+                "3:22", "-iter", str(REF_ITERS), "-iter_policy", "off", "-npmin", "2"])
+    rows = (line.split() for line in out.splitlines())
+    return {int(f[0]): float(f[4]) for f in rows if len(f) == 5 and f[0].isdigit()}
+
+
+def osu_binary() -> str | None:
+    for folder in (os.environ.get("OSU_DIR"), *os.environ.get("PATH", "").split(os.pathsep)):
+        if folder:
+            for candidate in (Path(folder) / "osu_allreduce",
+                              Path(folder) / "mpi" / "collective" / "osu_allreduce"):
+                if candidate.exists():
+                    return str(candidate)
+    return None
+
+
+def osu() -> Times:
+    binary = osu_binary()
+    if binary is None:
+        return {}
+    out = _run([str(BIN / "mpiexec"), "-n", "2", binary, "-m", f"8:{max(SIZES)}", "-i",
+                str(REF_ITERS), "-x", "100"])
+    rows = (line.split() for line in out.splitlines())
+    return {int(f[0]): float(f[1]) for f in rows if len(f) >= 2 and f[0].isdigit()}
+
+
+def ccbench(backend: str, timing: str, *extra: str) -> Times:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.jsonl"
-        subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "2", "allreduce",
-                        "--backend", backend, "--sizes", "8-4M", "--iters", str(ITERS),
-                        "--timing", timing, "--pipeline", "20", "-q", "--output", str(out),
-                        *extra], env=ENV, check=True, capture_output=True, timeout=1200)
-        return {json.loads(l)["size_used"]: json.loads(l)["time_us"]["median"]
-                for l in out.read_text().splitlines()}
-
-
-BARE_GLOO = r"""
-import os, sys, time, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1],
-                        rank=int(os.environ["R"]), world_size=2)
-for size in [8 << i for i in range(20)]:
-    t = torch.ones(size // 4)
-    for _ in range(5): dist.all_reduce(t)
-    best = []
-    for _ in range(10):
-        dist.barrier(); start = time.perf_counter()
-        for _ in range(20): dist.all_reduce(t)
-        best.append((time.perf_counter() - start) / 20 * 1e6)
-    best.sort()
-    if dist.get_rank() == 0: print(size, best[len(best) // 2], flush=True)
-"""
+        _run([sys.executable, "-m", "ccbench", "launch", "-n", "2", "allreduce", "--backend",
+              backend, "--sizes", ",".join(map(str, SIZES)), "--iters", str(ITERS), "--warmup",
+              "5", "--timing", timing, "--pipeline", str(PIPELINE), "--check", "0", "-q",
+              "--output", str(out), *extra])
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        return {r["size_used"]: r["time_us"]["median"] for r in records}
 
 
 BARE_MPI = r"""
-import time, numpy as np
+import sys, time, numpy as np, mpi4py
+mpi4py.rc.thread_level = "funneled"
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
-for size in [8 << i for i in range(20)]:
+for size in map(int, sys.argv[1:]):
     a = np.ones(size // 4, np.float32); b = np.empty_like(a)
-    for _ in range(20): comm.Allreduce(a, b, MPI.SUM)
+    send, recv = [a, MPI.FLOAT], [b, MPI.FLOAT]
+    for _ in range(20): comm.Allreduce(send, recv, MPI.SUM)
     runs = []
-    for _ in range(10):
+    for _ in range(100):
         comm.Barrier(); start = time.perf_counter()
-        for _ in range(20): comm.Allreduce(a, b, MPI.SUM)
-        runs.append((time.perf_counter() - start) / 20 * 1e6)
-    runs.sort()
-    if comm.rank == 0: print(size, runs[len(runs) // 2], flush=True)
+        for _ in range(50): comm.Allreduce(send, recv, MPI.SUM)
+        runs.append((time.perf_counter() - start) / 50 * 1e6)
+    if comm.rank == 0: print(size, sorted(runs)[len(runs) // 2], flush=True)
+"""
+
+BARE_GLOO = r"""
+import os, sys, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1],
+                        rank=int(os.environ["R"]), world_size=2)
+for size in map(int, sys.argv[2:]):
+    t = torch.ones(size // 4)
+    for _ in range(5): dist.all_reduce(t)
+    times = []
+    for _ in range(100):
+        dist.barrier(); start = time.perf_counter(); dist.all_reduce(t)
+        times.append((time.perf_counter() - start) * 1e6)
+    if dist.get_rank() == 0: print(size, sorted(times)[len(times) // 2], flush=True)
 """
 
 
-def bare_mpi4py() -> dict[int, float]:
-    """The floor of any Python harness: a bare mpi4py loop (no ccbench)."""
-    out = subprocess.run([str(BIN / "mpiexec"), "-n", "2", sys.executable, "-c", BARE_MPI],
-                         capture_output=True, text=True, env=ENV, timeout=600, check=True).stdout
+def bare_mpi4py() -> Times:
+    out = _run([str(BIN / "mpiexec"), "-n", "2", sys.executable, "-c", BARE_MPI,
+                *map(str, SIZES)])
     return {int(a): float(b) for a, b in (line.split() for line in out.splitlines())}
 
 
-def bare_gloo() -> dict[int, float]:
-    import socket
-
+def bare_gloo() -> Times:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, "-c", BARE_GLOO, port], env={**ENV, "R": str(r)},
-                              stdout=subprocess.PIPE, text=True) for r in (0, 1)]
-    out = procs[0].communicate(timeout=600)[0]
+    procs = [subprocess.Popen([sys.executable, "-c", BARE_GLOO, port, *map(str, SIZES)],
+                              env={**ENV, "R": str(r)}, stdout=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    out = procs[0].communicate(timeout=900)[0]
     procs[1].wait(timeout=60)
     return {int(a): float(b) for a, b in (line.split() for line in out.splitlines())}
 
 
+TOOLS: dict[str, Callable[[], Times]] = {
+    "IMB": imb,
+    "OSU": osu,
+    "pipelined": lambda: ccbench("mpi", "pipelined", "--outofplace"),
+    "per-op": lambda: ccbench("mpi", "per-op", "--outofplace"),
+    "pipelined-multiple": lambda: ccbench("mpi", "pipelined", "--outofplace",
+                                          "--mpi-thread-level", "multiple"),
+    "mpi4py loop": bare_mpi4py,
+    "gloo bare": bare_gloo,
+    "gloo per-op": lambda: ccbench("gloo", "per-op", "--inplace"),
+}
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    middle = statistics.median(values)
+    return f"{middle:.2f} ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else f"{middle:.2f}"
+
+
+def _ratio(num: list[float], den: list[float]) -> str:
+    if not num or not den:
+        return "-"
+    return f"{statistics.median(num) / statistics.median(den):.2f}"
+
+
 def main() -> None:
-    print(f"# machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}")
-    imb = imb_allreduce()
-    pipe = ccbench_times("mpi", "pipelined", ["--outofplace"])
-    perop = ccbench_times("mpi", "per-op", ["--outofplace"])
-    floor = bare_mpi4py()
-    print("\n# Intel MPI allreduce, 2 ranks (I_MPI_WAIT_MODE=1 for all): ratios to IMB-MPI1 t_avg")
-    print(f"{'bytes':>9} {'IMB us':>9} {'pipelined':>10} {'ratio':>6} {'per-op':>9} {'ratio':>6}"
-          f" {'mpi4py':>9} {'ratio':>6}")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="process launches per tool")
+    args = parser.parse_args()
+    loads = [os.getloadavg()[0]]
+    runs: dict[str, list[Times]] = {name: [] for name in TOOLS}
+    for round_number in range(args.rounds):         # interleaved: one launch of each per round
+        for name, tool in TOOLS.items():
+            runs[name].append(tool())
+            loads.append(os.getloadavg()[0])
+        print(f"# round {round_number + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+    def per_size(name: str, size: int) -> list[float]:
+        return [run[size] for run in runs[name] if size in run]
+
+    osu_note = ("osu_allreduce: " + (osu_binary() or "not found (it is on neither PyPI nor "
+                "Debian; build OSU Micro-Benchmarks and set OSU_DIR)"))
+    print(f"# {datetime.date.today()}  {platform.node()}  {os.cpu_count()} cores  "
+          f"{platform.processor() or platform.machine()}  2 ranks, Intel MPI (impi-rt), "
+          f"busy polling; load average {min(loads):.1f}-{max(loads):.1f} during the run "
+          f"(other jobs shared the machine)")
+    print(f"# {osu_note}")
+    print(f"# medians over {args.rounds} launches, (min-max between launches); times in us\n")
+    print("| bytes | IMB t_avg | ccbench pipelined | /IMB | per-op | /IMB | pipelined, thread "
+          "multiple | /IMB | mpi4py loop | /IMB | OSU | pipelined/OSU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in SIZES:
-        if size in imb and size in pipe:
-            print(f"{size:>9} {imb[size]:>9.2f} {pipe[size]:>10.2f} {pipe[size] / imb[size]:>6.2f}"
-                  f" {perop[size]:>9.2f} {perop[size] / imb[size]:>6.2f}"
-                  f" {floor[size]:>9.2f} {floor[size] / imb[size]:>6.2f}")
-    bare = bare_gloo()
-    ours = ccbench_times("gloo", "pipelined", ["--inplace"])
-    print("\n# gloo allreduce, 2 ranks: ccbench (in-place, pipelined) / bare torch loop")
-    print(f"{'bytes':>9} {'bare us':>9} {'ccbench':>9} {'ratio':>6}")
+        ref = per_size("IMB", size)
+        cells = [_fmt(ref)]
+        for name in ("pipelined", "per-op", "pipelined-multiple", "mpi4py loop"):
+            cells += [_fmt(per_size(name, size)), _ratio(per_size(name, size), ref)]
+        cells += [_fmt(per_size("OSU", size)),
+                  _ratio(per_size("pipelined", size), per_size("OSU", size))]
+        print(f"| {size} | " + " | ".join(cells) + " |")
+    print("\n| bytes | gloo bare loop (barrier per op) | ccbench gloo per-op | ratio |")
+    print("|---|---|---|---|")
     for size in SIZES:
-        if size in bare and size in ours:
-            print(f"{size:>9} {bare[size]:>9.2f} {ours[size]:>9.2f} {ours[size] / bare[size]:>6.2f}")
+        bare, ours = per_size("gloo bare", size), per_size("gloo per-op", size)
+        print(f"| {size} | {_fmt(bare)} | {_fmt(ours)} | {_ratio(ours, bare)} |")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        print("\n# no C compiler: ccbench pipelined ran its itertools loop, not the C loop")
 
 
 if __name__ == "__main__":
