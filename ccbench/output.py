@@ -14,6 +14,13 @@ from typing import TextIO
 
 from ccbench.errors import UsageError
 from ccbench.records import SCHEMA, Record
+from ccbench.records.table import (
+    PARQUET_SUFFIX,
+    TIME_STATS,
+    flat_row,
+    journal_path,
+    read_parquet,
+)
 
 __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
            "check_writable_file", "make_writer", "mend_torn_tail"]
@@ -26,6 +33,11 @@ def check_output_file(path: str) -> None:
     folder, a file we may not write, or a file that already holds something else."""
     target = Path(path)
     where = f"--output {path!r}"
+    if path.endswith(PARQUET_SUFFIX) and not target.is_dir():
+        if target.exists():
+            read_parquet(target)       # a file that is not ccbench Parquet: refused now
+        check_output_file(journal_path(path))   # where the run appends until it ends
+        return
     if target.is_dir():
         raise UsageError(f"{where} is a directory (valid: a file such as {path.rstrip('/')}/"
                          f"results.jsonl)")
@@ -126,9 +138,13 @@ def mend_torn_tail(path: str) -> str | None:
     return (f"{path}: its last line ({len(torn)} bytes, no newline: a run stopped while writing "
             f"it) was moved to {aside} before appending")
 
-_CSV_FIELDS = ("collective", "backend", "algorithm", "library_version", "dtype", "op", "inplace",
-               "world_size", "size_used", "count", "iterations", "median_us", "p95_us",
-               "algbw_gbps", "busbw_gbps", "wrong")
+# every scalar field of a record, every time statistic; the same names as ccbench.load's columns
+_CSV_FIELDS = (
+    "collective", "backend", "library", "library_version", "algorithm", "transport", "device",
+    "dtype", "op", "inplace", "timing", "world_size", "nodes", "ranks_per_node", "hosts", "root",
+    "size_asked", "size_used", "count", "iterations", "warmup",
+    *(f"time_{stat}_us" for stat in TIME_STATS), "algbw_gbps", "busbw_gbps", "wrong",
+    "run_id", "timestamp", "ccbench_version")
 
 
 class TableWriter:
@@ -205,16 +221,20 @@ class JsonWriter(TableWriter):
 
 
 class CsvWriter(JsonWriter):
+    """One CSV row per record; the header comes with the first row (rank 0 is the one that
+    writes rows, so no other rank prints a header)."""
+
     def __init__(self, stream: TextIO = sys.stdout) -> None:
         super().__init__(stream)
         self._csv = csv.writer(stream)
-        self._csv.writerow(_CSV_FIELDS)
+        self._header_done = False
 
     def add(self, record: Record, modes: tuple[bool, ...]) -> None:
-        data = asdict(record)
-        data["median_us"] = record.time_us["median"]
-        data["p95_us"] = record.time_us["p95"]
-        self._csv.writerow([data[name] for name in _CSV_FIELDS])
+        if not self._header_done:
+            self._csv.writerow(_CSV_FIELDS)
+            self._header_done = True
+        row = flat_row(record, lists=False)
+        self._csv.writerow([row[name] for name in _CSV_FIELDS])
         self.stream.flush()
 
 

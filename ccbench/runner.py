@@ -29,6 +29,7 @@ from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measu
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.output import Progress, TableWriter, make_writer, mend_torn_tail
 from ccbench.records import Record, append_record
+from ccbench.records.table import finish_parquet, journal_path
 from ccbench.sysinfo import cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
 
@@ -194,6 +195,8 @@ class _Run:
             progress.close()
         if self.is_root:
             self.writer.footer(self.wrong_total if config.method.check else None)
+            if config.output:
+                finish_parquet(config.output)
         return 1 if self.wrong_total else 0
 
     def _run_backend(self, name: str, watchdog: Watchdog, progress: Progress) -> None:
@@ -297,20 +300,21 @@ class _Run:
 
     def _append(self, record: Record) -> None:
         assert self.config.output is not None and self.watchdog is not None
+        journal = journal_path(self.config.output)     # itself, unless it is .parquet
         if self.step_appended == 0:
-            note = mend_torn_tail(self.config.output)
+            note = mend_torn_tail(journal)
             if note:
                 print(f"ccbench: warning: {note}", file=sys.stderr, flush=True)
         try:
-            whole = os.path.getsize(self.config.output)
+            whole = os.path.getsize(journal)
         except OSError:
             whole = 0
         try:
-            append_record(self.config.output, record)
+            append_record(journal, record)
         except OSError as exc:
             # cut the part of this record that got written: the file keeps whole lines only
             with contextlib.suppress(OSError):
-                os.truncate(self.config.output, whole)
+                os.truncate(journal, whole)
             self.watchdog.fail(f"cannot append to --output {self.config.output!r}: "
                                f"{exc.strerror or exc} (records of the sizes before are kept)")
         self.step_appended += 1

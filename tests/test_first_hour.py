@@ -83,3 +83,52 @@ def test_what_the_clock_saw_is_recorded(tmp_path: Path) -> None:
     assert all(r.method["torch_threads"] >= 1 for r in gloo)
     copies = {r.inplace: r.method.get("local_copy_us") for r in gloo if r.timing == "per-op"}
     assert copies[True] is None and copies[False] > 0
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "records-v1.jsonl"
+
+
+def test_load_gives_one_flat_typed_row_per_record() -> None:
+    import ccbench
+
+    records = load_records(FIXTURE)
+    frame = ccbench.load(FIXTURE)
+    assert len(frame) == len(records) > 0
+    assert frame["time_median_us"].dtype == "float64" and frame["size_used"].dtype == "int64"
+    assert frame["inplace"].dtype == bool and str(frame["wrong"].dtype) == "Int64"
+    assert list(frame["time_median_us"]) == [r.time_us["median"] for r in records]
+    nested = [c for c in frame.columns
+              if c not in ("samples_us", "rank_median_us")
+              and frame[c].map(lambda v: isinstance(v, (dict, list))).any()]
+    assert nested == []
+
+
+def test_parquet_round_trips_through_merge_and_every_reader(tmp_path: Path) -> None:
+    import ccbench
+
+    out = tmp_path / "all.parquet"
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "merge", str(FIXTURE), "-o", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [r.to_json() for r in load_records(out)] == [r.to_json()
+                                                        for r in load_records(FIXTURE)]
+    assert len(ccbench.load([tmp_path])) == len(load_records(FIXTURE))   # folders find it too
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "compare", str(FIXTURE), str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_run_writes_parquet_and_csv_with_every_statistic(tmp_path: Path) -> None:
+    import csv
+
+    out = tmp_path / "r.parquet"
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", *QUICK, "--format",
+                           "csv", "--output", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(proc.stdout.splitlines()))
+    records = load_records(out)
+    assert len(rows) == len(records) == 2 and not Path(f"{out}.partial.jsonl").exists()
+    for stat in ("median", "mean", "min", "p5", "p95", "max", "stdev"):
+        assert float(rows[0][f"time_{stat}_us"]) == records[0].time_us[stat]
+    assert rows[0]["library"] == "gloo" and rows[0]["library_version"]

@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("merge", help="combine results files, keeping every run",
                                    description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("inputs", nargs="+", metavar="IN", help="results files or folders")
-    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="merged .jsonl")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT",
+                        help="merged .jsonl, or .parquet for a Parquet file")
     parser.add_argument("--force", action="store_true",
                         help="write even when records claim one run id with different metadata")
 
@@ -70,7 +71,7 @@ def _results(record: Record) -> str:
 def main(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.is_dir():
-        raise UsageError(f"-o {str(out)!r} is a folder; name a .jsonl file")
+        raise UsageError(f"-o {str(out)!r} is a folder; name a .jsonl or .parquet file")
     records = load_records(*args.inputs, require=True)
     merged = merge_records(records)
     if merged.conflicts:

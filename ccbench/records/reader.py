@@ -1,7 +1,8 @@
 """The one reader of results files, used by every command that reads records.
 
 Reads `.jsonl` and `.jsonl.gz` files (gzip is recognised by its magic bytes, whatever the
-name), and folders holding either (searched recursively). A line that is not a usable
+name), `.parquet` files written by ccbench (records/table.py), and folders holding any of
+them (searched recursively). A line that is not a usable
 record -- not UTF-8, not JSON, not a JSON object, not a ccbench record, a field of the wrong
 type, a torn last write -- is skipped, counted and reported with its file:line. Whatever
 cannot be read at all (a missing path, an unreadable file, a record of a schema version this
@@ -26,7 +27,7 @@ from ccbench.records.schema import BadRecord, Record, record_from_dict
 __all__ = ["ReadReport", "Skipped", "iter_result_files", "read_records", "load_records",
            "RESULT_SUFFIXES"]
 
-RESULT_SUFFIXES = (".jsonl", ".jsonl.gz")
+RESULT_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 _GZIP_MAGIC = b"\x1f\x8b"
 _SHOWN = 5            # skipped lines named one by one; the rest are counted
 
@@ -137,6 +138,11 @@ def read_records(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
     records: list[Record] = []
     for path in iter_result_files(paths):
         report.files.append(str(path))
+        if path.name.endswith(".parquet"):           # written whole: no torn lines to skip
+            from ccbench.records.table import read_parquet
+
+            records.extend(read_parquet(path))
+            continue
         pending: tuple[int, bytes] | None = None
         for number, raw in _lines(path, report):
             if pending is not None:

@@ -50,7 +50,12 @@ def append_record(path: str | os.PathLike[str], record: Record) -> None:
 
 
 def write_records(path: str | os.PathLike[str], records: Iterable[Record]) -> int:
-    """Write a whole results file atomically (a temporary file renamed into place)."""
+    """Write a whole results file atomically (a temporary file renamed into place); a name
+    ending in .parquet gets a Parquet file."""
+    if str(path).endswith(".parquet"):
+        from ccbench.records.table import write_parquet
+
+        return write_parquet(path, list(records))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")

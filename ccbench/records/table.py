@@ -1,0 +1,148 @@
+"""Records as a flat table: `ccbench.load(paths) -> DataFrame`, CSV rows, and Parquet files.
+
+One row per record. Nested blocks become prefixed scalar columns (`time_median_us`,
+`method_timing`, `env_cpu` ...); the per-iteration and per-rank lists stay list columns;
+`hosts` is a comma list. A Parquet file also keeps each record's JSON line (column `record`),
+so reading it back gives exactly the records that were written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ccbench.errors import UsageError
+from ccbench.records.schema import Record, record_from_dict
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["PARQUET_SUFFIX", "TIME_STATS", "finish_parquet", "flat_row", "journal_path", "load",
+           "read_parquet", "to_frame", "write_parquet"]
+
+PARQUET_SUFFIX = ".parquet"
+TIME_STATS = ("median", "mean", "min", "p5", "p95", "max", "stdev")
+_LISTS = ("samples_us", "rank_median_us")
+_INTS = ("world_size", "nodes", "ranks_per_node", "root", "size_asked", "size_used", "count",
+         "iterations", "warmup", "schema_version")
+
+
+def _scalar(value: Any) -> Any:
+    """Nested values that are not plain scalars become JSON text, so every column is flat."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return json.dumps(value, sort_keys=True)
+
+
+def flat_row(record: Record, lists: bool = True) -> dict[str, Any]:
+    """The record as one flat mapping (the CSV row; the DataFrame row with `lists`)."""
+    data = asdict(record)
+    row: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "time_us":
+            row.update({f"time_{stat}_us": value.get(stat) for stat in TIME_STATS})
+        elif name in ("method", "environment"):
+            prefix = "method" if name == "method" else "env"
+            row.update({f"{prefix}_{key}": _scalar(v) for key, v in sorted(value.items())})
+        elif name == "hosts":
+            row["hosts"] = ",".join(value)
+        elif name in _LISTS:
+            if lists:
+                row[name] = list(value or [])
+        else:
+            row[name] = value
+    return row
+
+
+def to_frame(records: Sequence[Record]) -> pd.DataFrame:
+    """One typed row per record, in the order given."""
+    import pandas as pd
+
+    frame = pd.DataFrame([flat_row(r) for r in records])
+    if frame.empty:
+        return frame
+    for name in _INTS:
+        frame[name] = frame[name].astype("int64")
+    frame["inplace"] = frame["inplace"].astype(bool)
+    frame["wrong"] = frame["wrong"].astype("Int64")        # None: not checked
+    frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True)
+    for name in [c for c in frame.columns if c.startswith("time_") or c.endswith("_gbps")]:
+        frame[name] = frame[name].astype("float64")
+    return frame
+
+
+def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> pd.DataFrame:
+    """Every record in the given results files and folders (.jsonl, .jsonl.gz, .parquet) as a
+    pandas DataFrame, one row per record::
+
+        import ccbench
+        df = ccbench.load("results/")
+        df.groupby(["backend", "size_used"]).time_median_us.median()
+    """
+    from ccbench.records.reader import load_records
+
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    return to_frame(load_records(*items))
+
+
+def write_parquet(path: str | os.PathLike[str], records: Sequence[Record]) -> int:
+    """Write the records as a Parquet file (atomically), with each record's JSON line kept."""
+    frame = to_frame(records)
+    if not frame.empty:
+        frame["record"] = [r.to_json() for r in records]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        frame.to_parquet(tmp, index=False)
+    except ImportError as exc:
+        raise UsageError(f"writing {str(out)!r} needs pyarrow (pip install pyarrow): {exc}"
+                         ) from None
+    try:
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(records)
+
+
+def read_parquet(path: str | os.PathLike[str]) -> list[Record]:
+    """The records a ccbench Parquet file holds (its `record` column)."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_parquet(path, columns=["record"])
+    except ImportError as exc:
+        raise UsageError(f"reading {str(path)!r} needs pyarrow (pip install pyarrow): {exc}"
+                         ) from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"{str(path)!r} is not a ccbench Parquet file ({exc})") from None
+    try:
+        return [record_from_dict(json.loads(text)) for text in frame["record"]]
+    except (ValueError, TypeError) as exc:           # BadRecord is a ValueError
+        raise UsageError(f"{str(path)!r}: a row is not a ccbench record ({exc})") from None
+
+
+def journal_path(output: str | os.PathLike[str]) -> str:
+    """Where a run appends its records, each fsynced as its size finishes: the output itself,
+    or for a Parquet output (which cannot be appended to) a JSON-lines journal beside it."""
+    text = os.fspath(output)
+    return text + ".partial.jsonl" if text.endswith(PARQUET_SUFFIX) else text
+
+
+def finish_parquet(output: str | os.PathLike[str]) -> int:
+    """Fold the journal of a finished run into the Parquet output (after what it held before)
+    and remove the journal. A run that dies leaves the journal: `ccbench merge` reads it."""
+    from ccbench.records.reader import load_records
+
+    journal = Path(journal_path(output))
+    if not os.fspath(output).endswith(PARQUET_SUFFIX) or not journal.exists():
+        return 0
+    before = read_parquet(output) if Path(output).exists() else []
+    new = load_records(journal)
+    write_parquet(output, [*before, *new])
+    journal.unlink()
+    return len(new)
