@@ -8,7 +8,6 @@ import csv
 import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
