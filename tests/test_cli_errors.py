@@ -23,6 +23,7 @@ CASES = {
     "unknown flag": (["allreduce", "--bogus"], "unrecognized arguments"),
     "bad timing": (["allreduce", "--timing", "fast"], "invalid choice"),
     "launch without a benchmark": (["launch", "-n", "2"], "launch needs a benchmark"),
+    "launch zero ranks": (["launch", "-n", "0", "allreduce"], "-n must be >= 1, got 0"),
     "launch bad collective": (["launch", "-n", "2", "nope"], "unknown collective 'nope'"),
     "negative size without range": (["allreduce", "--sizes=-5"], "'-5' is negative"),
     "timeout nan": (["allreduce", "--timeout", "nan"], "--timeout must be a finite number"),
