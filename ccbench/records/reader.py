@@ -97,7 +97,7 @@ def _open(path: Path) -> IO[bytes]:
         with open(path, "rb") as probe:
             magic = probe.read(2)
         if magic == _GZIP_MAGIC:
-            return gzip.open(path, "rb")
+            return gzip.open(path, "rb")     # type: ignore[return-value]  # GzipFile is an IO[bytes]
         return open(path, "rb")
     except OSError as exc:
         raise UsageError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
