@@ -266,3 +266,24 @@ def test_simulate_long_replay_shows_progress_and_stops_on_sigint():
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().endswith("ccbench: interrupted")
     assert "size" not in out
+
+
+def test_report_draws_simulate_predictions_beside_measurements(tmp_path):
+    pytest.importorskip("matplotlib")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    preds = tmp_path / "pred.jsonl"
+    base = [sys.executable, "-m", "ccbench"]
+    model = str(ROOT / "results" / "model.json")
+    for ranks, topo in ((4, "switch:4"), (4096, "fat-tree:4096:leaf=32:oversub=4")):
+        subprocess.run(base + ["simulate", model, "allreduce", "--ranks", str(ranks),
+                               "--topology", topo, "--fidelity", "replay", "--sizes", "1K-1M:16",
+                               "--backend", "mpi/Intel MPI", "-o", str(preds)],
+                       check=True, capture_output=True, env=env, cwd=ROOT)
+    out = tmp_path / "report"
+    proc = subprocess.run(base + ["report", str(ROOT / "results" / "data" / "impi-n2.jsonl.gz"),
+                                  str(preds), "-o", str(out), "--collective", "allreduce",
+                                  "--formats", "png"],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "predictions-allreduce.png").stat().st_size > 10_000
+    assert not list(out.glob("rank-spread-n4096*"))        # predictions stay out of the rest

@@ -48,7 +48,10 @@ def main(args: argparse.Namespace) -> int:
     if args.backend:
         wanted = {b.strip() for b in args.backend.split(",") if b.strip()}
         records = [r for r in records if r.backend in wanted]
-    if not records:
+    from ccbench.report.predictions import prediction_figures, split_predictions
+
+    records, predicted = split_predictions(records)     # from `simulate -o`: own figures
+    if not records and not predicted:
         raise UsageError(f"no records in {', '.join(args.results)}"
                          + (" after filtering" if args.collective or args.backend else ""))
     model = None
@@ -65,6 +68,11 @@ def main(args: argparse.Namespace) -> int:
     from ccbench.report import build_report
 
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
+    if predicted:
+        for path in prediction_figures(records, predicted, args.output, formats):
+            print(f"ccbench report: predictions {path}")
+        if not records:
+            return 0
     report = build_report(records, args.output, model=model, sources=sources, title=args.title,
                           formats=formats, runs=args.runs)
     print(f"ccbench report: {len(report.figures)} figures ({', '.join(formats)}), "
