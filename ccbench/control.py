@@ -232,6 +232,6 @@ def _unreachable(host: str, port: int, timeout: float, rank: int, exc: OSError) 
     if isinstance(exc, ConnectionRefusedError):       # the host answers, nobody listens
         who = "0 (nothing listens there: rank 0 is not running)"
     else:                                              # this rank cannot get there at all
-        who = f"{rank} (this rank: is rank 0's host name or address reachable from here?)"
+        who = f"{rank} (this rank: can it reach the host that runs the store?)"
     return StoreLost(f"start-up: cannot reach {where} within {timeout:g} s ({reason}); ranks "
                      f"that did not arrive: {who}", unresponsive=True)

@@ -27,13 +27,14 @@ from ccbench.faults import ACTIONS, PHASES, Cell, run_cell
 BACKENDS = ("gloo", "mpi", "oneccl", "ring@mpi")
 
 
-def cells(backends: list[str], worlds: list[int]) -> list[Cell]:
+def cells(backends: list[str], worlds: list[int], phases: tuple[str, ...] = PHASES,
+          actions: tuple[str, ...] = ACTIONS) -> list[Cell]:
     out = []
     for backend in backends:
         for world in worlds:
             victims = sorted({0, world // 2, world - 1})
-            for phase in PHASES:
-                for action in ACTIONS:
+            for phase in phases:
+                for action in actions:
                     if action == "unreachable" and phase != "start-up":
                         continue          # only connecting to the store can be unreachable
                     out.extend(Cell(backend, world, v, action, phase) for v in victims)
@@ -45,10 +46,13 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--worlds", default="2,3")
+    parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument("--actions", default=",".join(ACTIONS))
     parser.add_argument("--timeout", type=float, default=5.0, help="--timeout of each run")
     parser.add_argument("--json", default=None, help="also write every outcome here")
     args = parser.parse_args()
-    todo = cells(args.backends.split(","), [int(w) for w in args.worlds.split(",")])
+    todo = cells(args.backends.split(","), [int(w) for w in args.worlds.split(",")],
+                 tuple(args.phases.split(",")), tuple(args.actions.split(",")))
     load = os.getloadavg()
     print(f"# {len(todo)} cells, --timeout {args.timeout:g} s, load average at start "
           f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs", flush=True)
