@@ -13,14 +13,12 @@ node count, and the address of the control store (hosted by rank 0).
 
 from __future__ import annotations
 
-import fcntl
-import ipaddress
 import os
 import re
 import socket
-import struct
 from dataclasses import dataclass
 
+from ccbench.addresses import published_address
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
 from ccbench.errors import UsageError
 from ccbench.faults import UNREACHABLE_HOST, planned
@@ -118,53 +116,6 @@ def expand_nodelist(nodelist: str) -> list[str]:
             for number in range(int(low), int(high or low) + 1):
                 hosts.append(f"{prefix}{number:0{len(low)}d}")
     return hosts
-
-
-def _is_loopback(address: str) -> bool:
-    return ipaddress.ip_address(address).is_loopback
-
-
-def _interface_addresses() -> list[str]:
-    """IPv4 addresses of this network namespace's interfaces (SIOCGIFADDR), loopback last."""
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(sock.fileno(), 0x8915,   # SIOCGIFADDR
-                                     struct.pack("256s", name.encode()[:15]))
-            except OSError:                                   # no IPv4 address
-                continue
-            found.append(socket.inet_ntoa(packed[20:24]))
-    return sorted(found, key=_is_loopback)
-
-
-def published_address(peer: str | None = None) -> str:
-    """The address rank 0 publishes for its control store: one the other hosts can reach.
-
-    Not the hostname (it may resolve only here, e.g. to 127.0.1.1) and not 127.0.0.1: the
-    address of the interface that routes to `peer` (torchrun's MASTER_ADDR), else the hostname's
-    address if it is not loopback, else the first non-loopback interface address.
-    CCBENCH_CONTROL_ADDR overrides the choice.
-    """
-    explicit = os.environ.get("CCBENCH_CONTROL_ADDR")
-    if explicit:
-        return explicit
-    candidates = []
-    if peer:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-                sock.connect((peer, 9))           # UDP: picks the route, sends nothing
-                candidates.append(sock.getsockname()[0])
-        except OSError:
-            pass
-        if candidates and _is_loopback(candidates[0]):
-            return candidates[0]                  # the rendezvous is on this host: so are all
-    try:
-        candidates.append(socket.gethostbyname(socket.gethostname()))
-    except OSError:
-        pass
-    candidates += _interface_addresses()
-    return next((a for a in candidates if not _is_loopback(a)), "127.0.0.1")
 
 
 def _free_port() -> int:

@@ -11,10 +11,10 @@ import socket
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from ccbench.addresses import published_address
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.sysinfo import node_cores, usable_cores
-
 
 #: process groups this rank has created (every rank creates them in the same order)
 _GROUPS = itertools.count()
@@ -84,7 +84,7 @@ class TorchDistBackend(Backend):
         # destroyed the group) must not read the address of the previous one
         key = f"torch/{self.process_group_backend}/address/{next(_GROUPS)}"
         if self.ctx.rank == 0:
-            host = socket.gethostname() if self.ctx.options.multi_host else "127.0.0.1"
+            host = published_address() if self.ctx.options.multi_host else "127.0.0.1"
             self.ctx.store.set(key, f"{host}:{_free_port()}")
         address = self.ctx.store.get(key, timeout=self.ctx.options.timeout)
         return f"tcp://{address}"
