@@ -205,8 +205,9 @@ class Topology:
                     continue
                 part = self._ring_columns((src // strides[d]) % n, (dst // strides[d]) % n, n,
                                           tab[f"plus{d}"], tab[f"minus{d}"], strides[d], node)
-                cols.extend(part.T)
-            return _single(_stack(cols, src.size), src == dst)
+                cols.append(part.T)
+            links = np.concatenate(cols).T if cols else np.full((src.size, 0), -1, np.int64)
+            return _single(links, src == dst)
         if k == "hypercube":
             diff = src ^ dst
             cur = src.copy()
@@ -223,21 +224,21 @@ class Topology:
     def _ring_columns(self, a: np.ndarray, b: np.ndarray, n: int, plus: np.ndarray,
                       minus: np.ndarray, stride: int, node: np.ndarray) -> np.ndarray:
         """Links walked from coordinate a to b on a ring of n (shorter direction, ties
-        forward); `node` holds the current node ids and is advanced in place."""
+        forward), one row per message; `node` holds the current node ids and is moved to
+        coordinate b in place. Hop j leaves coordinate a + j x step, so all hops are
+        computed at once (hops x messages) without walking."""
         fwd = (b - a) % n
         forward = fwd <= n - fwd
         hops = np.where(forward, fwd, n - fwd)
         longest = int(hops.max()) if hops.size else 0
-        cols = np.full((a.size, longest), -1, np.int64)
-        coord = a.copy()
+        base = node - a * stride
         step = np.where(forward, 1, -1)
-        for j in range(longest):
-            on = j < hops
-            cols[:, j] = np.where(on, np.where(forward, plus[node], minus[node]), -1)
-            new = np.where(on, (coord + step) % n, coord)
-            node += (new - coord) * stride
-            coord = new
-        return cols
+        j = np.arange(longest)[:, None]
+        nodes = base + ((a + step * j) % n) * stride
+        cols = np.where(forward, plus[nodes], minus[nodes])
+        cols[j >= hops] = -1
+        node += (b - a) * stride
+        return cols.T
 
     def _paths_dual_plane(self, src: np.ndarray, dst: np.ndarray,
                           tab: dict[str, np.ndarray]) -> Paths:
