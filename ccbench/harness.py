@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,9 @@ from ccbench.watchdog import Watchdog
 
 # fault injection for the test suite: flip one received element on rank 0 before validation
 _INJECT_CORRUPTION = os.environ.get("CCBENCH_CORRUPT") == "1"
+
+#: called after each timed sample (outside the clock) with (samples done, samples in all)
+OnSample = Callable[[int, int], None] | None
 
 __all__ = ["Case", "Method", "SizeResult", "host_bytes_per_rank", "measure_size"]
 
@@ -146,7 +150,8 @@ def host_bytes_per_rank(lay: Layout) -> int:
 
 
 def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
-                   watchdog: Watchdog, count: int) -> tuple[list[float], str | None]:
+                   watchdog: Watchdog, count: int, on_sample: OnSample = None
+                   ) -> tuple[list[float], str | None]:
     """`count` samples in seconds, on this rank. Per-op: barrier, clock, one bound library
     call, synchronize, clock. Pipelined: barrier, clock, a batch of --pipeline calls run by the
     backend's loop (no Python between the calls), one synchronize, clock; divided by the batch."""
@@ -164,6 +169,8 @@ def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
             synchronize()
             samples.append((clock() - start) / depth)
             watchdog.leave()
+            if on_sample is not None:
+                on_sample(len(samples), count)
         return samples, batch.description
     call = backend.bind(case.collective, bufs.send, bufs.recv, case.op, case.root)
     for _ in range(count):
@@ -174,6 +181,8 @@ def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
         synchronize()
         samples.append(clock() - start)
         watchdog.leave()
+        if on_sample is not None:
+            on_sample(len(samples), count)
     return samples, None
 
 
@@ -207,7 +216,8 @@ def _validate(backend: Backend, case: Case, bufs: _Buffers, method: Method,
 
 
 def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, case: Case,
-                 size: int, method: Method, step: int) -> tuple[SizeResult | None, int]:
+                 size: int, method: Method, step: int, on_sample: OnSample = None
+                 ) -> tuple[SizeResult | None, int]:
     """Measure one (case, size) on every rank. Returns (rank 0: the result, else None) and this
     rank's own wrong-element count. Sizes whose per-rank count rounds to 0 return (None, 0)."""
     ctx = backend.ctx
@@ -221,7 +231,7 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
     warm, _ = _timed_samples(backend, case, bufs, method, watchdog, method.warmup)
     with watchdog.waiting():
         iterations = _agree_iterations(store, f"{key}/warm", warm, method, rank, world)
-    samples, loop = _timed_samples(backend, case, bufs, method, watchdog, iterations)
+    samples, loop = _timed_samples(backend, case, bufs, method, watchdog, iterations, on_sample)
     copy_us = _local_copy_us(backend, case, bufs, iterations)
     wrong = _validate(backend, case, bufs, method, watchdog) if method.check else None
     del bufs

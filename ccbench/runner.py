@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -188,6 +189,7 @@ class _Run:
             print(self.placement["note"], file=sys.stderr, flush=True)
         num_sizes = len(_cases(config)) * len(config.sizes) * len(config.modes) * len(config.backends)
         progress = Progress(num_sizes, enabled=self.is_root and not config.quiet)
+        self.writer.stream = progress.rows(self.writer.stream)
         try:
             for name in config.backends:
                 self._run_backend(name, watchdog, progress)
@@ -249,8 +251,10 @@ class _Run:
                 if self.step == MID_RUN_STEP:
                     inject("mid-run", self.info.rank)
                 try:
-                    result, own_wrong = measure_size(backend, self.store, watchdog, case, size,
-                                                     config.method, self.step)
+                    label = case.label(size)
+                    result, own_wrong = measure_size(
+                        backend, self.store, watchdog, case, size, config.method, self.step,
+                        on_sample=functools.partial(progress.sample, label))
                 except (UsageError, RunFailure):
                     raise
                 except Exception as exc:  # noqa: BLE001  a library error: one line naming the case and ranks

@@ -132,3 +132,28 @@ def test_run_writes_parquet_and_csv_with_every_statistic(tmp_path: Path) -> None
     for stat in ("median", "mean", "min", "p5", "p95", "max", "stdev"):
         assert float(rows[0][f"time_{stat}_us"]) == records[0].time_us[stat]
     assert rows[0]["library"] == "gloo" and rows[0]["library_version"]
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="no script(1) to make a terminal")
+def test_on_a_terminal_rows_and_bar_never_share_a_line() -> None:
+    command = f"{PYTHON} -m ccbench launch -n 2 allreduce --backend gloo --sizes 1K-16K " \
+              f"--iters 3 --warmup 1"
+    proc = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TERM": "xterm"})
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    visible = [line.split("\r")[-1] for line in proc.stdout.split("\n")]
+    rows = [line for line in visible if "float32    sum" in line]
+    assert len(rows) == 5
+    assert all("size/s" not in row and "|" not in row for row in rows)
+
+
+def test_without_a_terminal_a_status_line_comes_at_a_steady_interval() -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", "allreduce", "--backend",
+                           "gloo", "--sizes", "1K,4M", "--iters", "20", "--warmup", "1"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CCBENCH_STATUS_INTERVAL": "0.2"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status = [line for line in proc.stderr.splitlines() if "sizes done" in line]
+    assert len(status) >= 2         # the run lasts well over two intervals
+    assert all(line.startswith("ccbench: ") and len(line) < 160 for line in status)
+    assert not any("sizes done" in line for line in proc.stdout.splitlines())

@@ -128,6 +128,8 @@ def main(args: argparse.Namespace) -> int:
         envs = [{"I_MPI_WAIT_MODE": os.environ.get("I_MPI_WAIT_MODE", "1"), **e} for e in envs]
     if sys.stderr.isatty():
         envs = [{"CCBENCH_STDERR_TTY": "1", **e} for e in envs]
+    if sys.stdout.isatty():               # rank 0 draws its bar on the terminal of the table
+        envs = [{"CCBENCH_STDOUT_TTY": "1", **e} for e in envs]
     return Supervisor(commands, envs, connect_timeout, via_mpiexec=needs_mpi).run()
 
 
