@@ -191,8 +191,10 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
                     check=args.check, timeout=args.timeout)
     device = args.device
     if device == "auto":
+        # a GPU backend without a GPU is the backend's own "unavailable" line, said later
         device = "cuda" if any(b in ("nccl", "rccl") for b in backends) else "cpu"
-    _check_device(device)
+    else:
+        _check_device(device)
     from ccbench.control import CONNECT_TIMEOUT_S
 
     connect_timeout = (min(CONNECT_TIMEOUT_S, args.timeout) if args.connect_timeout is None

@@ -28,7 +28,8 @@ class NCCLCpuTwin(NCCLBackend):
         return None
 
     def __init__(self, ctx: Any) -> None:
-        self.counts = {"set_device": 0, "synchronize": 0, "run": 0, "barrier": 0}
+        self.counts = {"set_device": 0, "synchronize": 0, "run": 0, "barrier": 0, "local_copy": 0}
+        self._in_bound_call = False
         super().__init__(ctx)
         self._library_version = "cpu-twin (gloo)"
 
@@ -59,7 +60,7 @@ class NCCLCpuTwin(NCCLBackend):
         return tensor_of
 
     def device_stream(self) -> Any:
-        import cupy                            # the fake, installed by ccbench_with.py
+        import cupy  # the fake, installed by ccbench_with.py
 
         return cupy.cuda.ExternalStream(1)
 
@@ -73,8 +74,32 @@ class NCCLCpuTwin(NCCLBackend):
     def synchronize(self) -> None:
         self._count("synchronize")
 
+    def local_copy(self, collective: str, send: Any, recv: Any) -> Any:
+        copy = super().local_copy(collective, send, recv)
+        if copy is None:
+            return None
+
+        def counted() -> Any:
+            self._count("local_copy")
+            return copy()
+        return counted
+
+    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> Any:
+        """The timed call the real backend binds, counted as one run per call."""
+        call = super().bind(collective, send, recv, op, root)
+
+        def counted() -> None:
+            self._count("run")
+            self._in_bound_call = True     # a bound call that falls back to run() counts once
+            try:
+                call()
+            finally:
+                self._in_bound_call = False
+        return counted
+
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        self._count("run")
+        if not self._in_bound_call:
+            self._count("run")
         super().run(collective, send, recv, op, root)
 
     def info(self) -> dict[str, Any]:
