@@ -141,9 +141,10 @@ def _check_device(device: str) -> None:
         return
     try:
         import torch
+        visible = torch.cuda.is_available()
     except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
+        visible = False
+    if not visible:
         raise UsageError("--device cuda: no CUDA GPU is visible here (valid here: cpu, auto)")
 
 

@@ -20,10 +20,13 @@ import platform
 import shutil
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ccbench import __version__
 from ccbench.sysinfo import cpu_model
+
+if TYPE_CHECKING:
+    from ccbench.backends import BackendFactory
 
 __all__ = ["collect", "main", "register", "render_table"]
 
@@ -237,7 +240,7 @@ def _device_buffers_row(libraries: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "reason": reason, "version": f"cupy {cupy.get('version')}" if reason is None else None}
 
 
-def _backend_version(name: str, cls: type, libraries: dict[str, dict[str, Any]]) -> str | None:
+def _backend_version(name: str, cls: BackendFactory, libraries: dict[str, dict[str, Any]]) -> str | None:
     torch, mpi, oneccl = libraries["torch"], libraries["mpi"], libraries["oneccl"]
     if name == "gloo":
         return f"torch {torch.get('version')}"

@@ -82,7 +82,7 @@ def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
     handles.extend(extra or [])
     ncol = min(len(handles), max(1, ncol))
     budget = fig.get_figwidth() * 12.5           # characters of legend text per row
-    widest = max(len(h.get_label()) for h in handles) + 7
+    widest = max(len(str(h.get_label())) for h in handles) + 7
     while ncol > 1 and ncol * widest > budget:
         ncol -= 1
     fig.legend(handles=handles, loc="outside lower center", title=title, ncol=ncol,

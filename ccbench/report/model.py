@@ -16,8 +16,8 @@ def load(path: str) -> dict[str, Any]:
     try:
         from ccbench.model.modelfile import load_model
     except ImportError:          # a build without the model package: read the JSON plainly
-        load_model = None
-    if load_model is not None:
+        pass
+    else:
         return load_model(path)
     import json
 
@@ -71,9 +71,9 @@ def _size(n: float) -> str:
 
 
 def predictions(frame, model: dict[str, Any]):
-    """{(series, world size): (sizes, predicted us)} and {(series, world size): note}."""
-    preds: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
-    notes: dict[tuple[str, int], str] = {}
+    """{(collective, series, world size): (sizes, predicted us)} and the same keys: note."""
+    preds: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
+    notes: dict[tuple[str, str, int], str] = {}
     fits = [f for f in model.get("fits", []) if isinstance(f, dict)]
     if frame.empty or not fits:
         return preds, notes

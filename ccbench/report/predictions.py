@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 __all__ = ["is_prediction", "split_predictions", "prediction_figures"]
 
@@ -53,7 +53,7 @@ def prediction_figures(measured: Sequence[Any], predicted: Sequence[Any], direct
     for collective in sorted({r.collective for r in predicted}):
         preds = [r for r in predicted if r.collective == collective]
         meas = [r for r in measured if r.collective == collective]
-        with plt.rc_context(cast(Any, RC)):
+        with plt.rc_context(RC):
             fig, ax = plt.subplots(figsize=(8.0, 4.6), layout="constrained")
             groups: dict[str, list[tuple[int, float]]] = {}
             for r in meas:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import Any
 
 import matplotlib
 
@@ -41,9 +42,9 @@ RESERVE = ["#117733", "#AA4499", "#DDCC77", "#661100", "#6699CC", "#888888", "#E
 MARKERS = {"gloo": "o", "Intel MPI": "s", "MPICH": "^", "Open MPI": "D", "MVAPICH": "v",
            "oneCCL": "P", "NCCL": "X", "RCCL": "*", "ring": "<", "tree": ">", "hypercube": "h"}
 RESERVE_MARKERS = ["p", "8", "H", "d", "1", "2", "3", "4"]
-LINESTYLE = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
+LINESTYLE: dict[bool, Any] = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
 
-RC = {
+RC: Any = {       # matplotlib types rc keys as literals; this dict is checked by rc_context
     "figure.dpi": 110, "savefig.dpi": 120, "font.size": 9.5, "axes.titlesize": 10,
     "axes.labelsize": 9.5, "legend.fontsize": 8.5, "xtick.labelsize": 8, "ytick.labelsize": 8,
     "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.5,
