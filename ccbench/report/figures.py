@@ -258,8 +258,9 @@ def rank_spread_figure(frame, world_size: int):
                     spine.set_visible(False)
                 if i == 0:
                     ax.set_title(coll, fontweight="bold")
-                if j == 0:
-                    ax.set_ylabel(f"{name}\nrank", fontsize=8.5)
+                if j == 0:     # horizontal, library on its own line: long names never overlap
+                    ax.set_ylabel(name.replace(" (", "\n("), fontsize=8.5, rotation=0,
+                                  ha="right", va="center")
                 if i == nrows - 1:
                     ax.set_xlabel("size (bytes)")
         if image is not None:
@@ -267,8 +268,8 @@ def rank_spread_figure(frame, world_size: int):
             bar.set_label("rank median / fastest rank median")
             bar.set_ticks([1, 1.5, 2, 3, 4], labels=["1", "1.5", "2", "3", "≥4"])
         fig.suptitle(f"Per-rank spread at {world_size} ranks"
-                     f"{oversubscription(world_size, frame)} (straggler view): each rank's median "
-                     f"time over the fastest rank's\n{context_line(sub)}", fontsize=10.5)
+                     f"{oversubscription(world_size, frame)} (straggler view): each row is a rank, "
+                     f"its median time over the fastest rank's\n{context_line(sub)}", fontsize=10.5)
     return fig
 
 
