@@ -1,0 +1,289 @@
+"""Runs that cross a network: two emulated hosts (`ccbench testbed up --slurm`), shaped links.
+
+    sudo pytest -m testbed tests/test_testbed.py
+
+One testbed per module (2 hosts, a multi-node Slurm cluster on them), always taken down, also
+when a test fails. One cell of each kind: srun + gloo, Intel MPI with Slurm's bootstrap (mpi
+and ring@mpi), torchrun's static rendezvous, a multi-node sweep with its resubmission, and a
+rank on the remote host SIGKILLed mid-run. Every timed record is also checked against the
+link: it cannot be faster than half the bytes the allreduce must move across the shaped
+link, so a run that took a shared-memory shortcut between the "hosts" fails.
+
+Without root, iproute2, Slurm or Intel MPI these tests skip with the reason; with CI=true
+they fail instead, so a CI run cannot pass while silently not crossing a network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import MPIEXEC
+
+from ccbench.records import RecordKey, load_records
+from ccbench.records.schema import Record
+
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(300)]
+
+LINK = "300M"
+LINK_BPS = 300 * 10**6
+HOSTS = ["h0", "h1"]
+SIZES = "64K,1M"
+STATE = Path("/run/ccbench-testbed")
+SLURM_CONF = STATE / "slurm" / "slurm.conf"
+OP_TIMEOUT_S = 10
+# "no hang" bounds, in minutes: a loaded machine is slow, never stuck
+RUN_BOUND_S = 180
+NO_HANG_S = OP_TIMEOUT_S + 30 + 120
+
+SWEEP = """\
+name: tb
+collectives: [allreduce]
+backends: [gloo, mpi]
+sizes: 64K,256K
+nodes: [1, 2]
+ranks_per_node: [1]
+modes: [in-place]
+iters: 3
+warmup: 1
+case_timeout: 120
+"""
+
+
+def _prerequisite_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, bridges, /etc/hosts)"
+    tools = ("ip", "tc", "nsenter", "unshare", "slurmctld", "slurmd", "sinfo", "srun", "salloc",
+             "sbatch", "munge")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (apt-get install iproute2 util-linux slurm-wlm munge)"
+    if not Path(MPIEXEC).exists():
+        return f"no Intel MPI mpiexec at {MPIEXEC} (pip install impi-rt)"
+    if (STATE / "state.json").exists():
+        return "a testbed is already up (`ccbench testbed down` first; this test would replace it)"
+    return None
+
+
+def _ccbench(*args: str, timeout: float = RUN_BOUND_S,
+             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ccbench", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=_env())
+
+
+def _env(**extra: str) -> dict[str, str]:
+    # the testbed's own cluster; the single-node one of .ci/slurm-up.sh stays the default
+    return {**os.environ, "SLURM_CONF": str(SLURM_CONF), **extra}
+
+
+def _leftovers() -> list[str]:
+    found = []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith("ccb-")]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines()
+              if line.split(":")[1].strip().startswith("ccb-")]
+    hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+    found += [f"/etc/hosts: {line}" for line in hosts.splitlines() if "ccbench-testbed" in line]
+    if STATE.exists():
+        found.append(str(STATE))
+    return found
+
+
+@pytest.fixture(scope="module")
+def testbed() -> Iterator[None]:
+    problem = _prerequisite_problem()
+    if problem is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"testbed prerequisites missing in CI: {problem}", pytrace=False)
+        pytest.skip(f"testbed not possible here: {problem}")
+    try:
+        proc = _ccbench("testbed", "up", "--hosts", str(len(HOSTS)), "--link", LINK, "--slurm")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        yield
+    finally:
+        subprocess.run(["scancel", "--name=ccbench-tb"], env=_env(), capture_output=True,
+                       timeout=30, check=False)
+        down = _ccbench("testbed", "down", timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+        left = _leftovers()
+        assert not left, f"testbed down left {left}"
+
+
+def _wire_floor_us(record: Record) -> float:
+    """Half the time the link needs for the bytes every allreduce must bring into a rank:
+    (p-1)/p of the buffer (a rank cannot sum an element it never received anything for)."""
+    p = record.world_size
+    return 0.5 * record.size_used * (p - 1) / p * 8 / LINK_BPS * 1e6
+
+
+def _check_across_hosts(records: list[Record], launcher: str) -> None:
+    assert records
+    for r in records:
+        assert (r.nodes, r.ranks_per_node, r.world_size) == (2, 1, 2), r
+        assert list(r.hosts) == HOSTS and r.wrong == 0, r
+        assert r.method["launcher"] == launcher, r.method
+    big = [r for r in records if r.size_used >= 1 << 20]
+    assert big, "no 1 MiB record"
+    for r in big:   # the bytes crossed the shaped link (not shared memory between "hosts")
+        median = r.time_us["median"]
+        assert median >= _wire_floor_us(r), (r.backend, median, _wire_floor_us(r))
+
+
+def test_srun_gloo_across_hosts(testbed: None, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.run(["srun", "-N2", "--ntasks-per-node", "1", sys.executable, "-m",
+                           "ccbench", "allreduce", "--backend", "gloo", "--sizes", SIZES,
+                           "--iters", "5", "--warmup", "2", "-q", "-O", str(out)],
+                          capture_output=True, text=True, timeout=RUN_BOUND_S, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = load_records(out)
+    assert len(records) == 4                 # 2 sizes x out-of-place, in-place
+    _check_across_hosts(records, "srun")
+
+
+def test_intel_mpi_slurm_bootstrap_across_hosts(testbed: None, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    # hydra's ssh bootstrap has nothing to reach between namespaces; Slurm's starts the proxies
+    proc = subprocess.run(["salloc", "-N2", "--ntasks-per-node", "1", sys.executable, "-m",
+                           "ccbench", "testbed", "exec", "h0", "--", MPIEXEC, "-bootstrap",
+                           "slurm", "-n", "2", "-ppn", "1", sys.executable, "-m", "ccbench",
+                           "allreduce", "--backend", "mpi,ring@mpi", "--sizes", SIZES,
+                           "--iters", "5", "--warmup", "2", "-q", "-O", str(out)],
+                          capture_output=True, text=True, timeout=RUN_BOUND_S, env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = load_records(out)
+    assert Counter(r.backend for r in records) == {"mpi": 4, "ring@mpi": 4}
+    assert {r.algorithm for r in records if r.backend == "ring@mpi"} == {"ring"}
+    _check_across_hosts(records, "mpiexec")
+
+
+def test_torchrun_static_rendezvous_across_hosts(testbed: None, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "ccbench", "testbed", "exec", host, "--", sys.executable, "-m",
+         "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(rank), "--master-addr", "h0", "--master-port", "29500", "-m", "ccbench",
+         "allreduce", "--backend", "gloo", "--sizes", SIZES, "--iters", "5", "--warmup", "2",
+         "-q", "-O", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+        for rank, host in enumerate(HOSTS)]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=RUN_BOUND_S)[0])
+    finally:
+        for proc in procs:                   # exec'd: the pid is torchrun itself
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
+    _check_across_hosts(load_records(out), "torchrun")
+
+
+def test_sweep_over_one_and_two_nodes(testbed: None, tmp_path: Path) -> None:
+    (tmp_path / "tb.yaml").write_text(SWEEP)
+    proc = _ccbench("sweep", "tb.yaml", "--slurm", "--wait", "--wait-timeout", "150",
+                    cwd=tmp_path)
+    results = tmp_path / "results" / "tb"
+    logs = "".join(p.read_text() for p in (results / "logs").glob("*.out")) \
+        if (results / "logs").is_dir() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
+    records = load_records(results)
+    counts = Counter(RecordKey.of(r) for r in records)
+    assert set(counts.values()) == {1}, "a (case, size) was measured twice"
+    landed = sorted((r.backend, r.nodes, r.size_asked) for r in records)
+    assert landed == sorted((b, n, s) for b in ("gloo", "mpi") for n in (1, 2)
+                            for s in (64 << 10, 256 << 10))
+    for r in records:
+        assert r.wrong == 0 and r.world_size == r.nodes and r.ranks_per_node == 1, r
+        # a one-node case runs on whichever host Slurm picks
+        assert len(set(r.hosts)) == r.nodes and set(r.hosts) <= set(HOSTS), r
+    assert {r.backend: r.method["launcher"] for r in records} == {"gloo": "srun",
+                                                                  "mpi": "mpiexec"}
+
+    again = _ccbench("sweep", "tb.yaml", "--slurm", "--wait", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "every case is complete; nothing to submit" in again.stdout
+    assert len(load_records(results)) == len(records)
+
+
+def _tagged_pids(tag: str) -> dict[int, tuple[str, int]]:
+    """pid -> (netns, rank) of the ccbench ranks carrying CCBENCH_TEST_TAG=tag."""
+    found = {}
+    for netns in ("ccb-h0", "ccb-h1"):
+        pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            variables = dict(v.split(b"=", 1) for v in env if b"=" in v)
+            if variables.get(b"CCBENCH_TEST_TAG") == tag.encode() \
+                    and b"SLURM_PROCID" in variables:
+                found[int(pid)] = (netns, int(variables[b"SLURM_PROCID"]))
+    return found
+
+
+def _every_pid_with(tag: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"CCBENCH_TEST_TAG={tag}".encode() in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_remote_rank_sigkilled_mid_run(testbed: None, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    tag = f"testbed-kill-{os.getpid()}"
+    proc = subprocess.Popen(["srun", "-N2", "--ntasks-per-node", "1", sys.executable, "-m",
+                             "ccbench", "allreduce", "--backend", "gloo", "--sizes", "64K-16M",
+                             "--min-time", "0.5", "--timeout", str(OP_TIMEOUT_S), "-q", "-O",
+                             str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(CCBENCH_TEST_TAG=tag))
+    try:
+        deadline = time.monotonic() + RUN_BOUND_S
+        while not (out.exists() and len(out.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no records appeared"
+            time.sleep(0.1)
+        ranks = _tagged_pids(tag)
+        victims = [pid for pid, where in ranks.items() if where == ("ccb-h1", 1)]
+        assert len(victims) == 1, ranks
+        os.kill(victims[0], signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = proc.communicate(timeout=NO_HANG_S)
+        stopped_s = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("ccbench: error:")]
+    assert len(errors) == 1, stderr
+    assert "allreduce" in errors[0] and "ranks that did not arrive: 1" in errors[0], errors
+    assert "Traceback" not in stderr
+    deadline = time.monotonic() + 60           # Slurm reaps the step's last processes
+    while _every_pid_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _every_pid_with(tag), f"processes of the run left {stopped_s:.0f} s after the kill"
+    lines = out.read_text().splitlines()
+    records = load_records(out)
+    assert len(records) == len(lines) >= 2 and all(json.loads(line) for line in lines)
+    assert all(r.wrong == 0 and r.nodes == 2 for r in records)
+    assert len({RecordKey.of(r) for r in records}) == len(records)
