@@ -101,3 +101,30 @@ def test_expand_nodelist() -> None:
                                                       "gpu5"]
     assert expand_nodelist("a1") == ["a1"]
     assert expand_nodelist("n[8-10]") == ["n8", "n9", "n10"]
+
+
+def test_mixed_backends_each_launched_in_its_own_environment() -> None:
+    from ccbench.commands.launch import launch_groups, with_backends
+
+    groups = launch_groups({"mpi": True, "gloo": False, "ring@mpi": True, "oneccl": False})
+    assert groups == [(["gloo", "oneccl"], False), (["mpi", "ring@mpi"], True)]
+    assert launch_groups({"gloo": False}) == [(["gloo"], False)]
+    bench = ["allreduce", "--backend", "gloo,mpi", "--sizes", "1K"]
+    assert with_backends(bench, ["mpi"]) == ["allreduce", "--backend", "mpi", "--sizes", "1K"]
+    assert with_backends(["all", "--backend=gloo,mpi"], ["gloo"]) == ["all", "--backend=gloo"]
+    assert with_backends(["all", "-B", "gloo,mpi"], ["gloo"]) == ["all", "-B", "gloo"]
+    assert with_backends(["all"], ["gloo"]) == ["all", "--backend", "gloo"]
+
+
+@pytest.mark.slow
+def test_mixed_run_starts_gloo_without_mpiexec(tmp_path) -> None:
+    """gloo in a gloo,mpi run is not started by mpiexec (which pins each rank to one core)."""
+    from conftest import run_ccbench
+
+    out = tmp_path / "r.jsonl"
+    proc = run_ccbench("launch", "-n", "2", "allreduce", "--backend", "gloo,mpi", "--sizes", "1K",
+                       "--iters", "3", "--warmup", "1", "-q", "--output", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    launchers = {r.backend: r.method["launcher"] for r in load_records(out)}
+    assert set(launchers) == {"gloo", "mpi"}
+    assert "mpiexec" not in launchers["gloo"] and launchers["gloo"] != launchers["mpi"]

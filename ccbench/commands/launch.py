@@ -1,10 +1,11 @@
 """`ccbench launch [-n N] [--] COLLECTIVE ...`: the embedded default launcher.
 
 Starts N local ranks (default: one per local GPU for a GPU run, else one per usable core) with
-a loopback rendezvous. If any requested backend needs MPI, all ranks are started by mpiexec
-(the torch backends then bootstrap from MPI); otherwise they are plain processes with RANK /
-WORLD_SIZE / LOCAL_RANK and CCBENCH_CONTROL (the control store address).
-"""
+a loopback rendezvous. Backends that need MPI run in ranks started by mpiexec; the others in
+plain processes with RANK / WORLD_SIZE / LOCAL_RANK and CCBENCH_CONTROL (the control store
+address). A run that mixes the two launches each group in turn (mpiexec pins every rank to one
+core, which would slow gloo down), appending to the same output. A trace replay stays one launch
+(its comparison of backends needs them in one run; torch backends then bootstrap from MPI)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _check_backends(names: list[str]) -> bool:
-    """Fail fast here, once, rather than in every rank. Returns whether MPI is needed."""
+def _check_backends(names: list[str]) -> dict[str, bool]:
+    """Fail fast here, once, rather than in every rank. Returns, per backend, whether it needs
+    its ranks started by mpiexec."""
     from ccbench.backends import backend_class
 
     try:
@@ -66,14 +68,42 @@ def _check_backends(names: list[str]) -> bool:
         mpi4py.rc.initialize = False      # probe libmpi without becoming an MPI process
     except ImportError:
         pass
-    needs_mpi = False
+    needs_mpi = {}
     for name in names:
         cls = backend_class(name)
         reason = cls.unavailable_reason()
         if reason:
             raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
-        needs_mpi |= cls.needs_mpi_launcher
+        needs_mpi[name] = cls.needs_mpi_launcher
     return needs_mpi
+
+
+def launch_groups(needs_mpi: dict[str, bool]) -> list[tuple[list[str], bool]]:
+    """The backends of a run in the process environment each fits: the ones that need MPI under
+    mpiexec (which pins every rank to a core), the others as plain processes, so a mixed run
+    gives gloo or oneCCL the numbers they get alone. Plain first, each group in the given order."""
+    plain = [name for name, mpi in needs_mpi.items() if not mpi]
+    under_mpi = [name for name, mpi in needs_mpi.items() if mpi]
+    return [(names, mpi) for names, mpi in ((plain, False), (under_mpi, True)) if names]
+
+
+def with_backends(bench: list[str], names: list[str]) -> list[str]:
+    """`bench` with its backend list replaced by `names` (added when it had none)."""
+    value = ",".join(names)
+    out: list[str] = []
+    replaced, skip = False, False
+    for i, arg in enumerate(bench):
+        if skip:
+            skip = False
+        elif arg in ("--backend", "-B") and i + 1 < len(bench):
+            out += [arg, value]
+            replaced = skip = True
+        elif arg.startswith("--backend="):
+            out.append(f"--backend={value}")
+            replaced = True
+        else:
+            out.append(arg)
+    return out if replaced else [*out, "--backend", value]
 
 
 def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None
@@ -117,10 +147,23 @@ def main(args: argparse.Namespace) -> int:
 
         check_measurable(config, nprocs)
         backends, connect_timeout = config.backends, config.connect_timeout
-    needs_mpi = _check_backends(backends)
-    mpiexec = find_mpiexec(args.mpiexec) if needs_mpi or args.mpiexec else None
+    by_backend = _check_backends(backends)
+    mpiexec = find_mpiexec(args.mpiexec) if any(by_backend.values()) or args.mpiexec else None
     if mpiexec is not None:
         _check_mpiexec(mpiexec)
+    groups = launch_groups(by_backend)
+    if bench[0] == "replay" or len(groups) == 1:   # a replay compares its backends in one run
+        return _run_ranks(nprocs, bench, any(by_backend.values()), mpiexec, connect_timeout)
+    for names, needs_mpi in groups:                 # each group in its own launch, in turn
+        status = _run_ranks(nprocs, with_backends(bench, names), needs_mpi, mpiexec,
+                            connect_timeout)
+        if status != 0:
+            return status
+    return 0
+
+
+def _run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None,
+               connect_timeout: float) -> int:
     commands, envs = build_commands(nprocs, bench, needs_mpi, mpiexec)
     if needs_mpi and nprocs > usable_cores():
         # oversubscribed: yield the core while waiting, so ranks do not starve each other (with a
