@@ -1,13 +1,21 @@
 """`ccbench simulate model.json --ranks P --topology T COLLECTIVE --sizes ...`: predicted
-time, algbw and busbw per size, analytically or by replaying the schedule on the topology."""
+time, algbw and busbw per size, analytically or by replaying the schedule on the topology.
+
+`ccbench simulate model.json --trace TRACE --ranks P --topology T`: a recorded trace's
+communication (every op in order, its process groups re-tiled onto P ranks) predicted the
+same way (ccbench.model.tracesim)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from ccbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from ccbench.model.simulate import LinkOverrides
 
 __all__ = ["register", "main"]
 
@@ -15,8 +23,12 @@ __all__ = ["register", "main"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("simulate", help="predict collective time on a topology")
     parser.add_argument("model", help="model file from `ccbench calibrate`")
-    parser.add_argument("collective", help="broadcast, allreduce, allgather, reduce-scatter, "
-                                           "alltoall, or all (each in turn)")
+    parser.add_argument("collective", nargs="?", default=None,
+                        help="broadcast, allreduce, allgather, reduce-scatter, alltoall, or all "
+                             "(each in turn); not with --trace")
+    parser.add_argument("--trace", nargs="+", default=None, metavar="TRACE",
+                        help="predict this trace's communication instead: PyTorch execution "
+                             "traces (rank<r>.json or their folder) or Chakra <prefix>.<r>.et")
     parser.add_argument("--ranks", "-p", type=int, default=None,
                         help="rank count (default: the one in --topology)")
     parser.add_argument("--topology", "-t", default="switch",
@@ -119,23 +131,112 @@ def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
         print(f"# flag {i}: {flag}")
 
 
-def main(args: argparse.Namespace) -> int:
-    from ccbench.model.modelfile import load_model
-    from ccbench.model.simulate import LinkOverrides, simulate
-    from ccbench.sizes import parse_sizes
+def _links(args: argparse.Namespace) -> LinkOverrides:
+    from ccbench.model.simulate import LinkOverrides
 
-    collectives = _collectives(args.collective)
-    sizes = parse_sizes(args.sizes)
-    model = load_model(args.model)
-    ranks = args.ranks if args.ranks is not None else _ranks_from_topology(args.topology)
     inter_bw = _positive(args.inter_bw, "--inter-bw")
     intra_bw = _positive(args.intra_bw, "--intra-bw")
-    links = LinkOverrides(
+    return LinkOverrides(
         inter_alpha=None if args.inter_alpha_us is None else args.inter_alpha_us * 1e-6,
         inter_beta=None if inter_bw is None else 1.0 / (inter_bw * 1e9),
         intra_alpha=None if args.intra_alpha_us is None else args.intra_alpha_us * 1e-6,
         intra_beta=None if intra_bw is None else 1.0 / (intra_bw * 1e9),
         hop_latency=args.hop_latency_us * 1e-6)
+
+
+def _print_trace(out: dict) -> None:
+    from ccbench.sizes import format_size
+
+    print(f"# trace {out['trace']} ({out['kind']}, recorded at {out['recorded_world_size']} "
+          f"ranks) on {out['topology']}, {out['world_size']} ranks, {out['fidelity']}")
+    for coll, fit in out["fits"].items():
+        print(f"# {coll}: {fit['algorithm']}; {fit['fit_choice']}; {fit['fit_scope']}")
+    legend: list[str] = []
+    head = ["#", "node", "collective", "dtype", "size", "group", "algorithm", "time_us",
+            "busbw_GBps", "flags"]
+    rows = [head]
+    for r in out["ops"]:
+        if r["group_shape"] == "world":
+            group = f"world({r['group_size']})"
+        elif r["group_shape"] == "tile":
+            group = f"{r['group_copies']}x{r['group_size']} consecutive"
+        else:
+            group = f"{r['group_copies']}x{r['group_size']} stride {r['group_stride']}"
+        marks = []
+        for flag in r["flags"]:
+            if flag not in legend:
+                legend.append(flag)
+            marks.append(str(legend.index(flag) + 1))
+        bw = r["busbw_gbps"]
+        rows.append([str(r["index"]), str(r["node_id"]), r["collective"], r["dtype"],
+                     format_size(r["size"]), group, r["algorithm"], f"{r['time_us']:.2f}",
+                     f"{bw:.3f}" if bw == bw else "-", ",".join(marks) or "-"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    for i, flag in enumerate(legend, 1):
+        print(f"# flag {i}: {flag}")
+    world, recorded = out["world_size"], out["recorded_world_size"]
+    per_rank = ", ".join(f"{r}: {t:.1f}" for r, t in out["per_rank_us"].items())
+    print(f"# communication per rank (us; rank q runs recorded rank q mod {recorded}): "
+          f"{per_rank}")
+    print(f"# total {out['total_us']:.1f} us (slowest: recorded rank {out['slowest_rank']}, "
+          f"ops back to back) at {world} ranks on {out['topology']}")
+    for coll, entry in sorted(out["by_collective"].items(), key=lambda kv: -kv[1]["time_us"]):
+        share = entry["time_us"] / out["total_us"] if out["total_us"] else 0.0
+        print(f"#   {coll}: {entry['ops']} ops, {format_size(entry['bytes'])}, "
+              f"{entry['time_us']:.1f} us ({share:.0%})")
+    for skip in out["not_modelled"]:
+        print(f"# not modelled ({skip['recorded_ops']} recorded ops): {skip['reason']}")
+    for note in out["notes"]:
+        print(f"# note: {note}")
+
+
+def _main_trace(args: argparse.Namespace) -> int:
+    from ccbench.model.modelfile import load_model
+    from ccbench.model.progress import StderrProgress
+    from ccbench.model.tracesim import simulate_trace
+    from ccbench.trace import load_trace
+
+    if args.collective is not None:
+        raise UsageError(f"give a collective or --trace, not both (got {args.collective!r})")
+    if args.fidelity == "both":
+        raise UsageError("--fidelity both is for one collective; with --trace use analytical "
+                         "or replay")
+    if args.algorithm or args.segments != 1 or args.sizes != "1K-1G" or args.output:
+        raise UsageError("--algorithm, --segments, --sizes and --output are for one "
+                         "collective; with --trace each op uses its collective's fitted formula")
+    model = load_model(args.model)
+    trace = load_trace(args.trace)
+    ranks = args.ranks if args.ranks is not None else _ranks_from_topology(args.topology)
+    progress = StderrProgress()
+    try:
+        out = simulate_trace(model, trace, ranks, args.topology, args.fidelity, args.sharing,
+                             args.backend, _links(args), progress=progress)
+    finally:
+        progress.close()
+    if args.format == "json":
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        _print_trace(out)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    from ccbench.model.modelfile import load_model
+    from ccbench.model.simulate import simulate
+    from ccbench.sizes import parse_sizes
+
+    if args.trace:
+        return _main_trace(args)
+    if args.collective is None:
+        raise UsageError("give a collective (or all), or --trace TRACE")
+    collectives = _collectives(args.collective)
+    sizes = parse_sizes(args.sizes)
+    model = load_model(args.model)
+    ranks = args.ranks if args.ranks is not None else _ranks_from_topology(args.topology)
+    links = _links(args)
     if args.algorithm and len(collectives) > 1:
         raise UsageError("--algorithm names one collective's formula; give one collective "
                          "instead of all")

@@ -20,7 +20,7 @@ from ccbench.errors import UsageError
 from ccbench.trace.groups import match_calls
 from ccbench.trace.ops import CommOp, Group, Trace
 
-__all__ = ["rescale"]
+__all__ = ["rescale", "resize_op", "retile_group"]
 
 
 def _shape(group: Group) -> tuple[int, int] | None:
@@ -34,7 +34,7 @@ def _shape(group: Group) -> tuple[int, int] | None:
     return ranks[0], stride
 
 
-def _new_group(group: Group, old_world: int, new_world: int, rank: int) -> Group | str:
+def retile_group(group: Group, old_world: int, new_world: int, rank: int) -> Group | str:
     """The group of new rank `rank` that plays the role `group` played, or why none does."""
     if group.size == old_world:
         return Group("world", tuple(range(new_world)))
@@ -53,7 +53,7 @@ def _new_group(group: Group, old_world: int, new_world: int, rank: int) -> Group
     return Group(f"stride{stride}/{rank % stride}", tuple(range(rank % stride, new_world, stride)))
 
 
-def _resize(op: CommOp, old: int, new: int) -> CommOp:
+def resize_op(op: CommOp, old: int, new: int) -> CommOp:
     """Per-rank bytes kept; the whole-buffer side follows the new group size."""
     out = dataclasses.replace(op, notes=list(op.notes))
     if op.collective == "allgather":
@@ -85,7 +85,7 @@ def rescale(trace: Trace, world: int) -> Trace:
             if op.collective in ("send", "recv") or op.group is None:
                 reason = f"{op.collective}: point-to-point peers are not rescaled"
             else:
-                group = _new_group(op.group, old, world, rank)
+                group = retile_group(op.group, old, world, rank)
                 if isinstance(group, str):
                     reason = f"{op.collective} on {list(op.group.ranks)}: {group}"
                 elif op.collective == "alltoallv":
@@ -96,7 +96,7 @@ def rescale(trace: Trace, world: int) -> Trace:
                 dropped[reason] = dropped.get(reason, 0) + 1
                 continue
             assert op.group is not None and isinstance(group, Group)
-            new = _resize(op, op.group.size, group.size)
+            new = resize_op(op, op.group.size, group.size)
             new.rank, new.index, new.group, new.call = rank, len(mine), group, -1
             new.group_source = "rescaled"
             mine.append(new)

@@ -1,0 +1,330 @@
+"""A trace's communication predicted at another scale and on another network.
+
+`simulate_trace(model, trace, ranks, topology)` takes a parsed trace (ccbench.trace), maps
+it onto `ranks` ranks as `ccbench replay --world-size` does (ccbench.trace.scale: new rank
+q runs the op sequence of recorded rank q mod N; world calls stay on the world with per-rank
+bytes kept; a group of k consecutive ranks is re-tiled into groups of k, a strided group
+into the groups of every d-th rank) and prices every op with the calibrated model.
+
+It never matches ops rank by rank at the new scale (that is O(ranks x ops) and slow at
+thousands of ranks): the recorded trace is matched once, at its own (small) world size,
+and each of its calls becomes one op whose group *shape* (world, tile of k, every d-th
+rank) and the set of recorded ranks running it say everything about the new scale:
+
+* calls that are the same step of the job on disjoint groups (the first tensor-parallel
+  allreduce of group [0,1] and of group [2,3]) merge into one op running on every copy of
+  that group at once;
+* an op's time is that of one group copy: the formula with the worst uncontended path
+  inside the group (analytical), or the schedule of every active copy replayed together on
+  the topology, links shared (replay), so copies that cross the same spine slow each other;
+* the ops of a rank run one after the other (the trace's order; async ops are timed as if
+  waited on at once): a rank's communication time is the sum of its ops, the trace's
+  total is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ccbench.collectives import busbw_factor
+from ccbench.errors import UsageError
+from ccbench.model.costs import coefficients, predict_time
+from ccbench.model.modelfile import default_algorithm, select_fit
+from ccbench.model.replay import replay_collective, replay_rounds
+from ccbench.model.rounds import Round, RoundProgram, round_program
+from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
+from ccbench.model.simulate import LinkOverrides, _params
+from ccbench.model.topology import LinkClass, Topology, build_topology
+from ccbench.trace.ops import CommOp, Group, Trace
+from ccbench.trace.scale import resize_op, retile_group
+
+__all__ = ["TraceOp", "plan_trace", "simulate_trace", "TRACE_FIDELITIES"]
+
+TRACE_FIDELITIES = ("analytical", "replay")
+#: collectives priced with another collective's formula, and how
+_STAND_IN = {"barrier": ("allreduce", "barrier: a zero-byte allreduce (latency steps only)")}
+#: extracted collectives with no cost formula
+_NO_FORMULA = {"gather", "scatter", "alltoallv", "send", "recv"}
+
+
+@dataclass(kw_only=True)
+class TraceOp:
+    """One op of the trace at the new scale: one step of the job on every copy of a group."""
+
+    index: int                       # order in the trace (by first recorded call)
+    calls: list[int]                 # recorded call ids merged into it
+    node_id: int                     # node id of the first of them, on its first rank
+    name: str
+    collective: str
+    dtype: str
+    size: int                        # the op's S in bytes at the new scale
+    shape: str                       # world | tile | stride
+    group_size: int
+    stride: int                      # 1 for world and tiles
+    recorded_ranks: list[int]        # recorded ranks whose sequence holds this op
+    recorded_group: list[int]        # its group in the recorded trace (first call)
+    table: np.ndarray = field(repr=False)   # (copies, group_size) ranks of every active copy
+    async_op: bool = False
+
+    @property
+    def copies(self) -> int:
+        return int(self.table.shape[0])
+
+
+def _shape(group: Group, world: int) -> tuple[str, int]:
+    if group.size == world:
+        return "world", 1
+    if group.size == 1 or group.ranks[1] - group.ranks[0] == 1:
+        return "tile", 1
+    return "stride", group.ranks[1] - group.ranks[0]
+
+
+def _all_groups(shape: str, k: int, stride: int, ranks: int) -> np.ndarray:
+    """Every group of this shape at `ranks` ranks, one row each."""
+    if shape == "world":
+        return np.arange(ranks, dtype=np.int64)[None, :]
+    if shape == "tile":
+        return np.arange(ranks, dtype=np.int64).reshape(ranks // k, k)
+    return np.arange(ranks, dtype=np.int64).reshape(k, stride).T.copy()
+
+
+def _skip_reason(op: CommOp, old: int, ranks: int) -> str:
+    """Why an op cannot be priced at the new scale ('' when it can): rescale's reasons,
+    then the collectives without a cost formula."""
+    if op.collective in ("send", "recv") or op.group is None:
+        return f"{op.collective}: point-to-point ops are not modelled"
+    if op.collective == "alltoallv" and ranks != old:
+        return "alltoallv: per-peer splits are not rescaled"
+    if op.collective in _NO_FORMULA:
+        return f"{op.collective}: no cost formula"
+    return ""
+
+
+def plan_trace(trace: Trace, ranks: int) -> tuple[list[TraceOp], dict[str, int]]:
+    """The trace's ops at `ranks` ranks, in order, and {reason: recorded ops} of those
+    that cannot be mapped or priced."""
+    old = trace.world_size
+    calls: dict[int, list[CommOp]] = {}
+    for op in trace.all_ops():
+        calls.setdefault(op.call, []).append(op)
+    skipped: dict[str, int] = {}
+    seen: dict[tuple[int, tuple[object, ...]], int] = {}     # (rank, key) -> occurrences
+    merged: dict[tuple[object, ...], TraceOp] = {}
+    for call in sorted(calls):
+        members = sorted(calls[call], key=lambda o: o.rank)
+        live = [o for o in members if o.rank < ranks]
+        if not live:
+            why = f"runs only on recorded ranks {[o.rank for o in members]}, beyond {ranks}"
+            skipped[why] = skipped.get(why, 0) + len(members)
+            continue
+        first = live[0]
+        why = _skip_reason(first, old, ranks)
+        group: Group | str = ""
+        if not why:
+            assert first.group is not None
+            group = retile_group(first.group, old, ranks, first.rank)
+            if isinstance(group, str):
+                why = f"{first.collective} on {list(first.group.ranks)}: {group}"
+            elif first.root is not None and first.root >= group.size:
+                why = f"{first.collective} root {first.root} outside a group of {group.size}"
+        if why:
+            skipped[why] = skipped.get(why, 0) + len(members)
+            continue
+        assert first.group is not None and isinstance(group, Group)
+        new = resize_op(first, first.group.size, group.size)
+        new.group = group
+        shape, stride = _shape(group, ranks)
+        key = (first.collective, first.dtype, new.size, first.root, shape, group.size, stride)
+        occurrence = seen.get((first.rank, key), 0)
+        for o in live:
+            seen[(o.rank, key)] = seen.get((o.rank, key), 0) + 1
+        step = merged.get((key, occurrence))
+        if step is None:
+            step = merged[(key, occurrence)] = TraceOp(
+                index=len(merged), calls=[], node_id=first.node_id, name=first.name,
+                collective=first.collective, dtype=first.dtype, size=new.size, shape=shape,
+                group_size=group.size, stride=stride, recorded_ranks=[],
+                recorded_group=list(first.group.ranks), table=np.zeros((0, 0), np.int64),
+                async_op=first.async_op)
+        step.calls.append(call)
+        step.recorded_ranks = sorted(set(step.recorded_ranks) | {o.rank for o in live})
+    ops = sorted(merged.values(), key=lambda s: s.calls[0])
+    for i, step in enumerate(ops):
+        step.index = i
+        table = _all_groups(step.shape, step.group_size, step.stride, ranks)
+        active = np.isin(table % old, step.recorded_ranks).any(axis=1)
+        step.table = table[active]
+    return ops, skipped
+
+
+class _Tiled:
+    """A round program of one group copy, run by every copy in `table` at once."""
+
+    def __init__(self, inner: RoundProgram, table: np.ndarray, ranks: int) -> None:
+        self.inner, self.table, self.p = inner, table, ranks
+        self.num_rounds = inner.num_rounds
+
+    def rounds(self) -> Any:
+        copies = self.table.shape[0]
+        for rnd in self.inner.rounds():
+            nbytes = np.broadcast_to(rnd.nbytes, rnd.src.shape)
+            yield Round(self.table[:, rnd.src].ravel(), self.table[:, rnd.dst].ravel(),
+                        np.tile(nbytes, copies), np.tile(rnd.reduce, copies), rnd.repeat)
+
+
+def _sample_pairs(group: np.ndarray) -> list[tuple[int, int]]:
+    """Pairs (first member, j-th member) reaching every link class a group uses: the
+    neighbours, powers of two, the middle and 16 evenly spaced members."""
+    k = group.size
+    js = {1, k - 1, k // 2}
+    js.update(1 << i for i in range(max(1, k.bit_length())))
+    js.update(int(x) for x in np.linspace(1, k - 1, 16))
+    return [(int(group[0]), int(group[j])) for j in sorted(js) if 0 < j < k]
+
+
+@dataclass
+class _Pricer:
+    model: dict[str, Any]
+    ranks: int
+    topology: str
+    fidelity: str
+    sharing: str
+    backend: str | None
+    links: LinkOverrides
+    topos: dict[tuple[float, ...], Topology] = field(default_factory=dict)
+    cache: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    fits: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def topo(self, alpha: float, beta: float) -> tuple[Topology, LinkClass, LinkClass]:
+        lk = self.links
+        inter = LinkClass(lk.inter_alpha if lk.inter_alpha is not None else alpha,
+                          lk.inter_beta if lk.inter_beta is not None else beta, lk.hop_latency)
+        intra = LinkClass(lk.intra_alpha if lk.intra_alpha is not None else inter.alpha,
+                          lk.intra_beta if lk.intra_beta is not None else inter.beta,
+                          lk.hop_latency)
+        key = (inter.alpha, inter.beta, intra.alpha, intra.beta)
+        if key not in self.topos:
+            self.topos[key] = build_topology(self.topology, self.ranks, inter, intra)
+        return self.topos[key], inter, intra
+
+    def price(self, op: TraceOp, progress: Callable[[str, int, int], None] | None) \
+            -> dict[str, Any]:
+        coll, note = _STAND_IN.get(op.collective, (op.collective, ""))
+        k = op.group_size
+        fit, why = select_fit(self.model, coll, k, self.backend)
+        algo = default_algorithm(fit, coll)
+        piece, alpha, beta, gamma = _params(fit, op.size)
+        key = (coll, algo, k, op.size, op.shape, op.stride, op.table.tobytes(), piece)
+        if key in self.cache:
+            return dict(self.cache[key])
+        topo, _, _ = self.topo(alpha, beta)
+        if op.shape == "world":
+            a_eff, b_eff = topo.flat_parameters()
+        else:
+            a_eff, b_eff = topo.flat_parameters(_sample_pairs(op.table[0]))
+        t = predict_time(coll, algo, k, op.size, a_eff, b_eff, gamma)
+        engine = "formula"
+        flags = prediction_flags(fit, why, coll, algo, k)
+        if note:
+            flags.append(note)
+        if self.fidelity == "replay" and k > 1:
+            label = f"{op.collective} {algo} {op.size} B x{op.copies}"
+            tick = None if progress is None else \
+                (lambda done, total: progress(label, done, total))
+            if op.shape == "world":
+                res = replay_collective(coll, algo, k, op.size, topo, gamma, self.sharing,
+                                        progress=tick)
+                t, engine = res.time, res.engine
+            else:
+                inner = round_program(coll, algo, k, op.size)
+                if inner is None:
+                    flags.append(f"no round schedule for {coll} {algo}: analytical time")
+                else:
+                    res = replay_rounds(_Tiled(inner, op.table, self.ranks), topo, gamma,
+                                        self.sharing, tick)
+                    t, engine = res.time, "rounds"
+        try:
+            factor = busbw_factor(coll, k)
+        except UsageError:
+            factor = 1.0
+        bw = op.size / t / 1e9 if t > 0 else float("nan")
+        steps = coefficients(coll, algo, k).a
+        link = 1e-9 / b_eff if b_eff > 0 else float("inf")
+        flags += [f for f in row_flags(fit, op.size, a_eff, steps,
+                                       [bw * factor] if t > 0 and op.size else [], link, k)
+                  if f not in flags]
+        self.fits.setdefault(coll, {"fit_choice": why, "fit_scope": fit_scope(fit),
+                                    "algorithm": algo,
+                                    **{f: fit.get(f) for f in ("backend", "library",
+                                                               "collective", "model_algorithm",
+                                                               "world_sizes", "alpha", "beta",
+                                                               "gamma")}})
+        out = {"algorithm": algo, "fit_collective": fit["collective"], "piece": piece,
+               "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
+               "time_us": t * 1e6, "algbw_gbps": bw, "busbw_gbps": bw * factor,
+               "engine": engine, "flags": flags}
+        self.cache[key] = out
+        return dict(out)
+
+
+def _where(paths: list[str]) -> str:
+    """The trace's folder when its files share one, else its first file and a count."""
+    parents = {str(Path(p).parent) for p in paths}
+    if len(paths) > 1 and len(parents) == 1:
+        return parents.pop()
+    return paths[0] + (f" (+{len(paths) - 1} files)" if len(paths) > 1 else "")
+
+
+def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: str,
+                   fidelity: str = "analytical", sharing: str = "max-min",
+                   backend: str | None = None, links: LinkOverrides | None = None,
+                   progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Every op's predicted time at `ranks` ranks on `topology`, the per-rank and total
+    communication time, the fits used and what could not be priced."""
+    if fidelity not in TRACE_FIDELITIES:
+        raise UsageError(f"unknown fidelity {fidelity!r} for a trace "
+                         f"(valid: {', '.join(TRACE_FIDELITIES)})")
+    if ranks < 2:
+        raise UsageError(f"--ranks must be >= 2, got {ranks}")
+    ops, skipped = plan_trace(trace, ranks)
+    pricer = _Pricer(model, ranks, topology, fidelity, sharing, backend,
+                     links or LinkOverrides())
+    rows = []
+    per_rank = dict.fromkeys(range(min(trace.world_size, ranks)), 0.0)
+    for op in ops:
+        priced = pricer.price(op, progress)
+        for r in op.recorded_ranks:
+            per_rank[r] += priced["time_us"]
+        first = op.table[0]
+        rows.append({"index": op.index, "calls": op.calls, "node_id": op.node_id,
+                     "name": op.name, "collective": op.collective, "dtype": op.dtype,
+                     "size": op.size, "group_shape": op.shape, "group_size": op.group_size,
+                     "group_stride": op.stride, "group_copies": op.copies,
+                     "group_first": [int(first[0]), int(first[-1])],
+                     "recorded_group": op.recorded_group, "recorded_ranks": op.recorded_ranks,
+                     "async": op.async_op, **priced})
+    slowest = max(per_rank, key=lambda r: per_rank[r]) if per_rank else 0
+    flags: list[str] = []
+    for row in rows:
+        flags += [f for f in row["flags"] if f not in flags]
+    by_coll: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if slowest in row["recorded_ranks"]:
+            entry = by_coll.setdefault(row["collective"], {"ops": 0, "bytes": 0, "time_us": 0.0})
+            entry["ops"] += 1
+            entry["bytes"] += row["size"]
+            entry["time_us"] += row["time_us"]
+    return {"trace": _where(trace.paths),
+            "kind": trace.kind, "recorded_world_size": trace.world_size, "world_size": ranks,
+            "topology": topology, "fidelity": fidelity, "sharing": sharing,
+            "ops": rows, "total_us": per_rank.get(slowest, 0.0), "slowest_rank": slowest,
+            "per_rank_us": {str(r): t for r, t in per_rank.items()},
+            "by_collective": by_coll, "fits": pricer.fits,
+            "not_modelled": [{"reason": why, "recorded_ops": n}
+                             for why, n in sorted(skipped.items())],
+            "flags": flags, "notes": list(trace.notes)}

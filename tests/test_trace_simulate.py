@@ -1,0 +1,131 @@
+"""`ccbench simulate MODEL --trace TRACE`: traces recorded by real PyTorch runs (gloo,
+ExecutionTraceObserver) predicted at 1024 ranks; known answers from single-collective
+`simulate` predictions of the same ops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ccbench.model.simulate import simulate
+from ccbench.model.synthetic import known_model
+from ccbench.model.tracesim import simulate_trace
+from ccbench.trace import load_trace
+from tests.conftest import run_ccbench
+
+MODEL = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
+
+
+def _single(collective: str, ranks: int, topology: str, size: int) -> float:
+    """The time of one collective from plain `simulate` (a barrier: a zero-byte allreduce)."""
+    coll = "allreduce" if collective == "barrier" else collective
+    return simulate(MODEL, coll, ranks, topology, [size])["rows"][0]["time_us"]
+
+
+def test_ddp_at_1024_ranks_is_the_sum_of_single_collective_predictions(traces4: Path) -> None:
+    trace = load_trace([traces4 / "ddp"])
+    out = simulate_trace(MODEL, trace, 1024, "fat-tree:1024")
+    # every call of the trace, in order, none invented: DDP's calls all run on the world
+    recorded = [(op.collective, op.dtype) for op in trace.ops[0]]
+    assert [(r["collective"], r["dtype"]) for r in out["ops"]] == recorded
+    assert [r["calls"] for r in out["ops"]] == [[op.call] for op in trace.ops[0]]
+    total = 0.0
+    for row, op in zip(out["ops"], trace.ops[0], strict=True):
+        assert row["group_shape"] == "world" and row["group_size"] == 1024
+        # world calls keep each rank's bytes: an all-gather's output grows with the ranks
+        want = op.in_bytes * 1024 if op.collective == "allgather" else op.size
+        assert row["size"] == want
+        expected = _single(op.collective, 1024, "fat-tree:1024", row["size"])
+        assert row["time_us"] == pytest.approx(expected, rel=1e-12)
+        total += expected
+    assert out["total_us"] == pytest.approx(total, rel=1e-12)
+    assert set(out["per_rank_us"]) == {"0", "1", "2", "3"}
+    assert any("extrapolated 256x in ranks" in f for f in out["flags"])
+    assert "allreduce" in out["fits"] and out["fits"]["allreduce"]["algorithm"] == "ring"
+
+
+def test_process_groups_are_re_tiled_and_priced_per_group(traces4: Path) -> None:
+    trace = load_trace([traces4 / "groups"])
+    out = simulate_trace(MODEL, trace, 1024, "fat-tree:1024:leaf=16")
+    ops = out["ops"]
+    tiles = [r for r in ops if r["group_shape"] == "tile"]
+    strided = [r for r in ops if r["group_shape"] == "stride"]
+    # tensor-parallel calls of groups [0,1] and [2,3] are one step on 512 pairs
+    assert len(tiles) == 4 and all(r["group_size"] == 2 and r["group_copies"] == 512
+                                   for r in tiles)
+    assert all(sorted(r["recorded_ranks"]) == [0, 1, 2, 3] for r in tiles)
+    # data-parallel allreduce: even and odd ranks carry different gradients (uneven shard)
+    assert {r["group_size"] for r in strided} == {512} and len(strided) == 4
+    sizes = {tuple(r["recorded_ranks"]): r["size"] for r in strided}
+    assert sizes[(0, 2)] == 4096 * 4 and sizes[(1, 3)] == (4096 + 256) * 4
+    assert all(r["group_copies"] == 1 and r["group_stride"] == 2 for r in strided)
+    # a pair inside one leaf switch costs what two ranks on one switch cost
+    for r in tiles:
+        assert r["time_us"] == pytest.approx(_single(r["collective"], 2, "switch:2", r["size"]),
+                                             rel=1e-12)
+    # every rank's total is the sum of its own ops; the odd ranks' bigger shard is slower
+    for rank in range(4):
+        mine = sum(r["time_us"] for r in ops if rank in r["recorded_ranks"])
+        assert out["per_rank_us"][str(rank)] == pytest.approx(mine, rel=1e-12)
+    assert out["per_rank_us"]["1"] > out["per_rank_us"]["0"]
+    assert out["total_us"] == max(out["per_rank_us"].values()) and out["slowest_rank"] in (1, 3)
+
+
+def test_replay_equals_formula_without_contention_and_is_slower_with_it(traces4: Path) -> None:
+    trace = load_trace([traces4 / "groups"])
+    flat = simulate_trace(MODEL, trace, 64, "switch:64", "analytical")
+    rep = simulate_trace(MODEL, trace, 64, "switch:64", "replay")
+    assert rep["total_us"] == pytest.approx(flat["total_us"], rel=1e-6)
+    moe = load_trace([traces4 / "moe"])
+    flat = simulate_trace(MODEL, moe, 1024, "fat-tree:1024:oversub=4")
+    rep = simulate_trace(MODEL, moe, 1024, "fat-tree:1024:oversub=4", "replay")
+    # all-to-all through an oversubscribed spine: the flows share its links
+    assert rep["total_us"] > flat["total_us"] * 1.05
+    assert any(r["engine"] == "rounds" for r in rep["ops"])
+    assert flat["not_modelled"] == [{"reason": "alltoallv: per-peer splits are not rescaled",
+                                     "recorded_ops": 4}]
+
+
+def test_ops_without_a_formula_are_listed_not_invented(traces4: Path) -> None:
+    out = simulate_trace(MODEL, load_trace([traces4 / "p2p"]), 8, "switch:8")
+    assert [r["collective"] for r in out["ops"]] == ["broadcast", "reduce", "barrier",
+                                                     "allgather"]
+    reasons = {s["reason"] for s in out["not_modelled"]}
+    assert reasons == {"gather: no cost formula", "scatter: no cost formula",
+                       "send: point-to-point ops are not modelled"}
+
+
+def test_cli_table_and_json_at_1024_ranks(traces4: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(MODEL))
+    done = run_ccbench("simulate", str(model), "--trace", str(traces4 / "groups"),
+                       "--topology", "fat-tree:1024", "--fidelity", "replay")
+    assert done.returncode == 0, done.stderr
+    assert "recorded at 4 ranks" in done.stdout and "512x2 consecutive" in done.stdout
+    assert "# total" in done.stdout and "fit across world sizes" in done.stdout
+    done = run_ccbench("simulate", str(model), "--trace", str(traces4 / "ddp"), "--ranks", "1024",
+                       "--topology", "fat-tree:1024", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["world_size"] == 1024 and data["recorded_world_size"] == 4
+    assert data["total_us"] == pytest.approx(sum(r["time_us"] for r in data["ops"]))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["allreduce", "--trace", "{trace}"], "not both"),
+    (["--trace", "{trace}", "--fidelity", "both"], "--fidelity both"),
+    (["--trace", "{trace}", "--sizes", "1K"], "with --trace"),
+    (["--trace", "/nonexistent/trace"], "no such trace file"),
+    ([], "give a collective"),
+])
+def test_cli_bad_input_is_one_line(traces4: Path, tmp_path: Path, args: list[str],
+                                   needle: str) -> None:
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(MODEL))
+    args = [a.replace("{trace}", str(traces4 / "ddp")) for a in args]
+    done = run_ccbench("simulate", str(model), *args, "--topology", "switch:8")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ccbench: error:") and needle in lines[0]
