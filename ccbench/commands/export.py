@@ -2,7 +2,9 @@
 
 astra-sim: ASTRA-sim analytical network YAML, system JSON, remote-memory JSON and, with
 --collective/--sizes, Chakra ET workload files <prefix>.<rank>.et (one COMM_COLL node per
-size). chakra: a measured run as Chakra traces, one COMM_COLL node per timed iteration.
+size); with --trace, a recorded trace's communication at --ranks NPUs (ccbench.model.astra_trace)
+with its communicator groups. chakra: a measured run as Chakra traces, one COMM_COLL node per
+timed iteration.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="as for simulate (default switch:RANKS); its dimensions become "
                             "the YAML's")
     astra.add_argument("--collective", default=None, help="write a Chakra workload of this collective")
+    astra.add_argument("--trace", nargs="+", default=None, metavar="TRACE",
+                       help="write the Chakra workload of this trace's communication (as "
+                            "simulate --trace predicts it at --ranks), with comm groups")
     astra.add_argument("--sizes", "-s", default=None, help="sizes of the workload's nodes")
     astra.add_argument("--backend", default=None,
                         help="use the fits of this backend, library or backend/library "
@@ -42,6 +47,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=main)
 
 
+def _trace(args: argparse.Namespace) -> int:
+    from ccbench.model.astra_trace import export_astra_trace, trace_export_lines
+    from ccbench.model.modelfile import load_model
+    from ccbench.trace import load_trace
+
+    if args.collective or args.sizes or args.algorithm:
+        raise UsageError("--collective, --sizes and --algorithm are for a one-collective "
+                         "workload; with --trace each op uses its collective's fitted formula")
+    manifest = export_astra_trace(load_model(args.model), load_trace(args.trace), args.output,
+                                  args.ranks, args.topology, args.backend, args.prefix,
+                                  None if args.intra_bw is None else 1 / (args.intra_bw * 1e9))
+    for line in trace_export_lines(manifest):
+        print(line)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if args.export_kind == "astra-sim":
         from ccbench.collectives import canonical_collective
@@ -51,12 +72,14 @@ def main(args: argparse.Namespace) -> int:
 
         if args.ranks < 2:
             raise UsageError(f"--ranks must be >= 2, got {args.ranks}")
+        if args.intra_bw is not None and args.intra_bw <= 0:
+            raise UsageError(f"--intra-bw must be > 0, got {args.intra_bw}")
+        if args.trace:
+            return _trace(args)
         collective = canonical_collective(args.collective) if args.collective else None
         sizes = parse_sizes(args.sizes) if args.sizes else []
         if sizes and not collective:
             raise UsageError("--sizes needs --collective")
-        if args.intra_bw is not None and args.intra_bw <= 0:
-            raise UsageError(f"--intra-bw must be > 0, got {args.intra_bw}")
         manifest = export_astra(load_model(args.model), args.output, args.ranks, args.topology,
                                 collective, sizes, args.backend, args.prefix,
                                 None if args.intra_bw is None else 1 / (args.intra_bw * 1e9),

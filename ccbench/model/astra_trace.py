@@ -1,0 +1,218 @@
+"""A recorded trace's communication as ASTRA-sim inputs: one Chakra ET per NPU, the
+communicator groups, the network and system configs (`ccbench export astra-sim --trace`).
+
+The ops and their sizes, groups and order are those `simulate --trace` prices
+(ccbench.model.tracesim at the same rank count), so the congestion-unaware binary's time
+is comparable with its total:
+
+* every NPU gets the ops of the recorded rank it plays (q mod N), chained in trace order
+  by data and control dependencies (ASTRA-sim's feeder follows data_deps only); an op on
+  a process group names its communicator group (`pg_name`, an integer id) and
+  `comm_groups.json` lists each group's NPUs (--comm-group-configuration); world ops
+  name none;
+* all-reduce, all-gather, reduce-scatter and all-to-all are COMM_COLL nodes that ASTRA-sim
+  runs with its own implementation of the fitted formula (ccbench.model.astra);
+* ops ASTRA-sim has no implementation for (broadcast, reduce, a barrier) are compute
+  nodes carrying ccbench's predicted time as their duration, rounded to the whole
+  microseconds Chakra stores: ASTRA-sim then adds them as given (the manifest says which,
+  and the expected total includes the rounding);
+* one set of link parameters per run: the ops' fits must share alpha and beta (and the
+  reducing ones gamma); otherwise the export is refused with the fits named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ccbench.errors import UsageError
+from ccbench.model.astra import (
+    _ASTRA_KEYS,
+    NO_REDUCTION_COST,
+    _dims,
+    _intra,
+    _safe,
+    astra_comm_size,
+    astra_implementation,
+    network_yaml,
+    out_path,
+    system_json,
+)
+from ccbench.model.chakra import NODE_TYPES, _attr, classes, comm_coll_node, write_trace
+from ccbench.model.simulate import LinkOverrides
+from ccbench.model.tracesim import plan_trace, simulate_trace
+from ccbench.trace.ops import Trace
+
+__all__ = ["export_astra_trace"]
+
+
+def _delay_node(node_id: int, name: str, micros: int) -> Any:
+    """A compute node ASTRA-sim replays for `micros` (it has no model of this op)."""
+    node = classes()["Node"](id=node_id, name=name, type=NODE_TYPES["COMP_NODE"],
+                             duration_micros=micros)
+    node.attr.append(_attr("is_cpu_op", False))
+    return node
+
+
+def _one_value(rows: list[dict[str, Any]], key: str, what: str) -> float:
+    values = sorted({r[key] for r in rows})
+    if len(values) > 1 and values[-1] > values[0] * (1 + 1e-9):
+        named = sorted({f"{r['fit_collective']} ({r[key]:.4g})" for r in rows})
+        raise UsageError(f"cannot export this trace in one ASTRA-sim run: its ops' fits have "
+                         f"different {what} ({', '.join(named)}) and ASTRA-sim has one network "
+                         f"per run")
+    return values[0] if values else 0.0
+
+
+def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.PathLike[str],
+                       ranks: int, topology: str | None = None, backend: str | None = None,
+                       prefix: str = "workload", intra_beta: float | None = None,
+                       intra_alpha: float | None = None) -> dict[str, Any]:
+    """Write the workload, comm groups and configs; return the manifest (also written as
+    ccbench-export.json) with the `simulate --trace` prediction it should match."""
+    topology = topology or f"switch:{ranks}"
+    pred = simulate_trace(model, trace, ranks, topology, "analytical", backend=backend,
+                          links=LinkOverrides(intra_alpha=intra_alpha, intra_beta=intra_beta))
+    ops, _ = plan_trace(trace, ranks)
+    rows = pred["ops"]
+    if not rows:
+        raise UsageError("the trace has no op that can be exported (see simulate --trace)")
+    alpha = _one_value(rows, "alpha_s", "alpha")
+    beta = _one_value(rows, "beta_s_per_byte", "beta")
+    dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
+    if len(dims) > 1:
+        raise UsageError(f"cannot export a trace on {topology}: ASTRA-sim runs each collective "
+                         f"dimension by dimension ({len(dims)} dimensions), which the flat "
+                         f"formulas of simulate --trace do not describe (use a one-dimension "
+                         f"topology: switch, ring, fully-connected)")
+    network = dims[0]["topology"]
+    if network == "Ring" and any(op.shape != "world" for op in ops):
+        raise UsageError(f"cannot export this trace on {topology}: its process groups' ring "
+                         f"neighbours are several hops apart on a Ring network, where ASTRA-sim "
+                         f"charges the latency per hop and ccbench's alpha once per message "
+                         f"(use switch or fully-connected)")
+    implementations: dict[str, str] = {}
+    reducing_bw: set[float] = set()
+    native = []
+    for row in rows:
+        coll = row["collective"]
+        if coll not in _ASTRA_KEYS:
+            native.append(False)
+            continue
+        gamma = row["gamma_s_per_byte"] if coll in ("allreduce", "reduce-scatter") else 0.0
+        impl, mult = astra_implementation(coll, row["algorithm"], row["group_size"], network,
+                                          gamma)
+        if implementations.setdefault(coll, impl) != impl:
+            raise UsageError(f"cannot export this trace: its {coll} ops need ASTRA-sim "
+                             f"implementations {implementations[coll]} and {impl} (group sizes "
+                             f"differ) and a run has one per collective")
+        if gamma > 0 and mult > 0 and row["group_size"] > 1:
+            reducing_bw.add(round(3.0 * mult / gamma / 1e9, 9))
+        native.append(True)
+    if len(reducing_bw) > 1:
+        raise UsageError(f"cannot export this trace in one ASTRA-sim run: its reducing ops need "
+                         f"local-mem-bw {sorted(reducing_bw)} (different gamma or "
+                         f"halvingDoubling at different group sizes)")
+    local_mem_bw = reducing_bw.pop() if reducing_bw else NO_REDUCTION_COST
+
+    # communicator groups: one id per distinct group of a sub-world op
+    group_ids: dict[tuple[int, ...], int] = {}
+    for op in ops:
+        if op.shape != "world":
+            for row in op.table:
+                group_ids.setdefault(tuple(int(x) for x in row), len(group_ids) + 1)
+    # NPU q's ops: those one of whose active copies holds q, in trace order
+    holds = np.zeros((len(ops), ranks), bool)
+    pg_of = np.zeros((len(ops), ranks), np.int64)
+    for i, op in enumerate(ops):
+        holds[i, op.table.ravel()] = True
+        if op.shape != "world":
+            for row in op.table:
+                pg_of[i, row] = group_ids[tuple(int(x) for x in row)]
+    out = out_path(out_dir)
+    work = out / _safe(prefix)
+    per_npu_us = []
+    for q in range(ranks):
+        nodes: list[Any] = []
+        expected = 0.0
+        for j in np.flatnonzero(holds[:, q]).tolist():
+            row, op = rows[j], ops[j]
+            deps = [len(nodes) - 1] if nodes else []
+            name = f"{row['collective']}:{row['size']}B:node{row['node_id']}"
+            if native[j]:
+                comm = astra_comm_size(row["collective"], row["size"], op.group_size)
+                pg = str(pg_of[j, q]) if op.shape != "world" else None
+                node = comm_coll_node(len(nodes), name, row["collective"], comm,
+                                      pg_name=pg, involved_dim=[True])
+                expected += row["time_us"]
+            else:
+                micros = max(1, round(row["time_us"]))
+                node = _delay_node(len(nodes), f"ccbench-predicted:{name}", micros)
+                expected += micros
+            # ASTRA-sim's feeder orders nodes by data_deps only; a comm op may otherwise
+            # run beside a compute node. Chakra readers that follow ctrl_deps see the same.
+            node.ctrl_deps.extend(deps)
+            node.data_deps.extend(deps)
+            nodes.append(node)
+        write_trace(f"{work}.{q}.et", nodes, metadata={"source": "ccbench export astra-sim "
+                                                                 "--trace"})
+        per_npu_us.append(expected)
+    (out / "comm_groups.json").write_text(
+        json.dumps({str(gid): list(g) for g, gid in group_ids.items()}) + "\n",
+        encoding="utf-8")
+    (out / "network.yml").write_text(network_yaml(dims), encoding="utf-8")
+    (out / "system.json").write_text(
+        json.dumps(system_json(implementations, 1, local_mem_bw), indent=2) + "\n",
+        encoding="utf-8")
+    (out / "remote_memory.json").write_text(
+        json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n", encoding="utf-8")
+    delayed = sorted({r["collective"] for r, n in zip(rows, native, strict=True) if not n})
+    manifest: dict[str, Any] = {
+        "ranks": ranks, "topology": topology, "trace": pred["trace"],
+        "recorded_world_size": pred["recorded_world_size"], "dims": dims,
+        "alpha_s": alpha, "beta_s_per_byte": beta, "local_mem_bw": local_mem_bw,
+        "implementations": implementations, "comm_groups": len(group_ids),
+        "workload": {"prefix": str(work), "ops": len(rows),
+                     "simulate_total_us": pred["total_us"],
+                     "total_us": max(per_npu_us), "per_npu_us": per_npu_us,
+                     "predicted_duration_ops": delayed},
+        "not_modelled": pred["not_modelled"], "flags": pred["flags"], "fits": pred["fits"],
+        "run": (f"AstraSim_Analytical_Congestion_Unaware --workload-configuration={work} "
+                f"--system-configuration={out / 'system.json'} "
+                f"--network-configuration={out / 'network.yml'} "
+                f"--remote-memory-configuration={out / 'remote_memory.json'} "
+                f"--comm-group-configuration={out / 'comm_groups.json'}"),
+    }
+    (out / "ccbench-export.json").write_text(json.dumps(manifest, indent=1) + "\n",
+                                             encoding="utf-8")
+    return manifest
+
+
+def trace_export_lines(manifest: dict[str, Any]) -> list[str]:
+    """What `ccbench export astra-sim --trace` prints."""
+    w = manifest["workload"]
+    lines = [f"wrote {w['prefix']}.<npu>.et for {manifest['ranks']} NPUs ({w['ops']} ops of "
+             f"{manifest['trace']}, recorded at {manifest['recorded_world_size']} ranks), "
+             f"comm_groups.json ({manifest['comm_groups']} groups), network.yml, system.json, "
+             f"remote_memory.json"]
+    for d in manifest["dims"]:
+        lines.append(f"  {d['topology']}({d['npus']}): bandwidth {d['bandwidth']:.4g} (GiB/s "
+                     f"as ASTRA-sim reads it = {1e-9 / d['beta_s_per_byte']:.4g} GB/s), "
+                     f"latency {d['latency_ns']:.4g} ns/hop")
+    for coll, impl in manifest["implementations"].items():
+        fit = manifest["fits"].get(coll, {})
+        lines.append(f"  {coll}: {impl} (formula {fit.get('algorithm')}; "
+                     f"{fit.get('fit_choice')})")
+    if w["predicted_duration_ops"]:
+        lines.append(f"  {', '.join(w['predicted_duration_ops'])}: no ASTRA-sim "
+                     f"implementation, written as compute nodes of ccbench's predicted time "
+                     f"(whole us)")
+    for skip in manifest["not_modelled"]:
+        lines.append(f"  not exported ({skip['recorded_ops']} recorded ops): {skip['reason']}")
+    lines.append(f"  simulate --trace total {w['simulate_total_us']:.2f} us; expected from "
+                 f"ASTRA-sim {w['total_us']:.2f} us")
+    lines.append(f"  run: {manifest['run']}")
+    return lines
