@@ -49,9 +49,11 @@ def main(args: argparse.Namespace) -> int:
         wanted = {b.strip() for b in args.backend.split(",") if b.strip()}
         records = [r for r in records if r.backend in wanted]
     from ccbench.report.predictions import prediction_figures, split_predictions
+    from ccbench.report.traces import split_traces, trace_figures
 
     records, predicted = split_predictions(records)     # from `simulate -o`: own figures
-    if not records and not predicted:
+    records, replayed = split_traces(records)           # from `replay -O`: own figures
+    if not records and not predicted and not replayed:
         raise UsageError(f"no records in {', '.join(args.results)}"
                          + (" after filtering" if args.collective or args.backend else ""))
     model = None
@@ -68,11 +70,14 @@ def main(args: argparse.Namespace) -> int:
     from ccbench.report import build_report
 
     formats = tuple(f.strip().lower() for f in args.formats.split(",") if f.strip())
+    if replayed:
+        for path in trace_figures(replayed, args.output, formats):
+            print(f"ccbench report: trace {path}")
     if predicted:
         for path in prediction_figures(records, predicted, args.output, formats):
             print(f"ccbench report: predictions {path}")
-        if not records:
-            return 0
+    if not records:
+        return 0
     report = build_report(records, args.output, model=model, sources=sources, title=args.title,
                           formats=formats, runs=args.runs)
     print(f"ccbench report: {len(report.figures)} figures ({', '.join(formats)}), "

@@ -1,0 +1,213 @@
+"""Figures of `ccbench replay` records: a trace's timeline and its breakdown.
+
+Replay records (method.trace) are one per call of a trace, each the measured median of
+that call on its process group; a size sweep's figures do not describe them, so `report`
+draws them apart, per trace (the folder or file the trace came from):
+
+* timeline: the calls laid out as the job would run them back to back, one lane per
+  process group, one row of lanes per backend: a call starts when every rank of its group
+  has ended its previous call and lasts its measured time; colour = collective;
+* breakdown: communication time by collective and size bucket (the summary's power-of-two
+  buckets), one bar per backend, with each backend's total and how much faster the
+  fastest is.
+
+The latest run of each (trace, backend) is drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["breakdown", "is_trace_record", "latest_runs", "split_traces", "timeline",
+           "trace_figures"]
+
+_COLLECTIVE_COLOURS = {"allreduce": "#0072B2", "allgather": "#009E73",
+                       "reduce-scatter": "#D55E00", "broadcast": "#E69F00",
+                       "alltoall": "#CC79A7", "alltoallv": "#882255", "reduce": "#56B4E9",
+                       "gather": "#999933", "scatter": "#44AA99", "barrier": "#888888",
+                       "send": "#661100", "recv": "#661100"}
+
+
+def is_trace_record(record: Any) -> bool:
+    return isinstance((record.method or {}).get("trace"), dict)
+
+
+def split_traces(records: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """(other records, replay records)."""
+    return ([r for r in records if not is_trace_record(r)],
+            [r for r in records if is_trace_record(r)])
+
+
+def _trace_name(record: Any) -> str:
+    path = Path(str(record.method["trace"].get("file") or "trace"))
+    return path.parent.name if path.suffix == ".json" or ".et" in path.name else path.name
+
+
+def latest_runs(records: Sequence[Any]) -> dict[str, dict[str, list[Any]]]:
+    """trace name -> backend -> the records of its latest run, in call order."""
+    runs: dict[tuple[str, str], dict[str, list[Any]]] = {}
+    for r in records:
+        runs.setdefault((_trace_name(r), r.backend), {}).setdefault(r.run_id, []).append(r)
+    out: dict[str, dict[str, list[Any]]] = {}
+    for (name, backend), by_run in sorted(runs.items()):
+        latest = max(by_run.values(), key=lambda recs: max(x.timestamp for x in recs))
+        out.setdefault(name, {})[backend] = sorted(latest,
+                                                   key=lambda x: x.method["trace"]["call"])
+    return out
+
+
+def timeline(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """Start and end (us) of each call run back to back: a call starts when every rank of
+    its group has ended its previous call."""
+    free: dict[int, float] = {}
+    out = []
+    for r in records:
+        tag = r.method["trace"]
+        group = tuple(tag.get("group") or range(r.world_size))
+        start = max((free.get(rank, 0.0) for rank in group), default=0.0)
+        end = start + float(r.time_us["median"])
+        for rank in group:
+            free[rank] = end
+        out.append({"call": tag["call"], "node_id": tag["node_id"], "group": group,
+                    "collective": r.collective, "size": r.size_used, "start": start,
+                    "end": end})
+    return out
+
+
+def _us(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:.3g} s"
+    if x >= 1e3:
+        return f"{x / 1e3:.3g} ms"
+    return f"{x:.3g} us"
+
+
+def _group_label(group: tuple[int, ...], world: int) -> str:
+    if len(group) == world:
+        return f"world ({world})"
+    if len(group) > 4:
+        return f"[{group[0]}, {group[1]}, ..., {group[-1]}]"
+    return "[" + ", ".join(map(str, group)) + "]"
+
+
+def _timeline_figure(name: str, backends: dict[str, list[Any]]) -> Any:
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from ccbench.report.style import RC
+
+    spans = {b: timeline(recs) for b, recs in backends.items()}
+    world = max(int(r.method["trace"].get("trace_world_size") or r.world_size)
+                for recs in backends.values() for r in recs)
+    lanes = sorted({s["group"] for ss in spans.values() for s in ss},
+                   key=lambda g: (-len(g), g))
+    height = 1.0 + 0.32 * len(lanes) * len(spans) + 0.5 * len(spans)
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(len(spans), 1, figsize=(9.0, min(height, 14.0)),
+                                 layout="constrained", sharex=True, squeeze=False)
+        used: set[str] = set()
+        longest = max((s["end"] for ss in spans.values() for s in ss), default=0.0)
+        for ax, (backend, ss) in zip(axes[:, 0], spans.items(), strict=True):
+            for s in ss:
+                y = lanes.index(s["group"])
+                colour = _COLLECTIVE_COLOURS.get(s["collective"], "#444444")
+                # a call of a few us beside calls of ms would be invisible: drawn at least
+                # 0.3% of the axis wide (the x label says so)
+                width = max(s["end"] - s["start"], longest * 0.003)
+                ax.barh(y, width, left=s["start"], height=0.7, color=colour, linewidth=0)
+                used.add(s["collective"])
+            total = max((s["end"] for s in ss), default=0.0)
+            ax.set_yticks(range(len(lanes)), [_group_label(g, world) for g in lanes])
+            ax.invert_yaxis()
+            ax.set_title(f"{backend}: {len(ss)} calls, {_us(total)} back to back",
+                         fontsize=9, loc="left")
+            ax.set_ylabel("process group")
+            ax.grid(axis="y", visible=False)
+        axes[-1, 0].set_xlabel("time (us): calls back to back in trace order, each its "
+                               "measured median (drawn at least 0.3% of the axis wide)")
+        handles = [Patch(color=_COLLECTIVE_COLOURS.get(c, "#444444"), label=c)
+                   for c in sorted(used)]
+        fig.legend(handles=handles, loc="outside upper right", ncols=min(6, len(handles)),
+                   fontsize=8)
+        fig.suptitle(f"trace {name}: timeline of the replay", fontsize=10)
+    return fig
+
+
+def breakdown(backends: dict[str, list[Any]]) \
+        -> tuple[list[tuple[str, int, str]], dict[str, dict[tuple[str, int, str], float]]]:
+    """(collective, bucket floor, bucket label) keys in order, and per backend the summed
+    measured median (us) of each key's calls."""
+    from ccbench.trace.summary import bucket
+
+    cats: dict[tuple[str, int, str], None] = {}
+    per: dict[str, dict[tuple[str, int, str], float]] = {}
+    for backend, recs in backends.items():
+        table = per.setdefault(backend, {})
+        for r in recs:
+            size = int(r.size_asked)
+            low = 1 << (size.bit_length() - 1) if size > 0 else 0
+            key = (r.collective, low, bucket(size))
+            cats[key] = None
+            table[key] = table.get(key, 0.0) + float(r.time_us["median"])
+    return sorted(cats), per
+
+
+def _breakdown_figure(name: str, backends: dict[str, list[Any]]) -> Any:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from ccbench.report.style import RC, colour
+
+    keys, per = breakdown(backends)
+    totals = {b: sum(t.values()) for b, t in per.items()}
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) + 2.5), 4.4),
+                               layout="constrained")
+        width = 0.8 / max(len(per), 1)
+        x = np.arange(len(keys))
+        for i, (backend, table) in enumerate(per.items()):
+            lib = backends[backend][0].library
+            ax.bar(x + (i - (len(per) - 1) / 2) * width, [table.get(k, 0.0) for k in keys],
+                   width, color=colour(lib if backend == "mpi" else backend),
+                   label=f"{backend} ({lib}): {_us(totals[backend])} in all")
+        ax.set_xticks(x, [f"{c}\n{b}" for c, _, b in keys], fontsize=8)
+        ax.set_ylabel("communication time (us, summed over calls)")
+        values = [v for t in per.values() for v in t.values() if v > 0]
+        if values and max(values) > 100 * min(values):     # keep the small bars visible
+            ax.set_yscale("log")
+            ax.set_ylabel("communication time (us, summed over calls; log)")
+        title = f"trace {name}: time by collective and size"
+        if len(totals) > 1:
+            fast = min(totals, key=lambda b: totals[b])
+            slow = max(totals, key=lambda b: totals[b])
+            if totals[fast] > 0:
+                title += f"; {fast} {totals[slow] / totals[fast]:.2f}x faster than {slow}"
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def trace_figures(records: Sequence[Any], directory: str | Path,
+                  formats: Sequence[str] = ("png",)) -> list[Path]:
+    """trace-<name>-timeline and trace-<name>-breakdown per trace; returns the files."""
+    import re
+
+    import matplotlib.pyplot as plt
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, backends in latest_runs(records).items():
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        for kind, draw in (("timeline", _timeline_figure), ("breakdown", _breakdown_figure)):
+            fig = draw(name, backends)
+            for fmt in formats:
+                path = directory / f"trace-{slug}-{kind}.{fmt}"
+                fig.savefig(path, bbox_inches="tight", pad_inches=0.08,
+                            metadata={"Software": None} if fmt == "png" else
+                            {"Date": None, "Creator": None})
+                written.append(path)
+            plt.close(fig)
+    return written

@@ -1,0 +1,65 @@
+"""`ccbench report` on `ccbench replay` records: a trace's timeline and breakdown figures,
+from a real replay (gloo, 4 ranks) of a trace recorded by a real PyTorch run."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ccbench.record import load_records
+from ccbench.report.traces import breakdown, latest_runs, split_traces, timeline
+from tests.conftest import run_ccbench
+
+
+@pytest.fixture(scope="module")
+def replayed(traces4: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("replayed") / "groups.jsonl"
+    done = run_ccbench("launch", "-n", "4", "replay", str(traces4 / "groups"), "--backend",
+                       "gloo", "--iters", "1", "--repeat", "1", "-O", str(out), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_timeline_starts_each_call_when_its_group_is_free(replayed: Path) -> None:
+    records = load_records(replayed)
+    others, traced = split_traces(records)
+    assert not others and len(traced) == 13
+    runs = latest_runs(traced)
+    assert list(runs) == ["groups"] and list(runs["groups"]) == ["gloo"]
+    spans = timeline(runs["groups"]["gloo"])
+    free = dict.fromkeys(range(4), 0.0)
+    for span, rec in zip(spans, runs["groups"]["gloo"], strict=True):
+        group = rec.method["trace"]["group"]
+        assert span["start"] == pytest.approx(max(free[r] for r in group))
+        assert span["end"] - span["start"] == pytest.approx(rec.time_us["median"])
+        for r in group:
+            free[r] = span["end"]
+    # the two tensor-parallel pairs run side by side: some call starts before another ends
+    assert any(a["start"] < b["end"] and b["start"] < a["end"] and
+               not set(a["group"]) & set(b["group"]) for a in spans for b in spans)
+
+
+def test_breakdown_sums_every_call_once_per_backend(replayed: Path) -> None:
+    records = load_records(replayed)
+    # the same calls on a second backend, twice as fast (an edge case built from real records)
+    faster = [dataclasses.replace(r, backend="mpi", run_id="r2",
+                                  time_us={**r.time_us, "median": r.time_us["median"] / 2})
+              for r in records]
+    keys, per = breakdown(latest_runs(records + faster)["groups"])
+    assert set(per) == {"gloo", "mpi"}
+    total = sum(r.time_us["median"] for r in records)
+    assert sum(per["gloo"].values()) == pytest.approx(total)
+    assert sum(per["mpi"].values()) == pytest.approx(total / 2)
+    assert {k[0] for k in keys} == {"allreduce", "allgather", "broadcast"}
+    assert ("allreduce", 16384, "16K") in keys and ("allreduce", 16384, "16K-32K") in keys
+
+
+def test_report_draws_the_trace_figures(replayed: Path, tmp_path: Path) -> None:
+    done = run_ccbench("report", str(replayed), "-o", str(tmp_path / "rep"), "--formats", "png")
+    assert done.returncode == 0, done.stderr
+    for kind in ("timeline", "breakdown"):
+        png = tmp_path / "rep" / f"trace-groups-{kind}.png"
+        assert f"trace {png}" in done.stdout
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
