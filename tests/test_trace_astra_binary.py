@@ -78,6 +78,27 @@ def test_export_refuses_what_astra_sim_times_differently(traces4: Path, tmp_path
     assert not list(tmp_path.rglob("*.et"))
 
 
+def test_fits_of_different_links_export_with_one_network_given(traces4: Path,
+                                                              tmp_path: Path) -> None:
+    """A calibrated model's fits differ per collective (and gloo's allreduce fits a tree):
+    the network given to both, and ring for the allreduce, make them comparable."""
+    from ccbench.model.simulate import LinkOverrides
+
+    mixed = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
+    for fit, alpha in zip(mixed["fits"], (3e-6, 4e-6, 5e-6, 6e-6, 7e-6), strict=True):
+        fit["alpha"] = alpha
+    next(f for f in mixed["fits"] if f["collective"] == "allreduce")["model_algorithm"] = "tree"
+    trace = load_trace([traces4 / "groups"])
+    links = LinkOverrides(inter_alpha=20e-6, inter_beta=1 / 12.5e9)
+    with pytest.raises(UsageError, match="doubleBinaryTree"):
+        export_astra_trace(mixed, trace, tmp_path / "tree", 32, links=links)
+    ring = {"allreduce": "ring"}
+    man = export_astra_trace(mixed, trace, tmp_path / "ring", 32, links=links, algorithms=ring)
+    predicted = simulate_trace(mixed, trace, 32, "switch:32", links=links, algorithms=ring)
+    assert any("formula ring with constants fitted for tree" in f for f in predicted["flags"])
+    assert run_astra(man) * 1e6 == pytest.approx(predicted["total_us"], rel=0.01)
+
+
 def test_cli_writes_and_prints_the_run_line(traces4: Path, tmp_path: Path, capsys) -> None:
     from ccbench.cli import main as cli_main
 

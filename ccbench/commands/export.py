@@ -37,8 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(mpi, 'Open MPI', 'mpi/Intel MPI')")
     astra.add_argument("--algorithm", "-a", default=None,
                        help="cost formula, as for simulate (default: the fitted one); "
-                            "hierarchical-ring for a multi-dimensional topology")
+                            "hierarchical-ring for a multi-dimensional topology; with --trace "
+                            "COLLECTIVE=FORMULA pairs (allreduce=ring,allgather=ring)")
     astra.add_argument("--prefix", default="workload", help="Chakra file prefix (default workload)")
+    astra.add_argument("--inter-bw", type=float, default=None,
+                       help="with --trace: network link GB/s for every op (as simulate's)")
+    astra.add_argument("--inter-alpha-us", type=float, default=None,
+                       help="with --trace: network message alpha, us, for every op")
     astra.add_argument("--intra-bw", type=float, default=None,
                        help="intra-host GB/s for dual-plane's first dimension")
     chakra = sub.add_parser("chakra", help="measured records as Chakra traces")
@@ -50,14 +55,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _trace(args: argparse.Namespace) -> int:
     from ccbench.model.astra_trace import export_astra_trace, trace_export_lines
     from ccbench.model.modelfile import load_model
+    from ccbench.model.simulate import LinkOverrides
+    from ccbench.model.tracesim import parse_algorithms
     from ccbench.trace import load_trace
 
-    if args.collective or args.sizes or args.algorithm:
-        raise UsageError("--collective, --sizes and --algorithm are for a one-collective "
-                         "workload; with --trace each op uses its collective's fitted formula")
+    if args.collective or args.sizes:
+        raise UsageError("--collective and --sizes are for a one-collective workload; with "
+                         "--trace each op is exported at its own size")
+    for name in ("inter_bw", "inter_alpha_us"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    links = LinkOverrides(
+        inter_alpha=None if args.inter_alpha_us is None else args.inter_alpha_us * 1e-6,
+        inter_beta=None if args.inter_bw is None else 1 / (args.inter_bw * 1e9),
+        intra_beta=None if args.intra_bw is None else 1 / (args.intra_bw * 1e9))
     manifest = export_astra_trace(load_model(args.model), load_trace(args.trace), args.output,
-                                  args.ranks, args.topology, args.backend, args.prefix,
-                                  None if args.intra_bw is None else 1 / (args.intra_bw * 1e9))
+                                  args.ranks, args.topology, args.backend, args.prefix, links,
+                                  parse_algorithms(args.algorithm or ""))
     for line in trace_export_lines(manifest):
         print(line)
     return 0
@@ -76,6 +91,8 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--intra-bw must be > 0, got {args.intra_bw}")
         if args.trace:
             return _trace(args)
+        if args.inter_bw is not None or args.inter_alpha_us is not None:
+            raise UsageError("--inter-bw and --inter-alpha-us are for --trace exports")
         collective = canonical_collective(args.collective) if args.collective else None
         sizes = parse_sizes(args.sizes) if args.sizes else []
         if sizes and not collective:

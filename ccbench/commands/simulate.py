@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "e.g. fat-tree:1024:oversub=2 (default switch)")
     parser.add_argument("--sizes", "-s", default="1K-1G", help="bytes, as for measuring (default 1K-1G)")
     parser.add_argument("--algorithm", "-a", default=None,
-                        help="cost formula / schedule (default: the fitted one)")
+                        help="cost formula / schedule (default: the fitted one); with --trace, "
+                             "COLLECTIVE=FORMULA pairs, e.g. allreduce=ring,allgather=ring")
     parser.add_argument("--backend", default=None,
                         help="use the fits of this backend, library or backend/library "
                              "(mpi, 'Open MPI', 'mpi/Intel MPI')")
@@ -195,7 +196,7 @@ def _print_trace(out: dict) -> None:
 def _main_trace(args: argparse.Namespace) -> int:
     from ccbench.model.modelfile import load_model
     from ccbench.model.progress import StderrProgress
-    from ccbench.model.tracesim import simulate_trace
+    from ccbench.model.tracesim import parse_algorithms, simulate_trace
     from ccbench.trace import load_trace
 
     if args.collective is not None:
@@ -203,16 +204,17 @@ def _main_trace(args: argparse.Namespace) -> int:
     if args.fidelity == "both":
         raise UsageError("--fidelity both is for one collective; with --trace use analytical "
                          "or replay")
-    if args.algorithm or args.segments != 1 or args.sizes != "1K-1G" or args.output:
-        raise UsageError("--algorithm, --segments, --sizes and --output are for one "
-                         "collective; with --trace each op uses its collective's fitted formula")
+    if args.segments != 1 or args.sizes != "1K-1G" or args.output:
+        raise UsageError("--segments, --sizes and --output are for one collective; with "
+                         "--trace each op is priced at its own size")
     model = load_model(args.model)
     trace = load_trace(args.trace)
     ranks = args.ranks if args.ranks is not None else _ranks_from_topology(args.topology)
     progress = StderrProgress()
     try:
         out = simulate_trace(model, trace, ranks, args.topology, args.fidelity, args.sharing,
-                             args.backend, _links(args), progress=progress)
+                             args.backend, _links(args), progress=progress,
+                             algorithms=parse_algorithms(args.algorithm or ""))
     finally:
         progress.close()
     if args.format == "json":

@@ -57,31 +57,42 @@ def _delay_node(node_id: int, name: str, micros: int) -> Any:
     return node
 
 
-def _one_value(rows: list[dict[str, Any]], key: str, what: str) -> float:
+def _one_value(rows: list[dict[str, Any]], key: str, what: str, given: float | None,
+               option: str) -> float:
+    """The one link value every op uses: `given` (an override) or the fits' common one."""
+    if given is not None:
+        return given
     values = sorted({r[key] for r in rows})
     if len(values) > 1 and values[-1] > values[0] * (1 + 1e-9):
         named = sorted({f"{r['fit_collective']} ({r[key]:.4g})" for r in rows})
         raise UsageError(f"cannot export this trace in one ASTRA-sim run: its ops' fits have "
                          f"different {what} ({', '.join(named)}) and ASTRA-sim has one network "
-                         f"per run")
+                         f"per run; give the network's with {option} (and the same to "
+                         f"simulate --trace to compare)")
     return values[0] if values else 0.0
 
 
 def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.PathLike[str],
                        ranks: int, topology: str | None = None, backend: str | None = None,
-                       prefix: str = "workload", intra_beta: float | None = None,
-                       intra_alpha: float | None = None) -> dict[str, Any]:
+                       prefix: str = "workload", links: LinkOverrides | None = None,
+                       algorithms: dict[str, str] | None = None) -> dict[str, Any]:
     """Write the workload, comm groups and configs; return the manifest (also written as
-    ccbench-export.json) with the `simulate --trace` prediction it should match."""
+    ccbench-export.json) with the `simulate --trace` prediction it should match (the same
+    link overrides given to both)."""
     topology = topology or f"switch:{ranks}"
+    links = links or LinkOverrides()
+    if links.hop_latency:
+        raise UsageError("a per-hop latency is not exported (ASTRA-sim's latency is per hop "
+                         "already); leave --hop-latency-us out")
     pred = simulate_trace(model, trace, ranks, topology, "analytical", backend=backend,
-                          links=LinkOverrides(intra_alpha=intra_alpha, intra_beta=intra_beta))
+                          links=links, algorithms=algorithms)
     ops, _ = plan_trace(trace, ranks)
     rows = pred["ops"]
     if not rows:
         raise UsageError("the trace has no op that can be exported (see simulate --trace)")
-    alpha = _one_value(rows, "alpha_s", "alpha")
-    beta = _one_value(rows, "beta_s_per_byte", "beta")
+    alpha = _one_value(rows, "alpha_s", "alpha", links.inter_alpha, "--inter-alpha-us")
+    beta = _one_value(rows, "beta_s_per_byte", "beta", links.inter_beta, "--inter-bw")
+    intra_alpha, intra_beta = links.intra_alpha, links.intra_beta
     dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
     if len(dims) > 1:
         raise UsageError(f"cannot export a trace on {topology}: ASTRA-sim runs each collective "
@@ -105,6 +116,13 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
         gamma = row["gamma_s_per_byte"] if coll in ("allreduce", "reduce-scatter") else 0.0
         impl, mult = astra_implementation(coll, row["algorithm"], row["group_size"], network,
                                           gamma)
+        if impl == "doubleBinaryTree" and (sum(r["collective"] == coll for r in rows) > 1
+                                           or row["group_shape"] != "world"):
+            raise UsageError("cannot export this trace's tree allreduce: ASTRA-sim's "
+                             "doubleBinaryTree releases ranks at different times, so a chain "
+                             "of them (or one per group) overlaps where ccbench's formula runs "
+                             "them one after the other; pass --algorithm allreduce=ring to "
+                             "export and to simulate --trace alike")
         if implementations.setdefault(coll, impl) != impl:
             raise UsageError(f"cannot export this trace: its {coll} ops need ASTRA-sim "
                              f"implementations {implementations[coll]} and {impl} (group sizes "

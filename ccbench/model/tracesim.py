@@ -43,7 +43,7 @@ from ccbench.model.topology import LinkClass, Topology, build_topology
 from ccbench.trace.ops import CommOp, Group, Trace
 from ccbench.trace.scale import resize_op, retile_group
 
-__all__ = ["TraceOp", "plan_trace", "simulate_trace", "TRACE_FIDELITIES"]
+__all__ = ["TraceOp", "parse_algorithms", "plan_trace", "simulate_trace", "TRACE_FIDELITIES"]
 
 TRACE_FIDELITIES = ("analytical", "replay")
 #: collectives priced with another collective's formula, and how
@@ -196,6 +196,7 @@ class _Pricer:
     sharing: str
     backend: str | None
     links: LinkOverrides
+    algorithms: dict[str, str] = field(default_factory=dict)
     topos: dict[tuple[float, ...], Topology] = field(default_factory=dict)
     cache: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     fits: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -217,7 +218,7 @@ class _Pricer:
         coll, note = _STAND_IN.get(op.collective, (op.collective, ""))
         k = op.group_size
         fit, why = select_fit(self.model, coll, k, self.backend)
-        algo = default_algorithm(fit, coll)
+        algo = self.algorithms.get(coll) or default_algorithm(fit, coll)
         piece, alpha, beta, gamma = _params(fit, op.size)
         key = (coll, algo, k, op.size, op.shape, op.stride, op.table.tobytes(), piece)
         if key in self.cache:
@@ -272,6 +273,23 @@ class _Pricer:
         return dict(out)
 
 
+def parse_algorithms(spec: str | dict[str, str]) -> dict[str, str]:
+    """{collective: formula key} from "allreduce=ring,allgather=bruck" (or such a dict)."""
+    from ccbench.collectives import canonical_collective
+    from ccbench.model.costs import canonical_algorithm
+
+    pairs = spec.items() if isinstance(spec, dict) else \
+        [part.partition("=")[::2] for part in spec.split(",") if part.strip()]
+    out: dict[str, str] = {}
+    for coll, algo in pairs:
+        if not coll.strip() or not algo.strip():
+            raise UsageError(f"--algorithm with --trace takes COLLECTIVE=FORMULA pairs "
+                             f"(e.g. allreduce=ring,allgather=ring), got {spec!r}")
+        name = "reduce" if coll.strip() == "reduce" else canonical_collective(coll.strip())
+        out[name] = canonical_algorithm(name, algo.strip())
+    return out
+
+
 def _where(paths: list[str]) -> str:
     """The trace's folder when its files share one, else its first file and a count."""
     parents = {str(Path(p).parent) for p in paths}
@@ -283,9 +301,11 @@ def _where(paths: list[str]) -> str:
 def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: str,
                    fidelity: str = "analytical", sharing: str = "max-min",
                    backend: str | None = None, links: LinkOverrides | None = None,
-                   progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+                   progress: Callable[[str, int, int], None] | None = None,
+                   algorithms: dict[str, str] | None = None) -> dict[str, Any]:
     """Every op's predicted time at `ranks` ranks on `topology`, the per-rank and total
-    communication time, the fits used and what could not be priced."""
+    communication time, the fits used and what could not be priced. `algorithms` replaces
+    the fitted formula of a collective ({"allreduce": "ring"})."""
     if fidelity not in TRACE_FIDELITIES:
         raise UsageError(f"unknown fidelity {fidelity!r} for a trace "
                          f"(valid: {', '.join(TRACE_FIDELITIES)})")
@@ -293,7 +313,7 @@ def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: st
         raise UsageError(f"--ranks must be >= 2, got {ranks}")
     ops, skipped = plan_trace(trace, ranks)
     pricer = _Pricer(model, ranks, topology, fidelity, sharing, backend,
-                     links or LinkOverrides())
+                     links or LinkOverrides(), parse_algorithms(algorithms or {}))
     rows = []
     per_rank = dict.fromkeys(range(min(trace.world_size, ranks)), 0.0)
     for op in ops:
