@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ccbench import __version__
+from ccbench.bench_options import BENCH_OPTIONS
 from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
 from ccbench.errors import RunFailure, UsageError
@@ -70,34 +71,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", "-o", default="sum", help="sum, max, min, prod or a comma list")
     parser.add_argument("--inplace", action="store_true", help="only in-place")
     parser.add_argument("--outofplace", action="store_true", help="only out-of-place")
-    parser.add_argument("--iters", "-n", type=int, default=20, help="timed iterations (default 20)")
-    parser.add_argument("--warmup", "-w", type=int, default=5, help="warm-up iterations (default 5)")
-    parser.add_argument("--min-time", type=float, default=0.0,
-                        help="raise iterations until the timed part lasts this many seconds")
-    parser.add_argument("--max-iters", type=int, default=100000)
     parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op")
-    parser.add_argument("--pipeline", type=int, default=10,
-                        help="ops per sample with --timing pipelined (default 10)")
-    parser.add_argument("--check", "-c", type=int, default=1,
-                        help="validation iterations after timing, 0 to skip (default 1)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds one operation may take before the run is stopped (default 300)")
-    parser.add_argument("--connect-timeout", type=float, default=None,
-                        help="seconds a rank may take to reach the control store (default: "
-                             "--timeout, at most 30)")
-    parser.add_argument("--root", type=int, default=0, help="broadcast root (default 0)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    for option in BENCH_OPTIONS:          # the same table makes the sweep file's keys
+        option.add_to(parser)
     parser.add_argument("--output", "-O", default=None,
                         help="append one JSON record per (case, size) to this file")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    parser.add_argument("--mpi-thread-level", default="funneled",
-                        choices=("single", "funneled", "serialized", "multiple"),
-                        help="the thread level MPI is initialised at (default funneled: only the "
-                             "main thread calls MPI, as in IMB-MPI1 and OSU; mpi4py's own default "
-                             "is multiple, which slows every call in MPICH and Intel MPI)")
-    parser.add_argument("--nccl-algo", default=None, help="sets NCCL_ALGO for the run (nccl, rccl)")
-    parser.add_argument("--nccl-proto", default=None, help="sets NCCL_PROTO for the run")
 
 
 def bench_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure
 
 __all__ = ["CONNECT_TIMEOUT_S", "ControlClient", "ControlServer", "StoreLost", "StoreTimeout"]
@@ -128,7 +129,7 @@ class ControlClient:
     cut off is noticed instead of blocking a `recv` for ever."""
 
     def __init__(self, host: str, port: int, rank: int,
-                 connect_timeout: float = CONNECT_TIMEOUT_S, reply_timeout: float = 300.0,
+                 connect_timeout: float = CONNECT_TIMEOUT_S, reply_timeout: float = DEFAULT_TIMEOUT_S,
                  track: bool = True) -> None:
         self.rank = rank
         self.address = (host, port)
@@ -178,7 +179,7 @@ class ControlClient:
             value = {"__bytes__": bytes(value).hex()}
         self._call({"cmd": "set", "key": key, "value": value})
 
-    def get(self, key: str, timeout: float = 300.0) -> Any:
+    def get(self, key: str, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
         value = self._call({"cmd": "get", "key": key, "timeout": timeout + _GET_SLACK_S},
                            wait=timeout + _GET_SLACK_S)
         if isinstance(value, dict) and "__bytes__" in value:

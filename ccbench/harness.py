@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends.base import Backend
+from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.collectives import Layout, busbw_factor, layout
 from ccbench.control import ControlClient
 from ccbench.dtypes import numpy_dtype
@@ -60,7 +61,7 @@ class Method:
     timing: str = "per-op"      # per-op | pipelined
     pipeline: int = 10          # ops per sample in pipelined mode
     check: int = 1              # untimed validation iterations
-    timeout: float = 300.0
+    timeout: float = DEFAULT_TIMEOUT_S
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ import socket
 from dataclasses import dataclass
 
 from ccbench.addresses import published_address
+from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
 from ccbench.errors import UsageError
 from ccbench.faults import UNREACHABLE_HOST, planned
@@ -94,7 +95,7 @@ def _mpi_launch_info() -> LaunchInfo:
     return info
 
 
-_MPI_INIT_LIMIT_S = 300.0
+_MPI_INIT_LIMIT_S = DEFAULT_TIMEOUT_S
 
 
 def _tasks_on_this_node(spec: str) -> int:

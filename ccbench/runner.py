@@ -98,6 +98,11 @@ def _agree_on_arguments(store: ControlClient, info: LaunchInfo, argv: list[str],
         store.set("args/verdict", verdict)
     verdict = store.get("args/verdict", timeout)
     if verdict:
+        if info.rank == 0:      # it hosts the store: the others read the verdict before it goes
+            for rank in range(1, info.world_size):
+                store.get(f"args/read/{rank}", timeout)
+        else:
+            store.set(f"args/read/{info.rank}", 1)
         raise UsageError(verdict)
 
 

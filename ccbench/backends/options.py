@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ccbench.bench_options import DEFAULT_TIMEOUT_S
+
 __all__ = ["DEFAULT_TIMEOUT_S", "BackendOptions"]
 
-#: seconds one operation (and a library's initialisation) may take; the CLI's --timeout default
-DEFAULT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

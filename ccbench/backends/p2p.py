@@ -29,11 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from ccbench.bench_options import DEFAULT_TIMEOUT_S
+
 __all__ = ["GroupedTorchTransport", "MPITransport", "OneCCLTransport", "StagedTransport",
            "TorchTransport", "poll"]
 
 _MISSES_PER_CLOCK = 256        # read the clock every this many failed tests
-_DEFAULT_WAIT_S = 300.0
+_DEFAULT_WAIT_S = DEFAULT_TIMEOUT_S
 
 
 def _raw(buf: Any) -> Any:

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import UsageError
 
 __all__ = ["register", "main", "launch_plan"]
@@ -31,8 +32,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="warm-up iterations per call (default 1)")
     parser.add_argument("--check", "-c", type=int, default=1,
                         help="validation iterations per call, 0 to skip (default 1)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds one operation may take (default 300)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds one operation may take (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--sequence", choices=("back-to-back", "gaps", "none"),
                         default="back-to-back",
                         help="also time the whole op sequence: back to back, with the trace's "

@@ -12,7 +12,10 @@ A sweep file (all keys but one of collectives/backends optional; see slurm/sweep
     ranks_per_node: [2, 3, 4]
     modes: [out-of-place, in-place]
     timing: per-op
-    iters: 20                         # iters, warmup, min_time, check, timeout: benchmark flags
+    iters: 20                         # every benchmark option (ccbench.bench_options): iters,
+    pipeline: 10                      # warmup, min_time, max_iters, pipeline, check, timeout,
+    device: cpu                       # connect_timeout, root, device, mpi_thread_level,
+                                      # nccl_algo, nccl_proto; the same checks as the flags
     case_timeout: 3600                # seconds one case may run before it is killed
     launcher: auto                    # under Slurm: auto (mpiexec for MPI backends, else srun)
     group_by: [backend]               # cases of one world are split into array tasks by these

@@ -9,9 +9,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ccbench.bench_options import option_argv
 from ccbench.errors import UsageError
 from ccbench.records import CaseId
-from ccbench.sweep.spec import BENCH_KEYS, Sweep, SweepCase
+from ccbench.sweep.spec import Sweep, SweepCase
 
 __all__ = ["CaseRun", "missing_sizes", "plan_runs", "case_label", "bench_arguments",
            "build_case_command", "case_environment", "LAUNCHER_IDENTITY_VARS"]
@@ -74,12 +75,7 @@ def bench_arguments(sweep: Sweep, run: CaseRun, output: str | os.PathLike[str]) 
             "--dtype", case.dtype, "--op", case.op or sweep.ops[0], "--timing", sweep.timing]
     if len(run.cases) == 1:
         args.append("--inplace" if case.inplace else "--outofplace")
-    for key in BENCH_KEYS:
-        if key in sweep.bench:
-            value = sweep.bench[key]
-            args += [f"--{key.replace('_', '-')}", f"{value:g}" if isinstance(value, float)
-                     else str(value)]
-    return [*args, "--output", str(output), "--quiet"]
+    return [*args, *option_argv(sweep.bench), "--output", str(output), "--quiet"]
 
 
 def build_case_command(sweep: Sweep, run: CaseRun, output: str | os.PathLike[str],

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ccbench.bench_options import BENCH_OPTIONS, option_named
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
 from ccbench.errors import UsageError, choices_error
 from ccbench.records import CaseId
@@ -29,7 +30,7 @@ LAUNCHERS = ("auto", "srun", "mpiexec")
 TASK_GROUP_KEYS = ("backend", "collective", "dtype", "op", "mode")   # sweep key group_by
 SLURM_KEYS = ("partition", "account", "time", "gpus_per_node", "max_parallel", "cpus_per_task",
               "mem", "qos", "constraint", "extra")
-BENCH_KEYS = ("iters", "warmup", "min_time", "check", "timeout")
+BENCH_KEYS = tuple(option.name for option in BENCH_OPTIONS)   # iters, warmup, ..., root, device
 TOP_KEYS = ("name", "collectives", "backends", "dtypes", "ops", "sizes", "nodes", "ranks_per_node",
             "modes", "timing", *BENCH_KEYS, "case_timeout", "launcher", "mpiexec", "group_by",
             "results", "env", "slurm", "description")
@@ -56,6 +57,7 @@ class SweepCase:
     nodes: int
     ranks_per_node: int
     sizes: tuple[int, ...]
+    root: int = 0                  # the sweep's `root` (records carry it for every collective)
 
     @property
     def world_size(self) -> int:
@@ -69,7 +71,7 @@ class SweepCase:
     def identity(self) -> CaseId:
         """The case identity, with only SWEEP_CASE_FIELDS set (records match on .only())."""
         return CaseId(collective=self.collective, backend=self.backend, dtype=self.dtype,
-                      op=self.op, inplace=self.inplace, timing=self.timing, root=0,
+                      op=self.op, inplace=self.inplace, timing=self.timing, root=self.root,
                       world_size=self.world_size, nodes=self.nodes,
                       ranks_per_node=self.ranks_per_node)
 
@@ -98,7 +100,7 @@ class Sweep:
     ranks_per_node: list[int]
     modes: list[str]
     timing: str = "per-op"
-    bench: dict[str, float] = field(default_factory=dict)   # iters, warmup, ... when given
+    bench: dict[str, int | float | str] = field(default_factory=dict)   # BENCH_OPTIONS given
     case_timeout: float = 3600.0
     launcher: str = "auto"
     mpiexec: str | None = None
@@ -122,7 +124,8 @@ class Sweep:
             sizes = measurable_sizes(collective, dtype, nodes * rpn, self.sizes)
             case = SweepCase(collective=collective, backend=backend, dtype=dtype,
                              op=op if collective in REDUCING else None, inplace=inplace,
-                             timing=self.timing, nodes=nodes, ranks_per_node=rpn, sizes=sizes)
+                             timing=self.timing, nodes=nodes, ranks_per_node=rpn, sizes=sizes,
+                             root=int(self.bench.get("root", 0)))
             if sizes and case.identity not in seen:   # non-reducing collectives collapse over ops
                 seen.add(case.identity)
                 out.append(case)
@@ -306,15 +309,16 @@ def sweep_from_dict(data: Mapping[str, Any], where: str = "sweep",
         sizes = list(dict.fromkeys(parse_sizes(sizes_value)))
     except UsageError as exc:
         raise check.fail("sizes", str(exc)) from None
-    bench: dict[str, float] = {}
-    for key in BENCH_KEYS:
-        if key in data:
-            integer = key in ("iters", "warmup", "check")
-            minimum = 1 if key == "iters" else 0
-            value = check.number(key, data[key], minimum, integer=integer)
-            if key == "timeout" and value <= 0:
-                raise check.fail(key, f"must be > 0, got {value!r}")
-            bench[key] = value
+    bench: dict[str, int | float | str] = {}
+    for option in BENCH_OPTIONS:          # the command line's own options, checked the same way
+        if data.get(option.name) is not None:
+            try:
+                bench[option.name] = option.check(data[option.name])
+            except ValueError as exc:
+                raise check.fail(option.name, str(exc)) from None
+    max_iters, iters = bench.get("max_iters"), bench.get("iters", option_named("iters").default)
+    if isinstance(max_iters, int) and isinstance(iters, int) and max_iters < iters:
+        raise check.fail("max_iters", f"{max_iters} is below iters {iters}")
     timing = check.text("timing", data.get("timing", "per-op"))
     if timing not in TIMINGS:
         raise check.fail("timing", str(choices_error("timing", timing, TIMINGS)))
@@ -350,6 +354,10 @@ def sweep_from_dict(data: Mapping[str, Any], where: str = "sweep",
         description=check.text("description", data.get("description", "")),
         source=where,
     )
+    smallest = min(sweep.nodes) * min(sweep.ranks_per_node)
+    if int(bench.get("root", 0)) >= smallest:
+        raise check.fail("root", f"{bench['root']} is not a rank of the smallest world size "
+                                 f"{smallest} (valid: 0 to {smallest - 1})")
     return sweep
 
 

@@ -1,0 +1,104 @@
+"""The benchmark's method options, in one table: the command line's flags (`cli`) and a sweep
+file's keys (`sweep`) are both made from it, so an option added here is settable in both and
+validated the same way. The case axes (collective, backend, sizes, dtype, op, in-place, timing)
+and what only concerns one process's output (--output, --format, --quiet) are not here."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "BenchOption", "option_argv", "option_named"]
+
+#: seconds one operation (and a library's initialisation) may take before the run is stopped
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOption:
+    """One option: its sweep key / argparse dest (`name`), value type, default, limits."""
+
+    name: str
+    kind: type                            # int, float or str
+    default: int | float | str | None
+    help: str
+    short: str | None = None
+    minimum: float | None = None          # numbers: the smallest valid value
+    positive: bool = False                # numbers: must be > 0 (a limit of time)
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        names = [self.flag, *([self.short] if self.short else [])]
+        parser.add_argument(*names, dest=self.name, type=self.kind, default=self.default,
+                            choices=self.choices, help=self.help)
+
+    def check(self, value: Any) -> int | float | str:
+        """The value as this option holds it; ValueError (naming the valid form) otherwise."""
+        if self.kind is str:
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"expected text, got {value!r}")
+            if self.choices and value not in self.choices:
+                raise ValueError(f"{value!r} is not one of {', '.join(self.choices)}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {value!r}")
+        if self.kind is int and value != int(value):
+            raise ValueError(f"expected an integer, got {value!r}")
+        number = self.kind(value)
+        if not math.isfinite(number):
+            raise ValueError(f"expected a finite number, got {value!r}")
+        if self.minimum is not None and number < self.minimum:
+            raise ValueError(f"must be >= {self.minimum:g}, got {value!r}")
+        if self.positive and number <= 0:
+            raise ValueError(f"must be > 0, got {value!r}")
+        return number
+
+    def argv(self, value: int | float | str) -> list[str]:
+        return [self.flag, f"{value:g}" if isinstance(value, float) else str(value)]
+
+
+BENCH_OPTIONS: tuple[BenchOption, ...] = (
+    BenchOption("iters", int, 20, "timed iterations (default 20)", short="-n", minimum=1),
+    BenchOption("warmup", int, 5, "warm-up iterations (default 5)", short="-w", minimum=0),
+    BenchOption("min_time", float, 0.0,
+                "raise iterations until the timed part lasts this many seconds", minimum=0),
+    BenchOption("max_iters", int, 100000, "at most this many timed iterations (default 100000)",
+                minimum=1),
+    BenchOption("pipeline", int, 10, "ops per sample with --timing pipelined (default 10)",
+                minimum=1),
+    BenchOption("check", int, 1, "validation iterations after timing, 0 to skip (default 1)",
+                short="-c", minimum=0),
+    BenchOption("timeout", float, DEFAULT_TIMEOUT_S,
+                f"seconds one operation may take before the run is stopped (default "
+                f"{DEFAULT_TIMEOUT_S:g})", positive=True),
+    BenchOption("connect_timeout", float, None,
+                "seconds a rank may take to reach the control store (default: --timeout, at "
+                "most 30)", positive=True),
+    BenchOption("root", int, 0, "broadcast root (default 0)", minimum=0),
+    BenchOption("device", str, "auto", "where buffers live (default auto: cuda for nccl and "
+                "rccl, else cpu)", choices=("auto", "cpu", "cuda")),
+    BenchOption("mpi_thread_level", str, "funneled",
+                "the thread level MPI is initialised at (default funneled: only the main thread "
+                "calls MPI, as in IMB-MPI1 and OSU; mpi4py's own default is multiple, which "
+                "slows every call in MPICH and Intel MPI)",
+                choices=("single", "funneled", "serialized", "multiple")),
+    BenchOption("nccl_algo", str, None, "sets NCCL_ALGO for the run (nccl, rccl)"),
+    BenchOption("nccl_proto", str, None, "sets NCCL_PROTO for the run"),
+)
+
+
+def option_named(name: str) -> BenchOption:
+    return next(option for option in BENCH_OPTIONS if option.name == name)
+
+
+def option_argv(values: Mapping[str, Any]) -> list[str]:
+    """Command-line arguments that set `values` ({name: value}), in the table's order."""
+    return [arg for option in BENCH_OPTIONS if option.name in values
+            for arg in option.argv(values[option.name])]
