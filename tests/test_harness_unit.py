@@ -1,0 +1,121 @@
+"""The harness's core in one process (tests/seams.py: threads as ranks, a dict as the control
+store): the timing loop, validation, the agreement on iterations, the rank-0 combination of
+rank times, and the watchdog's account of who is missing — each in milliseconds, no launcher."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from seams import LoopbackBackend, MemoryStore, ThreadWorld, rank_context
+
+from ccbench.collectives import COLLECTIVES, busbw_factor, layout
+from ccbench.harness import Case, Method, _agree_iterations, _summarize, measure_size
+from ccbench.watchdog import Watchdog
+
+FAST = Method(iters=3, warmup=1, check=1, timeout=30)
+
+
+def _measure(world_size: int, case: Case, size: int, method: Method = FAST,
+             corrupt_rank: int | None = None) -> list[tuple[object, int]]:
+    world = ThreadWorld(world_size)
+
+    def rank_run(rank: int) -> tuple[object, int]:
+        backend = LoopbackBackend(rank_context(world, rank), world, corrupt=rank == corrupt_rank)
+        watchdog = Watchdog(world.store, rank, world_size, method.timeout)   # not started
+        return measure_size(backend, world.store, watchdog, case, size, method, step=1)
+    return world.run(rank_run)
+
+
+@pytest.mark.parametrize(("world_size", "collective", "dtype", "op", "inplace"), [
+    (w, c, d, o, i) for w, c, (d, o), i in itertools.product(
+        (1, 2, 3), COLLECTIVES, (("float32", "sum"), ("int8", "max"), ("bfloat16", "prod")),
+        (False, True))
+    if not (c == "broadcast" and not i)])
+def test_every_collective_measured_and_validated_in_process(world_size: int, collective: str,
+                                                            dtype: str, op: str,
+                                                            inplace: bool) -> None:
+    case = Case(collective, dtype, op if collective in ("allreduce", "reduce-scatter") else None,
+                inplace, root=world_size - 1)
+    results = _measure(world_size, case, 3000)
+    result, wrong = results[0]
+    assert wrong == 0 and all(w == 0 for _, w in results)
+    assert all(r is None for r, _ in results[1:])              # only rank 0 combines
+    assert result is not None
+    assert result.wrong == 0 and result.iterations == FAST.iters
+    assert len(result.samples_us) == FAST.iters and len(result.rank_median_us) == world_size
+    assert result.time_us["median"] > 0
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_a_wrong_result_is_counted(collective: str) -> None:
+    """The loopback corrupts one received element on rank 1: validation must see it."""
+    case = Case(collective, "float32", "sum" if collective in ("allreduce", "reduce-scatter")
+                else None, True)
+    results = _measure(3, case, 3000, corrupt_rank=1)
+    assert results[1][1] >= 1                       # rank 1's own count
+    assert results[0][0].wrong >= 1                 # and the combined record's
+
+
+def test_sizes_that_round_to_zero_are_skipped_on_every_rank() -> None:
+    assert _measure(3, Case("alltoall", "int8", None, False), 2) == [(None, 0)] * 3
+
+
+def test_iterations_agreed_on_the_slowest_rank_and_capped() -> None:
+    store = MemoryStore()
+    method = Method(iters=5, warmup=2, min_time=1.0, max_iters=400, timeout=5)
+    warm = {0: [0.001, 0.001], 1: [0.004, 0.004], 2: [0.002]}   # rank 1 is slowest: 4 ms
+    world = ThreadWorld(3)
+    world.store = store
+    counts = world.run(lambda r: _agree_iterations(store, "k", warm[r], method, r, 3))
+    assert counts == [250, 250, 250]                 # ceil(1 s / 4 ms), the same everywhere
+    capped = Method(iters=5, warmup=2, min_time=10.0, max_iters=400, timeout=5)
+    store2 = MemoryStore()
+    assert ThreadWorld(3).run(
+        lambda r: _agree_iterations(store2, "k", warm[r], capped, r, 3)) == [400] * 3
+    assert _agree_iterations(MemoryStore(), "k", [1.0], Method(iters=7), 0, 1) == 7
+
+
+def test_rank_zero_combines_the_slowest_rank_of_every_iteration() -> None:
+    lay = layout("allreduce", 4096, 4, 3)
+    per_rank = [{"samples": [1e-6, 5e-6, 2e-6], "wrong": 0, "copy_us": 0.5},
+                {"samples": [3e-6, 1e-6, 2e-6], "wrong": 2, "copy_us": 0.7},
+                {"samples": [2e-6, 2e-6, 9e-6], "wrong": 0, "copy_us": None}]
+    result = _summarize(lay, per_rank, 3, checked=True)
+    assert result.samples_us == [3.0, 5.0, 9.0]        # an iteration lasts until its last rank
+    assert result.time_us["median"] == 5.0
+    assert result.rank_median_us == [2.0, 2.0, 2.0]
+    assert result.wrong == 2
+    assert result.local_copy_us is None               # one rank did not time its copy
+    assert result.algbw_gbps == pytest.approx(lay.size_used / 5e-6 / 1e9)
+    assert result.busbw_gbps == pytest.approx(result.algbw_gbps * busbw_factor("allreduce", 3))
+    unchecked = _summarize(lay, [{**e, "wrong": None, "copy_us": 1.0} for e in per_rank], 3,
+                           checked=False)
+    assert unchecked.wrong is None and unchecked.local_copy_us == 1.0
+
+
+def test_watchdog_names_the_ranks_behind_or_dead() -> None:
+    store = MemoryStore()
+    dog = Watchdog(store, 0, 4, timeout=5)                     # not started: no thread
+    dog.begin_step(3, "allreduce float32 sum in-place at 1 KiB")
+    dog.enter()
+    store.set("progress/1", [3, 1])                            # with us
+    store.set("progress/2", [3, 0])                            # one op behind
+    assert dog._missing_ranks(None) == {2: "", 3: ""}           # 3 never posted
+    store.set("dead/3", 1)
+    assert dog._missing_ranks(None) == {3: "dead"}             # a death explains the stop
+    store.set("left/3", 1)                                     # it left on purpose instead
+    assert dog._missing_ranks(None) == {2: "", 3: ""}
+
+
+def test_memory_store_barrier_and_timeout() -> None:
+    store = MemoryStore()
+    world = ThreadWorld(3)
+    for _ in range(2):                                         # reusable, like the real one
+        world.run(lambda r: store.barrier("b", 3, timeout=10))
+    from ccbench.control import StoreTimeout
+
+    with pytest.raises(StoreTimeout):
+        store.get("never", timeout=0.05)
+    assert np.isclose(store.add("n", 2), 2)
