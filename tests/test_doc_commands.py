@@ -1,0 +1,462 @@
+"""Every command line written in the documentation runs, as pyperf executes its doc examples.
+
+The code blocks (fenced bash/console/sh/python, and indented blocks) of the documents in DOCS
+are extracted; each block runs in order, in a fresh copy of this checkout's files (what a clone
+of the working tree holds: tracked and untracked-but-not-ignored files), with this Python's
+environment first on PATH and the copy on PYTHONPATH. A command runs through bash exactly as
+written, except for:
+
+* SHORTEN: documented, mechanical substitutions that make long runs short (smaller sizes, a
+  sweep file cut to its first case) or keep the test inside its own folder;
+* NOT_HERE: commands that need what a CI machine lacks (a GPU, a multi-node cluster, a
+  testbed as root, an index and minutes to install); each names the reason and is checked as
+  far as it can be here (its ccbench arguments parse and validate, its script is valid bash,
+  or it runs with `--dry-run`);
+* STATUS: the exit status the documentation itself promises when it is not 0.
+
+Everything else must exit 0. A new command in the docs therefore runs for real by default.
+A block that takes more than a few seconds is marked `slow` (`-m "not slow"` skips them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ("README.md", "results/README.md", "slurm/README.md", "results/multihost/README.md",
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+SHELL_LANGS = {"bash", "console", "sh", "shell"}
+COMMAND_TIMEOUT_S = 900             # one command; the slowest (make-results --report) takes ~3 min
+MEASURED_MAX = 16 * 1024            # SHORTEN: measuring commands stop at 16 KiB
+
+
+# -- extraction ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    line: int                       # 1-based line of the block's first line in the document
+    lang: str                       # "bash" for shell (indented blocks are shell), or "python"
+    commands: tuple[str, ...]       # shell: one command per entry (comments, prompts removed)
+
+    @property
+    def ident(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def _strip_comment(line: str) -> str:
+    """Drop a trailing `# comment` (a # at the start or after whitespace, outside quotes)."""
+    quote = ""
+    for i, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def _shell_commands(lines: list[str], console: bool) -> tuple[str, ...]:
+    commands: list[str] = []
+    pending = ""
+    for raw in lines:
+        text = raw.strip()
+        if console:                           # only prompted lines are commands
+            if not text.startswith("$ ") and not pending:
+                continue
+            text = text[2:] if text.startswith("$ ") else text
+        text = _strip_comment(text)
+        if text.endswith("\\"):
+            pending += text[:-1] + " "
+            continue
+        text = (pending + text).strip()
+        pending = ""
+        if text:
+            commands.extend(part.strip() for part in text.split(" && "))
+    return tuple(commands)
+
+
+def doc_blocks(doc: str) -> list[Block]:
+    """The code blocks of one document: fenced (```lang) and indented (4 spaces after a blank)."""
+    lines = (ROOT / doc).read_text().splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[i])
+        if fence:
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            lang, body = fence.group(1) or "bash", lines[i + 1:end]
+            if lang == "python":
+                blocks.append(Block(doc, i + 2, "python", ("\n".join(body),)))
+            elif lang in SHELL_LANGS:
+                blocks.append(Block(doc, i + 2, "bash", _shell_commands(body, lang == "console")))
+            i = end + 1
+            continue
+        if lines[i].startswith("    ") and (i == 0 or not lines[i - 1].strip()):
+            end = i
+            while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
+                end += 1
+            blocks.append(Block(doc, i + 1, "bash", _shell_commands(lines[i:end], False)))
+            i = end
+            continue
+        i += 1
+    return blocks
+
+
+# -- how each command runs here ------------------------------------------------------------------
+
+@dataclass
+class Env:
+    """One block's world: its copy of the checkout, its environment, a scratch folder."""
+
+    root: Path
+    scratch: Path
+    vars: dict[str, str] = field(default_factory=dict)
+
+    def bash(self, command: str, timeout: float = COMMAND_TIMEOUT_S
+             ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", command], cwd=self.root, env=self.vars, text=True,
+                              capture_output=True, timeout=timeout)
+
+
+def _clip_sizes(spec: str) -> str:
+    """`--sizes` cut at MEASURED_MAX: `1K-1G:4` -> `1K-16K:4`, `8,1K,1M` -> `8,1K`."""
+    from ccbench.sizes import format_size, parse_size
+    parts = [p for p in spec.split(",")
+             if "-" in p or parse_size(p) <= MEASURED_MAX] or [spec.split(",")[0]]
+    clipped = []
+    for part in parts:
+        if "-" not in part:
+            clipped.append(part)
+            continue
+        low, _, rest = part.partition("-")
+        high, colon, step = rest.partition(":")
+        if parse_size(high) > MEASURED_MAX:
+            high = format_size(max(MEASURED_MAX, parse_size(low)))
+        clipped.append(f"{low}-{high}{colon}{step}")
+    return ",".join(clipped)
+
+
+def _cut_sweep_file(env: Env, command: str) -> str:
+    """A sweep run here: its file, in this copy, keeps the first value of every list and
+    sizes up to MEASURED_MAX (one case instead of dozens; same code path)."""
+    import yaml
+    path = env.root / shlex.split(command)[2]
+    spec = yaml.safe_load(path.read_text())
+    for key, value in spec.items():
+        if isinstance(value, list) and key not in ("env", "slurm"):
+            spec[key] = value[:1]
+    if "sizes" in spec:
+        spec["sizes"] = _clip_sizes(str(spec["sizes"]))
+    path.write_text(yaml.safe_dump(spec))
+    return command
+
+
+def _fewer_results(env: Env, command: str) -> str:
+    """make-results.sh --report: the copy's results/data keeps two runs (the report of all 15
+    takes 3 to 10 minutes here; two run the same calibrate and report code)."""
+    for path in (env.root / "results" / "data").glob("*.jsonl.gz"):
+        if path.name not in KEPT_RESULTS:
+            path.unlink()
+    return command
+
+
+KEPT_RESULTS = ("impi-n2.jsonl.gz", "gloo-n2.jsonl.gz")
+MEASURING = re.compile(r"(^|\s)(-m ccbench|ccbench) (launch|allreduce|allgather|reduce-scatter|"
+                       r"broadcast|alltoall|all)\b")
+
+# (which commands, how they change, why): applied in order to every shell command
+SHORTEN: list[tuple[re.Pattern[str], Callable[[Env, str], str], str]] = [
+    (MEASURING,
+     lambda env, c: re.sub(r"--sizes (\S+)", lambda m: f"--sizes {_clip_sizes(m.group(1))}", c),
+     "measuring commands: sizes above 16 KiB are dropped (same code path, seconds not minutes)"),
+    (re.compile(r"^ccbench sweep slurm/sweeps/\S+\.yaml$"), _cut_sweep_file,
+     "a local sweep: the file (in the test's copy) keeps the first value of every list, sizes "
+     "up to 16 KiB"),
+    (re.compile(r"^scripts/make-results\.sh --report$"), _fewer_results,
+     "the report from results/data: the copy keeps two of its runs (impi-n2, gloo-n2)"),
+    (re.compile(r"/opt/oneccl"), lambda env, c: c.replace("/opt/oneccl", str(env.scratch / "oneccl")),
+     "a root-owned install folder: the test's scratch folder instead"),
+    (re.compile(r"^OUT=/somewhere "), lambda env, c: c.replace("/somewhere", str(env.scratch / "out")),
+     "an example folder: the test's scratch folder instead"),
+    (re.compile(r"(^|\s)/tmp/"), lambda env, c: re.sub(r"(^|\s)/tmp/", rf"\1{env.scratch}/", c),
+     "files under /tmp: the test's scratch folder instead (parallel runs must not share them)"),
+]
+
+# The exit status the documentation promises when it is not 0.
+STATUS: list[tuple[re.Pattern[str], set[int], str]] = [
+    (re.compile(r"^ccbench compare "), {0, 1},
+     "results/README.md: compare exits 1 when any case is slower (Open MPI vs Intel MPI: some are)"),
+    (re.compile(r"(^|\s)tests/gpu/check\.sh$"), {0, 3},
+     "tests/gpu/check.sh: exit 3 when no GPU is visible (nothing checked), 0 when every step passed"),
+]
+
+ARGCHECK = r"""
+import sys
+from ccbench import cli
+from ccbench.errors import UsageError
+argv = sys.argv[1:]
+try:
+    if argv[0] in cli.SUBCOMMANDS:
+        import importlib
+        module = importlib.import_module(f"ccbench.commands.{argv[0]}")
+        parser = cli.OneLineParser(prog="ccbench")
+        module.register(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(argv)
+        if argv[0] == "testbed" and args.action == "up":
+            from ccbench import testbed
+            testbed.build_plan(args.hosts, testbed.parse_rate(args.link),
+                               testbed.parse_topology(args.topology), args.ranks_per_host)
+    else:
+        cli.config_from_args(cli.bench_parser().parse_args(argv), argv)
+except UsageError as exc:
+    sys.exit(f"ccbench: error: {exc}")
+print("arguments valid:", " ".join(argv))
+"""
+
+
+def _parses(command: str) -> Callable[[Env, str], None]:
+    """Check that the ccbench part of `command` (after `ccbench` / `-m ccbench`) parses and
+    validates, with bash doing the quoting and globbing as it would for the real command."""
+    def check(env: Env, _: str) -> None:
+        words = re.split(r"(?:^|\s)(?:python -m ccbench|ccbench)\s", command, maxsplit=1)
+        assert len(words) == 2, f"no ccbench part in {command!r}"
+        proc = env.bash(f"python -c {shlex.quote(ARGCHECK)} {words[1]}", timeout=120)
+        assert proc.returncode == 0, f"{command!r}: {proc.stderr.strip()[-1500:]}"
+    return check
+
+
+def _bash_syntax(script: str) -> Callable[[Env, str], None]:
+    def check(env: Env, _: str) -> None:
+        proc = env.bash(f"bash -n {script}", timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    return check
+
+
+def _extras_exist(env: Env, command: str) -> None:
+    """`pip install -e '.[a,b]'`: every extra it names is declared in pyproject.toml."""
+    table = (env.root / "pyproject.toml").read_text().split(
+        "[project.optional-dependencies]\n", 1)[1].split("\n[", 1)[0]
+    declared = set(re.findall(r"^([\w-]+)\s*=", table, re.M))
+    named = re.search(r"\.\[([\w,]+)\]", command)
+    assert named, command
+    missing = set(named.group(1).split(",")) - set(declared)
+    assert not missing, f"{command!r}: extras {sorted(missing)} not in pyproject.toml"
+
+
+def _dry_run(env: Env, command: str) -> None:
+    """A Slurm submission here: `--dry-run` instead of submitting (renders every script)."""
+    dry = command.replace(" --wait", "") + " --dry-run"
+    proc = env.bash(dry, timeout=300)
+    assert proc.returncode == 0 and "#SBATCH" in proc.stdout, f"{dry!r}: {proc.stderr[-1500:]}"
+
+
+def _downloads(env: Env, command: str) -> None:
+    """`pip install --no-deps X==V` into this environment: download X==V instead."""
+    spec = command.split()[-1]
+    proc = env.bash(f"python -m pip download -q --no-deps -d {env.scratch / 'wheels'} {spec}",
+                    timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+
+
+def _noop(env: Env, command: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class NotHere:
+    pattern: str                    # regex, matched in full against the command as written
+    reason: str
+    check: Callable[[Env, str], None]
+    unless: Callable[[], bool] = lambda: False   # when this holds the command runs for real
+
+    def matches(self, command: str) -> bool:
+        return re.fullmatch(self.pattern, command) is not None and not self.unless()
+
+
+def _astra_bin() -> str | None:
+    """Where docs/models.md says the binaries are: $CCBENCH_ASTRA_SIM_BIN, else
+    ../shared/tools/astra-sim/bin beside the checkout (the main one, for a git worktree)."""
+    explicit = os.environ.get("CCBENCH_ASTRA_SIM_BIN")
+    if explicit:
+        return explicit if Path(explicit).is_dir() else None
+    common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+                            cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    for checkout in (ROOT, Path(common).parent if common else ROOT):
+        found = checkout.parent / "shared" / "tools" / "astra-sim" / "bin"
+        if found.is_dir():
+            return str(found.resolve())
+    return None
+
+
+INSTALL = "makes the environment this test already runs in (pip and an index, minutes)"
+TESTBED = ("root, and it builds machine-wide network namespaces and bridges (one testbed per "
+           "machine, shared with whoever else uses it)")
+CLUSTER = "the emulated 4-host Slurm cluster of `ccbench testbed up --slurm`"
+
+NOT_HERE: list[NotHere] = [
+    NotHere(r"python3 -m venv \.venv", INSTALL, _noop),
+    NotHere(r"\. \.venv/bin/activate", INSTALL, _noop),
+    NotHere(r"pip install -e '\.\[[\w,]+\]'", INSTALL + "; tests/test_wheel.py installs the "
+            "wheel into a fresh environment", _extras_exist),
+    NotHere(r"pip install --no-deps oneccl(-cpu)?==[\d.]+", "changes this environment (it would "
+            "replace what scripts/install-oneccl.sh put there)", _downloads),
+    NotHere(r"bash \.ci/run", "installs with pip and apt, starts Slurm as root, then runs the "
+            "whole test suite, this test included", _bash_syntax(".ci/run")),
+    NotHere(r"(FORCE=1 )?scripts/make-results\.sh", "measures 12 runs in three environments "
+            "(VENV, VENV_MPICH, VENV_OPENMPI; about 25 minutes on 2 cores)",
+            _bash_syntax("scripts/make-results.sh")),
+    NotHere(r"scripts/make-multihost-results\.sh", TESTBED + "; about 10 minutes",
+            _bash_syntax("scripts/make-multihost-results.sh")),
+    NotHere(r"ccbench testbed .*", TESTBED, lambda env, c: _parses(_fill_placeholders(c))(env, c)),
+    NotHere(r"export SLURM_CONF=/run/ccbench-testbed/.*", CLUSTER, _noop),
+    NotHere(r"sinfo", CLUSTER, _noop),
+    NotHere(r"srun -N4 .*", CLUSTER, lambda env, c: _parses(c)(env, c)),
+    NotHere(r"ccbench sweep \S+ --slurm(?!.*--dry-run).*", "submits to a Slurm cluster with the partitions, "
+            "nodes or GPUs the sweep names", _dry_run),
+    NotHere(r"python scripts/astra_check\.py .*", "the ASTRA-sim binaries "
+            "(../shared/tools/astra-sim/bin or CCBENCH_ASTRA_SIM_BIN)",
+            lambda env, c: _must_pass(env, "python scripts/astra_check.py --help"),
+            unless=lambda: _astra_bin() is not None),
+]
+
+
+def _fill_placeholders(command: str) -> str:
+    """A synopsis line (`--hosts N [--link RATE]`): example values, optional parts included."""
+    command = re.sub(r"\[(--?[^\]]*)\]", r"\1", command)
+    for word, value in (("N", "4"), ("K", "1"), ("RATE", "1G"), ("T", "switch"), ("S", "1"),
+                        ("HOST", "h0"), ("COMMAND ...", "hostname")):
+        command = re.sub(rf"(?<![\w-]){re.escape(word)}(?![\w-])", value, command)
+    return command
+
+
+def _optional_variants(command: str) -> list[str]:
+    """`cmd [--a 1] [--b 2]`: run without the optional parts and with all of them."""
+    if not re.search(r"\s\[-", command):
+        return [command]
+    return [re.sub(r"\s\[-[^\]]*\]", "", command), re.sub(r"\s\[(-[^\]]*)\]", r" \1", command)]
+
+
+def _must_pass(env: Env, command: str) -> None:
+    proc = env.bash(command, timeout=300)
+    assert proc.returncode == 0, f"{command!r}: {proc.stderr[-1500:]}"
+
+
+# -- the blocks ------------------------------------------------------------------------------
+
+SLOW = {"README.md:24", "README.md:41", "docs/gpu.md:79", "docs/models.md:3",
+        "results/README.md:5", "slurm/README.md:6", "docs/models.md:269"}
+BLOCKS = [block for doc in DOCS for block in doc_blocks(doc)]
+
+
+def _checkout_copy(dest: Path) -> Path:
+    """What a clone of this working tree holds: tracked files, and untracked ones git keeps."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (n.decode() for n in listed)):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def _environment(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(root)
+    astra = _astra_bin()
+    if astra:
+        env.setdefault("CCBENCH_ASTRA_SIM_BIN", astra)
+    return env
+
+
+def run_command(env: Env, command: str) -> str:
+    """Run (or check) one documented command; returns what was done, for the test's log."""
+    for rule in NOT_HERE:
+        if rule.matches(command):
+            rule.check(env, command)
+            return f"checked only ({rule.reason}): {command}"
+    if command.startswith("export "):
+        name, _, value = command[len("export "):].partition("=")
+        env.vars[name] = os.path.expandvars(value)
+        return f"set: {command}"
+    actual = command
+    for pattern, change, _why in SHORTEN:
+        if pattern.search(actual):
+            actual = change(env, actual)
+    allowed = next((codes for pattern, codes, _ in STATUS if pattern.search(command)), {0})
+    for variant in _optional_variants(actual):
+        started = time.monotonic()
+        proc = env.bash(variant)
+        assert proc.returncode in allowed, (
+            f"{command!r} ran as {variant!r}: exit {proc.returncode} (expected {sorted(allowed)})"
+            f"\n--- stderr\n{proc.stderr[-3000:]}\n--- stdout\n{proc.stdout[-1500:]}")
+        assert "Traceback (most recent call last)" not in proc.stderr, proc.stderr[-3000:]
+        actual = f"{variant} ({time.monotonic() - started:.1f} s)"
+    return f"ran: {actual}"
+
+
+@pytest.mark.parametrize("block", [
+    pytest.param(b, id=b.ident, marks=[pytest.mark.slow] if b.ident in SLOW else [])
+    for b in BLOCKS])
+def test_documented_commands_run(block: Block, tmp_path: Path) -> None:
+    root = _checkout_copy(tmp_path / "checkout")
+    env = Env(root, tmp_path / "scratch", _environment(root))
+    env.scratch.mkdir()
+    if block.lang == "python":
+        proc = subprocess.run([sys.executable, "-c", block.commands[0]], cwd=root, env=env.vars,
+                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return
+    done = [run_command(env, command) for command in block.commands]
+    print("\n".join(done))
+
+
+def test_every_document_has_its_blocks_found() -> None:
+    """The extraction sees the blocks (a changed fence style would silently test nothing)."""
+    found = {b.doc for b in BLOCKS}
+    assert {"README.md", "results/README.md", "slurm/README.md", "docs/models.md",
+            "docs/testbed.md", "docs/oneccl.md", "docs/gpu.md"} <= found
+    assert all(b.commands for b in BLOCKS)
+
+
+def test_every_slow_mark_names_a_block() -> None:
+    assert SLOW <= {b.ident for b in BLOCKS}
+
+
+def test_rules_catch_what_they_are_for() -> None:
+    """The substitutions and exceptions do what their comments say, on the docs' own lines."""
+    assert _clip_sizes("1K-1G") == "1K-16K" and _clip_sizes("8-64M") == "8-16K"
+    assert _clip_sizes("1K-16M:4") == "1K-16K:4" and _clip_sizes("8,1K,1M") == "8,1K"
+    assert _clip_sizes("64K-16M") == "64K-64K"
+    assert _optional_variants("ccbench calibrate results/ -o m.json [--validate 2,4:3] "
+                              "[--bootstrap 200]") == [
+        "ccbench calibrate results/ -o m.json",
+        "ccbench calibrate results/ -o m.json --validate 2,4:3 --bootstrap 200"]
+    assert _fill_placeholders("ccbench testbed up --hosts N [--ranks-per-host K] [--link RATE] "
+                              "[--topology T] [--slurm]") == (
+        "ccbench testbed up --hosts 4 --ranks-per-host 1 --link 1G --topology switch --slurm")
+    assert _fill_placeholders("ccbench testbed exec HOST -- COMMAND ...") == (
+        "ccbench testbed exec h0 -- hostname")
+    assert not any(rule.matches("ccbench launch -n 2 allreduce --sizes 1K") for rule in NOT_HERE)
+
+
+def test_a_failing_command_fails_the_test(tmp_path: Path) -> None:
+    env = Env(tmp_path, tmp_path, _environment(ROOT))
+    with pytest.raises(AssertionError, match="exit 2"):
+        run_command(env, "ccbench allreduce --sizes 1K-2K --backend nosuchbackend")
+    with pytest.raises(AssertionError, match="nosuchbackend"):
+        _parses("srun -N4 python -m ccbench allreduce --backend nosuchbackend")(env, "")
