@@ -103,7 +103,7 @@ def _timeline_figure(name: str, backends: dict[str, list[Any]]) -> Any:
                 for recs in backends.values() for r in recs)
     lanes = sorted({s["group"] for ss in spans.values() for s in ss},
                    key=lambda g: (-len(g), g))
-    height = 1.0 + 0.32 * len(lanes) * len(spans) + 0.5 * len(spans)
+    height = 0.9 + len(spans) * max(1.5, 0.6 + 0.32 * len(lanes))
     with plt.rc_context(RC):
         fig, axes = plt.subplots(len(spans), 1, figsize=(9.0, min(height, 14.0)),
                                  layout="constrained", sharex=True, squeeze=False)
@@ -123,7 +123,6 @@ def _timeline_figure(name: str, backends: dict[str, list[Any]]) -> Any:
             ax.invert_yaxis()
             ax.set_title(f"{backend}: {len(ss)} calls, {_us(total)} back to back",
                          fontsize=9, loc="left")
-            ax.set_ylabel("process group")
             ax.grid(axis="y", visible=False)
         axes[-1, 0].set_xlabel("time (us): calls back to back in trace order, each its "
                                "measured median (drawn at least 0.3% of the axis wide)")
@@ -132,6 +131,7 @@ def _timeline_figure(name: str, backends: dict[str, list[Any]]) -> Any:
         fig.legend(handles=handles, loc="outside upper right", ncols=min(6, len(handles)),
                    fontsize=8)
         fig.suptitle(f"trace {name}: timeline of the replay", fontsize=10)
+        fig.supylabel("process group", fontsize=9)
     return fig
 
 
