@@ -24,7 +24,7 @@ from ccbench.records.table import (
 )
 
 __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
-           "check_writable_file", "make_writer", "mend_torn_tail"]
+           "check_writable_file", "make_writer"]
 
 _PEEK_BYTES = 1 << 16
 
@@ -104,40 +104,6 @@ def _is_record_line(line: str) -> bool:
         return False
     return isinstance(data, dict) and data.get("schema") == SCHEMA
 
-
-def mend_torn_tail(path: str) -> str | None:
-    """A run killed mid-write leaves a last line without its newline. Appending to it would
-    glue the next record onto it and spoil the file for every reader, so move that piece
-    aside into PATH.torn and cut it off. Returns what was done, for stderr, or None."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            if size == 0:
-                return None
-            handle.seek(size - 1)
-            if handle.read(1) == b"\n":
-                return None
-            start = size - 1
-            while start > 0:                  # back to the end of the last whole line
-                step = min(start, _PEEK_BYTES)
-                handle.seek(start - step)
-                chunk = handle.read(step)
-                cut = chunk.rfind(b"\n")
-                if cut >= 0:
-                    start = start - step + cut + 1
-                    break
-                start -= step
-            handle.seek(start)
-            torn = handle.read()
-    except FileNotFoundError:
-        return None
-    aside = f"{path}.torn"
-    with open(aside, "ab") as handle:
-        handle.write(torn + b"\n")
-    os.truncate(path, start)
-    return (f"{path}: its last line ({len(torn)} bytes, no newline: a run stopped while writing "
-            f"it) was moved to {aside} before appending")
 
 # every scalar field of a record, every time statistic; the same names as ccbench.load's columns
 _CSV_FIELDS = (

@@ -28,8 +28,8 @@ from ccbench.errors import BackendUnavailable, RunFailure, UsageError
 from ccbench.faults import MID_RUN_STEP, inject
 from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
-from ccbench.output import Progress, TableWriter, make_writer, mend_torn_tail
-from ccbench.records import Record, append_record
+from ccbench.output import Progress, TableWriter, make_writer
+from ccbench.records import Record, append_record, cut_torn_tail
 from ccbench.records.table import finish_parquet, journal_path
 from ccbench.sysinfo import cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
@@ -311,9 +311,13 @@ class _Run:
         assert self.config.output is not None and self.watchdog is not None
         journal = journal_path(self.config.output)     # itself, unless it is .parquet
         if self.step_appended == 0:
-            note = mend_torn_tail(journal)
-            if note:
-                print(f"ccbench: warning: {note}", file=sys.stderr, flush=True)
+            # a run killed mid-write left a last line without its newline: keep it aside in
+            # .torn and cut it, or the next record would be glued onto it
+            torn = cut_torn_tail(journal, aside=f"{journal}.torn")
+            if torn:
+                print(f"ccbench: warning: {journal}: its last line ({torn} bytes, no newline: a "
+                      f"run stopped while writing it) was moved to {journal}.torn before "
+                      "appending", file=sys.stderr, flush=True)
         try:
             whole = os.path.getsize(journal)
         except OSError:

@@ -234,6 +234,19 @@ def test_repair_tail_cuts_a_torn_line(tmp_path: Path) -> None:
     assert len(load_records(path)) == 2
 
 
+def test_cut_torn_tail_keeps_the_piece_aside_when_asked(tmp_path: Path) -> None:
+    path, aside = tmp_path / "r.jsonl", tmp_path / "r.jsonl.torn"
+    append_record(path, make_record(size_asked=8))
+    whole = path.read_bytes()
+    with open(path, "ab") as handle:
+        handle.write(b'{"schema": "ccbench.rec')
+    assert cut_torn_tail(path, aside=aside) == len(b'{"schema": "ccbench.rec')
+    assert path.read_bytes() == whole and aside.read_bytes() == b'{"schema": "ccbench.rec\n'
+    assert cut_torn_tail(path, aside=aside) == 0 and aside.read_bytes().count(b"\n") == 1
+    path.write_bytes(b"no newline at all")                  # one torn line, nothing whole
+    assert cut_torn_tail(path, aside=aside) == 17 and path.read_bytes() == b""
+
+
 # -- merge ----------------------------------------------------------------------------------
 
 def test_merge_records_keeps_one_per_case_and_size() -> None:

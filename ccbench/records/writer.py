@@ -11,9 +11,11 @@ from ccbench.records.schema import Record
 __all__ = ["append_record", "write_records", "cut_torn_tail"]
 
 
-def cut_torn_tail(path: str | os.PathLike[str]) -> int:
-    """Cut a last line that has no newline (a write cut short by a crash or a full disk), so
-    the next append starts on a fresh line. Returns the bytes cut."""
+def cut_torn_tail(path: str | os.PathLike[str], aside: str | os.PathLike[str] | None = None) -> int:
+    """Cut a last line that has no newline (a write cut short by a crash, a kill or a full
+    disk), so the next append starts on a fresh line instead of gluing a record onto it.
+    With `aside`, the piece cut off is appended there (with a newline) before it goes.
+    Returns the bytes cut (0: the file ends in a newline, is empty or does not exist)."""
     try:
         handle = open(path, "rb+")
     except FileNotFoundError:
@@ -37,6 +39,13 @@ def cut_torn_tail(path: str | os.PathLike[str]) -> int:
                 keep = start + index + 1
                 break
             pos = start
+        if aside is not None:
+            handle.seek(keep)
+            torn = handle.read()
+            with open(aside, "ab") as out:
+                out.write(torn + b"\n")
+                out.flush()
+                os.fsync(out.fileno())
         handle.truncate(keep)
         return end - keep
 
