@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import sys
@@ -78,6 +79,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="append one JSON record per (case, size) to this file")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    # a switch of the nccl-cupy backend, not a method option of every backend (so not in
+    # BENCH_OPTIONS, and not a sweep key)
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="nccl-cupy: capture the measured call in a CUDA graph and time "
+                             "graph launches")
 
 
 def bench_parser() -> argparse.ArgumentParser:
@@ -97,7 +103,7 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
 
 
-_NCCL_BACKENDS = ("nccl", "rccl")
+_NCCL_BACKENDS = ("nccl", "rccl", "nccl-cupy")
 
 
 def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
@@ -112,8 +118,11 @@ def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
         raise UsageError(f"--root must be >= 0, got {args.root}")
     for flag, value in (("--nccl-algo", args.nccl_algo), ("--nccl-proto", args.nccl_proto)):
         if value and not any(b.split("@")[-1] in _NCCL_BACKENDS for b in backends):
-            raise UsageError(f"{flag} {value!r} only applies to the nccl and rccl backends, not "
-                             f"{', '.join(backends)}")
+            raise UsageError(f"{flag} {value!r} only applies to the nccl, rccl and nccl-cupy "
+                             f"backends, not {', '.join(backends)}")
+    if args.cuda_graph and "nccl-cupy" not in backends:
+        raise UsageError(f"--cuda-graph only applies to backend nccl-cupy, not "
+                         f"{', '.join(backends)}")
 
 
 def _check_device(device: str) -> None:
@@ -124,8 +133,13 @@ def _check_device(device: str) -> None:
         visible = torch.cuda.is_available()
     except ImportError:
         visible = False
-    if not visible:
-        raise UsageError("--device cuda: no CUDA GPU is visible here (valid here: cpu, auto)")
+    if visible:
+        return
+    from ccbench.backends.cupy_device import cupy_missing_reason
+
+    if importlib.util.find_spec("cupy") is not None and cupy_missing_reason() is None:
+        return                                 # CuPy sees a device (nccl-cupy, mpi --device cuda)
+    raise UsageError("--device cuda: no CUDA GPU is visible here (valid here: cpu, auto)")
 
 
 def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> BenchConfig
@@ -173,7 +187,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     device = args.device
     if device == "auto":
         # a GPU backend without a GPU is the backend's own "unavailable" line, said later
-        device = "cuda" if any(b in ("nccl", "rccl") for b in backends) else "cpu"
+        device = "cuda" if any(b.split("@")[-1] in _NCCL_BACKENDS for b in backends) else "cpu"
     else:
         _check_device(device)
     from ccbench.control import CONNECT_TIMEOUT_S
@@ -183,7 +197,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     return BenchConfig(collectives=collectives, backends=backends, sizes=sizes, dtypes=dtypes,
                        ops=ops, modes=modes, method=method, root=args.root, device=device,
                        output=args.output, fmt=args.format, quiet=args.quiet,
-                       options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto},
+                       options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto,
+                                "cuda_graph": args.cuda_graph},
                        argv=list(argv), connect_timeout=connect_timeout)
 
 

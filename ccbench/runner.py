@@ -39,7 +39,7 @@ __all__ = ["BenchConfig", "run_benchmark"]
 MPI_LAUNCHERS = ("mpiexec", "srun", "single")
 #: what a backend's info() may say that changes what is measured: copied into record.method
 METHOD_KEYS = ("buffers", "nccl_algo", "nccl_proto", "allreduce_out_of_place", "mpi_thread_level",
-               "torch_threads", "timed_call")
+               "torch_threads", "timed_call", "cuda_graph")
 # peak resident memory of a rank before its first buffer (python, numpy, torch or MPI);
 # benchmarks/host_memory.py measured 305 MiB with torch and gloo; kept with a margin
 RANK_BASELINE_BYTES = 512 << 20

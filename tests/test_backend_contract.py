@@ -18,7 +18,7 @@ from ccbench.backends.base import Backend
 from ccbench.records import load_records
 
 #: backends whose buffers live on a device; their world-size-1 run is in tests/gpu/check.sh
-DEVICE_BACKENDS = frozenset({"nccl", "rccl"})
+DEVICE_BACKENDS = frozenset({"nccl", "rccl", "nccl-cupy"})
 
 
 def _class(name: str) -> type[Backend]:

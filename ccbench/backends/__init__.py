@@ -14,6 +14,7 @@ REGISTRY: dict[str, str] = {
     "mpi": "ccbench.backends.mpi:MPIBackend",
     "oneccl": "ccbench.backends.oneccl:OneCCLBackend",
     "nccl": "ccbench.backends.nccl:NCCLBackend",
+    "nccl-cupy": "ccbench.backends.nccl_cupy:NCCLCupyBackend",
     "rccl": "ccbench.backends.nccl:RCCLBackend",
 }
 

@@ -12,7 +12,8 @@ Names are ``<algorithm>[:<chunk>]@<transport>``:
 * transport: any registered backend whose ``point_to_point`` gives a transport: ``mpi``
   (persistent requests; with ``--device cuda`` CuPy arrays, CUDA-aware or host-staged),
   ``gloo`` (torch isend/irecv on host memory), ``oneccl`` (grouped onecclSend/Recv) and
-  ``nccl`` (torch.distributed send/recv on CUDA memory, one NCCL group per step).
+  ``nccl`` (torch.distributed send/recv on CUDA memory, one NCCL group per step) and
+  ``nccl-cupy`` (ncclSend/ncclRecv through CuPy's binding, one group per step).
 
 An `AlgorithmBackend` wraps an instance of the transport's backend (communicator, barrier,
 synchronize and metadata are that backend's); buffers are numpy arrays on the host and CuPy
@@ -40,7 +41,7 @@ __all__ = ["TRANSPORTS", "AlgorithmBackend", "AlgorithmSpec", "algorithm_backend
            "algorithm_names", "parse_name"]
 
 #: backends whose point-to-point messages carry the algorithms (checked in parse_name)
-TRANSPORTS: tuple[str, ...] = ("mpi", "gloo", "oneccl", "nccl")
+TRANSPORTS: tuple[str, ...] = ("mpi", "gloo", "oneccl", "nccl", "nccl-cupy")
 _MAX_SEGMENTS = 64
 _DEFAULT_PIPELINE_CHUNK = 512 << 10            # broadcast and trees
 _PIPELINED = frozenset({"broadcast"})

@@ -21,12 +21,12 @@ the host mpi backend).
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
 
 from ccbench.backends.base import RankContext
 from ccbench.backends.buffers import CupyBuffers, CupyStagedBuffers, DeviceBuffer, pinned_allocator
+from ccbench.backends.cupy_device import cupy_missing_reason
 from ccbench.backends.mpi import MPIBackend
 from ccbench.backends.mpi_loop import loaded_libmpi
 from ccbench.errors import UsageError
@@ -39,23 +39,6 @@ __all__ = ["CudaMPIBackend", "DeviceBuffer", "cuda_query_symbol", "cuda_support"
 
 #: set to 1 or 0 to say whether the MPI library is CUDA-aware, overriding what it reports
 OVERRIDE_VAR = "CCBENCH_MPI_CUDA_AWARE"
-
-
-def cupy_missing_reason() -> str | None:
-    """None when CuPy imports and sees a device, else why not."""
-    if importlib.util.find_spec("cupy") is None:
-        return "cupy is not installed (pip install 'ccbench[cuda]')"
-    try:
-        import cupy
-
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except ImportError as exc:
-        return f"cupy cannot be imported: {exc}"
-    except RuntimeError as exc:       # cupy's CUDARuntimeError derives from RuntimeError
-        return f"cupy sees no CUDA runtime or device: {exc}"
-    if count == 0:
-        return "cupy sees no CUDA device"
-    return None
 
 
 def cuda_query_symbol() -> tuple[str | None, bool]:

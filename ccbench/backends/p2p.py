@@ -16,6 +16,9 @@ arrays on the host or CuPy arrays on a device; every message travels as raw byte
   for them on the stream, not on the host: the reductions that follow are queued behind
   the receives on the current stream and nothing blocks the CPU inside a step.
 * `OneCCLTransport`: onecclSend/onecclRecv inside onecclGroupStart/End.
+* `NcclCupyTransport`: ncclSend/ncclRecv through CuPy's binding, one step's transfers as one
+  NCCL group on the backend's stream; the reductions that follow are CuPy kernels queued on
+  the same stream, so nothing waits on the host inside a step.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ import numpy as np
 
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 
-__all__ = ["GroupedTorchTransport", "MPITransport", "OneCCLTransport", "StagedTransport",
-           "TorchTransport", "poll"]
+__all__ = ["GroupedTorchTransport", "MPITransport", "NcclCupyTransport", "OneCCLTransport",
+           "StagedTransport", "TorchTransport", "poll"]
 
 _MISSES_PER_CLOCK = 256        # read the clock every this many failed tests
 _DEFAULT_WAIT_S = DEFAULT_TIMEOUT_S
@@ -293,11 +296,11 @@ class OneCCLTransport:
         return _Done()
 
     def prepare(self, sends: list[tuple[Any, int, int]],
-                recvs: list[tuple[Any, int, int]]) -> _OneCCLPrepared:
-        return _OneCCLPrepared(functools.partial(self._group, sends, recvs))
+                recvs: list[tuple[Any, int, int]]) -> _GroupPrepared:
+        return _GroupPrepared(functools.partial(self._group, sends, recvs))
 
 
-class _OneCCLPrepared:
+class _GroupPrepared:
     __slots__ = ("start",)
 
     def __init__(self, start: Callable[[], None]) -> None:
@@ -311,3 +314,48 @@ class _OneCCLPrepared:
 
     def free(self) -> None:
         return None
+
+
+# -- NCCL through CuPy -------------------------------------------------------------------------
+
+class NcclCupyTransport:
+    """ncclSend/ncclRecv (cupy.cuda.nccl) on CuPy arrays, as bytes (ncclUint8), on `stream`
+    (a raw stream pointer). NCCL matches messages of a pair in issue order and has no tags;
+    the executor's tags are sequence numbers of the pair, so the order is the same. A step is
+    one group: its sends and receives to one peer cannot deadlock, and the group is complete
+    on the stream, not on the host, when ncclGroupEnd returns: waits are no-ops, and what the
+    schedule does next (kernels, copies, the next step) is queued behind it on the stream."""
+
+    def __init__(self, nccl: Any, comm: Any, rank: int, size: int, stream: int) -> None:
+        self.nccl, self.comm, self.stream = nccl, comm, stream
+        self.rank, self.size = rank, size
+        self.byte = int(nccl.NCCL_UINT8)
+
+    def _resolved(self, messages: list[tuple[Any, int, int]]) -> list[tuple[int, int, int]]:
+        return [(int(buf.data.ptr), int(buf.nbytes), peer) for buf, peer, _ in messages]
+
+    def _group(self, sends: list[tuple[int, int, int]], recvs: list[tuple[int, int, int]]
+               ) -> None:
+        nccl, comm, stream, byte = self.nccl, self.comm, self.stream, self.byte
+        nccl.groupStart()
+        try:
+            for ptr, nbytes, peer in recvs:
+                comm.recv(ptr, nbytes, byte, peer, stream)
+            for ptr, nbytes, peer in sends:
+                comm.send(ptr, nbytes, byte, peer, stream)
+        finally:
+            nccl.groupEnd()
+
+    def isend(self, buf: Any, peer: int, tag: int) -> _Done:
+        self._group(self._resolved([(buf, peer, tag)]), [])
+        return _Done()
+
+    def irecv(self, buf: Any, peer: int, tag: int) -> _Done:
+        self._group([], self._resolved([(buf, peer, tag)]))
+        return _Done()
+
+    def prepare(self, sends: list[tuple[Any, int, int]],
+                recvs: list[tuple[Any, int, int]]) -> _GroupPrepared:
+        """The step's group with the pointers resolved once (waits are the stream's)."""
+        return _GroupPrepared(functools.partial(self._group, self._resolved(sends),
+                                                self._resolved(recvs)))

@@ -1,9 +1,12 @@
 """Run `python -m ccbench ...` with test-only substitutions, for the device-buffer checks.
 
-    python tests/gpu/ccbench_with.py [--fake-cupy] [--cupy-mpi] [--nccl-twin] -- CCBENCH-ARGS
+    python tests/gpu/ccbench_with.py [--fake-cupy] [--fake-devices N] [--cupy-mpi] [--nccl-twin]
+                                     -- CCBENCH-ARGS
 
---fake-cupy  `import cupy` gives tests/gpu/fake_cupy.py (device arrays over host memory), so the
-             CuPy code paths run on a machine without a GPU.
+--fake-cupy  `import cupy` gives tests/gpu/fake_cupy.py (device arrays over host memory) and
+             `cupy.cuda.nccl` tests/gpu/fake_nccl.py (NCCL's calls over gloo), so the CuPy code
+             paths, the nccl-cupy backend's among them, run on a machine without a GPU.
+--fake-devices N  the fake runtime reports N devices (default 1; one per rank for nccl-cupy).
 --cupy-mpi   the mpi backend is ccbench.backends.cuda_mpi:CudaMPIBackend (what the registry
              gives for --device cuda once it chooses classes by device).
 --nccl-twin  the nccl backend is tests/gpu/cpu_twins.py:NCCLCpuTwin (the nccl backend's code
@@ -18,7 +21,8 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        print("usage: ccbench_with.py [--fake-cupy] [--cupy-mpi] [--nccl-twin] -- CCBENCH-ARGS",
+        print("usage: ccbench_with.py [--fake-cupy] [--fake-devices N] [--cupy-mpi] [--nccl-twin] "
+              "-- CCBENCH-ARGS",
               file=sys.stderr)
         return 2
     split = argv.index("--")
@@ -29,6 +33,8 @@ def main(argv: list[str]) -> int:
         import fake_cupy
 
         fake_cupy.install()
+        if "--fake-devices" in flags:
+            fake_cupy.DEVICE_COUNT = int(flags[flags.index("--fake-devices") + 1])
     if "--cupy-mpi" in flags:
         from ccbench.backends import REGISTRY
 

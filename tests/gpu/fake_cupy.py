@@ -8,6 +8,7 @@ an MPI library reads fine). Counters record transfers and synchronizations for t
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import types
 from typing import Any
@@ -16,7 +17,10 @@ import numpy as np
 
 __version__ = "0.0.0+fake"
 
-COUNTERS = {"get": 0, "set": 0, "synchronize": 0, "empty": 0, "kernel": 0, "stream_use": 0}
+COUNTERS = {"get": 0, "set": 0, "synchronize": 0, "empty": 0, "kernel": 0, "stream_use": 0,
+            "memcpy": 0, "graph_launch": 0, "capture": 0}
+#: devices the fake runtime reports (ccbench_with.py --fake-devices N)
+DEVICE_COUNT = 1
 
 uint8, uint16 = np.uint8, np.uint16
 
@@ -152,16 +156,26 @@ class Stream:
         return self
 
     def synchronize(self) -> None:
+        if self.capturing is not None:      # CUDA refuses it: the capture would be invalidated
+            raise RuntimeError("fake cupy: synchronize on a capturing stream")
         COUNTERS["synchronize"] += 1
 
     def wait_event(self, event: Any) -> None:
         pass
 
-    def begin_capture(self) -> None:
+    def begin_capture(self, mode: Any = None) -> None:
+        if self.capturing is not None:
+            raise RuntimeError("fake cupy: the stream is already capturing")
+        COUNTERS["capture"] += 1
         self.capturing = []
 
+    def is_capturing(self) -> bool:
+        return self.capturing is not None
+
     def end_capture(self) -> _Graph:
-        calls, self.capturing = self.capturing or [], None
+        if self.capturing is None:
+            raise RuntimeError("fake cupy: the stream is not capturing")
+        calls, self.capturing = self.capturing, None
         return _Graph(calls)
 
     def __enter__(self) -> Stream:
@@ -184,6 +198,7 @@ class _Graph:
         self.calls = calls
 
     def launch(self, stream: Any = None) -> None:
+        COUNTERS["graph_launch"] += 1
         for call in self.calls:
             call()
 
@@ -212,9 +227,28 @@ class _Device:
 
 
 class _Runtime:
+    memcpyDeviceToDevice = 3  # noqa: N815  (the CUDA name)
+    is_hip = False
+
     @staticmethod
     def getDeviceCount() -> int:  # noqa: N802  (the CUDA name)
-        return 1
+        return DEVICE_COUNT
+
+    @staticmethod
+    def memcpyAsync(dst: int, src: int, size: int, kind: int, stream: int) -> None:  # noqa: N802
+        """cudaMemcpyAsync between fake device (host) addresses, recorded when the stream is
+        capturing a graph."""
+        if kind != _Runtime.memcpyDeviceToDevice:
+            raise ValueError("fake cupy: only device-to-device copies")
+
+        def copy() -> None:
+            COUNTERS["memcpy"] += 1
+            ctypes.memmove(dst, src, size)
+        owner = _STREAMS.get(stream)
+        if owner is not None and owner.capturing is not None:
+            owner.capturing.append(copy)
+        else:
+            copy()
 
     @staticmethod
     def getDeviceProperties(index: int) -> dict[str, Any]:  # noqa: N802
@@ -231,8 +265,13 @@ cuda = types.SimpleNamespace(Device=_Device, runtime=_Runtime(), Stream=Stream,
 
 
 def install() -> types.ModuleType:
-    """Make `import cupy` give this module (and `import cupyx` fail, as without pinned memory)."""
+    """Make `import cupy` give this module (and `import cupyx` fail, as without pinned memory),
+    and `cupy.cuda.nccl` the fake NCCL binding of fake_nccl.py."""
+    import fake_nccl
+
     module = sys.modules[__name__]
     sys.modules["cupy"] = module
     sys.modules["cupy.cuda"] = cuda  # type: ignore[assignment]
+    sys.modules["cupy.cuda.nccl"] = fake_nccl
+    cuda.nccl = fake_nccl
     return module

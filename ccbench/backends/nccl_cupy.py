@@ -1,0 +1,351 @@
+"""nccl-cupy: NCCL called directly through CuPy's binding (cupy.cuda.nccl), as nccl-tests calls it.
+
+Next to the `nccl` backend (torch.distributed's process group), this one makes the NCCL calls
+itself, so what is timed is the library call and nothing around it:
+
+* one communicator per run: rank 0 draws the unique id (ncclGetUniqueId) and hands it to the
+  others through ccbench's control store; every rank then joins with ncclCommInitRank;
+* every call is issued on one dedicated non-blocking stream of the rank's device
+  (`local_rank`; one rank per device, as NCCL requires); `synchronize` waits for that stream;
+* allreduce is out of place when the harness asks for it: ncclAllReduce(send, recv), no copy
+  (torch.distributed's all_reduce is in-place only); broadcast, allgather and reduce-scatter
+  are NCCL's own calls with their in-place layouts; all-to-all is what nccl-tests runs, one
+  ncclSend and one ncclRecv per peer inside ncclGroupStart/ncclGroupEnd (its in-place case
+  copies the input aside first on the stream, timed alone as `local_copy_us`);
+* the barrier is a one-element ncclAllReduce on the stream followed by a stream synchronize;
+* `--cuda-graph`: the measured call is captured once in a CUDA graph (after one uncaptured
+  call: NCCL connects peers on first use) and the graph is launched instead; validation runs
+  the same graph, so the results checked are the graph's.
+
+Records say library "nccl" (or "rccl" on a ROCm build of CuPy) and transport "cupy"; the torch
+path says transport "torch". As a transport for ccbench's own algorithms (`ring@nccl-cupy`)
+each step's sends and receives are one NCCL group on the same stream, and CuPy kernels queued
+there do the reductions (ccbench.backends.p2p.NcclCupyTransport).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
+from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
+from ccbench.backends.cupy_device import cupy_missing_reason
+from ccbench.backends.nccl import format_nccl_version
+from ccbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from algorithms.transport import Transport
+
+__all__ = ["NCCL_OP_NAMES", "NCCL_TYPE_NAMES", "NCCLCupyBackend", "nccl_cupy_version"]
+
+#: ccbench's op -> the constant of cupy.cuda.nccl (ncclRedOp_t)
+NCCL_OP_NAMES = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN"}
+#: ccbench's dtype -> the constant of cupy.cuda.nccl (ncclDataType_t)
+NCCL_TYPE_NAMES = {"int8": "NCCL_INT8", "int32": "NCCL_INT32", "float16": "NCCL_FLOAT16",
+                   "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
+                   "bfloat16": "NCCL_BFLOAT16"}
+#: ncclBfloat16 in nccl.h; older CuPy releases do not export the name
+_NCCL_BFLOAT16 = 9
+_BF16_SINCE = (2, 10)
+#: CUDA graphs kept per backend (one per bound (collective, buffers, op, root))
+_MAX_GRAPHS = 8
+#: communicators this process has created (every rank creates them in the same order)
+_COMMS = itertools.count()
+
+_DIRECT_CALL = ("the binding's own NcclCommunicator method with its arguments bound up front "
+                "(functools.partial): one call into NCCL per operation")
+_GROUP_CALL = "ncclGroupStart, one ncclSend and ncclRecv per peer, ncclGroupEnd (as nccl-tests)"
+_GRAPH_CALL = "CUDA graph launch of the captured NCCL call (cupy Graph.launch on the stream)"
+
+
+def _nccl_module() -> Any:
+    from cupy.cuda import nccl
+
+    return nccl
+
+
+def nccl_cupy_version() -> tuple[str | None, str | None]:
+    """(the NCCL version CuPy loaded, None) or (None, why not); never raises."""
+    try:
+        nccl = _nccl_module()
+    except ImportError as exc:
+        return None, f"cupy.cuda.nccl cannot be imported: {exc}"
+    if not getattr(nccl, "available", True):
+        return None, "cupy.cuda.nccl.available is False (CuPy found no NCCL library)"
+    try:
+        return format_nccl_version(int(nccl.get_version())), None
+    except (AttributeError, RuntimeError) as exc:
+        return None, f"ncclGetVersion failed: {exc}"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("-")[0].split(".") if p.isdigit())
+
+
+class NCCLCupyBackend(Backend):
+    """NCCL through cupy.cuda.nccl.NcclCommunicator on CuPy device buffers."""
+
+    name = "nccl-cupy"
+    env_prefixes: ClassVar[tuple[str, ...]] = ("NCCL_", "CUDA_VISIBLE_DEVICES",
+                                               "CUDA_DEVICE_MAX_CONNECTIONS", "CUPY_")
+
+    # -- availability -----------------------------------------------------------------------
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        missing = cupy_missing_reason()
+        if missing:
+            return missing
+        return nccl_cupy_version()[1]
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        return nccl_cupy_version()[0]
+
+    # -- setup ------------------------------------------------------------------------------
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        if ctx.device != "cuda":
+            raise UsageError(f"backend {self.name!r} runs on device buffers only: use --device "
+                             f"cuda (or auto), not --device {ctx.device}")
+        import cupy
+
+        self.cupy, self.nccl = cupy, _nccl_module()
+        count = int(cupy.cuda.runtime.getDeviceCount())
+        # every rank of the node sees the same count: all refuse before the rendezvous
+        if ctx.local_world_size > count or ctx.local_rank >= count:
+            raise UsageError(f"{ctx.local_world_size} ranks on {ctx.hostname} but only {count} "
+                             f"device(s) visible: {self.name} needs one device per rank (NCCL "
+                             f"refuses two ranks of a communicator on one device)")
+        self.device_index = ctx.local_rank
+        cupy.cuda.Device(self.device_index).use()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._stream_ptr = int(self.stream.ptr)
+        self.buffers = CupyBuffers(cupy)
+        # CuPy built for ROCm binds RCCL under the same module name
+        self.library_name = "rccl" if getattr(cupy.cuda.runtime, "is_hip", False) else "nccl"
+        self._version = nccl_cupy_version()[0] or "unknown"
+        self.comm = self.nccl.NcclCommunicator(ctx.world_size, self._unique_id(), ctx.rank)
+        self._ops = {op: int(getattr(self.nccl, const)) for op, const in NCCL_OP_NAMES.items()}
+        self._types = {name: int(getattr(self.nccl, const, _NCCL_BFLOAT16))
+                       for name, const in NCCL_TYPE_NAMES.items()}
+        self._flag = cupy.empty(1, dtype=np.int32)          # the barrier's allreduce
+        self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._scratch: dict[tuple[int, int], DeviceBuffer] = {}
+
+    def _unique_id(self) -> tuple[int, ...]:
+        """ncclGetUniqueId on rank 0, read by the others from the control store."""
+        key = f"nccl-cupy/unique-id/{next(_COMMS)}"
+        if self.ctx.rank == 0:
+            self.ctx.store.set(key, [int(b) for b in self.nccl.get_unique_id()])
+        return tuple(int(b) for b in self.ctx.store.get(key, timeout=self.ctx.options.timeout))
+
+    # -- capabilities -----------------------------------------------------------------------
+    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        if dtype.name not in NCCL_TYPE_NAMES:
+            return f"unsupported by {self.name}: dtype {dtype.name}"
+        if dtype.name == "bfloat16" and _version_tuple(self._version) < _BF16_SINCE:
+            return (f"unsupported by {self.name}: bfloat16 needs NCCL >= 2.10, "
+                    f"this is {self._version}")
+        return None
+
+    @property
+    def transport(self) -> str:
+        """How ccbench reaches the library (records: library nccl, transport cupy)."""
+        return "cupy"
+
+    # -- the calls --------------------------------------------------------------------------
+    def _type(self, buf: DeviceBuffer) -> int:
+        return self._types[buf.logical.name]
+
+    def _call(self, collective: str, send: DeviceBuffer, recv: DeviceBuffer, op: str | None,
+              root: int) -> Callable[[], Any]:
+        """The NCCL call for one operation on these buffers, every argument resolved."""
+        comm, stream, kind = self.comm, self._stream_ptr, self._type(recv)
+        if collective == "allreduce":
+            return functools.partial(comm.allReduce, send.ptr, recv.ptr, recv.size, kind,
+                                     self._ops[op or "sum"], stream)
+        if collective == "broadcast":
+            return functools.partial(comm.broadcast, recv.ptr, recv.ptr, recv.size, kind, root,
+                                     stream)
+        if collective == "allgather":
+            return functools.partial(comm.allGather, send.ptr, recv.ptr, send.size, kind, stream)
+        if collective == "reduce-scatter":
+            return functools.partial(comm.reduceScatter, send.ptr, recv.ptr, recv.size, kind,
+                                     self._ops[op or "sum"], stream)
+        if collective == "alltoall":
+            return self._alltoall_call(send, recv)
+        raise ValueError(collective)
+
+    def _alltoall_call(self, send: DeviceBuffer, recv: DeviceBuffer) -> Callable[[], None]:
+        nccl, comm, stream, kind = self.nccl, self.comm, self._stream_ptr, self._type(recv)
+        world = self.ctx.world_size
+        block = recv.size // world
+        step = block * recv.array.itemsize
+        copy = self.local_copy("alltoall", send, recv)
+        source = self._scratch_for(send) if copy is not None else send
+        sends = [(source.ptr + peer * step, peer) for peer in range(world)]
+        recvs = [(recv.ptr + peer * step, peer) for peer in range(world)]
+
+        def alltoall() -> None:
+            if copy is not None:          # NCCL must not read blocks it is overwriting
+                copy()
+            nccl.groupStart()
+            try:
+                for (sptr, peer), (rptr, _) in zip(sends, recvs, strict=True):
+                    comm.send(sptr, block, kind, peer, stream)
+                    comm.recv(rptr, block, kind, peer, stream)
+            finally:
+                nccl.groupEnd()
+        return alltoall
+
+    def _scratch_for(self, buf: DeviceBuffer) -> DeviceBuffer:
+        key = (buf.size, buf.array.itemsize)
+        scratch = self._scratch.get(key)
+        if scratch is None:
+            self._scratch.clear()             # one size at a time: the harness goes size by size
+            scratch = self._scratch[key] = self.buffers.alloc(buf.size, buf.logical)
+            self._graphs.clear()              # captured copies may point at the old scratch
+        return scratch
+
+    def local_copy(self, collective: str, send: Any, recv: Any) -> Callable[[], Any] | None:
+        """In-place all-to-all copies its input aside on the stream before the group."""
+        if collective != "alltoall" or not spans_overlap(send, recv):
+            return None
+        scratch = self._scratch_for(send)
+        return functools.partial(self.cupy.cuda.runtime.memcpyAsync, scratch.ptr, send.ptr,
+                                 send.nbytes, self.cupy.cuda.runtime.memcpyDeviceToDevice,
+                                 self._stream_ptr)
+
+    def _graph_key(self, collective: str, send: DeviceBuffer, recv: DeviceBuffer,
+                   op: str | None, root: int) -> tuple[Any, ...]:
+        return (collective, send.ptr, send.size, recv.ptr, recv.size, recv.logical.name, op, root)
+
+    def _graph_launch(self, collective: str, send: DeviceBuffer, recv: DeviceBuffer,
+                      op: str | None, root: int) -> Callable[[], Any]:
+        """The captured graph of the call (captured on first use), as a bound launch."""
+        key = self._graph_key(collective, send, recv, op, root)
+        graph = self._graphs.get(key)
+        if graph is None:
+            call = self._call(collective, send, recv, op, root)
+            call()                        # uncaptured first: NCCL connects peers on first use
+            stream = self.stream
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                call()
+            finally:
+                graph = stream.end_capture()
+            self._graphs[key] = graph
+            while len(self._graphs) > _MAX_GRAPHS:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        return functools.partial(graph.launch, self.stream)
+
+    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+             ) -> Callable[[], Any]:
+        if self.ctx.options.cuda_graph:
+            return self._graph_launch(collective, send, recv, op, root)
+        return self._call(collective, send, recv, op, root)
+
+    def bind_batch(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+                   ) -> Batch:
+        batch = starmap_batch(self.bind(collective, send, recv, op, root))
+        return Batch(batch.run, f"{self._timed_call(collective)}; N of them driven by "
+                                f"itertools.starmap, no Python bytecode between calls")
+
+    def _timed_call(self, collective: str) -> str:
+        if self.ctx.options.cuda_graph:
+            return _GRAPH_CALL
+        return _GROUP_CALL if collective == "alltoall" else _DIRECT_CALL
+
+    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
+        """The harness's untimed call (validation): the graph when graphs are on."""
+        self.bind(collective, send, recv, op, root)()
+
+    def broadcast(self, buf: Any, root: int) -> None:
+        self.run("broadcast", buf, buf, None, root)
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        self.run("allreduce", send, recv, op, 0)
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        self.run("allgather", send, recv, None, 0)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        self.run("reduce-scatter", send, recv, op, 0)
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        self.run("alltoall", send, recv, None, 0)
+
+    # -- point to point: the algorithms over NCCL -------------------------------------------
+    def point_to_point(self, device: bool) -> Transport | None:
+        if not device:
+            return None
+        from ccbench.backends.p2p import NcclCupyTransport
+
+        return NcclCupyTransport(self.nccl, self.comm, self.ctx.rank, self.ctx.world_size,
+                                 self._stream_ptr)
+
+    def device_stream(self) -> Any:
+        return self.stream
+
+    # -- control ----------------------------------------------------------------------------
+    def barrier(self) -> None:
+        """A one-element allreduce on the stream, waited for: no rank leaves before every rank
+        has issued it, and the stream holds nothing older afterwards."""
+        flag = self._flag
+        self.comm.allReduce(flag.data.ptr, flag.data.ptr, 1, self._types["int32"],
+                            self._ops["sum"], self._stream_ptr)
+        self.stream.synchronize()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def finalize(self) -> None:
+        comm = getattr(self, "comm", None)
+        if comm is None:
+            return
+        self.stream.synchronize()
+        self._graphs.clear()
+        self._scratch.clear()
+        comm.destroy()
+        self.comm = None
+
+    # -- metadata ---------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        cupy, options = self.cupy, self.ctx.options
+        runtime = cupy.cuda.runtime
+        try:
+            props = runtime.getDeviceProperties(self.device_index)
+            gpu = props["name"]
+            gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
+            memory = int(props.get("totalGlobalMem", 0))
+        except (AttributeError, KeyError, RuntimeError):
+            gpu, memory = "unknown", 0
+        return {
+            "library": self.library_name,
+            "library_version": self._version,
+            "device": f"cuda:{self.device_index}",
+            "env": {k: v for k, v in os.environ.items() if k.startswith(self.env_prefixes)},
+            "gpu": gpu,
+            "gpu_count": int(runtime.getDeviceCount()),
+            "gpu_memory_bytes": memory,
+            "cupy": getattr(cupy, "__version__", "unknown"),
+            "cuda_runtime": int(runtime.runtimeGetVersion()),
+            "nccl_algo": options.nccl_algo or os.environ.get("NCCL_ALGO"),
+            "nccl_proto": options.nccl_proto or os.environ.get("NCCL_PROTO"),
+            "stream": "one non-blocking cupy.cuda.Stream per rank; synchronize waits for it",
+            "allreduce_out_of_place": "ncclAllReduce(send, recv): out of place, no copy "
+                                      "(as nccl-tests)",
+            "cuda_graph": True if options.cuda_graph else None,
+            "timed_call": _GRAPH_CALL if options.cuda_graph
+            else f"{_DIRECT_CALL}; all-to-all: {_GROUP_CALL}",
+        }
