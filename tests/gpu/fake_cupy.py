@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 import types
 from typing import Any
 
@@ -18,7 +19,15 @@ import numpy as np
 __version__ = "0.0.0+fake"
 
 COUNTERS = {"get": 0, "set": 0, "synchronize": 0, "empty": 0, "kernel": 0, "stream_use": 0,
-            "memcpy": 0, "graph_launch": 0, "capture": 0}
+            "memcpy": 0, "graph_launch": 0, "capture": 0, "event_record": 0, "wait_event": 0}
+_COUNT_LOCK = threading.Lock()
+
+
+def _count(name: str) -> None:
+    with _COUNT_LOCK:          # ranks as threads count into the same table
+        COUNTERS[name] += 1
+
+
 #: devices the fake runtime reports (ccbench_with.py --fake-devices N)
 DEVICE_COUNT = 1
 
@@ -76,14 +85,14 @@ class ndarray:  # noqa: N801  (the CuPy name)
 
     def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None
             ) -> np.ndarray:
-        COUNTERS["get"] += 1
+        _count("get")
         if out is None:
             return self._host.copy()
         np.copyto(out, self._host)
         return out
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
-        COUNTERS["set"] += 1
+        _count("set")
         if not isinstance(arr, np.ndarray):
             raise TypeError("fake cupy: set() takes a numpy array")
         if arr.shape != self._host.shape or arr.dtype != self._host.dtype:
@@ -108,7 +117,7 @@ class ndarray:  # noqa: N801  (the CuPy name)
 
 
 def empty(shape: Any, dtype: Any = float) -> ndarray:
-    COUNTERS["empty"] += 1
+    _count("empty")
     return ndarray(np.empty(shape, dtype=dtype))
 
 
@@ -135,7 +144,7 @@ class ElementwiseKernel:
         got = [np.dtype(x.dtype).name for x in (a, b, out)]
         if got != self.types:
             raise TypeError(f"fake cupy: kernel of {self.types} called on {got}")
-        COUNTERS["kernel"] += 1
+        _count("kernel")
         self.reduce(a._host, b._host, out._host)
 
 
@@ -151,22 +160,24 @@ class Stream:
         _STREAMS[self.ptr] = self
 
     def use(self) -> Stream:
-        COUNTERS["stream_use"] += 1
+        _count("stream_use")
         Stream._current = self
         return self
 
     def synchronize(self) -> None:
         if self.capturing is not None:      # CUDA refuses it: the capture would be invalidated
             raise RuntimeError("fake cupy: synchronize on a capturing stream")
-        COUNTERS["synchronize"] += 1
+        _count("synchronize")
 
     def wait_event(self, event: Any) -> None:
-        pass
+        if not isinstance(event, Event):
+            raise TypeError("fake cupy: wait_event takes an Event")
+        _count("wait_event")
 
     def begin_capture(self, mode: Any = None) -> None:
         if self.capturing is not None:
             raise RuntimeError("fake cupy: the stream is already capturing")
-        COUNTERS["capture"] += 1
+        _count("capture")
         self.capturing = []
 
     def is_capturing(self) -> bool:
@@ -198,17 +209,21 @@ class _Graph:
         self.calls = calls
 
     def launch(self, stream: Any = None) -> None:
-        COUNTERS["graph_launch"] += 1
+        _count("graph_launch")
         for call in self.calls:
             call()
 
 
 class Event:
-    def record(self, stream: Any = None) -> None:
+    def __init__(self, block: bool = False, disable_timing: bool = False,
+                 interprocess: bool = False) -> None:
         pass
 
+    def record(self, stream: Any = None) -> None:
+        _count("event_record")
+
     def synchronize(self) -> None:
-        COUNTERS["synchronize"] += 1
+        _count("synchronize")
 
 
 def get_current_stream() -> Stream:
@@ -223,7 +238,7 @@ class _Device:
         pass
 
     def synchronize(self) -> None:
-        COUNTERS["synchronize"] += 1
+        _count("synchronize")
 
 
 class _Runtime:
@@ -242,7 +257,7 @@ class _Runtime:
             raise ValueError("fake cupy: only device-to-device copies")
 
         def copy() -> None:
-            COUNTERS["memcpy"] += 1
+            _count("memcpy")
             ctypes.memmove(dst, src, size)
         owner = _STREAMS.get(stream)
         if owner is not None and owner.capturing is not None:

@@ -102,7 +102,7 @@ def _array(ptr: int, count: int, datatype: int) -> np.ndarray:
     if count == 0:
         return np.empty(0, storage)
     buf = (ctypes.c_char * (count * storage.itemsize)).from_address(ptr)
-    return np.frombuffer(buf, dtype=storage)
+    return np.frombuffer(memoryview(buf), dtype=storage)
 
 
 def groupStart() -> None:  # noqa: N802  (CuPy's name)
@@ -137,7 +137,9 @@ def _run_p2p(ops: list[tuple[str, Any, int, int, Any]]) -> None:
         by_comm.setdefault(id(op[1]), []).append(op)
     for group in by_comm.values():
         comm = group[0][1]
-        works, selfs_out, selfs_in = [], [], []
+        works: list[Any] = []
+        selfs_out: list[np.ndarray] = []
+        selfs_in: list[np.ndarray] = []
         for kind, _, peer, _, array in group:
             if peer == comm._rank:
                 (selfs_out if kind == "send" else selfs_in).append(array)
@@ -171,7 +173,7 @@ class NcclCommunicator:
         host, port = _address(commId)
         timeout = datetime.timedelta(seconds=300)
         self._store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-        self._pg = dist.ProcessGroupGloo(self._store, rank, ndev, timeout)
+        self._pg: Any = dist.ProcessGroupGloo(self._store, rank, ndev, timeout)
         self._torch, self._dist = torch, dist
         self._rank, self._size = rank, ndev
         self._sequences: dict[tuple[str, int], int] = {}

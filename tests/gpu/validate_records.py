@@ -3,6 +3,11 @@ and (with --full) every collective x dtype x op x mode present.
 
     python tests/gpu/validate_records.py FILE.jsonl --backend nccl --world 1 --timing per-op \
         --device cuda --ops sum,max,min,prod --full [--buffers host-staging]
+    python tests/gpu/validate_records.py FILE.jsonl --beside nccl --world 1 --timing per-op
+
+--beside NATIVE: the file holds algorithm backends next to the library's own (NATIVE); every
+algorithm record must be exact and have NATIVE's exact record of the same case and size beside
+it (both are compared bit for bit with the same expected values, so they agree bit for bit).
 
 Prints one PASS/FAIL line per check; exit status 1 when any check fails.
 """
@@ -31,7 +36,9 @@ def expected_cases(ops: list[str]) -> set[tuple[Any, ...]]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="validate_records.py")
     parser.add_argument("path")
-    parser.add_argument("--backend", required=True)
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--beside", default=None, metavar="NATIVE",
+                        help="algorithm backends next to NATIVE's own records (see above)")
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--timing", required=True)
     parser.add_argument("--device", default="cuda", help="device field prefix (cuda, cpu)")
@@ -39,6 +46,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--full", action="store_true", help="every case must be present")
     parser.add_argument("--buffers", default=None, help="expected environment['buffers']")
     args = parser.parse_args(argv)
+    if (args.backend is None) == (args.beside is None):
+        parser.error("give one of --backend or --beside")
     records = load_records(args.path)
     failures = 0
 
@@ -54,6 +63,8 @@ def main(argv: list[str]) -> int:
     check(not wrong, "wrong == 0 in every record",
           "; ".join(f"{r.collective} {r.dtype} {r.op} inplace={r.inplace} {r.size_used}B "
                     f"wrong={r.wrong}" for r in wrong[:5]))
+    if args.beside is not None:
+        return _beside(records, args.beside, check, failures_of=lambda: failures)
     check({r.backend for r in records} == {args.backend}, f"backend {args.backend}",
           str({r.backend for r in records}))
     check({r.world_size for r in records} == {args.world}, f"world size {args.world}",
@@ -79,6 +90,23 @@ def main(argv: list[str]) -> int:
         check({r.collective for r in records} == set(COLLECTIVES), "every collective",
               str({r.collective for r in records}))
     return 1 if failures else 0
+
+
+def _beside(records: list[Any], native: str, check: Any, failures_of: Any) -> int:
+    """Every algorithm's exact records with the native library's exact record of each case."""
+    def case(r: Any) -> tuple[Any, ...]:
+        return (r.collective, r.dtype, r.op, r.inplace, r.size_used)
+
+    exact_native = {case(r) for r in records if r.backend == native and r.wrong == 0}
+    check(bool(exact_native), f"{native}: {len(exact_native)} exact cases")
+    for name in sorted({r.backend for r in records} - {native}):
+        mine = [r for r in records if r.backend == name]
+        alone = [r for r in mine if case(r) not in exact_native]
+        check(all(r.wrong == 0 for r in mine) and not alone,
+              f"{name}: {len(mine)} cases exact, each beside {native}'s exact result",
+              f"wrong in {sum(r.wrong != 0 for r in mine)}, without {native} beside: "
+              f"{[case(r) for r in alone[:3]]}")
+    return 1 if failures_of() else 0
 
 
 if __name__ == "__main__":
