@@ -63,7 +63,8 @@ def _default_backend() -> str:
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collective", help=f"{', '.join(COLLECTIVES)}, a comma list, or all")
     parser.add_argument("--backend", "-B", default=None,
-                        help="comma list: gloo, mpi, oneccl, nccl, rccl, <algorithm>@<transport> "
+                        help="comma list: gloo, mpi, oneccl, nccl, nccl-cupy, rccl, "
+                             "<algorithm>@<transport> "
                              "(default: nccl with CUDA, else gloo)")
     parser.add_argument("--sizes", "-s", default="1K-16M",
                         help="bytes: 1K-1G (powers of 2), 1K-1G:4 (factor 4), 8,1K,1M (default 1K-16M)")
