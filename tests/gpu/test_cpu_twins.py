@@ -31,8 +31,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _run_local(world: int, flags: list[str], bench: list[str], env: dict[str, str]
-               ) -> list[subprocess.CompletedProcess[str]]:
+def _run_local(world: int, flags: list[str], bench: list[str], env: dict[str, str],
+               timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
     """`world` ranks started the way `ccbench launch` starts them (the local launcher)."""
     control = f"127.0.0.1:{_free_port()}"
     procs = []
@@ -45,7 +45,7 @@ def _run_local(world: int, flags: list[str], bench: list[str], env: dict[str, st
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     for proc in procs:
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=timeout)
         done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return done
 

@@ -24,9 +24,10 @@ def _bench(world: int, bench: list[str], tmp_path: Path, counts: Path | None = N
            ) -> list[Any]:
     out = tmp_path / "r.jsonl"
     env = {"CCBENCH_TWIN_COUNTS": str(counts)} if counts else {}
+    # bounds for a loaded 2-core machine running 3 ranks: minutes, not seconds
     procs = _run_local(world, ["--fake-cupy", "--fake-devices", str(world)],
-                       [*bench, "--device", "cuda", "--timeout", "60", "-q", "--output",
-                        str(out)], env)
+                       [*bench, "--device", "cuda", "--timeout", "180", "-q", "--output",
+                        str(out)], env, timeout=900)
     for proc in procs:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return load_records(out)
