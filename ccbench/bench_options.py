@@ -82,14 +82,14 @@ BENCH_OPTIONS: tuple[BenchOption, ...] = (
                 "seconds a rank may take to reach the control store (default: --timeout, at "
                 "most 30)", positive=True),
     BenchOption("root", int, 0, "broadcast root (default 0)", minimum=0),
-    BenchOption("device", str, "auto", "where buffers live (default auto: cuda for nccl and "
-                "rccl, else cpu)", choices=("auto", "cpu", "cuda")),
+    BenchOption("device", str, "auto", "where buffers live (default auto: cuda for nccl, "
+                "nccl-cupy and rccl, else cpu)", choices=("auto", "cpu", "cuda")),
     BenchOption("mpi_thread_level", str, "funneled",
                 "the thread level MPI is initialised at (default funneled: only the main thread "
                 "calls MPI, as in IMB-MPI1 and OSU; mpi4py's own default is multiple, which "
                 "slows every call in MPICH and Intel MPI)",
                 choices=("single", "funneled", "serialized", "multiple")),
-    BenchOption("nccl_algo", str, None, "sets NCCL_ALGO for the run (nccl, rccl)"),
+    BenchOption("nccl_algo", str, None, "sets NCCL_ALGO for the run (nccl, nccl-cupy, rccl)"),
     BenchOption("nccl_proto", str, None, "sets NCCL_PROTO for the run"),
 )
 
