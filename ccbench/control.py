@@ -14,8 +14,10 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from ccbench.arrivals import LATE_GRACE_S
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure
 
@@ -129,13 +131,14 @@ class ControlClient:
     cut off is noticed instead of blocking a `recv` for ever."""
 
     def __init__(self, host: str, port: int, rank: int,
-                 connect_timeout: float = CONNECT_TIMEOUT_S, reply_timeout: float = DEFAULT_TIMEOUT_S,
-                 track: bool = True) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT_S,
+                 reply_timeout: float = DEFAULT_TIMEOUT_S, track: bool = True,
+                 rank0_state: Callable[[], str | None] | None = None) -> None:
         self.rank = rank
         self.address = (host, port)
         self.connect_timeout, self.reply_timeout = connect_timeout, reply_timeout
         self._lock = threading.Lock()
-        self._sock = _connect(host, port, connect_timeout, rank)
+        self._sock = _connect(host, port, connect_timeout, rank, rank0_state)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._stream = self._sock.makefile("rwb")
         self._call({"cmd": "hello", "rank": rank, "track": track})
@@ -214,22 +217,39 @@ class ControlClient:
         self._sock.close()
 
 
-def _connect(host: str, port: int, timeout: float, rank: int) -> socket.socket:
-    """Retry until rank 0's store listens, for at most `timeout` seconds."""
+def _connect(host: str, port: int, timeout: float, rank: int,
+             rank0_state: Callable[[], str | None] | None = None) -> socket.socket:
+    """Retry until rank 0's store listens, for at most `timeout` seconds. Where rank 0's
+    process can be seen (`rank0_state`: 'alive', 'stopped', 'gone' or None), a rank 0 that is
+    gone is reported at once, and one that still runs (a late start) gets LATE_GRACE_S more."""
     deadline = time.monotonic() + timeout
+    extended = False
     while True:
         left = deadline - time.monotonic()
         try:
             return socket.create_connection((host, port), timeout=max(0.1, min(5.0, left)))
         except OSError as exc:
+            refused = isinstance(exc, ConnectionRefusedError)
+            state = rank0_state() if refused and rank0_state is not None else None
+            if state == "gone":
+                raise _unreachable(host, port, timeout, rank, exc, gone=True) from None
             if time.monotonic() + 0.1 > deadline:
-                raise _unreachable(host, port, timeout, rank, exc) from None
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                if state == "alive" and not extended:
+                    deadline += LATE_GRACE_S
+                    extended = True
+                    continue
+                waited = timeout + (LATE_GRACE_S if extended else 0)
+                raise _unreachable(host, port, waited, rank, exc) from None
+            time.sleep(min(0.1 if state is None else 0.5, max(0.0, deadline - time.monotonic())))
 
 
-def _unreachable(host: str, port: int, timeout: float, rank: int, exc: OSError) -> StoreLost:
+def _unreachable(host: str, port: int, timeout: float, rank: int, exc: OSError,
+                 gone: bool = False) -> StoreLost:
     reason = exc.strerror or str(exc) or type(exc).__name__
     where = f"the control store at {host}:{port}"
+    if gone:                                           # seen in /proc: rank 0's process ended
+        return StoreLost(f"start-up: cannot reach {where} ({reason}): rank 0 exited; ranks "
+                         f"that did not arrive: 0 (dead)")
     if isinstance(exc, ConnectionRefusedError):       # the host answers, nobody listens
         who = "0 (nothing listens there: rank 0 is not running)"
     else:                                              # this rank cannot get there at all

@@ -5,6 +5,8 @@ Phases: start-up (before the control store and MPI_Init), init (the backend's
 initialisation), mid-run (the third measured size), shutdown (after the last record, before
 the closing barrier). Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
 unreachable (start-up only: the control store address becomes one that does not resolve).
+Not a fault but the same hook: late (start-up only: sleep CCBENCH_FAULT_LATE_S seconds, default
+12, as a rank on a loaded machine may take to start; the run must not fail for it).
 Unset, every call is a dictionary lookup that does nothing.
 """
 
@@ -23,11 +25,12 @@ from pathlib import Path
 
 from ccbench.errors import UsageError
 
-__all__ = ["ACTIONS", "PHASES", "UNREACHABLE_HOST", "Cell", "Outcome", "inject", "planned",
+__all__ = ["ACTIONS", "LATE", "PHASES", "UNREACHABLE_HOST", "Cell", "Outcome", "inject", "planned",
            "run_cell", "tagged_processes"]
 
 PHASES = ("start-up", "init", "mid-run", "shutdown")
 ACTIONS = ("kill", "stop", "exit", "unreachable")
+LATE = "late"                                  # not a fault: a rank that starts late
 UNREACHABLE_HOST = "control-store.invalid"     # .invalid never resolves (RFC 2606)
 MID_RUN_STEP = 3
 
@@ -42,9 +45,9 @@ def planned(rank: int) -> tuple[str, str] | None:
         victim_rank = int(victim)
     except ValueError:
         raise UsageError(f"CCBENCH_FAULT={spec!r} (valid: PHASE:RANK:ACTION)") from None
-    if phase not in PHASES or action not in ACTIONS:
+    if phase not in PHASES or action not in (*ACTIONS, LATE):
         raise UsageError(f"CCBENCH_FAULT={spec!r} (valid phases: {', '.join(PHASES)}; "
-                         f"actions: {', '.join(ACTIONS)})")
+                         f"actions: {', '.join((*ACTIONS, LATE))})")
     return (phase, action) if victim_rank == rank else None
 
 
@@ -54,6 +57,9 @@ def inject(phase: str, rank: int) -> None:
     if plan is None or plan[0] != phase:
         return
     action = plan[1]
+    if action == LATE:
+        time.sleep(float(os.environ.get("CCBENCH_FAULT_LATE_S", "12")))
+        return
     log = os.environ.get("CCBENCH_FAULT_LOG")
     if log:                              # when the fault happened, for the stop-time figures
         with open(log, "a", encoding="utf-8") as handle:

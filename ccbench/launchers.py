@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ccbench.addresses import published_address
+from ccbench.arrivals import rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
 from ccbench.errors import UsageError
@@ -152,7 +154,20 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
     if planned(info.rank) == ("start-up", "unreachable"):
         host = UNREACHABLE_HOST
     return ControlClient(host, port, info.rank, connect_timeout=connect_timeout,
-                         reply_timeout=timeout), server
+                         reply_timeout=timeout, rank0_state=_rank0_state(info)), server
+
+
+def _rank0_state(info: LaunchInfo) -> Callable[[], str | None] | None:
+    """Whether rank 0's process still runs, where this host can see it: a rank 0 that is late
+    to open the store is waited for, one that died is named at once."""
+    if info.rank == 0 or info.launcher not in ("local", "srun"):
+        return None
+
+    def state() -> str | None:
+        seen = rank_states(info.launcher, info.world_size, info.local_world_size)
+        return seen.get(0) if seen is not None else None
+
+    return state
 
 
 def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:

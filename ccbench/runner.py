@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ccbench import __version__
+from ccbench.arrivals import RankStates, await_ranks, rank_states, start_limit
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
@@ -83,11 +84,17 @@ def _environment() -> dict[str, Any]:
     return env
 
 
-def _agree_on_arguments(store: ControlClient, info: LaunchInfo, argv: list[str], timeout: float
+def _agree_on_arguments(store: ControlClient, info: LaunchInfo, argv: list[str], timeout: float,
+                        watchdog: Watchdog | None = None, connect_timeout: float | None = None
                         ) -> None:
+    """Every rank checks in with its arguments; rank 0 compares them. With a watchdog and a
+    connect timeout, rank 0 first waits for every rank the way ccbench.arrivals says (a late
+    rank is waited for, a dead one named at once)."""
     digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
     store.set(f"args/{info.rank}", {"digest": digest, "argv": argv})
     if info.rank == 0:
+        if watchdog is not None and connect_timeout is not None:
+            _await_ranks(store, info, watchdog, connect_timeout)
         verdict = None
         for rank in range(1, info.world_size):
             other = store.get(f"args/{rank}", timeout)
@@ -104,6 +111,25 @@ def _agree_on_arguments(store: ControlClient, info: LaunchInfo, argv: list[str],
         else:
             store.set(f"args/read/{info.rank}", 1)
         raise UsageError(verdict)
+
+
+def _await_ranks(store: ControlClient, info: LaunchInfo, watchdog: Watchdog,
+                 connect_timeout: float) -> None:
+    def arrived() -> set[int]:
+        return {int(key.split("/")[1]) for key in store.prefix("args/")
+                if key.split("/")[1].isdigit()}
+
+    def states() -> RankStates | None:
+        return rank_states(info.launcher, info.world_size, info.local_world_size)
+
+    started = time.monotonic()
+    missing = await_ranks(arrived, info.world_size, connect_timeout, states)
+    if missing:
+        if all(why == "dead" for why in missing.values()):
+            why = "a rank exited before it reached the control store"
+        else:
+            why = f"not every rank arrived within {time.monotonic() - started:.0f} s"
+        watchdog.ranks_missing(why, missing)
 
 
 def _check_memory(config: BenchConfig, info: LaunchInfo) -> None:
@@ -350,10 +376,12 @@ def run_benchmark(config: BenchConfig) -> int:
     watchdog = Watchdog(store, info.rank, info.world_size, timeout)
     watchdog.start()
     try:
-        # the others connect within the connect timeout or say why not: wait a little longer,
-        # so that a rank that cannot reach the store is the one that speaks
-        with watchdog.waiting(limit=config.connect_timeout + 5):
-            _agree_on_arguments(store, info, config.argv or [], config.connect_timeout + 5)
+        # the others connect within the connect timeout or say why not; rank 0 waits for late
+        # ranks (ccbench.arrivals) and decides, the others wait for its verdict a little longer
+        limit = start_limit(config.connect_timeout) + 5
+        with watchdog.waiting(limit=limit + (5 if info.rank else 0)):
+            _agree_on_arguments(store, info, config.argv or [], limit, watchdog,
+                                config.connect_timeout)
         _check_memory(config, info)
         status = _Run(config, info, store).run(watchdog)
         watchdog.label = "the end of the run"

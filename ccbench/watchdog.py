@@ -106,6 +106,11 @@ class Watchdog:
             self._give_up("lost the control store", store_lost=failure)
         self._give_up(str(failure))
 
+    def ranks_missing(self, why: str, missing: dict[int, str]) -> None:
+        """The main thread knows which ranks are missing (start-up: rank 0 saw which never
+        arrived): stop naming exactly those (never returns)."""
+        self._give_up(why, missing=missing)
+
     def abort(self, why: str) -> None:
         """A library reported an error mid-collective: usually a peer died. Give the store a
         moment to notice the dead connection, then stop like a timeout would (never returns)."""
@@ -152,7 +157,8 @@ class Watchdog:
                 pass
             os._exit(EXIT_HUNG)
 
-    def _give_up(self, why: str, store_lost: StoreLost | None = None) -> None:
+    def _give_up(self, why: str, store_lost: StoreLost | None = None,
+                 missing: dict[int, str] | None = None) -> None:
         # the main thread (a library error) and this thread (a timeout) may both get here
         self._giving_up.acquire()
         try:
@@ -160,7 +166,8 @@ class Watchdog:
                 self._leave_quietly()         # another rank has already said why
         except StoreLost as lost:
             store_lost = lost
-        missing = self._missing_ranks(store_lost)
+        if missing is None or store_lost is not None:
+            missing = self._missing_ranks(store_lost)
         self._check_continued()
         if self.was_stopped and (store_lost is not None or any(missing.values())):
             # this process was stopped long enough for its peers to give up on it: they have

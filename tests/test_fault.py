@@ -221,3 +221,43 @@ def test_stopped_rank_0_is_named_and_does_not_blame_others_once_continued(tmp_pa
         survivor
     assert "ccbench: error:" not in stopped and "Traceback" not in stopped, stopped
     assert len(load_records(out)) >= 2
+
+
+def test_a_late_rank_is_waited_for_not_blamed(tmp_path: Path) -> None:
+    """A rank that starts after the connect timeout (a loaded machine can take that long to
+    start an interpreter) is waited for: the run completes."""
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "CCBENCH_FAULT": "start-up:2:late", "CCBENCH_FAULT_LATE_S": "12"}
+    proc = subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "3", "allreduce",
+                           "--backend", "gloo", "--sizes", "1K-4K", "--iters", "2", "--warmup",
+                           "0", "--timeout", str(TIMEOUT_S), "-q", "--output", str(out)],
+                          env=env, capture_output=True, text=True, timeout=NO_HANG_S)
+    assert proc.returncode == 0, proc.stderr
+    assert "ccbench: error:" not in proc.stderr
+    assert len(load_records(out)) == 6
+
+
+def test_await_ranks_names_the_dead_at_once_and_waits_for_the_late(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccbench import arrivals
+
+    monkeypatch.setattr(arrivals, "LATE_GRACE_S", 1.0)
+    monkeypatch.setattr(arrivals, "_POLL_S", 0.01)
+    started = time.monotonic()
+    # rank 2 gone, rank 1 alive: only the gone one is named, without waiting for the limit
+    missing = arrivals.await_ranks(lambda: {0}, 3, 30.0,
+                                   lambda: {0: "alive", 1: "alive", 2: "gone"})
+    assert missing == {2: "dead"} and time.monotonic() - started < 20
+    # a late rank arrives after the connect timeout: nobody is named
+    moments = iter([set(), set(), {0}, {0, 1}])
+    assert arrivals.await_ranks(lambda: next(moments), 2, 0.0,
+                                lambda: {0: "alive", 1: "alive"}) == {}
+    # a stopped rank is named once the connect timeout (+5 s) has passed, not before
+    started = time.monotonic()
+    assert arrivals.await_ranks(lambda: {0}, 2, 0.0, lambda: {0: "alive", 1: "stopped"}) \
+        == {1: "stopped"}
+    assert 5 <= time.monotonic() - started < 20       # upper bound: a loaded machine
+    # ranks that cannot be seen: named after connect timeout + 5 s + the grace
+    started = time.monotonic()
+    assert arrivals.await_ranks(lambda: {0}, 2, 0.0, lambda: None) == {1: ""}
+    assert 6 <= time.monotonic() - started < 20

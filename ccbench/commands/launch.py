@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from ccbench.arrivals import LAUNCHER_PID_VAR
 from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.sysinfo import usable_cores
 
@@ -118,8 +119,10 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
         cleanup = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
         return [[mpiexec, *cleanup, "-n", str(nprocs), *python]], [{}]
     control = f"127.0.0.1:{_free_port()}"
+    # the launcher's pid tells each rank that all were started together (ccbench.arrivals)
     envs = [{"RANK": str(r), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(r),
-             "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control}
+             "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control,
+             LAUNCHER_PID_VAR: str(os.getpid())}
             for r in range(nprocs)]
     return [python for _ in range(nprocs)], envs
 
