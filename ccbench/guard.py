@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from ccbench.arrivals import LATE_GRACE_S
+
 __all__ = ["StartGuard", "local_peer_ranks"]
 
 EXIT_HUNG = 3
@@ -79,10 +81,19 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
     ready, _, _ = select.select([read_fd], [], [], limit)
     if ready:
         return
-    peers = local_peer_ranks(_parent_of(parent))
-    here = {r for r, (_, state) in peers.items() if state not in _GONE}
-    missing = [r for r in range(world) if r not in here and r != rank]
     complete = guard.all_local
+    started = time.monotonic() - limit
+    peers, missing = _look(parent, rank, world)
+    if complete and not missing:
+        # every rank still runs: a loaded machine, not a fault; wait a bounded while longer,
+        # unless one of them dies or stops meanwhile
+        deadline = time.monotonic() + LATE_GRACE_S
+        while not missing and time.monotonic() < deadline:
+            ready, _, _ = select.select([read_fd], [], [], 0.5)
+            if ready:
+                return
+            peers, missing = _look(parent, rank, world)
+    here = set(range(world)) - set(missing)
     speaker = min(here | {rank})
     if complete and speaker != rank:
         # the lowest live rank speaks for all; stay until it has looked, so that it does not
@@ -91,7 +102,8 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
         os.kill(parent, signal.SIGKILL)
         return
     names = ", ".join(map(str, missing)) if complete and missing else "unknown"
-    line = (f"ccbench: error: {phase}: did not finish within {limit:g} s (a rank died or hangs "
+    waited = time.monotonic() - started
+    line = (f"ccbench: error: {phase}: did not finish within {waited:.0f} s (a rank died or hangs "
             f"during start-up); ranks that did not arrive: {names}\n")
     try:
         os.write(sys.stderr.fileno(), line.encode())
@@ -100,6 +112,13 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
 
 
 _GONE = ("T", "t", "Z", "X")
+
+
+def _look(parent: int, rank: int, world: int) -> tuple[dict[int, tuple[int, str]], list[int]]:
+    """The peers on this host and the ranks (other than this one) that are gone or stopped."""
+    peers = local_peer_ranks(_parent_of(parent))
+    here = {r for r, (_, state) in peers.items() if state not in _GONE}
+    return peers, [r for r in range(world) if r not in here and r != rank]
 
 
 def _wait_gone(pid: int, limit: float) -> None:
