@@ -48,6 +48,10 @@ class ControlServer:
     def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
         self._data: dict[str, Any] = {}
         self._cond = threading.Condition()
+        # ranks' main connections: how many are open, and each one that closed, in the order
+        # seen, with whether it said bye (for ccbench.storehost, which outlives rank 0)
+        self.open_ranks = 0
+        self.closed: list[tuple[int, bool]] = []
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.port: int = self._sock.getsockname()[1]
@@ -69,10 +73,19 @@ class ControlServer:
                 self._serve_lines(stream, state)
             except (OSError, ValueError, KeyError, TypeError):
                 pass          # a broken or foreign connection loses only its own answers
-        if state["rank"] is not None and not state["bye"]:
-            with self._cond:
+        if state["rank"] is None:
+            return
+        with self._cond:
+            self.open_ranks -= 1
+            self.closed.append((state["rank"], state["bye"]))
+            if not state["bye"]:
                 self._data[f"dead/{state['rank']}"] = time.time()
-                self._cond.notify_all()
+            self._cond.notify_all()
+
+    def snapshot(self) -> tuple[int, list[tuple[int, bool]], dict[str, Any]]:
+        """(open rank connections, closed ones in order, a copy of the data)."""
+        with self._cond:
+            return self.open_ranks, list(self.closed), dict(self._data)
 
     def _serve_lines(self, stream: Any, state: dict[str, Any]) -> None:
         for line in stream:
@@ -81,6 +94,9 @@ class ControlServer:
             if command == "hello":
                 # only a rank's main connection counts for liveness (not its watchdog's)
                 state["rank"] = int(request["rank"]) if request.get("track", True) else None
+                if state["rank"] is not None:
+                    with self._cond:
+                        self.open_ranks += 1
                 reply: dict[str, Any] = {"ok": True}
             elif command == "bye":
                 state["bye"] = True

@@ -5,7 +5,7 @@ Phases: start-up (before the control store and MPI_Init), init (the backend's
 initialisation), mid-run (the third measured size), shutdown (after the last record, before
 the closing barrier). Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
 unreachable (start-up only: the control store address becomes one that does not resolve).
-Not a fault but the same hook: late (start-up only: sleep CCBENCH_FAULT_LATE_S seconds, default
+Not a fault but the same hook: late (start-up or init: sleep CCBENCH_FAULT_LATE_S seconds, default
 12, as a rank on a loaded machine may take to start; the run must not fail for it).
 Unset, every call is a dictionary lookup that does nothing.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from ccbench.errors import UsageError
 
-__all__ = ["ACTIONS", "LATE", "PHASES", "UNREACHABLE_HOST", "Cell", "Outcome", "inject", "planned",
-           "run_cell", "tagged_processes"]
+__all__ = ["ACTIONS", "LATE", "LAUNCHERS", "PHASES", "UNREACHABLE_HOST", "Cell", "Outcome",
+           "inject", "planned", "run_cell", "tagged_processes"]
 
 PHASES = ("start-up", "init", "mid-run", "shutdown")
 ACTIONS = ("kill", "stop", "exit", "unreachable")
@@ -80,6 +80,10 @@ PHASE_WORDS = {"start-up": ("start-up",), "init": ("initialisation", "start-up")
                "mid-run": ("allreduce",), "shutdown": ("end of the run",)}
 
 
+# how the ranks are started: `ccbench launch`, or a bare launcher a user would type
+LAUNCHERS = ("launch", "mpiexec", "srun", "torchrun")
+
+
 @dataclass(frozen=True, slots=True)
 class Cell:
     backend: str
@@ -87,10 +91,29 @@ class Cell:
     victim: int
     action: str
     phase: str
+    launcher: str = "launch"
 
     @property
     def name(self) -> str:
-        return f"{self.backend}-n{self.world_size}-{self.phase}-{self.action}-rank{self.victim}"
+        via = "" if self.launcher == "launch" else f"{self.launcher}-"
+        return (f"{via}{self.backend}-n{self.world_size}-{self.phase}-{self.action}-"
+                f"rank{self.victim}")
+
+    def command(self, bench: list[str]) -> list[str]:
+        """The command line that starts the ranks."""
+        n = str(self.world_size)
+        python = [sys.executable, "-m", "ccbench", *bench]
+        beside = Path(sys.executable).parent
+        if self.launcher == "launch":
+            return [sys.executable, "-m", "ccbench", "launch", "-n", n, *bench]
+        if self.launcher == "mpiexec":
+            return [str(beside / "mpiexec"), "-n", n, *python]
+        if self.launcher == "srun":
+            return ["srun", "-n", n, *python]
+        if self.launcher == "torchrun":
+            return [str(beside / "torchrun"), "--standalone", "--nproc-per-node", n, "-m",
+                    "ccbench", *bench]
+        raise UsageError(f"unknown launcher {self.launcher!r} (valid: {', '.join(LAUNCHERS)})")
 
 
 @dataclass(slots=True)
@@ -117,9 +140,9 @@ def run_cell(cell: Cell, workdir: Path, timeout: float = 5.0, bound: float = 240
     out, log = workdir / f"{cell.name}.jsonl", workdir / f"{cell.name}.time"
     for old in (out, log):
         old.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "ccbench", "launch", "-n", str(cell.world_size), "allreduce",
-           "--backend", cell.backend, "--sizes", "1K-32K", "--iters", "3", "--warmup", "1",
-           "--timeout", f"{timeout:g}", "-q", "--output", str(out)]
+    cmd = cell.command(["allreduce", "--backend", cell.backend, "--sizes", "1K-32K", "--iters",
+                        "3", "--warmup", "1", "--timeout", f"{timeout:g}", "-q", "--output",
+                        str(out)])
     env = {**os.environ, "CCBENCH_FAULT": f"{cell.phase}:{cell.victim}:{cell.action}",
            "CCBENCH_FAULT_LOG": str(log), "CCBENCH_FAULT_TAG": tag}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -159,7 +182,7 @@ def _judge(outcome: Outcome, stderr: str, fault_at: float | None) -> list[str]:
         problems.append(f"processes left: {outcome.leftovers}")
     if len(outcome.error_lines) != 1:
         problems.append(f"{len(outcome.error_lines)} error lines")
-    if "Traceback" in stderr:
+    if _own_traceback(stderr):
         problems.append("a traceback")
     if not outcome.records_ok:
         problems.append("a torn or invalid record")
@@ -173,6 +196,12 @@ def _judge(outcome: Outcome, stderr: str, fault_at: float | None) -> list[str]:
         if ranks != {cell.victim}:
             problems.append(f"named ranks {sorted(ranks)}, not [{cell.victim}]: {line}")
     return problems
+
+
+def _own_traceback(stderr: str) -> bool:
+    """A Python traceback through ccbench's code (torchrun prints one of its own, from the
+    launcher's process, whenever a worker fails: not ours to judge)."""
+    return "Traceback" in stderr and re.search(r'File "[^"]*ccbench[/\\]', stderr) is not None
 
 
 def _records_whole(path: Path) -> bool:

@@ -20,12 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ccbench.addresses import published_address
-from ccbench.arrivals import rank_states
+from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
 from ccbench.errors import UsageError
 from ccbench.faults import UNREACHABLE_HOST, planned
 from ccbench.guard import StartGuard
+from ccbench.storehost import start_store_host
 
 __all__ = ["LaunchInfo", "connect_control", "detect_launch", "expand_nodelist", "published_address"]
 
@@ -172,17 +173,32 @@ def _rank0_state(info: LaunchInfo) -> Callable[[], str | None] | None:
 
 def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:
     """MPI_Init and the broadcast of the address hold the interpreter (no watchdog thread can
-    run) and wait for every rank: a guard process ends this rank if they do not finish."""
-    server = ControlServer("0.0.0.0", 0) if info.rank == 0 else None
+    run) and wait for every rank: a guard process ends this rank if they do not finish.
+    Under a bare mpiexec (not `ccbench launch`, which keeps the ranks alive to speak), the
+    store runs in a process of its own (ccbench.storehost), which outlives the ranks."""
+    server: ControlServer | None = None
+    port = 0
+    if info.rank == 0:
+        if hosted_apart():
+            port = start_store_host("mpiexec")
+        else:
+            server = ControlServer("0.0.0.0", 0)
+            port = server.port
     with StartGuard("MPI start-up (MPI_Init)", timeout, info.rank, info.world_size,
                     all_local=info.local_world_size == info.world_size):
         from mpi4py import MPI
 
-        address = (published_address(), server.port) if server is not None else None
+        address = (published_address(), port) if info.rank == 0 else None
         host, port = MPI.COMM_WORLD.bcast(address, root=0)
-    if server is not None:
+    if info.rank == 0:
         host = "127.0.0.1"
     return server, host, port
+
+
+def hosted_apart() -> bool:
+    """Whether the control store of an MPI-launched run lives outside rank 0: when no
+    `ccbench launch` supervises the ranks."""
+    return LAUNCHER_PID_VAR not in os.environ
 
 
 def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:

@@ -28,7 +28,7 @@ from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
 from ccbench.faults import MID_RUN_STEP, inject
 from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
-from ccbench.launchers import LaunchInfo, connect_control, detect_launch
+from ccbench.launchers import LaunchInfo, connect_control, detect_launch, hosted_apart
 from ccbench.output import Progress, TableWriter, make_writer
 from ccbench.records import Record, append_record, cut_torn_tail
 from ccbench.records.table import finish_parquet, journal_path
@@ -247,7 +247,9 @@ class _Run:
         watchdog.label = f"{name}: initialisation"
         inject("init", info.rank)
         watchdog.enter()
+        watchdog.lenient = True
         backend = cls(ctx)
+        watchdog.lenient = False
         watchdog.leave()
         try:
             meta = backend.info()
@@ -374,6 +376,10 @@ def run_benchmark(config: BenchConfig) -> int:
     timeout = config.method.timeout
     store, server = connect_control(info, timeout, config.connect_timeout)
     watchdog = Watchdog(store, info.rank, info.world_size, timeout)
+    apart = info.launcher == "mpiexec" and hosted_apart()
+    watchdog.post_labels = apart
+    watchdog.rank_states = functools.partial(rank_states, info.launcher, info.world_size,
+                                             info.local_world_size)
     watchdog.start()
     try:
         # the others connect within the connect timeout or say why not; rank 0 waits for late
@@ -391,13 +397,20 @@ def run_benchmark(config: BenchConfig) -> int:
     except (StoreLost, StoreTimeout) as failure:
         watchdog.store_failed(failure)
         raise
+    except BaseException:
+        if apart:               # this rank says why (the CLI prints it): the store host must not
+            with contextlib.suppress(RunFailure):
+                store.set("aborted", info.rank)
+        raise
     finally:
         watchdog.stop()
     _close(store, server, info)
     # what runs after us (MPI_Finalize at interpreter exit, library destructors) is collective
     # too and runs when no Python thread can act any more: if a peer never gets there, the
-    # alarm's default action ends this process instead of letting it hang
-    signal.alarm(int(timeout) + 5)
+    # alarm's default action ends this process instead of letting it hang. Not sooner than
+    # 25 s beyond the timeout: tearing torch down took over 10 s on a loaded machine (load 20
+    # on 2 cores), and a healthy run must not end killed by this alarm
+    signal.alarm(int(timeout) + 25)
     return status
 
 

@@ -12,9 +12,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+from ccbench.arrivals import LATE_GRACE_S, RankStates
 from ccbench.control import ControlClient, StoreLost
 from ccbench.errors import RunFailure
+from ccbench.storehost import LABEL_KEY
 
 __all__ = ["Watchdog"]
 
@@ -29,6 +33,14 @@ class Watchdog:
         self.store = store.second_connection()
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self.label = "start-up"
+        # with the store in a process of its own (ccbench.storehost), each step's label goes
+        # there too, so that it can name the step when every rank was killed at once
+        self.post_labels = False
+        # during a backend's initialisation (it imports and starts a library, seconds on a
+        # loaded machine): past the timeout, wait up to LATE_GRACE_S more while `rank_states`
+        # sees every rank's process running
+        self.lenient = False
+        self.rank_states: Callable[[], RankStates | None] | None = None
         self.position: tuple[int, int] = (0, 0)     # (case-size step, ops entered in it)
         self.blocked_since: float | None = None
         self.wait_limit: float | None = None          # instead of `timeout`, for one wait
@@ -37,6 +49,8 @@ class Watchdog:
         # may have given up on it, and it must not blame them for leaving
         self.was_stopped = False
         self._wakeup: tuple[int, int] | None = None
+        self._previous_term: Any = signal.SIG_DFL
+        self.terminated = False
         self._stop = threading.Event()
         self._giving_up = threading.RLock()
         self._thread = threading.Thread(target=self._loop, name="ccbench-watchdog", daemon=True)
@@ -50,6 +64,9 @@ class Watchdog:
             os.set_blocking(write_fd, False)
             try:
                 signal.signal(signal.SIGCONT, _ignore)
+                # a launcher (torchrun, srun) sends SIGTERM to the others when a rank died: this
+                # thread says which one first, instead of the process vanishing without a word
+                self._previous_term = signal.signal(signal.SIGTERM, _ignore)
                 signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
                 self._wakeup = (read_fd, write_fd)
             except ValueError:
@@ -61,22 +78,33 @@ class Watchdog:
         if self._wakeup is None:
             return
         try:
-            if signal.SIGCONT in os.read(self._wakeup[0], 512):
-                self.was_stopped = True
+            received = os.read(self._wakeup[0], 512)
         except BlockingIOError:
-            pass
+            return
+        if signal.SIGCONT in received:
+            self.was_stopped = True
+        if signal.SIGTERM in received:
+            self.terminated = True
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         if self._wakeup is not None and threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, self._previous_term)
+            if self.terminated:                 # asked to end while this thread was stopping
+                os.kill(os.getpid(), signal.SIGTERM)
         self.store.close()
 
     # -- called by the harness --------------------------------------------------------
     def begin_step(self, step: int, label: str) -> None:
         self.label = label
         self.position = (step, 0)
+        if self.post_labels:
+            try:
+                self.store.set(f"{LABEL_KEY}{self.rank}", [step, label])
+            except StoreLost as lost:
+                self._give_up("lost the control store", store_lost=lost)
 
     def enter(self) -> None:
         step, ops = self.position
@@ -130,6 +158,8 @@ class Watchdog:
             self._check_continued()
             blocked = self.blocked_since
             try:
+                if self.terminated:
+                    self._on_terminate()
                 if now - last_post >= _POST_S and self.position != self._posted:
                     self.store.set(f"progress/{self.rank}", list(self.position))
                     self._posted = self.position
@@ -140,13 +170,26 @@ class Watchdog:
                     self._leave_quietly()         # another rank has already said why
                 waited = now - blocked
                 limit = self.wait_limit or self.timeout
-                if waited > limit:
-                    self._give_up(f"timed out after {limit:g} s")
+                if waited > limit and not (self.lenient and waited <= limit + LATE_GRACE_S
+                                           and self._all_running()):
+                    self._give_up(f"timed out after {waited:.0f} s")
                 if waited > _DEAD_GRACE_S and self.store.prefix("dead/"):
                     self._give_up("a rank died")
             except StoreLost as lost:
                 if not self._stop.is_set():
                     self._give_up("lost the control store", store_lost=lost)
+
+    def _all_running(self) -> bool:
+        seen = self.rank_states() if self.rank_states is not None else None
+        return seen is not None and all(state == "alive" for state in seen.values())
+
+    def _on_terminate(self) -> None:
+        """SIGTERM: when a peer is known dead, the launcher is stopping the rest because of it,
+        so say so (once, from the lowest live rank); otherwise end as SIGTERM would have."""
+        if self.store.prefix("dead/"):
+            self._give_up("a rank died (the launcher then sent SIGTERM)")
+        with self._giving_up:
+            os._exit(128 + signal.SIGTERM)     # (a handler can be reset from the main thread only)
 
     def _leave_quietly(self, tell_store: bool = True) -> None:
         with self._giving_up:

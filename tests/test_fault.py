@@ -137,6 +137,40 @@ def test_fault_cell(cell: Cell, tmp_path: Path) -> None:
     assert outcome.ok, (outcome.problems, outcome.error_lines)
 
 
+# The same promise when the ranks are started by a bare launcher instead of `ccbench launch`:
+# a rank killed mid-run gives one line naming the step and that rank, and nothing is left.
+# A bare Intel MPI mpiexec kills every rank at once (ccbench.storehost speaks for them).
+LAUNCHER_CELLS = [
+    Cell("mpi", 2, 1, "kill", "mid-run", launcher="mpiexec"),
+    Cell("gloo", 2, 1, "kill", "mid-run", launcher="srun"),
+    Cell("gloo", 2, 1, "kill", "mid-run", launcher="torchrun"),
+]
+
+
+def _launcher_missing(launcher: str) -> str | None:
+    import shutil
+
+    if launcher == "srun":
+        if shutil.which("srun") is None or shutil.which("sinfo") is None:
+            return "no Slurm here"
+        up = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True,
+                            timeout=60, check=False)
+        return None if "up" in up.stdout else "no Slurm partition up"
+    if launcher == "torchrun" and not (Path(sys.executable).parent / "torchrun").exists():
+        return "no torchrun beside python"
+    return None
+
+
+@pytest.mark.parametrize("cell", LAUNCHER_CELLS, ids=lambda c: c.name)
+def test_fault_cell_bare_launcher(cell: Cell, tmp_path: Path) -> None:
+    reason = _available(cell.backend) or _launcher_missing(cell.launcher)
+    if reason and os.environ.get("CI") != "true":
+        pytest.skip(reason)
+    outcome = run_cell(cell, tmp_path, timeout=TIMEOUT_S, bound=NO_HANG_S)
+    assert outcome.ok, (outcome.problems, outcome.error_lines)
+    assert "2K" in outcome.error_lines[0] or "1K" in outcome.error_lines[0], outcome.error_lines
+
+
 def test_torn_last_line_is_moved_aside(tmp_path: Path) -> None:
     """A run killed mid-write left half a line: the next run cuts it off (keeping it in
     .torn) before appending, and says so; every line of the file is whole afterwards."""

@@ -117,7 +117,8 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
                                      "(pip install 'ccbench[mpi]' or pass --mpiexec)")
         # the ranks' own watchdogs say which rank failed: mpiexec must not kill them first
         cleanup = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
-        return [[mpiexec, *cleanup, "-n", str(nprocs), *python]], [{}]
+        return [[mpiexec, *cleanup, "-n", str(nprocs), *python]], \
+            [{LAUNCHER_PID_VAR: str(os.getpid())}]
     control = f"127.0.0.1:{_free_port()}"
     # the launcher's pid tells each rank that all were started together (ccbench.arrivals)
     envs = [{"RANK": str(r), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(r),
