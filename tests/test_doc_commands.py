@@ -84,8 +84,27 @@ def _shell_commands(lines: list[str], console: bool) -> tuple[str, ...]:
         text = (pending + text).strip()
         pending = ""
         if text:
-            commands.extend(part.strip() for part in text.split(" && "))
+            commands.extend(_split_and(text))
     return tuple(commands)
+
+
+def _split_and(text: str) -> list[str]:
+    """`a && b` -> [a, b]; an && inside quotes or a ( subshell ) stays where it is."""
+    parts, depth, quote, start, i = [], 0, "", 0, 0
+    while i < len(text):
+        char = text[i]
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif text.startswith(" && ", i) and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i = i + 4
+            continue
+        i += 1
+    return [*parts, text[start:].strip()]
 
 
 def doc_blocks(doc: str) -> list[Block]:
@@ -97,7 +116,7 @@ def doc_blocks(doc: str) -> list[Block]:
         fence = re.match(r"^```(\w*)\s*$", lines[i])
         if fence:
             end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-            lang, body = fence.group(1) or "bash", lines[i + 1:end]
+            lang, body = fence.group(1), lines[i + 1:end]      # no language: output, text
             if lang == "python":
                 blocks.append(Block(doc, i + 2, "python", ("\n".join(body),)))
             elif lang in SHELL_LANGS:
@@ -330,6 +349,16 @@ NOT_HERE: list[NotHere] = [
             "(../shared/tools/astra-sim/bin or CCBENCH_ASTRA_SIM_BIN)",
             lambda env, c: _must_pass(env, "python scripts/astra_check.py --help"),
             unless=lambda: _astra_bin() is not None),
+    NotHere(r".*/AstraSim_Analytical_\w+ .*", "the ASTRA-sim binaries (as above)",
+            lambda env, c: _must_pass(env, f"bash -n -c {shlex.quote(c)}"),
+            unless=lambda: _astra_bin() is not None),
+]
+
+# python blocks that are fragments of a program, not programs: (pattern, reason, what must import)
+PY_FRAGMENTS: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"^observer = ExecutionTraceObserver\(\)"), "the tracing lines of "
+     "examples/train_and_trace.py, which the document's next block runs; compiled here, and its "
+     "class imported", "from torch.profiler import ExecutionTraceObserver"),
 ]
 
 
@@ -417,19 +446,41 @@ def run_command(env: Env, command: str) -> str:
     return f"ran: {actual}"
 
 
-@pytest.mark.parametrize("block", [
-    pytest.param(b, id=b.ident, marks=[pytest.mark.slow] if _slow(b) else []) for b in BLOCKS])
-def test_documented_commands_run(block: Block, tmp_path: Path) -> None:
+def run_python(env: Env, code: str) -> str:
+    for pattern, reason, needed in PY_FRAGMENTS:
+        if pattern.search(code):
+            compile(code, "<doc>", "exec")
+            _must_pass(env, f"python -c {shlex.quote(needed)}")
+            return f"checked only ({reason})"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=env.root, env=env.vars,
+                          capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    assert proc.returncode == 0, f"{code!r}:\n{proc.stderr[-3000:]}"
+    return f"ran python: {code.splitlines()[0]}"
+
+
+# documents whose blocks build on each other (a file made by one is read by the next): all
+# their blocks run in one test, in order, in one copy
+SEQUENTIAL = {"docs/traces.md"}
+UNITS: list[tuple[str, list[Block]]] = [
+    *((b.ident, [b]) for b in BLOCKS if b.doc not in SEQUENTIAL),
+    *((doc, [b for b in BLOCKS if b.doc == doc]) for doc in sorted(SEQUENTIAL)
+      if any(b.doc == doc for b in BLOCKS)),
+]
+
+
+@pytest.mark.parametrize("blocks", [
+    pytest.param(blocks, id=ident, marks=[pytest.mark.slow] if any(map(_slow, blocks)) else [])
+    for ident, blocks in UNITS])
+def test_documented_commands_run(blocks: list[Block], tmp_path: Path) -> None:
     root = _checkout_copy(tmp_path / "checkout")
     env = Env(root, tmp_path / "scratch", _environment(root))
     env.scratch.mkdir()
-    if block.lang == "python":
-        proc = subprocess.run([sys.executable, "-c", block.commands[0]], cwd=root, env=env.vars,
-                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return
-    done = [run_command(env, command) for command in block.commands]
-    print("\n".join(done))
+    for block in blocks:
+        if block.lang == "python":
+            print(block.ident, run_python(env, block.commands[0]))
+            continue
+        for command in block.commands:
+            print(block.ident, run_command(env, command))
 
 
 def test_every_document_has_its_blocks_found() -> None:
@@ -438,6 +489,8 @@ def test_every_document_has_its_blocks_found() -> None:
     assert {"README.md", "results/README.md", "slurm/README.md", "docs/models.md",
             "docs/testbed.md", "docs/oneccl.md", "docs/gpu.md"} <= found
     assert all(b.commands for b in BLOCKS)
+    assert _split_and('A=1; (cd x && y) | grep "a && b" && z') == [
+        'A=1; (cd x && y) | grep "a && b"', "z"]
 
 
 def test_rules_catch_what_they_are_for() -> None:
