@@ -12,7 +12,7 @@ What is compared: IMB's t_avg (mean over ranks of each rank's mean over -iter ca
 average latency against ccbench's median over samples (max over ranks) of
 `--timing pipelined --pipeline N` (N calls from a C loop per sample) and of `--timing per-op`.
 
-Run: python benchmarks/bench_harness.py [--rounds 3] [--markdown]
+Run: python benchmarks/bench_harness.py [--rounds 3]   (prints Markdown tables)
 """
 
 from __future__ import annotations
