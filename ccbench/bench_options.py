@@ -11,10 +11,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "BenchOption", "option_argv", "option_named"]
+__all__ = ["BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "BenchOption", "GivenStore", "given",
+           "option_argv", "option_named"]
 
 #: seconds one operation (and a library's initialisation) may take before the run is stopped
 DEFAULT_TIMEOUT_S = 300.0
+
+
+class GivenStore(argparse.Action):
+    """argparse's plain store that also remembers the option was typed (a default is not):
+    two flags that set one thing (-n and OSU's -i) are refused only when both were given."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        typed = getattr(namespace, "typed_options", None) or {}
+        typed[self.dest] = option_string
+        namespace.typed_options = typed
+
+
+def given(args: argparse.Namespace, name: str) -> str | None:
+    """The flag that set `name` on the command line, or None when it holds its default."""
+    return (getattr(args, "typed_options", None) or {}).get(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +55,7 @@ class BenchOption:
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         names = [self.flag, *([self.short] if self.short else [])]
         parser.add_argument(*names, dest=self.name, type=self.kind, default=self.default,
-                            choices=self.choices, help=self.help)
+                            choices=self.choices, help=self.help, action=GivenStore)
 
     def check(self, value: Any) -> int | float | str:
         """The value as this option holds it; ValueError (naming the valid form) otherwise."""
@@ -67,6 +85,10 @@ class BenchOption:
 BENCH_OPTIONS: tuple[BenchOption, ...] = (
     BenchOption("iters", int, 20, "timed iterations (default 20)", short="-n", minimum=1),
     BenchOption("warmup", int, 5, "warm-up iterations (default 5)", short="-w", minimum=0),
+    BenchOption("combine", str, "max",
+                "an iteration's time from its ranks' times: max (default: an operation lasts "
+                "until its last rank is done), mean, min, rank0 (nccl-tests: -a 3, 1, 2, 0); "
+                "recorded as method.combine", choices=("max", "mean", "min", "rank0")),
     BenchOption("min_time", float, 0.0,
                 "raise iterations until the timed part lasts this many seconds", minimum=0),
     BenchOption("max_iters", int, 100000, "at most this many timed iterations (default 100000)",

@@ -20,6 +20,7 @@ from ccbench.bench_options import BENCH_OPTIONS
 from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
 from ccbench.errors import RunFailure, UsageError
+from ccbench.familiar import add_familiar_arguments, resolve_familiar
 from ccbench.harness import Method
 from ccbench.sizes import parse_sizes
 
@@ -27,6 +28,22 @@ SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "expor
                "merge", "report", "compare", "testbed", "replay")
 
 __all__ = ["bench_parser", "config_from_args", "main"]
+
+FAMILIAR_EPILOG = """\
+flags of other tools, and the letters they share:
+  -n      iterations, as in nccl-tests; under `ccbench launch`, a -n before the collective
+          is the rank count (as mpiexec -n) and one after it the iteration count
+  -f N    nccl-tests' step factor; a bare -f is OSU's full statistics (--full)
+  -i      OSU's iteration count; refused next to -b/-e or an nccl-tests program name, where
+          it would be nccl-tests' step in bytes
+  -a      nccl-tests' rank combination (0 rank 0, 1 mean, 2 min, 3 max); the default stays
+          max, where nccl-tests' default is 1 (mean)
+  two flags that set the same thing (--sizes and -b, -n and -i, --output and -J) are refused
+  together; examples:
+    ccbench launch -n 2 all_reduce_perf -b 8 -e 128M -f 2 -g 1 -c 1 -n 20 -w 5 -o sum -d float
+    ccbench launch -n 2 osu_allreduce -m 8:1048576 -i 1000 -x 100 -f
+    ccbench launch -n 2 -- --collective all_reduce --b 8 --e 1M --f 2
+"""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -61,21 +78,29 @@ def _default_backend() -> str:
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("collective", help=f"{', '.join(COLLECTIVES)}, a comma list, or all")
+    parser.add_argument("collective", nargs="?", default=None,
+                        help=f"{', '.join(COLLECTIVES)}, a comma list, or all; also an nccl-tests "
+                             f"or OSU program name (all_reduce_perf, osu_allreduce, ...)")
     parser.add_argument("--backend", "-B", default=None,
                         help="comma list: gloo, mpi, oneccl, nccl, nccl-cupy, rccl, "
                              "<algorithm>@<transport> "
                              "(default: nccl with CUDA, else gloo)")
-    parser.add_argument("--sizes", "-s", default="1K-16M",
-                        help="bytes: 1K-1G (powers of 2), 1K-1G:4 (factor 4), 8,1K,1M (default 1K-16M)")
+    parser.add_argument("--sizes", "-s", default=None,
+                        help="bytes: 1K-1G (powers of 2), 1K-1G:4 (factor 4), 8,1K,1M (default "
+                             "1K-16M; or -b/-e/-f, -m, --b/--e/--f below)")
     parser.add_argument("--dtype", "-d", default="float32",
-                        help=f"{', '.join(DTYPES)}, a comma list or all (default float32)")
-    parser.add_argument("--op", "-o", default="sum", help="sum, max, min, prod or a comma list")
+                        help=f"{', '.join(DTYPES)}, a comma list or all (default float32); "
+                             f"nccl-tests' names float, double, half also")
+    parser.add_argument("--op", "-o", default="sum",
+                        help="sum, max, min, prod, a comma list or all (default sum)")
     parser.add_argument("--inplace", action="store_true", help="only in-place")
     parser.add_argument("--outofplace", action="store_true", help="only out-of-place")
     parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op")
     for option in BENCH_OPTIONS:          # the same table makes the sweep file's keys
         option.add_to(parser)
+    parser.add_argument("--full", action="store_true", default=False,
+                        help="the table also shows each rank's median, min and max over ranks "
+                             "(OSU -f); records always hold every statistic")
     parser.add_argument("--output", "-O", default=None,
                         help="append one JSON record per (case, size) to this file")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
@@ -85,11 +110,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph", action="store_true",
                         help="nccl-cupy: capture the measured call in a CUDA graph and time "
                              "graph launches")
+    add_familiar_arguments(parser)
 
 
 def bench_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="ccbench", description="Measure collectives. Subcommands: "
-                           + ", ".join(SUBCOMMANDS))
+                           + ", ".join(SUBCOMMANDS), epilog=FAMILIAR_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_arguments(parser)
     parser.add_argument("--version", action="version", version=f"ccbench {__version__}")
     return parser
@@ -122,7 +149,8 @@ def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
             raise UsageError(f"{flag} {value!r} only applies to the nccl, rccl and nccl-cupy "
                              f"backends, not {', '.join(backends)}")
     if args.cuda_graph and "nccl-cupy" not in backends:
-        raise UsageError(f"--cuda-graph only applies to backend nccl-cupy, not "
+        flag = f"-G {args.cudagraph} (CUDA graphs)" if args.cudagraph else "--cuda-graph"
+        raise UsageError(f"{flag} only applies to backend nccl-cupy, not "
                          f"{', '.join(backends)}")
 
 
@@ -149,6 +177,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     from ccbench.backends.mpi import set_thread_level
     from ccbench.runner import BenchConfig
 
+    resolve_familiar(args)                      # other tools' flags -> ccbench's settings
     set_thread_level(args.mpi_thread_level)     # before anything imports mpi4py.MPI
 
     collectives = parse_collectives(args.collective)
@@ -184,7 +213,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
         os.environ["NCCL_PROTO"] = args.nccl_proto
     method = Method(iters=args.iters, warmup=args.warmup, min_time=args.min_time,
                     max_iters=args.max_iters, timing=args.timing, pipeline=args.pipeline,
-                    check=args.check, timeout=args.timeout)
+                    check=args.check, timeout=args.timeout, combine=args.combine)
     device = args.device
     if device == "auto":
         # a GPU backend without a GPU is the backend's own "unavailable" line, said later
@@ -197,7 +226,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
                        else args.connect_timeout)
     return BenchConfig(collectives=collectives, backends=backends, sizes=sizes, dtypes=dtypes,
                        ops=ops, modes=modes, method=method, root=args.root, device=device,
-                       output=args.output, fmt=args.format, quiet=args.quiet,
+                       output=args.output, fmt=args.format, quiet=args.quiet, full=args.full,
                        options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto,
                                 "cuda_graph": args.cuda_graph},
                        argv=list(argv), connect_timeout=connect_timeout)

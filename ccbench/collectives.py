@@ -48,6 +48,8 @@ def parse_collectives(text: str) -> list[str]:
 
 
 def parse_ops(text: str) -> list[str]:
+    if text.strip().lower() == "all":           # as nccl-tests' -o all: every op offered
+        return list(OPS)
     ops = [part.strip().lower() for part in text.split(",") if part.strip()]
     if not ops:
         raise UsageError(f"empty --op (valid: {', '.join(OPS)})")

@@ -4,7 +4,8 @@ Method (the README's "Method" section says the same):
 - warm-up iterations, untimed; then timed iterations, their number raised to fill --min-time;
 - per-op timing: barrier, then one op timed up to device completion; pipelined timing:
   --pipeline ops back to back, one synchronize, divided by their number;
-- one iteration's time is the max over ranks; median/mean/min/p5/p95/max/stdev over iterations;
+- one iteration's time is the max over ranks (or, by --combine / nccl-tests' -a, the mean, the
+  min or rank 0's time); median/mean/min/p5/p95/max/stdev over iterations;
 - validation: --check extra untimed iterations on fresh inputs, compared bit for bit.
 """
 
@@ -35,7 +36,8 @@ _INJECT_CORRUPTION = os.environ.get("CCBENCH_CORRUPT") == "1"
 #: called after each timed sample (outside the clock) with (samples done, samples in all)
 OnSample = Callable[[int, int], None] | None
 
-__all__ = ["Case", "Method", "SizeResult", "host_bytes_per_rank", "measure_size"]
+__all__ = ["Case", "Method", "SizeResult", "combine_ranks", "host_bytes_per_rank",
+           "measure_size"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class Method:
     pipeline: int = 10          # ops per sample in pipelined mode
     check: int = 1              # untimed validation iterations
     timeout: float = DEFAULT_TIMEOUT_S
+    combine: str = "max"        # an iteration's time from its ranks': max | mean | min | rank0
 
 
 @dataclass(slots=True)
@@ -241,7 +244,7 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
         return None, wrong or 0
     with watchdog.waiting():
         per_rank = [store.get(f"{key}/times/{r}", method.timeout) for r in range(world)]
-    result = _summarize(lay, per_rank, iterations, wrong is not None)
+    result = _summarize(lay, per_rank, iterations, wrong is not None, method.combine)
     result.batch_loop = loop
     return result, wrong or 0
 
@@ -260,10 +263,24 @@ def _agree_iterations(store: ControlClient, key: str, warm: list[float], method:
     return max(method.iters, min(wanted, method.max_iters))
 
 
-def _summarize(lay: Layout, per_rank: list[dict[str, Any]], iterations: int, checked: bool
-               ) -> SizeResult:
+def combine_ranks(matrix: np.ndarray, combine: str) -> np.ndarray:
+    """One time per iteration from a (ranks x iterations) matrix. max: an operation lasts until
+    its last rank is done (the default); mean, min and rank 0 are nccl-tests' other -a modes."""
+    if combine == "max":
+        return matrix.max(axis=0)
+    if combine == "mean":
+        return matrix.mean(axis=0)
+    if combine == "min":
+        return matrix.min(axis=0)
+    if combine == "rank0":
+        return matrix[0]
+    raise ValueError(f"unknown rank combination {combine!r}")
+
+
+def _summarize(lay: Layout, per_rank: list[dict[str, Any]], iterations: int, checked: bool,
+               combine: str = "max") -> SizeResult:
     matrix = np.asarray([entry["samples"] for entry in per_rank], dtype=np.float64) * 1e6
-    samples = matrix.max(axis=0)                      # an iteration lasts until its last rank
+    samples = combine_ranks(matrix, combine)
     stats = summarize(samples.tolist())
     seconds = stats["median"] * 1e-6
     algbw = lay.size_used / seconds / 1e9 if seconds > 0 else float("inf")

@@ -115,24 +115,30 @@ _CSV_FIELDS = (
 
 
 class TableWriter:
-    """Rows appear as soon as both modes of a size are done."""
+    """Rows appear as soon as both modes of a size are done. `full` (OSU's -f) adds, per mode,
+    the smallest and the largest of the ranks' own median times: how far apart ranks were."""
 
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, stream: TextIO = sys.stdout, full: bool = False) -> None:
         self.stream = stream
+        self.full = full
         self.busbw_sum = 0.0
         self.busbw_count = 0
         self._pending: dict[tuple[object, ...], dict[bool, Record]] = {}
 
     def header(self, title: str) -> None:
-        half = f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+        spread = f" {'rank min':>10} {'rank max':>10}" if self.full else ""
+        units = f" {'(us)':>10} {'(us)':>10}" if self.full else ""
+        half = f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}{spread}"
+        width = len(half)
         print(f"#\n# {title}\n#", file=self.stream)
-        print(f"# {'':>10} {'':>11} {'':>8} {'':>6} {'':>4}   {'out-of-place':^33}   "
-              f"{'in-place':^33}", file=self.stream)
+        print(f"# {'':>10} {'':>11} {'':>8} {'':>6} {'':>4}   {'out-of-place':^{width}}   "
+              f"{'in-place':^{width}}", file=self.stream)
         print(f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>6} {'root':>4}   {half}   "
               f"{half}", file=self.stream)
         print(f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>6} {'':>4}   "
-              f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}   "
-              f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}", file=self.stream, flush=True)
+              f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}{units}   "
+              f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}{' ' * 7 if self.full else ''}{units}",
+              file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         print(f"# {text}", file=self.stream, flush=True)
@@ -153,11 +159,16 @@ class TableWriter:
         for inplace in (False, True):
             rec = by_mode.get(inplace)
             if rec is None:
-                cells.append(f"{'-':>10} {'-':>7} {'-':>7} {'-':>6}")
+                empty = f" {'-':>10} {'-':>10}" if self.full else ""
+                cells.append(f"{'-':>10} {'-':>7} {'-':>7} {'-':>6}{empty}")
                 continue
             wrong = "N/A" if rec.wrong is None else str(rec.wrong)
+            spread = ""
+            if self.full:
+                ranks = rec.rank_median_us or [rec.time_us["median"]]
+                spread = f" {min(ranks):>10.2f} {max(ranks):>10.2f}"
             cells.append(f"{rec.time_us['median']:>10.2f} {rec.algbw_gbps:>7.3f} "
-                         f"{rec.busbw_gbps:>7.3f} {wrong:>6}")
+                         f"{rec.busbw_gbps:>7.3f} {wrong:>6}{spread}")
         root = str(first.root) if first.collective == "broadcast" else "-1"
         print(f"  {first.size_used:>10} {first.count:>11} {first.dtype:>8} {first.op or 'none':>6} "
               f"{root:>4}   {cells[0]}   {cells[1]}", file=self.stream, flush=True)
@@ -201,8 +212,9 @@ class CsvWriter(JsonWriter):
         self.stream.flush()
 
 
-def make_writer(fmt: str) -> TableWriter:
-    return {"table": TableWriter, "json": JsonWriter, "csv": CsvWriter}[fmt]()
+def make_writer(fmt: str, full: bool = False) -> TableWriter:
+    """`full` changes the table only: JSON and CSV rows hold every statistic anyway."""
+    return {"table": TableWriter, "json": JsonWriter, "csv": CsvWriter}[fmt](full=full)
 
 
 def _is_terminal(stream: TextIO, variable: str) -> bool:

@@ -26,6 +26,7 @@ from ccbench.collectives import REDUCING, layout
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer, StoreLost, StoreTimeout
 from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.familiar import COMBINE_LABELS
 from ccbench.faults import MID_RUN_STEP, inject
 from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch, hosted_apart
@@ -62,6 +63,7 @@ class BenchConfig:
     output: str | None = None
     fmt: str = "table"
     quiet: bool = False
+    full: bool = False                # the table shows the spread over ranks too (OSU -f)
     options: dict[str, Any] | None = None
     argv: list[str] | None = None     # as typed, for the agreement check
     connect_timeout: float = CONNECT_TIMEOUT_S    # the CLI makes it min(this, --timeout)
@@ -197,7 +199,7 @@ class _Run:
     def __init__(self, config: BenchConfig, info: LaunchInfo, store: ControlClient) -> None:
         self.config, self.info, self.store = config, info, store
         self.is_root = info.rank == 0
-        self.writer: TableWriter = make_writer(config.fmt)
+        self.writer: TableWriter = make_writer(config.fmt, full=config.full)
         self.run_id = uuid.uuid4().hex[:12] if self.is_root else ""
         self.environment = _environment() if self.is_root else {}
         self.hosts: list[str] = []
@@ -258,7 +260,8 @@ class _Run:
                     f"ccbench {__version__}  backend {name} ({meta['library']} "
                     f"{meta['library_version']})  world {info.world_size} on {len(self.hosts)} "
                     f"node(s)  launcher {info.launcher}  timing {config.method.timing}  "
-                    f"iters {config.method.iters} warmup {config.method.warmup}")
+                    f"iters {config.method.iters} warmup {config.method.warmup}  time "
+                    f"{COMBINE_LABELS[config.method.combine]}")
             for collective, dtype, op in _cases(config):
                 self._run_group(backend, meta, watchdog, progress, collective, dtype, op)
         finally:
@@ -316,7 +319,8 @@ class _Run:
             algbw_gbps=result.algbw_gbps, busbw_gbps=result.busbw_gbps, wrong=result.wrong,
             method={"timing": config.method.timing, "pipeline": config.method.pipeline,
                     "min_time_s": config.method.min_time, "check": config.method.check,
-                    "combine": "max over ranks", "launcher": info.launcher,
+                    "combine": COMBINE_LABELS[config.method.combine],
+                    "launcher": info.launcher,
                     "timeout_s": config.method.timeout,
                     "oversubscribed": self.placement["oversubscribed"],
                     "cores_per_node": self.placement["cores"],

@@ -15,7 +15,8 @@ from ccbench.sweep.spec import sweep_from_dict
 # a value other than the default for every option (valid on a CPU-only machine)
 NON_DEFAULT = {"iters": 7, "warmup": 2, "min_time": 0.25, "max_iters": 9, "pipeline": 4,
                "check": 0, "timeout": 12.5, "connect_timeout": 3.0, "root": 1, "device": "cpu",
-               "mpi_thread_level": "single", "nccl_algo": "Ring", "nccl_proto": "Simple"}
+               "mpi_thread_level": "single", "nccl_algo": "Ring", "nccl_proto": "Simple",
+               "combine": "mean"}
 
 
 def test_every_option_has_a_non_default_example() -> None:

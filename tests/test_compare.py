@@ -201,3 +201,18 @@ def test_cli_says_what_the_interval_covers(tmp_path: Path) -> None:
     proc = run_ccbench("compare", str(folder_a), str(folder_b))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "several runs per side (2 vs 2 runs): the interval covers run-to-run" in proc.stdout
+
+
+def test_refuses_different_rank_combinations() -> None:
+    """-a 1 (mean over ranks) against the default max measure different things."""
+    mean = series(seed=5)
+    for rec in mean:
+        rec.method["combine"] = "mean over ranks"
+    with pytest.raises(UsageError, match="rank combination max over ranks vs mean over ranks"):
+        compare_records(series(), mean)
+    rows, note = compare_records(series(), mean, force=True)
+    assert len(rows) == len(SIZES) and note and "forced despite rank combination" in note
+    legacy = series(seed=7)                  # records from before the setting: max
+    for rec in legacy:
+        del rec.method["combine"]
+    assert len(compare_records(series(), legacy)[0]) == len(SIZES)

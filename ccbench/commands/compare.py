@@ -15,8 +15,8 @@ the threshold: a regression when ratio > 1 + threshold, an improvement when
 ratio < 1 / (1 + threshold). Exit status 1 when any case regressed, 0 otherwise, 2 on bad input.
 
 Records pair on the case identity without run id and library version; they are comparable
-when world size, nodes, ranks per node, dtype, op, timing mode, device and root agree;
-otherwise compare refuses, unless --force.
+when world size, nodes, ranks per node, dtype, op, timing mode, device, root and the
+combination of rank times (method.combine) agree; otherwise compare refuses, unless --force.
 """
 
 from __future__ import annotations
@@ -164,7 +164,25 @@ def pair_records(base: list[Record], new: list[Record], force: bool = False
             raise UsageError(f"incomparable records: {mismatch} (pass --force to compare anyway)")
         pairs = loose
         note = ((note + "; ") if note else "") + f"forced despite {mismatch}"
+    combine = _combine_mismatch(pairs)
+    if combine:
+        if not force:
+            raise UsageError(f"incomparable records: {combine} (pass --force to compare anyway)")
+        note = ((note + "; ") if note else "") + f"forced despite {combine}"
     return pairs, note
+
+
+def _combine_mismatch(pairs: list[Pair]) -> str | None:
+    """Times combined over ranks differently (max against mean, --combine / -a) measure
+    different things; records from before the setting existed combined by max."""
+    def combine(records: list[Record]) -> set[str]:
+        return {str(r.method.get("combine", "max over ranks")) for r in records}
+
+    base = set().union(*(combine(b) for b, _ in pairs))
+    new = set().union(*(combine(n) for _, n in pairs))
+    if base == new:
+        return None
+    return f"rank combination {', '.join(sorted(base))} vs {', '.join(sorted(new))}"
 
 
 def _run_median(record: Record) -> float:

@@ -26,11 +26,28 @@ from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.sysinfo import usable_cores
 
 
+class _RankCountOnce(argparse.Action):
+    """`-n` before the collective is the rank count, after it nccl-tests' iteration count: a
+    second one before the collective is a misplaced iteration count, not a new rank count."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        previous = getattr(namespace, self.dest)
+        if previous is not None:
+            raise UsageError(f"-n given twice before the benchmark ({previous} and {values}): "
+                             f"before the collective -n is the rank count; put the iteration "
+                             f"count after it (ccbench launch -n {previous} allreduce -n "
+                             f"{values})")
+        setattr(namespace, self.dest, values)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("launch", help="start N local ranks (no cluster needed)")
-    parser.add_argument("-n", "--nprocs", type=int, default=None,
+    parser.add_argument("-n", "--nprocs", type=int, default=None, action=_RankCountOnce,
                         help="number of ranks (default: the local GPUs for a GPU run, else the "
-                             "cores this process may use; more ranks than that oversubscribe)")
+                             "cores this process may use; more ranks than that oversubscribe). "
+                             "Only before the collective: after it, -n is the benchmark's "
+                             "iteration count, as in nccl-tests")
     parser.add_argument("--mpiexec", default=None,
                         help="mpiexec to use for MPI backends (default: the one beside python)")
     parser.add_argument("bench", nargs=argparse.REMAINDER,
