@@ -33,6 +33,7 @@ from ccbench.launchers import LaunchInfo, connect_control, detect_launch, hosted
 from ccbench.output import Progress, TableWriter, make_writer
 from ccbench.records import Record, append_record, cut_torn_tail
 from ccbench.records.table import finish_parquet, journal_path
+from ccbench.repeats import repeat_from_env
 from ccbench.sysinfo import cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
 
@@ -196,8 +197,10 @@ def _placement(device: str, ranks_on_node: int) -> dict[str, Any]:
 
 
 class _Run:
-    def __init__(self, config: BenchConfig, info: LaunchInfo, store: ControlClient) -> None:
+    def __init__(self, config: BenchConfig, info: LaunchInfo, store: ControlClient,
+                 repeat: dict[str, Any] | None = None) -> None:
         self.config, self.info, self.store = config, info, store
+        self.repeat = repeat or {}         # which launch of `ccbench launch --repeat N`
         self.is_root = info.rank == 0
         self.writer: TableWriter = make_writer(config.fmt, full=config.full)
         self.run_id = uuid.uuid4().hex[:12] if self.is_root else ""
@@ -324,6 +327,7 @@ class _Run:
                     "timeout_s": config.method.timeout,
                     "oversubscribed": self.placement["oversubscribed"],
                     "cores_per_node": self.placement["cores"],
+                    **self.repeat,
                     # settings that change what is measured, when the backend has them
                     **{k: meta[k] for k in METHOD_KEYS if meta.get(k) is not None},
                     # what the clock saw: one bound call (per-op) or a batch's loop (pipelined)
@@ -376,6 +380,7 @@ def run_benchmark(config: BenchConfig) -> int:
         raise UsageError(f"--root {config.root} is not a rank of this run of {info.world_size} "
                          f"(valid: 0 to {info.world_size - 1})")
     check_measurable(config, info.world_size)
+    repeat = repeat_from_env()
     inject("start-up", info.rank)
     timeout = config.method.timeout
     store, server = connect_control(info, timeout, config.connect_timeout)
@@ -393,7 +398,7 @@ def run_benchmark(config: BenchConfig) -> int:
             _agree_on_arguments(store, info, config.argv or [], limit, watchdog,
                                 config.connect_timeout)
         _check_memory(config, info)
-        status = _Run(config, info, store).run(watchdog)
+        status = _Run(config, info, store, repeat).run(watchdog)
         watchdog.label = "the end of the run"
         inject("shutdown", info.rank)
         with watchdog.waiting():

@@ -87,6 +87,8 @@ CASES = {
     "nccl-tests program without counterpart": (["sendrecv_perf"], "nccl-tests' sendrecv_perf has"),
     "launch -n twice before the collective": (["launch", "-n", "2", "-n", "20", "allreduce"],
                                               "-n given twice before the benchmark (2 and 20)"),
+    "launch --repeat 0": (["launch", "-n", "2", "--repeat", "0", "allreduce", "--backend", "gloo"],
+                          "--repeat must be >= 1, got 0"),
     "calibrate into missing folder": (["calibrate", "tests/fixtures/records-v1.jsonl", "-o",
                                        "/nonexistent/dir/model.json"],
                                       "folder '/nonexistent/dir' does not exist"),

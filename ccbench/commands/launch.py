@@ -1,11 +1,12 @@
-"""`ccbench launch [-n N] [--] COLLECTIVE ...`: the embedded default launcher.
+"""`ccbench launch [-n N] [--repeat N] [--] COLLECTIVE ...`: the embedded default launcher.
 
 Starts N local ranks (default: one per local GPU for a GPU run, else one per usable core) with
 a loopback rendezvous. Backends that need MPI run in ranks started by mpiexec; the others in
 plain processes with RANK / WORLD_SIZE / LOCAL_RANK and CCBENCH_CONTROL (the control store
 address). A run that mixes the two launches each group in turn (mpiexec pins every rank to one
 core, which would slow gloo down), appending to the same output. A trace replay stays one launch
-(its comparison of backends needs them in one run; torch backends then bootstrap from MPI)."""
+(its comparison of backends needs them in one run; torch backends then bootstrap from MPI).
+With --repeat N the whole launch happens N times, each a run of its own (ccbench/repeats.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -50,6 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "iteration count, as in nccl-tests")
     parser.add_argument("--mpiexec", default=None,
                         help="mpiexec to use for MPI backends (default: the one beside python)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the measurement in N separate launches (fresh processes, "
+                             "each its own run id) and print the spread between them (default "
+                             "1); records carry method.repeat")
     parser.add_argument("bench", nargs=argparse.REMAINDER,
                         help="the benchmark arguments: COLLECTIVE [--backend ...]")
 
@@ -158,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
 
         backends, connect_timeout, trace_ranks = launch_plan(bench[1:])
         nprocs = args.nprocs if args.nprocs is not None else trace_ranks
+        output, fmt = None, "table"
     else:
         config = config_from_args(bench_parser().parse_args(bench), bench)
         nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
@@ -168,24 +177,63 @@ def main(args: argparse.Namespace) -> int:
 
         check_measurable(config, nprocs)
         backends, connect_timeout = config.backends, config.connect_timeout
+        output, fmt = config.output, config.fmt
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.repeat > 1 and bench[0] == "replay":
+        raise UsageError("--repeat applies to measurements, not to replay")
     by_backend = _check_backends(backends)
     mpiexec = find_mpiexec(args.mpiexec) if any(by_backend.values()) or args.mpiexec else None
     if mpiexec is not None:
         _check_mpiexec(mpiexec)
     groups = launch_groups(by_backend)
     if bench[0] == "replay" or len(groups) == 1:   # a replay compares its backends in one run
-        return _run_ranks(nprocs, bench, any(by_backend.values()), mpiexec, connect_timeout)
-    for names, needs_mpi in groups:                 # each group in its own launch, in turn
-        status = _run_ranks(nprocs, with_backends(bench, names), needs_mpi, mpiexec,
-                            connect_timeout)
-        if status != 0:
-            return status
+        groups = [(backends, any(by_backend.values()))]
+
+    def launch(extra_env: dict[str, str], bench: list[str]) -> int:
+        for names, needs_mpi in groups:             # each group in its own launch, in turn
+            status = _run_ranks(nprocs, bench if len(groups) == 1 else
+                                with_backends(bench, names), needs_mpi, mpiexec,
+                                connect_timeout, extra_env)
+            if status != 0:
+                return status
+        return 0
+
+    if args.repeat == 1:
+        return launch({}, bench)
+    return _repeat(args.repeat, launch, bench, output, fmt)
+
+
+def _repeat(repeats: int, launch: Callable[[dict[str, str], list[str]], int], bench: list[str],
+            output: str | None, fmt: str) -> int:
+    """`repeats` launches one after the other, then the spread between them. Without
+    --output the records go to a temporary file, read back for the spread and removed."""
+    from ccbench.records import load_records
+    from ccbench.repeats import format_spread, repeat_env, spread_rows
+
+    group = uuid.uuid4().hex[:12]
+    with tempfile.TemporaryDirectory(prefix="ccbench-repeat-") as scratch:
+        if output is None:
+            output = os.path.join(scratch, "records.jsonl")
+            bench = [*bench, "--output", output]
+        for index in range(1, repeats + 1):
+            print(f"ccbench: launch {index} of {repeats}", file=sys.stderr, flush=True)
+            status = launch(repeat_env(index, repeats, group), bench)
+            if status != 0:
+                return status
+        records = [r for r in load_records(output) if r.method.get("repeat_group") == group]
+    records.sort(key=lambda r: (int(r.method["repeat"]), r.timestamp))
+    run_ids = list(dict.fromkeys(r.run_id for r in records))
+    lines = format_spread(spread_rows(records, group), repeats, run_ids)
+    stream = sys.stdout if fmt == "table" else sys.stderr    # JSON and CSV stay parseable
+    print("\n".join(lines), file=stream, flush=True)
     return 0
 
 
 def _run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None,
-               connect_timeout: float) -> int:
+               connect_timeout: float, extra_env: dict[str, str] | None = None) -> int:
     commands, envs = build_commands(nprocs, bench, needs_mpi, mpiexec)
+    envs = [{**(extra_env or {}), **e} for e in envs]
     if needs_mpi and nprocs > usable_cores():
         # oversubscribed: yield the core while waiting, so ranks do not starve each other (with a
         # core each, Intel MPI busy-polls, as IMB-MPI1 and the OSU benchmarks measure it)

@@ -90,7 +90,7 @@ class RecordKey:
 # What every record of one run shares (one ccbench process tree on one set of hosts). Two
 # records that claim the same run id but differ here come from different runs.
 _RUN_METHOD_KEYS = ("timing", "pipeline", "min_time_s", "check", "combine", "launcher",
-                    "timeout_s")
+                    "timeout_s", "repeat", "repeats", "repeat_group")
 _RUN_ENVIRONMENT_KEYS = ("cpu", "num_cpus", "python", "platform", "hostname", "numpy", "torch",
                          "variables")
 
