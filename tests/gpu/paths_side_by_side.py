@@ -32,7 +32,11 @@ def main(argv: list[str]) -> int:
     missing = [key for key, row in table.items() if args.a not in row or args.b not in row]
     print(f"{'mode':<12} {'dtype':<9} {'op':<4} {'bytes':>10} {args.a + ' us':>12} "
           f"{'copy us':>9} {args.b + ' us':>14} {'b/a':>6}  transports")
-    for (inplace, dtype, op, size), row in sorted(table.items(), key=str):
+    def order(item: tuple[tuple[Any, ...], Any]) -> tuple[Any, ...]:
+        inplace, dtype, op, size = item[0]
+        return inplace, dtype, str(op), size
+
+    for (inplace, dtype, op, size), row in sorted(table.items(), key=order):
         a, b = row.get(args.a), row.get(args.b)
         if a is None or b is None:
             continue

@@ -205,10 +205,14 @@ def test_check_script_without_a_device_checks_nothing_and_says_so(tmp_path: Path
 @needs_mpi
 def test_check_script_steps_on_cpu_twin(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(CHECK), "--cpu-twin"], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "OUT": str(tmp_path), "PYTHON": PYTHON})
+                          timeout=2400, env={**os.environ, "OUT": str(tmp_path), "PYTHON": PYTHON})
     log = (tmp_path / "gpu-check.log").read_text()
     assert proc.returncode == 0, log[-4000:]
     assert "failed 0" in log and "FAIL" not in log
     for name in ("nccl-w1-per-op.jsonl", "nccl-w1-pipelined.jsonl", "mpi-cupy-host-staging-per-op.jsonl",
-                 "mpi-cupy-cuda-aware-pipelined.jsonl", "doctor.json"):
+                 "mpi-cupy-cuda-aware-pipelined.jsonl", "doctor.json", "nccl-cupy-w1-per-op.jsonl",
+                 "nccl-cupy-w1-pipelined.jsonl", "nccl-cupy-w1-graph.jsonl",
+                 "nccl-paths-allreduce.jsonl", "algorithms-nccl-w1.jsonl",
+                 "algorithms-nccl-cupy-w1.jsonl", "algorithms-mpi-cupy-host-staging.jsonl"):
         assert (tmp_path / name).stat().st_size > 0, name
+    assert "PASS  every algorithm at 2/4/8 thread ranks on one device, exact" in log
