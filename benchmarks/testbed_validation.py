@@ -1,23 +1,28 @@
 """The cost model against a network with known link rates: `ccbench testbed` hosts.
 
     python benchmarks/testbed_validation.py measure --hosts 2,3,4,6,8 --link 100M
-    python benchmarks/testbed_validation.py twotier --hosts 8 --leaves 2 --oversub 2 --link 100M
+    python benchmarks/testbed_validation.py twotier --hosts 4,8 --leaves 2 --oversub 2 --link 100M
+    python benchmarks/testbed_validation.py limit --hosts 8 --rates 100M,200M,400M,1G
     python benchmarks/testbed_validation.py analyze --train 2,4
 
-measure: for each host count, `ccbench testbed up --hosts N --link RATE` (one switch),
-one rank per emulated host, gloo (torchrun-style environment) and Intel MPI over TCP
-(mpiexec in h0, hydra's rsh bootstrap entering the other hosts' namespaces), the
-records into results/testbed/data/, then `ccbench testbed down`.
-twotier: the same on `two-tier:LEAVES:oversub=R`, allreduce and all-to-all.
+measure: for each host count, `ccbench testbed up --hosts N --link RATE --slurm` (one
+switch), one rank per emulated host: gloo under `srun` (Slurm on the emulated hosts) and
+Intel MPI over TCP, with its own algorithm choice (`mpi`) and with
+the algorithms fixed by I_MPI_ADJUST_* (`mpi-asserted`: ring, ring, pairwise exchange,
+pairwise exchange) (mpiexec on h0, hydra's rsh bootstrap entering each host's namespace,
+OFI's tcp provider), in-place, the records into results/testbed/data/, what each run printed
+into results/testbed/logs/, an iperf3 check of the links (one flow, and every host sending
+to the next at once) into data/*-testbed.json, then `ccbench testbed down`.
+twotier: the same on `two-tier:LEAVES:oversub=R`, allreduce and all-to-all. Ranks are placed
+leaf by leaf (ranks 0..N/L-1 on leaf 0, ...), as ccbench's fat-tree numbers them.
+limit: every host sending to the next at once (iperf3) at several link rates: the rate from
+which the 2 cores, not the links, limit the traffic.
 analyze: calibrate on the `--train` world sizes of the single switch, predict the
 others and the two-tier runs (`simulate --fidelity replay` on the matching fat tree),
 write results/testbed/{errors.md,errors.csv,*.png}.
 
 Needs root (network namespaces). Only the testbed this script brings up is used, and it
 is always taken down; it refuses to start while another testbed is up.
-
-Status: no results yet (results/testbed/ does not exist); the testbed was held by other
-work whenever this was to run.
 """
 
 from __future__ import annotations
@@ -29,14 +34,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OUT = ROOT / "results" / "testbed"
 DATA = OUT / "data"
+LOGS = OUT / "logs"
 COLLECTIVES = "allreduce,allgather,reduce-scatter,alltoall"
-SIZES = "64K-4M"
+SIZES = "64K-8M"
+SLURM_CONF = "/run/ccbench-testbed/slurm/slurm.conf"
+RUN_LIMIT_S = 1800
 
 
 def ccbench(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -54,8 +63,10 @@ def testbed_free() -> None:
         raise SystemExit("a testbed is already up (someone else's?): not touching it")
 
 
-def wrapper_script() -> Path:
-    """hydra's rsh bootstrap runs `<exec> HOST COMMAND`: enter HOST's namespaces instead."""
+def rsh_wrapper() -> Path:
+    """hydra's rsh bootstrap runs `EXEC HOST COMMAND`: enter HOST's namespaces instead (there
+    is no ssh between namespaces; Slurm's bootstrap would work too but orders ranks by node
+    name, and the two-tier runs need ranks leaf by leaf)."""
     path = Path("/tmp/ccbench-testbed-rsh")
     path.write_text("#!/bin/sh\nhost=\"$1\"; shift\n"
                     "exec nsenter --net=/run/netns/ccb-$host unshare --uts -- "
@@ -64,7 +75,7 @@ def wrapper_script() -> Path:
     return path
 
 
-def ordered_hosts(plan) -> list:
+def ordered_hosts(plan: Any) -> list[Any]:
     """Hosts in rank order: on two-tier, a leaf's hosts get consecutive ranks (the testbed
     deals hosts to leaves round robin; ccbench's fat tree fills a leaf with ranks r // L),
     so the measured placement is the simulated one."""
@@ -74,50 +85,73 @@ def ordered_hosts(plan) -> list:
     return [h for _, h in sorted(enumerate(plan.hosts), key=lambda ih: (ih[0] % leaves, ih[0]))]
 
 
-def run_gloo(plan, out: Path, collectives: str, sizes: str, iters: int) -> None:
-    from ccbench.testbed import host_command
+def _bench_args(collectives: str, sizes: str, iters: int, out: Path, backend: str) -> list[str]:
+    return [sys.executable, "-m", "ccbench", collectives, "--backend", backend, "--sizes", sizes,
+            "--inplace", "--iters", str(iters), "--warmup", "1", "--timeout", "300",
+            "--output", str(out), "--quiet"]
 
+
+def run_gloo(plan: Any, out: Path, collectives: str, sizes: str, iters: int) -> str:
     hosts = ordered_hosts(plan)
-    port = 29500 + int(time.time()) % 1000
-    procs = []
-    for rank, host in enumerate(hosts):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(hosts)),
-                   MASTER_ADDR=hosts[0].address, MASTER_PORT=str(port), LOCAL_RANK="0",
-                   LOCAL_WORLD_SIZE="1", GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1",
-                   PYTHONPATH=str(ROOT))
-        argv = [sys.executable, "-m", "ccbench", collectives, "--backend", "gloo",
-                "--sizes", sizes, "--iters", str(iters), "--warmup", "1", "--timeout", "120",
-                "--output", str(out), "--quiet"]
-        procs.append(subprocess.Popen(host_command(host.netns, host.name, argv), env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, cwd=ROOT))
-    outputs = [p.communicate(timeout=1800)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"gloo run failed: {outputs[0][-800:]}")
+    hostfile = Path("/tmp/ccbench-testbed-hostfile")
+    hostfile.write_text("".join(f"{h.name}\n" for h in hosts))
+    env = dict(os.environ, SLURM_CONF=SLURM_CONF, SLURM_HOSTFILE=str(hostfile),
+               PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+    argv = ["srun", "-N", str(len(hosts)), "-n", str(len(hosts)), "--distribution=arbitrary",
+            *_bench_args(collectives, sizes, iters, out, "gloo")]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S,
+                          cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"gloo run failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-800:]}")
+    return proc.stdout + proc.stderr
 
 
-def run_mpi(plan, out: Path, collectives: str, sizes: str, iters: int) -> None:
+# Intel MPI with its algorithm fixed (I_MPI_ADJUST_*, presets of Intel MPI 2021) instead of
+# chosen per size and world size: the series "mpi-asserted", analysed with these formulas
+ASSERTED = {"I_MPI_ADJUST_ALLREDUCE": "8",        # ring
+            "I_MPI_ADJUST_ALLGATHER": "3",        # ring
+            "I_MPI_ADJUST_REDUCE_SCATTER": "2",   # pairwise exchange (the ring formula's cost)
+            "I_MPI_ADJUST_ALLTOALL": "3"}         # pairwise exchange
+
+
+def run_mpi(plan: Any, out: Path, collectives: str, sizes: str, iters: int,
+            asserted: bool = False) -> str:
     from ccbench.testbed import host_command
 
     venv = Path(sys.executable).parent
-    hosts = ",".join(h.name for h in ordered_hosts(plan))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), I_MPI_FABRICS="ofi", FI_PROVIDER="tcp",
-               I_MPI_HYDRA_BOOTSTRAP="rsh", I_MPI_HYDRA_BOOTSTRAP_EXEC=str(wrapper_script()),
-               OMP_NUM_THREADS="1")
-    argv = [str(venv / "mpiexec"), "-n", str(len(plan.hosts)), "-ppn", "1", "-hosts", hosts,
+    hosts = ordered_hosts(plan)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), I_MPI_HYDRA_BOOTSTRAP="rsh",
+               I_MPI_HYDRA_BOOTSTRAP_EXEC=str(rsh_wrapper()), OMP_NUM_THREADS="1")
+    argv = [str(venv / "mpiexec"), "-n", str(len(hosts)), "-ppn", "1",
+            "-hosts", ",".join(h.name for h in hosts),
             "-genv", "PYTHONPATH", str(ROOT), "-genv", "FI_PROVIDER", "tcp",
             "-genv", "I_MPI_FABRICS", "ofi", "-genv", "FI_TCP_IFACE", "eth0",
-            # several ranks share 2 cores: wait in the kernel instead of polling
+            # ranks share 2 cores: wait in the kernel instead of polling
             "-genv", "I_MPI_WAIT_MODE", "1",
-            sys.executable, "-m", "ccbench", collectives, "--backend", "mpi", "--sizes", sizes,
-            "--iters", str(iters), "--warmup", "1", "--timeout", "120", "--output", str(out),
-            "--quiet"]
-    h0 = ordered_hosts(plan)[0]
+            *[arg for name, value in (ASSERTED.items() if asserted else ())
+              for arg in ("-genv", name, value)],
+            *_bench_args(collectives, sizes, iters, out, "mpi")]
+    h0 = hosts[0]
     proc = subprocess.run(host_command(h0.netns, h0.name, argv), env=env, capture_output=True,
-                          text=True, timeout=1800, cwd=ROOT)
+                          text=True, timeout=RUN_LIMIT_S, cwd=ROOT)
     if proc.returncode:
         raise SystemExit(f"mpi run failed ({proc.returncode}): "
                          f"{(proc.stdout + proc.stderr)[-800:]}")
+    return proc.stdout + proc.stderr
+
+
+def link_checks(plan: Any) -> dict[str, Any]:
+    """iperf3: one flow on the configured path(s), then every host sending to the next at
+    once (the ring's pattern): can the 2 cores keep every link busy together?"""
+    from ccbench.testbed import _iperf, measure
+
+    names = [h.name for h in ordered_hosts(plan)]
+    n = len(names)
+    ring = [(names[i], names[(i + 1) % n], "eth0") for i in range(n)]
+    rates = _iperf(plan, ring, 3.0)
+    return {"iperf3": measure(plan, 2.0),
+            "iperf3_all_links": {"flows": len(ring), "pairs": [f"{a}->{b}" for a, b, _ in ring],
+                                 "configured_bps": plan.link_rate, "measured_bps": rates}}
 
 
 def measure(hosts: list[int], link: str, backends: list[str], topology: str, tag: str,
@@ -125,38 +159,66 @@ def measure(hosts: list[int], link: str, backends: list[str], topology: str, tag
     from ccbench import testbed
 
     DATA.mkdir(parents=True, exist_ok=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
     testbed_free()
     for n in hosts:
-        ccbench("testbed", "up", "--hosts", str(n), "--link", link, "--topology", topology)
+        ccbench("testbed", "up", "--hosts", str(n), "--link", link, "--topology", topology,
+                "--slurm", timeout=300)
         try:
             plan = testbed.load_plan()
-            load = os.getloadavg()
+            info: dict[str, Any] = json.loads(ccbench("testbed", "status", "--format",
+                                                      "json").stdout)
+            info["rank_order"] = [h.name for h in ordered_hosts(plan)]
+            info["runs"] = []
             for backend in backends:
                 out = DATA / f"{tag}-{backend}-n{n}.jsonl"
                 if out.exists():
                     out.unlink()
-                started = time.time()
-                (run_gloo if backend == "gloo" else run_mpi)(plan, out, collectives, sizes, iters)
-                print(f"{tag} {backend} n={n}: {time.time() - started:.0f} s, load before "
-                      f"{load[0]:.1f}, after {os.getloadavg()[0]:.1f}", flush=True)
-            status = json.loads(ccbench("testbed", "status", "--format", "json").stdout)
-            # can the cores keep every link busy at once? iperf3 on the testbed's paths
-            status["iperf3"] = json.loads(ccbench("testbed", "measure", "--seconds", "2",
-                                                  "--format", "json").stdout)
-            # every host sending to the next at once (the ring's pattern): does the machine
-            # keep all links busy together?
-            from ccbench.testbed import _iperf
-
-            names = [h.name for h in plan.hosts]
-            ring = [(names[i], names[(i + 1) % n], "eth0") for i in range(n)] if n > 2 else \
-                [(names[0], names[1], "eth0"), (names[1], names[0], "eth0")]
-            rates = _iperf(plan, ring, 3.0)
-            status["iperf3_all_links"] = {"flows": len(ring), "configured_bps": plan.link_rate,
-                                          "measured_bps": rates}
-            status["load_before"] = load
-            (DATA / f"{tag}-n{n}-testbed.json").write_text(json.dumps(status, indent=1) + "\n")
+                load, started = os.getloadavg(), time.time()
+                if backend == "gloo":
+                    text = run_gloo(plan, out, collectives, sizes, iters)
+                else:
+                    text = run_mpi(plan, out, collectives, sizes, iters,
+                                   asserted=backend == "mpi-asserted")
+                (LOGS / f"{tag}-{backend}-n{n}.txt").write_text(text)
+                run = {"backend": backend, "seconds": round(time.time() - started, 1),
+                       "load_before": [round(x, 2) for x in load],
+                       "load_after": [round(x, 2) for x in os.getloadavg()]}
+                info["runs"].append(run)
+                print(f"{tag} {backend} n={n}: {run}", flush=True)
+            info.update(link_checks(plan))
+            path = DATA / f"{tag}-n{n}-testbed.json"
+            if path.exists():        # another invocation measured other backends here
+                earlier = json.loads(path.read_text()).get("runs", [])
+                info["runs"] = [r for r in earlier if r["backend"] not in backends] + info["runs"]
+                info["earlier_iperf3"] = json.loads(path.read_text()).get("iperf3_all_links")
+            path.write_text(json.dumps(info, indent=1) + "\n")
         finally:
-            ccbench("testbed", "down", check=False)
+            ccbench("testbed", "down", check=False, timeout=300)
+
+
+def limit(hosts: int, rates: list[str]) -> None:
+    """Where do the 2 cores stop keeping every link busy? `hosts` hosts on one switch, every
+    host sending to the next at once (iperf3, TCP) at each link rate."""
+    from ccbench import testbed
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    testbed_free()
+    rows = []
+    for rate in rates:
+        ccbench("testbed", "up", "--hosts", str(hosts), "--link", rate, timeout=300)
+        try:
+            plan = testbed.load_plan()
+            load = os.getloadavg()
+            checks = link_checks(plan)["iperf3_all_links"]
+            rows.append({"link": rate, "load_before": [round(x, 2) for x in load], **checks})
+            got = checks["measured_bps"]
+            print(f"{hosts} hosts at {rate}: per flow {min(got) / plan.link_rate:.3f}-"
+                  f"{max(got) / plan.link_rate:.3f} of the link, total {sum(got) / 1e9:.2f} "
+                  f"Gbit/s, load {load[0]:.1f}", flush=True)
+        finally:
+            ccbench("testbed", "down", check=False, timeout=300)
+    (DATA / f"limit-n{hosts}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def main() -> int:
@@ -165,17 +227,20 @@ def main() -> int:
     m = sub.add_parser("measure")
     m.add_argument("--hosts", default="2,3,4,6,8")
     m.add_argument("--link", default="100M")
-    m.add_argument("--backends", default="gloo,mpi")
+    m.add_argument("--backends", default="gloo,mpi,mpi-asserted")
     m.add_argument("--sizes", default=SIZES)
-    m.add_argument("--iters", type=int, default=5)
+    m.add_argument("--iters", type=int, default=10)
     t = sub.add_parser("twotier")
-    t.add_argument("--hosts", default="8")
+    t.add_argument("--hosts", default="4,8")
     t.add_argument("--leaves", type=int, default=2)
     t.add_argument("--oversub", type=float, default=2)
     t.add_argument("--link", default="100M")
-    t.add_argument("--backends", default="gloo,mpi")
-    t.add_argument("--sizes", default="1M-4M")
-    t.add_argument("--iters", type=int, default=5)
+    t.add_argument("--backends", default="gloo,mpi,mpi-asserted")
+    t.add_argument("--sizes", default="1M-8M")
+    t.add_argument("--iters", type=int, default=10)
+    lim = sub.add_parser("limit")
+    lim.add_argument("--hosts", type=int, default=8)
+    lim.add_argument("--rates", default="100M,200M,400M,1G")
     a = sub.add_parser("analyze")
     a.add_argument("--train", default="2,4")
     a.add_argument("--link", default="100M")
@@ -188,6 +253,8 @@ def main() -> int:
                 f"two-tier:{args.leaves}:oversub={args.oversub:g}",
                 f"twotier{args.leaves}x{args.oversub:g}", "allreduce,alltoall", args.sizes,
                 args.iters)
+    elif args.what == "limit":
+        limit(args.hosts, args.rates.split(","))
     else:
         from benchmarks.testbed_analysis import analyze
 
