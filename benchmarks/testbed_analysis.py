@@ -60,8 +60,8 @@ ASSERTED = {"allreduce": "ring", "allgather": "ring", "reduce-scatter": "pairwis
 def _records(tag: str) -> dict[str, list[Record]]:
     """series (the file name's backend part: gloo, mpi, mpi-asserted) -> records."""
     out: dict[str, list[Record]] = defaultdict(list)
-    for path in sorted(DATA.glob(f"{tag}-*-n*.jsonl")):
-        series = path.name[len(tag) + 1:].rsplit("-n", 1)[0]
+    for path in sorted(DATA.glob(f"{tag}-*-n*.jsonl.gz")):
+        series = path.name[len(tag) + 1:].rsplit("-n", 1)[0]     # gloo, mpi, mpi-asserted
         for r in load_records(path):
             if series == "mpi-asserted":
                 r = dataclasses.replace(r, algorithm=ASSERTED[r.collective])

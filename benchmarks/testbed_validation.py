@@ -10,7 +10,7 @@ switch), one rank per emulated host: gloo under `srun` (Slurm on the emulated ho
 Intel MPI over TCP, with its own algorithm choice (`mpi`) and with
 the algorithms fixed by I_MPI_ADJUST_* (`mpi-asserted`: ring, ring, pairwise exchange,
 pairwise exchange) (mpiexec on h0, hydra's rsh bootstrap entering each host's namespace,
-OFI's tcp provider), in-place, the records into results/testbed/data/, what each run printed
+OFI's tcp provider), in-place, the records into results/testbed/data/ (gzipped), what each run printed
 into results/testbed/logs/, an iperf3 check of the links (one flow, and every host sending
 to the next at once) into data/*-testbed.json, then `ccbench testbed down`.
 twotier: the same on `two-tier:LEAVES:oversub=R`, allreduce and all-to-all. Ranks are placed
@@ -172,8 +172,8 @@ def measure(hosts: list[int], link: str, backends: list[str], topology: str, tag
             info["runs"] = []
             for backend in backends:
                 out = DATA / f"{tag}-{backend}-n{n}.jsonl"
-                if out.exists():
-                    out.unlink()
+                for old in (out, out.with_suffix(".jsonl.gz")):
+                    old.unlink(missing_ok=True)
                 load, started = os.getloadavg(), time.time()
                 if backend == "gloo":
                     text = run_gloo(plan, out, collectives, sizes, iters)
@@ -181,6 +181,7 @@ def measure(hosts: list[int], link: str, backends: list[str], topology: str, tag
                     text = run_mpi(plan, out, collectives, sizes, iters,
                                    asserted=backend == "mpi-asserted")
                 (LOGS / f"{tag}-{backend}-n{n}.txt").write_text(text)
+                subprocess.run(["gzip", "-f", str(out)], check=True)   # ccbench reads .jsonl.gz
                 run = {"backend": backend, "seconds": round(time.time() - started, 1),
                        "load_before": [round(x, 2) for x in load],
                        "load_after": [round(x, 2) for x in os.getloadavg()]}
