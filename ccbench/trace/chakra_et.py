@@ -2,8 +2,13 @@
 
 A comm op is a COMM_COLL_NODE, COMM_SEND_NODE or COMM_RECV_NODE. Sizes follow ASTRA-sim's
 reading of comm_size (ANCHORS.md): the per-rank shard for all-gather, the whole buffer for
-the other collectives. Chakra records no element type: ops are taken as float32 when the
-size allows, else as bytes (int8), and say so in their notes.
+the other collectives. The other side of an all-gather or reduce-scatter depends on its
+group's size, which the node does not carry: it is left 0 here and set when the op is
+matched to its group (ccbench.trace.groups). A node's `pg_name` names its group in
+ASTRA-sim's communicator-group file (`comm_groups.json` beside the traces, as
+`ccbench export astra-sim --trace` writes it: {"1": [ranks], ...}); without it, an op
+runs on the world. Chakra records no element type: ops are taken as float32 when the size
+allows, else as bytes (int8), and say so in their notes.
 """
 
 from __future__ import annotations
@@ -12,9 +17,29 @@ from pathlib import Path
 from typing import Any
 
 from ccbench.errors import UsageError
-from ccbench.trace.ops import CommOp, TraceError
+from ccbench.trace.ops import CommOp, Group, TraceError
 
-__all__ = ["parse_chakra_et"]
+__all__ = ["parse_chakra_et", "read_comm_groups"]
+
+
+def read_comm_groups(path: Path, world: int) -> dict[str, Group]:
+    """ASTRA-sim's communicator-group file: {"<id>": [ranks], ...}."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TraceError(path, f"not a communicator-group file ({exc})") from None
+    if not isinstance(data, dict):
+        raise TraceError(path, "not a communicator-group file (expected {\"<id>\": [ranks]})")
+    groups: dict[str, Group] = {}
+    for name, ranks in data.items():
+        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks) \
+                or not ranks or any(not 0 <= r < world for r in ranks):
+            raise TraceError(path, f"group {name!r}: ranks {ranks!r} are not ranks of a world "
+                                   f"of {world}")
+        groups[str(name)] = Group(str(name), tuple(sorted(ranks)))
+    return groups
 
 _COLL = {0: "allreduce", 1: "reduce", 2: "allgather", 3: "gather", 4: "scatter", 5: "broadcast",
          6: "alltoall", 7: "reduce-scatter", 8: "reduce-scatter", 9: "barrier"}
@@ -41,6 +66,10 @@ def _op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path) -> 
         op.in_bytes, op.peer = 0, int(attrs.get("comm_src", 0))
     if collective == "barrier":
         op.in_bytes = op.out_bytes = 0
+    if collective == "allgather":          # comm_size is the shard: the input
+        op.out_bytes = 0
+    if collective == "reduce-scatter":     # comm_size is the whole input
+        op.out_bytes = 0
     if collective in ("broadcast", "reduce", "gather", "scatter"):
         op.root = int(attrs.get("comm_root", attrs.get("root", 0)) or 0)
     if node.duration_micros or node.start_time_micros:
@@ -48,8 +77,10 @@ def _op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path) -> 
     return op
 
 
-def parse_chakra_et(path: Path, rank: int, world: int) -> tuple[list[CommOp], str, list[str]]:
-    """(this rank's comm ops in file order, the schema version, pg names seen)."""
+def parse_chakra_et(path: Path, rank: int, world: int,
+                    groups: dict[str, Group] | None = None) -> tuple[list[CommOp], str, list[str]]:
+    """(this rank's comm ops in file order, the schema version, pg names seen); an op whose
+    pg_name is in `groups` runs on that group."""
     from ccbench.model.chakra import node_attrs, read_trace
 
     try:
@@ -67,7 +98,19 @@ def parse_chakra_et(path: Path, rank: int, world: int) -> tuple[list[CommOp], st
         if node.type not in (_SEND, _RECV, _COLL_NODE):
             continue
         attrs = node_attrs(node)
-        if attrs.get("pg_name"):
-            pg_names.append(str(attrs["pg_name"]))
-        ops.append(_op(node, attrs, rank, len(ops), path))
+        op = _op(node, attrs, rank, len(ops), path)
+        pg = str(attrs.get("pg_name") or "")
+        if pg and pg != "0":
+            pg_names.append(pg)
+            if groups is not None:
+                if pg not in groups:
+                    raise TraceError(path, f"pg_name {pg!r} is not in the communicator-group "
+                                           f"file (groups {', '.join(sorted(groups))})",
+                                     int(node.id))
+                if rank not in groups[pg].ranks:
+                    raise TraceError(path, f"rank {rank} runs an op on group {pg} "
+                                           f"{list(groups[pg].ranks)}, which it is not in",
+                                     int(node.id))
+                op.group, op.group_source = groups[pg], "trace"
+        ops.append(op)
     return ops, version, pg_names

@@ -21,9 +21,15 @@ _MAX_STEPS = 200_000       # backtracking budget; real traces need one step per 
 def _divides(op: CommOp, group: Group) -> str | None:
     """None if the op's buffers fit a group of this size, else why not."""
     n = group.size
-    if op.collective == "allgather" and op.out_bytes != op.in_bytes * n:
+    # out_bytes 0: the trace gave one side only (Chakra); the group decides the other
+    if op.collective == "reduce-scatter" and not op.out_bytes and op.in_bytes:
+        if op.in_bytes % (n * max(op.elsize, 1)):
+            return f"reduce-scatter input {op.in_bytes} B does not divide into {n} blocks"
+    elif op.collective == "allgather" and not op.out_bytes and op.in_bytes:
+        pass
+    elif op.collective == "allgather" and op.out_bytes != op.in_bytes * n:
         return f"all-gather output {op.out_bytes} B is not {n} x its input {op.in_bytes} B"
-    if op.collective == "reduce-scatter" and op.in_bytes != op.out_bytes * n:
+    elif op.collective == "reduce-scatter" and op.in_bytes != op.out_bytes * n:
         return f"reduce-scatter input {op.in_bytes} B is not {n} x its output {op.out_bytes} B"
     if op.collective == "alltoall" and op.in_bytes % (n * max(op.elsize, 1)):
         return f"all-to-all of {op.in_bytes} B does not divide into {n} blocks"
@@ -179,5 +185,10 @@ def match_calls(ops: list[list[CommOp]], groups: list[Group]) -> int:
                 choices = len([g for g in groups if m in g.ranks and _divides(op, g) is None])
                 op.group_source = "inferred" if choices > 1 else "only"
                 op.group = group
+            if not op.out_bytes and op.in_bytes:      # one side given (Chakra): the other
+                if op.collective == "allgather":
+                    op.out_bytes = op.in_bytes * op.group.size
+                elif op.collective == "reduce-scatter":
+                    op.out_bytes = op.in_bytes // op.group.size
             op.call = call
     return len(path)

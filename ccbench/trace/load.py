@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from ccbench.errors import UsageError
-from ccbench.trace.chakra_et import parse_chakra_et
+from ccbench.trace.chakra_et import parse_chakra_et, read_comm_groups
 from ccbench.trace.groups import match_calls
 from ccbench.trace.ops import CommOp, Group, Trace, TraceError
 from ccbench.trace.pytorch_et import parse_pytorch_et, read_json
@@ -33,6 +33,9 @@ def _expand(paths: list[str | os.PathLike[str]]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.iterdir()
                            if p.is_file() and p.name.lower().endswith((".json", ".et", ".et.gz")))
+            # a folder of Chakra files (an ASTRA-sim export) also holds JSON configs
+            chakra = [p for p in found if p.name.lower().endswith((".et", ".et.gz"))]
+            found = chakra or found
             if not found:
                 raise UsageError(f"{path}: no trace files in this folder "
                                  f"(valid: PyTorch ET *.json, Chakra *.et, *.et.gz)")
@@ -90,6 +93,11 @@ def load_trace(paths: list[str | os.PathLike[str]]) -> Trace:
     ops: list[list[CommOp]] = []
     declared: list[dict[str, Group]] = []
     schema = ""
+    comm_groups: dict[str, Group] | None = None
+    beside = files[0].parent / "comm_groups.json"
+    if kind == "chakra-et" and beside.is_file():
+        comm_groups = read_comm_groups(beside, world)
+        declared.append(comm_groups)
     for rank, path in enumerate(files):
         if kind == "pytorch-et":
             data = read_json(path)
@@ -99,7 +107,7 @@ def load_trace(paths: list[str | os.PathLike[str]]) -> Trace:
             rank_ops, table, schema = parse_pytorch_et(path, rank, world, data)
             declared.append(table)
         else:
-            rank_ops, schema, _ = parse_chakra_et(path, rank, world)
+            rank_ops, schema, _ = parse_chakra_et(path, rank, world, comm_groups)
         ops.append(rank_ops)
     groups = _merge_groups(declared, world, files[0])
     trace = Trace(kind=kind, paths=[str(p) for p in files], world_size=world, ops=ops,
