@@ -201,6 +201,8 @@ SHORTEN: list[tuple[re.Pattern[str], Callable[[Env, str], str], str]] = [
     (MEASURING,
      lambda env, c: re.sub(r"--sizes (\S+)", lambda m: f"--sizes {_clip_sizes(m.group(1))}", c),
      "measuring commands: sizes above 16 KiB are dropped (same code path, seconds not minutes)"),
+    (MEASURING, lambda env, c: _clip_familiar(c),
+     "measuring commands with nccl-tests, OSU or PARAM size flags (-e, -m, --e): the same cut"),
     (re.compile(r"^ccbench sweep slurm/sweeps/\S+\.yaml$"), _cut_sweep_file,
      "a local sweep: the file (in the test's copy) keeps the first value of every list, sizes "
      "up to 16 KiB"),
@@ -378,6 +380,28 @@ def _optional_variants(command: str) -> list[str]:
     return [re.sub(r"\s\[-[^\]]*\]", "", command), re.sub(r"\s\[(-[^\]]*)\]", r" \1", command)]
 
 
+def _clip_familiar(command: str) -> str:
+    """The largest size of nccl-tests' `-e`, PARAM's `--e` and OSU's `-m [MIN:]MAX` cut at
+    MEASURED_MAX, as `--sizes` is (never below the smallest size asked)."""
+    from ccbench.sizes import format_size, parse_size
+
+    def high(text: str, low: str | None) -> str:
+        floor = max(MEASURED_MAX, parse_size(low)) if low else MEASURED_MAX
+        return format_size(floor) if parse_size(text) > floor else text
+
+    low_b = re.search(r"(?:^|\s)--?b (\d\S*)", command)
+    command = re.sub(r"(^|\s)(--?e) (\d\S*)", lambda m: f"{m.group(1)}{m.group(2)} "
+                     f"{high(m.group(3), low_b.group(1) if low_b else None)}", command)
+
+    def osu(m: re.Match[str]) -> str:
+        low, colon, top = m.group(2).rpartition(":")
+        if not top:
+            return m.group(0)
+        return f"{m.group(1)}-m {low}{colon}{high(top, low or None)}"
+
+    return re.sub(r"(^|\s)-m ([\d:]\S*)", osu, command)      # not `python -m ccbench`
+
+
 def _must_pass(env: Env, command: str) -> None:
     proc = env.bash(command, timeout=300)
     assert proc.returncode == 0, f"{command!r}: {proc.stderr[-1500:]}"
@@ -498,6 +522,15 @@ def test_rules_catch_what_they_are_for() -> None:
     assert _clip_sizes("1K-1G") == "1K-16K" and _clip_sizes("8-64M") == "8-16K"
     assert _clip_sizes("1K-16M:4") == "1K-16K:4" and _clip_sizes("8,1K,1M") == "8,1K"
     assert _clip_sizes("64K-16M") == "64K-64K"
+    assert _clip_familiar("ccbench launch -n 2 all_reduce_perf -b 8 -e 128M -f 2 -n 20") == \
+        "ccbench launch -n 2 all_reduce_perf -b 8 -e 16K -f 2 -n 20"
+    assert _clip_familiar("ccbench launch -n 2 osu_allreduce -m 8:1048576 -i 1000 -x 100 -f") == \
+        "ccbench launch -n 2 osu_allreduce -m 8:16K -i 1000 -x 100 -f"
+    assert _clip_familiar("ccbench launch -n 2 -- --collective all_reduce --b 8 --e 1M --f 2") == \
+        "ccbench launch -n 2 -- --collective all_reduce --b 8 --e 16K --f 2"
+    assert _clip_familiar("ccbench allreduce -b 64K -e 1M") == "ccbench allreduce -b 64K -e 64K"
+    assert _clip_familiar("python -m ccbench allreduce -e 1K") == \
+        "python -m ccbench allreduce -e 1K"
     assert _optional_variants("ccbench calibrate results/ -o m.json [--validate 2,4:3] "
                               "[--bootstrap 200]") == [
         "ccbench calibrate results/ -o m.json",
