@@ -13,17 +13,19 @@ node count, and the address of the control store (hosted by rank 0).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ccbench.addresses import published_address
 from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
-from ccbench.errors import UsageError
+from ccbench.errors import RunFailure, UsageError
 from ccbench.faults import UNREACHABLE_HOST, planned
 from ccbench.guard import StartGuard
 from ccbench.storehost import start_store_host
@@ -207,8 +209,16 @@ def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer
     from torch.distributed import TCPStore
 
     master, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    store = TCPStore(master, master_port, info.world_size, is_master=False,
-                     timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
+    try:
+        with _native_stderr_silenced():   # c10d logs every retry with a C++ stack
+            store = TCPStore(master, master_port, info.world_size, is_master=False,
+                             timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
+    except (RuntimeError, OSError) as exc:     # torch's DistStoreError is a RuntimeError
+        why = str(exc).splitlines()[0].rstrip(".") if str(exc) else type(exc).__name__
+        raise RunFailure(f"rank {info.rank}: cannot reach torchrun's store at "
+                         f"{master}:{master_port} (MASTER_ADDR:MASTER_PORT) within {timeout:g} s "
+                         f"({why}); start ranks with torchrun, or unset the torchrun variables"
+                         ) from None
     key = "ccbench/control/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") \
         + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if info.rank == 0:
@@ -217,3 +227,17 @@ def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer
         return server, "127.0.0.1", server.port
     host, _, port = store.get(key).decode().rpartition(":")
     return None, host, int(port)
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a while (native libraries write there directly)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)

@@ -128,3 +128,23 @@ def test_mixed_run_starts_gloo_without_mpiexec(tmp_path) -> None:
     launchers = {r.backend: r.method["launcher"] for r in load_records(out)}
     assert set(launchers) == {"gloo", "mpi"}
     assert "mpiexec" not in launchers["gloo"] and launchers["gloo"] != launchers["mpi"]
+
+
+def test_torchrun_variables_without_its_store_end_in_one_line() -> None:
+    """Ranks that look torchrun-started but whose MASTER_ADDR:MASTER_PORT has no store: one
+    ccbench line naming the address, not torch's C++ retry log or a traceback."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+           "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "TORCHELASTIC_RUN_ID": "t", "GROUP_RANK": "0"}
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "allreduce", "--sizes", "1K", "--timeout", "3",
+                           "-q"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ccbench: error: rank 1: cannot reach "
+                                                   "torchrun's store"), proc.stderr[-2000:]
+    assert f"127.0.0.1:{port}" in lines[0]

@@ -236,7 +236,7 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
         piece = _piece_name(fit, used_pieces[0])
         dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
         if len(dims) > 1 and algo != HIER:
-            raise UsageError(f"cannot export a {collective} {algo} workload on {topology}: "
+            raise UsageError(f"cannot export the {collective} {algo} workload on {topology}: "
                              f"ASTRA-sim runs it dimension by dimension ({len(dims)} "
                              f"dimensions), which ccbench's flat {algo} formula does not describe "
                              f"(use -a {HIER}, or a one-dimension topology: switch, ring, "
