@@ -8,7 +8,15 @@ import os
 import socket
 import struct
 
-__all__ = ["published_address"]
+__all__ = ["free_port", "published_address"]
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on `host` now ("" all interfaces, "127.0.0.1" loopback only); the
+    caller binds it soon after, and a race with another process is reported by that bind."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def _is_loopback(address: str) -> bool:

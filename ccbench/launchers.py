@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -122,12 +121,6 @@ def expand_nodelist(nodelist: str) -> list[str]:
             for number in range(int(low), int(high or low) + 1):
                 hosts.append(f"{prefix}{number:0{len(low)}d}")
     return hosts
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = CONNECT_TIMEOUT_S

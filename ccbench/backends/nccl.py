@@ -68,7 +68,8 @@ def nccl_version() -> tuple[str | None, str | None]:
     return format_nccl_version(raw), None
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
+def nccl_version_tuple(text: str) -> tuple[int, ...]:
+    """`2.18.3-1` -> (2, 18, 3): the leading numeric parts."""
     parts = []
     for part in text.split("-")[0].split("."):
         if not part.isdigit():
@@ -149,7 +150,7 @@ class NCCLBackend(TorchDistBackend):
 
     # -- capabilities -----------------------------------------------------------------------
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
-        if dtype.name == "bfloat16" and _version_tuple(self._library_version) < _BF16_SINCE:
+        if dtype.name == "bfloat16" and nccl_version_tuple(self._library_version) < _BF16_SINCE:
             return (f"unsupported by {self.name}: bfloat16 needs NCCL >= 2.10, "
                     f"this is {self._library_version}")
         return None

@@ -37,7 +37,7 @@ import numpy as np
 from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import cupy_missing_reason
-from ccbench.backends.nccl import format_nccl_version
+from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
 from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -53,7 +53,6 @@ NCCL_TYPE_NAMES = {"int8": "NCCL_INT8", "int32": "NCCL_INT32", "float16": "NCCL_
                    "bfloat16": "NCCL_BFLOAT16"}
 #: ncclBfloat16 in nccl.h; older CuPy releases do not export the name
 _NCCL_BFLOAT16 = 9
-_BF16_SINCE = (2, 10)
 #: CUDA graphs kept per backend (one per bound (collective, buffers, op, root))
 _MAX_GRAPHS = 8
 #: communicators this process has created (every rank creates them in the same order)
@@ -83,10 +82,6 @@ def nccl_cupy_version() -> tuple[str | None, str | None]:
         return format_nccl_version(int(nccl.get_version())), None
     except (AttributeError, RuntimeError) as exc:
         return None, f"ncclGetVersion failed: {exc}"
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split("-")[0].split(".") if p.isdigit())
 
 
 class NCCLCupyBackend(Backend):
@@ -150,7 +145,7 @@ class NCCLCupyBackend(Backend):
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         if dtype.name not in NCCL_TYPE_NAMES:
             return f"unsupported by {self.name}: dtype {dtype.name}"
-        if dtype.name == "bfloat16" and _version_tuple(self._version) < _BF16_SINCE:
+        if dtype.name == "bfloat16" and nccl_version_tuple(self._version) < _BF16_SINCE:
             return (f"unsupported by {self.name}: bfloat16 needs NCCL >= 2.10, "
                     f"this is {self._version}")
         return None

@@ -7,11 +7,10 @@ import functools
 import importlib.util
 import itertools
 import os
-import socket
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ccbench.addresses import published_address
+from ccbench.addresses import free_port, published_address
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.sysinfo import node_cores, usable_cores
@@ -24,12 +23,6 @@ def torch_missing_reason() -> str | None:
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed (pip install 'ccbench[torch]')"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def intra_op_threads(ranks_on_node: int) -> int:
@@ -85,7 +78,7 @@ class TorchDistBackend(Backend):
         key = f"torch/{self.process_group_backend}/address/{next(_GROUPS)}"
         if self.ctx.rank == 0:
             host = published_address() if self.ctx.options.multi_host else "127.0.0.1"
-            self.ctx.store.set(key, f"{host}:{_free_port()}")
+            self.ctx.store.set(key, f"{host}:{free_port()}")
         address = self.ctx.store.get(key, timeout=self.ctx.options.timeout)
         return f"tcp://{address}"
 

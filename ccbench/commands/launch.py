@@ -14,7 +14,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from ccbench.addresses import free_port
 from ccbench.arrivals import LAUNCHER_PID_VAR
 from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.sysinfo import usable_cores
@@ -75,12 +75,6 @@ def _is_hydra(mpiexec: str) -> bool:
     """MPICH and Intel MPI's mpiexec (hydra) know -disable-auto-cleanup; Open MPI's does not."""
     path = Path(shutil.which(mpiexec) or mpiexec).resolve()
     return "hydra" in path.name or (path.parent / "mpiexec.hydra").exists()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _check_backends(names: list[str]) -> dict[str, bool]:
@@ -144,7 +138,7 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
         cleanup = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
         return [[mpiexec, *cleanup, "-n", str(nprocs), *python]], \
             [{LAUNCHER_PID_VAR: str(os.getpid())}]
-    control = f"127.0.0.1:{_free_port()}"
+    control = f"127.0.0.1:{free_port('127.0.0.1')}"
     # the launcher's pid tells each rank that all were started together (ccbench.arrivals)
     envs = [{"RANK": str(r), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(r),
              "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control,
