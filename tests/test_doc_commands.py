@@ -341,6 +341,8 @@ NOT_HERE: list[NotHere] = [
             _bash_syntax("scripts/make-results.sh")),
     NotHere(r"scripts/make-multihost-results\.sh", TESTBED + "; about 10 minutes",
             _bash_syntax("scripts/make-multihost-results.sh")),
+    NotHere(r"scripts/make-testbed-results\.sh", TESTBED + "; about 45 minutes",
+            _bash_syntax("scripts/make-testbed-results.sh")),
     NotHere(r"ccbench testbed .*", TESTBED, lambda env, c: _parses(_fill_placeholders(c))(env, c)),
     NotHere(r"export SLURM_CONF=/run/ccbench-testbed/.*", CLUSTER, _noop),
     NotHere(r"sinfo", CLUSTER, _noop),
@@ -412,7 +414,8 @@ def _must_pass(env: Env, command: str) -> None:
 # a block with one of these takes more than a few seconds (tens, under load minutes)
 SLOW = [MEASURING, re.compile(r"^ccbench sweep \S+\.yaml$|tests/gpu/check\.sh|^ccbench calibrate|"
                               r"make-results\.sh --report|astra_check\.py|export chakra|"
-                              r"ccbench report|multihost-results\.sh --report|ccbench\.load\(")]
+                              r"ccbench report|multihost-results\.sh --report|ccbench\.load\(|"
+                              r"testbed-results\.sh --analyze")]
 BLOCKS = [block for doc in DOCS for block in doc_blocks(doc)]
 
 
