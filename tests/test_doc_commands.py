@@ -498,6 +498,7 @@ UNITS: list[tuple[str, list[Block]]] = [
 @pytest.mark.parametrize("blocks", [
     pytest.param(blocks, id=ident, marks=[pytest.mark.slow] if any(map(_slow, blocks)) else [])
     for ident, blocks in UNITS])
+@pytest.mark.timeout(1800)      # a document's blocks run in turn; each command has its own limit
 def test_documented_commands_run(blocks: list[Block], tmp_path: Path) -> None:
     root = _checkout_copy(tmp_path / "checkout")
     env = Env(root, tmp_path / "scratch", _environment(root))

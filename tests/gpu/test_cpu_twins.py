@@ -202,6 +202,7 @@ def test_check_script_without_a_device_checks_nothing_and_says_so(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)          # the whole check script: minutes, more on a loaded machine
 @needs_mpi
 def test_check_script_steps_on_cpu_twin(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(CHECK), "--cpu-twin"], capture_output=True, text=True,
