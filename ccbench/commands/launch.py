@@ -11,7 +11,6 @@ With --repeat N the whole launch happens N times, each a run of its own (ccbench
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import shutil
 import signal
@@ -229,11 +228,6 @@ def _run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | No
                connect_timeout: float, extra_env: dict[str, str] | None = None) -> int:
     commands, envs = build_commands(nprocs, bench, needs_mpi, mpiexec)
     envs = [{**(extra_env or {}), **e} for e in envs]
-    if needs_mpi and mpiexec is not None and not _keeps_ranks_alive(mpiexec):
-        # MPICH's mpiexec kills the other ranks when one dies by a signal, even with
-        # -disable-auto-cleanup: the control store then runs apart from rank 0
-        # (ccbench.storehost), as under a bare mpiexec, and says which rank went first
-        envs = [{k: v for k, v in env.items() if k != LAUNCHER_PID_VAR} for env in envs]
     if needs_mpi and nprocs > usable_cores():
         # oversubscribed: yield the core while waiting, so ranks do not starve each other (with a
         # core each, Intel MPI busy-polls, as IMB-MPI1 and the OSU benchmarks measure it)
@@ -278,18 +272,6 @@ def _check_rank_count(nprocs: int) -> None:
                          f"(each rank needs about {_RANK_MEMORY // 2**20} MiB and "
                          f"{available / 2**30:.1f} GiB is available); use a cluster launcher "
                          f"(srun, mpiexec -hosts) for more")
-
-
-@functools.cache
-def _keeps_ranks_alive(mpiexec: str) -> bool:
-    """Whether this mpiexec leaves the other ranks running when one dies (Intel MPI's, with
-    -disable-auto-cleanup), so that they can say which one."""
-    try:
-        probe = subprocess.run([mpiexec, "--version"], capture_output=True, timeout=30,
-                               check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return b"Intel(R) MPI" in probe.stdout + probe.stderr
 
 
 def _check_mpiexec(mpiexec: str) -> None:
