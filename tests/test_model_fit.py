@@ -217,3 +217,19 @@ if given is not None:
         f = fit_line("allgather", algo, ps, ns, ts)
         assert f.alpha == pytest.approx(alpha, rel=1e-6)
         assert f.beta == pytest.approx(beta, rel=1e-6)
+
+
+def test_a_fit_over_single_host_and_multi_host_records_is_flagged() -> None:
+    """Memory and the network are different links: one alpha-beta over both is flagged."""
+    from dataclasses import replace
+
+    one_host = synthetic_records("allgather", "ring", [2, 4], SIZES, ALPHA, BETA, GAMMA)
+    assert {r.nodes for r in one_host} == {1}
+    alone = calibrate(one_host, bootstrap=0)
+    assert not any("multi-host" in flag for f in alone for flag in f.flags)
+    hosts = [replace(r, nodes=r.world_size, ranks_per_node=1)
+             for r in synthetic_records("allgather", "ring", [2, 4], SIZES, ALPHA, 4 * BETA,
+                                        GAMMA, seed=1)]
+    mixed = calibrate(one_host + hosts, bootstrap=0)
+    flagged = [f for f in mixed if any("mixes single-host and multi-host" in x for x in f.flags)]
+    assert flagged and {f.scope for f in flagged} >= {"all-world-sizes"}

@@ -421,6 +421,14 @@ def _order(case: CaseId) -> tuple[str, ...]:
     return tuple(str(getattr(case, name)) for name in FIT_GROUP_FIELDS)
 
 
+def _flag_mixed_networks(fit: GroupFit, records: Sequence[Record]) -> None:
+    """Records from one host and from several hosts went over different links (memory vs the
+    network): one alpha and beta cannot describe both, so the fit says so."""
+    if len({r.nodes <= 1 for r in records}) > 1:
+        fit.flags.append("mixes single-host and multi-host records (different links): "
+                         "calibrate each network separately")
+
+
 def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
               world_sizes: Sequence[int] | None = None,
               skipped: list[str] | None = None) -> list[GroupFit]:
@@ -489,8 +497,10 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
                            forced)
             if forced:
                 gf.notes.append(f"native: formula chosen by the across-world-size fit ({forced})")
+            _flag_mixed_networks(gf, sub)
             fits.append(gf)
         if across is not None:
+            _flag_mixed_networks(across, group)
             fits.append(across)
         if key["collective"] in NON_REDUCING and (across or any(f.key == key for f in fits)):
             best = across or max((f for f in fits if f.key == key), key=lambda f: f.goodness["points"])
