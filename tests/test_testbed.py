@@ -167,12 +167,17 @@ def test_intel_mpi_slurm_bootstrap_across_hosts(testbed: None, tmp_path: Path) -
     _check_across_hosts(records, "mpiexec")
 
 
-def test_torchrun_static_rendezvous_across_hosts(testbed: None, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_torchrun_rendezvous_across_hosts(testbed: None, tmp_path: Path, rendezvous: str) -> None:
     out = tmp_path / "r.jsonl"
+    how = {"static": lambda rank: ["--node-rank", str(rank), "--master-addr", "h0",
+                                   "--master-port", "29500"],
+           "c10d": lambda rank: ["--rdzv-backend", "c10d", "--rdzv-endpoint", "h0:29400",
+                                 "--rdzv-id", f"tb-{os.getpid()}"]}[rendezvous]
     procs = [subprocess.Popen(
         [sys.executable, "-m", "ccbench", "testbed", "exec", host, "--", sys.executable, "-m",
-         "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-         str(rank), "--master-addr", "h0", "--master-port", "29500", "-m", "ccbench",
+         "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *how(rank),
+         "-m", "ccbench",
          "allreduce", "--backend", "gloo", "--sizes", SIZES, "--iters", "5", "--warmup", "2",
          "-q", "-O", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
