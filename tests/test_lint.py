@@ -4,13 +4,12 @@ because new releases add rules; under CI a missing tool fails instead of skippin
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import missing_prerequisite
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,9 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _tool(name: str) -> str:
     path = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed (it is in the test extra)")
-        pytest.skip(f"{name} is not installed")
+        missing_prerequisite(f"{name} is not installed (it is in the test extra)")
     return path
 
 

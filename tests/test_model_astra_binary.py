@@ -10,9 +10,9 @@ powers of two and not, 1 KiB to 1 GiB, single- and multi-size workloads.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from conftest import missing_prerequisite
 
 from ccbench.errors import UsageError
 from ccbench.model.astra import astra_bin_dir, export_astra, run_astra
@@ -26,10 +26,8 @@ AWARE = astra_bin_dir() / "AstraSim_Analytical_Congestion_Aware"
 @pytest.fixture(autouse=True)
 def binaries():
     if not (UNAWARE.is_file() and AWARE.is_file()):
-        msg = f"ASTRA-sim binaries not found in {astra_bin_dir()} (CCBENCH_ASTRA_SIM_BIN)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        missing_prerequisite(f"ASTRA-sim binaries not found in {astra_bin_dir()} "
+                             f"(CCBENCH_ASTRA_SIM_BIN)")
 
 
 MODEL = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)

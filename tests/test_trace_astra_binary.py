@@ -10,10 +10,10 @@ under CI=true, where they fail.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from conftest import missing_prerequisite
 
 from ccbench.errors import UsageError
 from ccbench.model.astra import astra_bin_dir, run_astra
@@ -30,10 +30,8 @@ MODEL = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
 @pytest.fixture(autouse=True)
 def binary():
     if not UNAWARE.is_file():
-        msg = f"ASTRA-sim binary not found in {astra_bin_dir()} (CCBENCH_ASTRA_SIM_BIN)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        missing_prerequisite(f"ASTRA-sim binary not found in {astra_bin_dir()} "
+                             f"(CCBENCH_ASTRA_SIM_BIN)")
 
 
 @pytest.mark.parametrize("workload", ["ddp", "tp", "moe", "groups", "p2p"])
