@@ -27,6 +27,7 @@ import numpy as np
 
 from ccbench.errors import UsageError
 from ccbench.model.topology import Topology
+from ccbench.model.torus_xor import torus_xor_round_time
 
 __all__ = ["ArrayProgram", "SimStep", "Program", "ReplayResult", "program_from_schedule", "replay",
            "ring_program", "to_arrays", "replay_rounds", "round_time", "replay_collective",
@@ -495,14 +496,17 @@ class _LinkArrays:
     hop: np.ndarray        # then 0
     one_alpha: float | None = None     # the alpha of every link, when they share one
     no_hops: bool = True
+    one_cap: float | None = None       # the capacity of every link, when they share one
 
     @classmethod
     def of(cls, topo: Topology) -> _LinkArrays:
         alpha = np.asarray(topo.alpha, float)
         hop = np.asarray(topo.hop, float)
+        cap = np.asarray(topo.cap, float)
         one = float(alpha[0]) if alpha.size and np.all(alpha == alpha[0]) else None
-        return cls(np.append(np.asarray(topo.cap, float), np.inf), np.append(alpha, 0.0),
-                   np.append(hop, 0.0), one, not np.any(hop))
+        one_cap = float(cap[0]) if cap.size and np.all(cap == cap[0]) else None
+        return cls(np.append(cap, np.inf), np.append(alpha, 0.0), np.append(hop, 0.0), one,
+                   not np.any(hop), one_cap)
 
 
 def round_time(rnd: Any, topo: Topology, gamma: float = 0.0, sharing: str = "max-min",
@@ -520,6 +524,16 @@ def round_time(rnd: Any, topo: Topology, gamma: float = 0.0, sharing: str = "max
         return 0.0, 0
     if getattr(rnd, "xor_symmetric", False) and topo.xor_orbits() is not None:
         return _xor_round_time(rnd, topo, gamma, sharing, arrays or _LinkArrays.of(topo), cache)
+    if getattr(rnd, "xor_symmetric", False) and topo.kind == "torus":
+        # every line of a dimension carries the same 1-D pattern: solved per dimension
+        # when the fluid ends in one step (else None, and the flows are solved below)
+        same = arrays if arrays is not None else _LinkArrays.of(topo)
+        if same.one_alpha is not None and same.one_cap is not None and same.no_hops:
+            quick = torus_xor_round_time(topo, int(rnd.src[0] ^ rnd.dst[0]),
+                                         float(rnd.nbytes[0]), float(rnd.reduce[0]), gamma,
+                                         sharing, same.one_cap, same.one_alpha)
+            if quick is not None:
+                return quick
     paths = topo.paths(rnd.src, rnd.dst)
     la = arrays
     if la is None or len(la.cap) != len(topo.cap) + 1:   # fully-connected adds links on use
