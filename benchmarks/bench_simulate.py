@@ -3,7 +3,7 @@ and the real ASTRA-sim congestion-aware binary on the same exported case.
 
 Every point runs in a fresh child process, so its peak RSS (getrusage ru_maxrss) is its own.
 
-    python benchmarks/bench_simulate.py matrix [--ranks 1024,4096,16384] [--skip-slow]
+    python benchmarks/bench_simulate.py matrix [--ranks 1024,4096,16384]
     python benchmarks/bench_simulate.py astra --ranks 1024 [--model results/model.json]
 
 matrix: every required algorithm on an oversubscribed fat tree (leaves of 32, oversub 4),
@@ -79,16 +79,13 @@ def run_child(args: list[str], timeout: float) -> dict:
     return json.loads(proc.stdout)
 
 
-def matrix(ranks: list[int], size: int, skip_slow: bool, timeout: float) -> None:
+def matrix(ranks: list[int], size: int, timeout: float) -> None:
     print(f"# replay of 64 MiB, synthetic links; load average before: {load()}")
     print(f"{'ranks':>6} {'topology':40} {'collective':15} {'algorithm':19} "
           f"{'wall_s':>7} {'rss_MB':>7} {'predicted_ms':>12} flows  load")
     for p in ranks:
         for spec in topologies(p):
             for coll, algo in CASES:
-                if skip_slow and p > 4096 and spec.startswith("torus") and algo == "pairwise":
-                    print(f"{p:6d} {spec:40} {coll:15} {algo:19} skipped (--skip-slow)")
-                    continue
                 out = run_child([coll, algo, spec, str(size)], timeout)
                 if "error" in out:
                     print(f"{p:6d} {spec:40} {coll:15} {algo:19} {out['error']}  {load()}")
@@ -149,8 +146,6 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=("matrix", "astra"))
     ap.add_argument("--ranks", default="1024,4096,16384")
-    ap.add_argument("--skip-slow", action="store_true",
-                    help="skip pairwise all-to-all on the torus above 4096 ranks (minutes)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per point")
     ap.add_argument("--model", default=str(ROOT / "results" / "model.json"))
     ap.add_argument("--backend", default="mpi/Intel MPI")
@@ -158,7 +153,7 @@ def main() -> int:
     args = ap.parse_args()
     ranks = [int(x) for x in args.ranks.split(",")]
     if args.what == "matrix":
-        matrix(ranks, 64 << 20, args.skip_slow, args.timeout)
+        matrix(ranks, 64 << 20, args.timeout)
     else:
         astra(ranks, args.model, args.backend, args.size, args.timeout)
     return 0
