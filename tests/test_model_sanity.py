@@ -9,7 +9,7 @@ import pytest
 
 from ccbench.errors import UsageError
 from ccbench.model.sanity import row_flags
-from ccbench.model.simulate import simulate
+from ccbench.model.simulate import LinkOverrides, simulate
 from ccbench.model.synthetic import known_model
 
 ALPHA, BETA, GAMMA = 5e-6, 1e-10, 2e-11
@@ -70,6 +70,23 @@ def test_busbw_above_the_link_is_flagged():
     flags = row_flags({"alpha": 1e-6, "sizes": [1, 1 << 30]}, 1 << 20, 1e-6, 2, [12.0], 10.0, 4)
     assert flags and "above the bottleneck link rate 10 GB/s" in flags[0]
     assert not row_flags({"alpha": 1e-6, "sizes": [1, 1 << 30]}, 1 << 20, 1e-6, 2, [9.9], 10.0, 4)
+
+
+def test_a_fit_without_beta_is_flagged():
+    # results/model.json's hypercube@mpi allreduce across 2,3,4 ranks fitted beta = 0: the
+    # links then have no rate, the replay no contention, and busbw nothing to be checked by
+    model = known_model(ALPHA, 0.0, GAMMA)
+    out = simulate(model, "allreduce", 64, "fat-tree:64:leaf=8:oversub=4", [1 << 20],
+                   "recursive-doubling", "both")
+    row = out["rows"][0]
+    assert row["bottleneck_link_gbps"] == float("inf")
+    assert row["replay_vs_analytical"] == pytest.approx(1.0)
+    assert any(f.startswith("the links have no rate: the fit's beta is 0") for f in row["flags"])
+    with_bw = simulate(model, "allreduce", 64, "fat-tree:64:leaf=8:oversub=4", [1 << 20],
+                       "recursive-doubling", "both", links=LinkOverrides(inter_beta=BETA))
+    assert not with_bw["rows"][0]["flags"]
+    assert not row_flags({"alpha": 1e-6, "sizes": [1, 1 << 30]}, 1 << 20, 1e-6, 2, [9.9],
+                         10.0, 4)
 
 
 def test_no_silent_backend_choice():

@@ -8,8 +8,10 @@ flags what it cannot vouch for:
   formula other than the fitted one; the fit's own flags (gamma not identified, too few
   points).
 * physics: busbw above the topology's bottleneck link rate (no schedule of these
-  collectives beats it), and a per-step latency far above the fit's small-message alpha
-  (an intercept of a large-message piece read as a latency paid on every step).
+  collectives beats it), links with no rate at all (a fit whose beta is 0: nothing to
+  check busbw against, and no contention), and a per-step latency far above the fit's
+  small-message alpha (an intercept of a large-message piece read as a latency paid on
+  every step).
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ def row_flags(fit: dict[str, Any], size_used: float, alpha: float, steps: float,
     if link_gbps > 0 and fastest > link_gbps * (1 + 1e-6):
         flags.append(f"busbw {fastest:.4g} GB/s above the bottleneck link rate "
                      f"{link_gbps:.4g} GB/s: not physically possible on this topology")
+    if link_gbps == float("inf"):
+        flags.append("the links have no rate: the fit's beta is 0 (its per-byte cost went to "
+                     "gamma or the intercept), so bytes cross links in no time, busbw cannot "
+                     "be checked against a link and the replay sees no contention "
+                     "(give --inter-bw)")
     base = _smallest_alpha(fit)
     if base > 0 and alpha > ALPHA_RATIO * base:
         flags.append(f"per-step latency {alpha * 1e6:.4g} us is {alpha / base:.3g}x the fit's "
