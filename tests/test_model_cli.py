@@ -87,6 +87,27 @@ def test_simulate_writes_records(model, ccb, tmp_path):
     assert recs[1].busbw_gbps == pytest.approx(recs[1].algbw_gbps * 2 * 7 / 8)
 
 
+def test_simulate_both_writes_a_record_per_fidelity(model, ccb, tmp_path):
+    """--fidelity both -o: an analytical and a replay record per size, each with its own
+    time, so that report draws both curves (recursive doubling on a ring contends)."""
+    from ccbench.records import load_records
+
+    out = tmp_path / "pred.jsonl"
+    args = ["simulate", str(model), "allreduce", "--topology", "ring:8", "-a",
+            "recursive-doubling", "--sizes", "1M,4M", "--fidelity", "both"]
+    proc = ccb(*args, "--format", "json", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["rows"]
+    recs = load_records(out)
+    assert [(r.size_used, r.method["fidelity"]) for r in recs] == [
+        (1 << 20, "analytical"), (1 << 20, "replay"), (4 << 20, "analytical"), (4 << 20, "replay")]
+    for row, (an, rp) in zip(rows, zip(recs[::2], recs[1::2], strict=True), strict=True):
+        assert an.time_us["median"] == pytest.approx(row["time_us"])
+        assert rp.time_us["median"] == pytest.approx(row["replay_time_us"])
+        assert rp.busbw_gbps == pytest.approx(row["replay_busbw_gbps"])
+        assert rp.time_us["median"] > an.time_us["median"] * 1.01     # contention shows
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--topology", "mesh:4"], "unknown topology"),
     (["--topology", "ring:4", "--sizes", "1Q"], "malformed size"),

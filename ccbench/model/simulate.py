@@ -156,7 +156,9 @@ def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
 def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[Any]:
     """The rows of `simulate` as Records (schema v1), so reports read predictions like
     measurements: backend `model/<fitted backend>`, transport = the topology, device
-    `model`, one sample = the predicted time, method.predicted = true."""
+    `model`, one sample = the predicted time, method.predicted = true. With fidelity
+    `both` every row is two records, method.fidelity `analytical` and `replay`, so that
+    a report draws both curves (a row holds both times, a record one)."""
     from datetime import datetime, timezone
 
     from ccbench import __version__
@@ -166,7 +168,7 @@ def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[An
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     fit = out["fit"]
     recs = []
-    for row in out["rows"]:
+    for row, fidelity in _per_fidelity(out):
         t = row["time_us"]
         lay = layout(row["collective"], row["size_asked"], 4, row["world_size"])
         recs.append(Record(
@@ -182,8 +184,21 @@ def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[An
                      "stdev": 0.0},
             samples_us=[t], rank_median_us=[], algbw_gbps=row["algbw_gbps"],
             busbw_gbps=row["busbw_gbps"], wrong=None,
-            method={"predicted": True, "fidelity": out["fidelity"], "sharing": out["sharing"],
+            method={"predicted": True, "fidelity": fidelity, "sharing": out["sharing"],
                     "segments": out.get("segments", 1), "fit": fit,
                     "fit_choice": out["fit_choice"],
                     "flags": out.get("flags", []) + row.get("flags", [])}))
     return recs
+
+
+def _per_fidelity(out: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """(row with time_us, algbw_gbps, busbw_gbps of one fidelity, that fidelity)."""
+    if out["fidelity"] != "both":
+        return [(row, out["fidelity"]) for row in out["rows"]]
+    pairs = []
+    for row in out["rows"]:
+        pairs.append((row, "analytical"))
+        pairs.append((dict(row, time_us=row["replay_time_us"],
+                           algbw_gbps=row["replay_algbw_gbps"],
+                           busbw_gbps=row["replay_busbw_gbps"]), "replay"))
+    return pairs
