@@ -12,7 +12,6 @@ collective, the reducing ones fit alpha and gamma, unless that beta fits much wo
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import tempfile
 from collections import defaultdict
@@ -51,21 +50,15 @@ def _measured_s(r: Record) -> float:
     return float(np.median(r.samples_us)) * 1e-6 if r.samples_us else r.time_us["median"] * 1e-6
 
 
-# the series `mpi-asserted` ran Intel MPI with these algorithms fixed (I_MPI_ADJUST_*, see
-# benchmarks/testbed_validation.py ASSERTED): its records say "native", the fit uses these
-ASSERTED = {"allreduce": "ring", "allgather": "ring", "reduce-scatter": "pairwise",
-            "alltoall": "pairwise"}
-
-
 def _records(tag: str) -> dict[str, list[Record]]:
     """series (the file name's backend part: gloo, mpi, mpi-asserted) -> records."""
     out: dict[str, list[Record]] = defaultdict(list)
     for path in sorted(DATA.glob(f"{tag}-*-n*.jsonl.gz")):
         series = path.name[len(tag) + 1:].rsplit("-n", 1)[0]     # gloo, mpi, mpi-asserted
-        for r in load_records(path):
-            if series == "mpi-asserted":
-                r = dataclasses.replace(r, algorithm=ASSERTED[r.collective])
-            out[series].append(r)
+        # mpi-asserted: Intel MPI under I_MPI_ADJUST_* (benchmarks/testbed_validation.py
+        # ASSERTED); its records keep the variables and calibrate prices each fixed algorithm
+        # with its formula (ccbench.model.library_algorithms), as for gloo's all-to-all
+        out[series].extend(load_records(path))
     return out
 
 

@@ -44,6 +44,9 @@ CASES = [
     ("fully-connected", 4, "allreduce", "ring"), ("fully-connected", 6, "alltoall", "pairwise"),
     ("fully-connected", 16, "allgather", "bruck"),
     ("fully-connected", 8, "reduce-scatter", "recursive-halving"),
+    # every message at once, one alpha: runs as direct1 with the latency split over p-1
+    ("switch", 5, "alltoall", "direct"), ("fully-connected", 8, "alltoall", "direct"),
+    ("ring", 3, "alltoall", "direct"),
 ]
 
 

@@ -18,7 +18,11 @@ binary's time equals `ccbench simulate --fidelity analytical` on the same model:
   step (it reduces n (p-2) / (2p)), so its local-mem-bw is scaled to charge the
   formula's gamma n (p-1)/p; at 2 ranks it reduces nothing, and a gamma there is refused.
 * implementations: ring -> `ring`; pairwise all-to-all -> `direct1` (one message in
-  flight: p-1 steps; plain `direct` sends all p-1 messages at once); Rabenseifner,
+  flight: p-1 steps); direct all-to-all (every message at once, one alpha) -> `direct1`
+  too, with the link latency divided by p-1 so the p-1 steps charge alpha once: ASTRA-sim's
+  own `direct` sends all p-1 messages at once but the congestion-unaware binary lets them
+  share nothing (measured on Switch, 1 MiB: n/p x beta, where the rank's one link carries
+  (p-1)/p x n; the congestion-aware binary gave n x beta at 3, 4 and 8 ranks); Rabenseifner,
   recursive halving, recursive doubling / Bruck all-gather -> `halvingDoubling` at
   powers of two only (elsewhere ASTRA-sim aborts or computes a power of two's time);
   the binomial-tree allreduce -> `doubleBinaryTree` at powers of two without gamma
@@ -94,7 +98,7 @@ def astra_implementation(collective: str, algorithm: str, p: int, network: str,
                          f"(valid: {', '.join(_ASTRA_KEYS)})")
     if algorithm == "ring" and collective != "alltoall":
         impl, mult = "ring", 1.0
-    elif collective == "alltoall" and algorithm == "pairwise":
+    elif collective == "alltoall" and algorithm in ("pairwise", "direct"):
         impl, mult = "direct1", 1.0
     elif (collective, algorithm) in (("allreduce", "rabenseifner"),
                                      ("reduce-scatter", "recursive-halving"),
@@ -118,7 +122,8 @@ def astra_implementation(collective: str, algorithm: str, p: int, network: str,
         impl, mult = "doubleBinaryTree", 1.0
     else:
         raise UsageError(f"cannot export {what}: ASTRA-sim has no implementation with this "
-                         f"cost formula (exportable: ring; pairwise all-to-all; Rabenseifner, "
+                         f"cost formula (exportable: ring; pairwise and direct all-to-all; "
+                         f"Rabenseifner, "
                          f"recursive halving/doubling and Bruck all-gather at powers of two; "
                          f"binomial-tree allreduce at powers of two without gamma)")
     if network == "Ring" and impl != "ring" and p > 3:
@@ -234,7 +239,16 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
         fit, algo = pred["fit"], pred["algorithm"]
         alpha, beta, gamma = rows[0]["alpha_s"], rows[0]["beta_s_per_byte"], rows[0]["gamma_s_per_byte"]
         piece = _piece_name(fit, used_pieces[0])
-        dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
+        # direct all-to-all runs as direct1's p-1 steps: each step gets 1/(p-1) of the one
+        # alpha its formula charges (see the module doc)
+        share = ranks - 1 if (collective, algo) == ("alltoall", "direct") else 1
+        link_alpha = alpha / share
+        dims = _dims(topology, ranks, link_alpha, beta,
+                     _intra(link_alpha, beta, None if intra_alpha is None
+                            else intra_alpha / share, intra_beta))
+        if share > 1:
+            notes.append(f"direct all-to-all as direct1: link latency = alpha / {share} "
+                         f"(its p-1 steps charge the formula's one alpha)")
         if len(dims) > 1 and algo != HIER:
             raise UsageError(f"cannot export the {collective} {algo} workload on {topology}: "
                              f"ASTRA-sim runs it dimension by dimension ({len(dims)} "

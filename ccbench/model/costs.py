@@ -121,6 +121,14 @@ def _a2a_pairwise(p: int) -> Coefficients:
     return Coefficients(p - 1, _frac(p), 0.0)     # n = total a rank sends; (p-1)/p leaves it
 
 
+def _a2a_direct(p: int) -> Coefficients:
+    # every message posted at once (gloo, MPI Isend/Irecv + waitall): one latency, and the
+    # p-1 messages share the rank's link, so it still carries (p-1)/p of n; where they also
+    # share links beyond it (an oversubscribed spine), only the replay sees the difference
+    # from pairwise
+    return Coefficients(1.0, _frac(p), 0.0)
+
+
 def _a2a_bruck(p: int) -> Coefficients:
     return Coefficients(_lg(p), _lg(p) / 2, 0.0)
 
@@ -139,7 +147,7 @@ FORMULAS: dict[str, dict[str, Callable[[int], Coefficients]]] = {
     "reduce-scatter": {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
     "broadcast": {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag,
                   "ring": _bc_ring},
-    "alltoall": {"pairwise": _a2a_pairwise, "bruck": _a2a_bruck},
+    "alltoall": {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
     "reduce": {"tree": _reduce_binomial},
 }
 
@@ -149,14 +157,14 @@ _ALIASES: dict[str, dict[str, str]] = {
         "binomial": "tree", "binomial-tree": "tree", "recursive_doubling": "recursive-doubling",
         "recdbl": "recursive-doubling", "recursive_halving": "recursive-halving",
         "rechalv": "recursive-halving", "dbt": "double-binary-tree",
-        "double_binary_tree": "double-binary-tree", "direct": "pairwise",
+        "double_binary_tree": "double-binary-tree",
         "scatter_allgather": "scatter-allgather", "halving-doubling": "rabenseifner",
         "reduce-scatter-allgather": "rabenseifner", "dbtree": "double-binary-tree",
     },
     # algorithms/ registry names: hypercube allreduce is recursive doubling; hypercube
     # allgather is recursive doubling at powers of two and Bruck otherwise (same cost as
-    # Bruck at powers of two); direct allgather/alltoall cost like ring/pairwise
-    # under the single-port model.
+    # Bruck at powers of two); direct allgather costs like ring under the single-port
+    # model. Direct all-to-all has its own formula: it sends every message at once.
     "allreduce": {"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"},
     "allgather": {"hypercube": "bruck", "direct": "ring"},
     "reduce-scatter": {"hypercube": "recursive-halving", "pairwise": "ring"},

@@ -37,6 +37,7 @@ Method
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import defaultdict
@@ -48,10 +49,11 @@ import numpy as np
 
 from ccbench.errors import UsageError
 from ccbench.model.costs import candidates, canonical_algorithm, coefficients
+from ccbench.model.library_algorithms import library_algorithm
 from ccbench.records import CaseId, Record
 
 __all__ = ["Point", "LineFit", "fit_line", "nnls_small", "points_from_records", "calibrate",
-           "validate_world_sizes", "predict_from_fit", "FIT_GROUP_FIELDS"]
+           "validate_world_sizes", "predict_from_fit", "FIT_GROUP_FIELDS", "fit_key"]
 
 NON_REDUCING = ("allgather", "broadcast", "alltoall")
 # A fit group: the case identity fields one alpha-beta-gamma fit is made for (it pools dtypes,
@@ -221,6 +223,9 @@ class GroupFit:
     notes: list[str] = field(default_factory=list)
     sizes: list[float] = field(default_factory=list)     # smallest and largest bytes seen
     flags: list[str] = field(default_factory=list)       # what the fit cannot tell
+    # where the formula comes from when the records say "native" but the library's
+    # algorithm is known (ccbench.model.library_algorithms); "" otherwise
+    algorithm_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.key)
@@ -232,6 +237,7 @@ class GroupFit:
             "pieces": self.pieces, "goodness": self.goodness, "ci95": self.ci95,
             "candidates": self.candidates, "holdout": self.holdout, "notes": self.notes,
             "sizes": self.sizes, "flags": self.flags,
+            "algorithm_source": self.algorithm_source or "the records",
         })
         return out
 
@@ -413,6 +419,17 @@ def _key(record: Record, fields: Sequence[str]) -> CaseId:
     return record.case.only(fields)
 
 
+def fit_key(record: Record) -> tuple[CaseId, str]:
+    """The fit group of a record, and why its algorithm is what it is: a native record
+    whose library's algorithm is known (gloo's all-to-all, Intel MPI with I_MPI_ADJUST_*)
+    is grouped under that algorithm's formula, apart from records the library chose for."""
+    key = _key(record, FIT_GROUP_FIELDS)
+    known = library_algorithm(record)
+    if known is None:
+        return key, ""
+    return dataclasses.replace(key, algorithm=known[0]), known[1]
+
+
 def _group_of(fit_key: dict[str, Any]) -> CaseId:
     return CaseId(**{name: fit_key[name] for name in FIT_GROUP_FIELDS})
 
@@ -429,6 +446,13 @@ def _flag_mixed_networks(fit: GroupFit, records: Sequence[Record]) -> None:
                          "calibrate each network separately")
 
 
+def _library_source(fit: GroupFit, why: str) -> None:
+    if why:
+        fit.algorithm_source = why
+        fit.notes.append(f"formula {fit.line.algorithm}: the library's own algorithm, not "
+                         f"chosen by fit quality ({why})")
+
+
 def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
               world_sizes: Sequence[int] | None = None,
               skipped: list[str] | None = None) -> list[GroupFit]:
@@ -442,6 +466,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
     if not recs:
         raise UsageError("no records to calibrate on (need world size > 1)")
     by_group: dict[CaseId, list[Record]] = defaultdict(list)
+    sources: dict[CaseId, str] = {}
     unidentified: list[str] = []
     for r in recs:
         if r.algorithm != "native":
@@ -451,7 +476,10 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
                 if skipped is not None and str(exc) not in skipped:
                     skipped.append(str(exc))
                 continue
-        by_group[_key(r, FIT_GROUP_FIELDS)].append(r)
+        gkey, why = fit_key(r)
+        by_group[gkey].append(r)
+        if why:
+            sources[gkey] = why
     if not by_group:
         raise UsageError("no records with a cost formula to calibrate on"
                          + (f" ({skipped[0]})" if skipped else ""))
@@ -498,9 +526,11 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
             if forced:
                 gf.notes.append(f"native: formula chosen by the across-world-size fit ({forced})")
             _flag_mixed_networks(gf, sub)
+            _library_source(gf, sources.get(gkey, ""))
             fits.append(gf)
         if across is not None:
             _flag_mixed_networks(across, group)
+            _library_source(across, sources.get(gkey, ""))
             fits.append(across)
         if key["collective"] in NON_REDUCING and (across or any(f.key == key for f in fits)):
             best = across or max((f for f in fits if f.key == key), key=lambda f: f.goodness["points"])
@@ -527,7 +557,7 @@ def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: 
     for r in records:
         if r.world_size not in test:
             continue
-        f = across.get(_key(r, FIT_GROUP_FIELDS))
+        f = across.get(fit_key(r)[0])
         if f is None:
             continue
         measured = float(np.median(r.samples_us)) * 1e-6 if r.samples_us else \

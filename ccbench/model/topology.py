@@ -10,9 +10,13 @@ Spec syntax (`--topology`):
     ring:P                      bidirectional ring, shorter direction
     fully-connected:P           one link per ordered pair
     switch:P                    star: every rank to one switch (2 hops)
-    fat-tree:P[:leaf=L][:oversub=O]
+    fat-tree:P[:leaf=L][:oversub=O][:uplink=R]
                                 two levels: leaves of L ranks (default 16), leaf uplinks
-                                to the spine aggregated with L x bw / O (default O=1)
+                                to the spine aggregated with L x bw / O (default O=1);
+                                uplink=R: bw of the uplinks' L x bw / O is R (bits/s of
+                                payload, K/M/G) instead of the rank's fitted 1/beta (a
+                                fitted beta carries the endpoint's costs, a spine link
+                                does not)
     torus:XxY | torus:XxYxZ     2D/3D torus, dimension-order routing, shorter direction
     hypercube:P                 P a power of two, e-cube routing
     dual-plane:P[:gpus=8][:tor=16][:oversub=1]
@@ -28,6 +32,7 @@ A bare P (`--ranks P`) fills in P when the spec omits it (`ring` = `ring:P`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -453,6 +458,16 @@ def parse_topology(spec: str, ranks: int | None = None) -> tuple[str, list[str],
     return kind, positional, options
 
 
+def _rate_bytes(text: str) -> float:
+    """'95.6M' (bits per second, decimal K/M/G) -> bytes per second."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)", text.strip(), re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"malformed uplink rate {text!r} (bits per second with K, M or G: "
+                         f"95.6M, 10G)")
+    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[
+        match.group(2).lower()] / 8
+
+
 def _int(value: str, what: str) -> int:
     try:
         out = int(value)
@@ -482,10 +497,12 @@ def build_topology(spec: str, ranks: int | None, inter: LinkClass,
         p = _int(positional[0], "topology rank count")
     if ranks is not None and ranks != p:
         raise UsageError(f"--ranks {ranks} does not match topology {spec!r} ({p} ranks)")
-    unknown = set(opts) - {"leaf", "oversub", "gpus", "tor"}
+    unknown = set(opts) - {"leaf", "oversub", "gpus", "tor", "uplink"}
     if unknown:
-        raise UsageError(f"unknown topology option {sorted(unknown)[0]!r} "
-                         f"(valid: leaf, oversub for fat-tree; gpus, tor, oversub for dual-plane)")
+        raise UsageError(f"unknown topology option {sorted(unknown)[0]!r} (valid: leaf, "
+                         f"oversub, uplink for fat-tree; gpus, tor, oversub for dual-plane)")
+    if "uplink" in opts and kind != "fat-tree":
+        raise UsageError(f"topology option 'uplink' is for fat-tree, not {kind}")
     topo = Topology(kind, p, spec)
     topo._inter = inter
     if kind == "ring":
@@ -508,12 +525,14 @@ def build_topology(spec: str, ranks: int | None, inter: LinkClass,
             raise UsageError(f"oversub must be > 0, got {oversub}")
         nleaf = math.ceil(p / leaf)
         spine = p + nleaf
+        # uplinks of a rank link's bandwidth each, or of the given rate (bytes/s)
+        per_link = _rate_bytes(opts["uplink"]) * inter.beta if "uplink" in opts else 1.0
         topo.params.update(leaf=leaf, oversub=oversub, spine=spine)
         for r in range(p):
             topo.add_pair(r, p + r // leaf, inter, "net")
         for i in range(nleaf):
             members = min(leaf, p - i * leaf)
-            topo.add_pair(p + i, spine, inter, "uplink", scale=members / oversub)
+            topo.add_pair(p + i, spine, inter, "uplink", scale=members / oversub * per_link)
         topo.dims = [("Switch", p)] if nleaf == 1 else [("Switch", min(leaf, p)), ("Switch", nleaf)]
     elif kind == "hypercube":
         if p & (p - 1):
