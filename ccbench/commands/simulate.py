@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ranks", "-p", type=int, default=None,
                         help="rank count (default: the one in --topology)")
     parser.add_argument("--topology", "-t", default="switch",
-                        help="ring, fully-connected, switch, fat-tree[:leaf=L][:oversub=O], "
+                        help="ring, fully-connected, switch, fat-tree[:leaf=L][:oversub=O][:uplink=R], "
                              "torus:XxY[xZ], hypercube, dual-plane[:gpus=8][:tor=16]; "
                              "e.g. fat-tree:1024:oversub=2 (default switch)")
     parser.add_argument("--sizes", "-s", default="1K-1G", help="bytes, as for measuring (default 1K-1G)")
