@@ -24,6 +24,7 @@ import numpy as np
 from ccbench.errors import UsageError
 from ccbench.model.astra import astra_bin_dir, export_astra, run_astra
 from ccbench.model.fit import calibrate
+from ccbench.model.library_algorithms import INTEL_MPI_ADJUST
 from ccbench.model.modelfile import build_model
 from ccbench.model.simulate import simulate
 from ccbench.records import Record, load_records
@@ -89,14 +90,25 @@ def _top_piece(fit: dict[str, Any]) -> dict[str, Any]:
 NETWORK_BOUND = 0.8
 
 
+def _ring_checks(info: dict[str, Any]) -> list[float]:
+    """The all-links iperf3 checks of one testbed (the latest and the one before, when
+    another invocation measured there first): smallest flow / link rate of each."""
+    out = []
+    for ring in (info.get("iperf3_all_links") or {}, info.get("earlier_iperf3") or {}):
+        if ring.get("measured_bps"):
+            out.append(min(ring["measured_bps"]) / ring["configured_bps"])
+    return out
+
+
 def _network_bound(tag: str = "switch") -> dict[int, float]:
-    """host count -> the smallest all-links iperf3 flow / link rate of that testbed."""
+    """host count -> the best all-links iperf3 check of that testbed (smallest flow / link
+    rate): each check is one 3 s sample taken while others load the 2 cores, so a check
+    that reached the mark shows the cores can keep every link busy at that host count."""
     out = {}
     for path in sorted(DATA.glob(f"{tag}-n*-testbed.json")):
-        ring = json.loads(path.read_text()).get("iperf3_all_links", {})
-        if ring.get("measured_bps"):
-            n = int(path.name[len(tag) + 2:].split("-")[0])
-            out[n] = min(ring["measured_bps"]) / ring["configured_bps"]
+        checks = _ring_checks(json.loads(path.read_text()))
+        if checks:
+            out[int(path.name[len(tag) + 2:].split("-")[0])] = max(checks)
     return out
 
 
@@ -109,13 +121,14 @@ def _load_lines() -> list[str]:
         one = info.get("iperf3", [])
         ring = info.get("iperf3_all_links", {})
         rates = ring.get("measured_bps", [])
+        earlier = _ring_checks(info)[1:]
         lines.append(f"| {path.name.removesuffix('-testbed.json')} | {info['topology']} | "
                      + " / ".join(f"{row['measured_bps'] / row['configured_bps']:.3f}"
                                   for row in one)
                      + f" | {len(rates)} | "
                      + (f"{min(rates) / ring['configured_bps']:.3f} - "
                         f"{max(rates) / ring['configured_bps']:.3f}" if rates else "-")
-                     + f" | {runs} |")
+                     + f" | {' / '.join(f'{x:.3f}' for x in earlier) or '-'} | {runs} |")
     return lines
 
 
@@ -176,7 +189,12 @@ def analyze(train: list[int], link: str) -> None:
             for r in recs:
                 p = r.world_size
                 topo = f"fat-tree:{p}:leaf={p // 2}:oversub=2"
-                pred, algo = _predict(model, r, topo, "replay")
+                # the spine's links at the link's payload rate: the fitted beta is what a
+                # rank's endpoint reaches (gloo's all-to-all: 0.5-0.7 of the link on one
+                # switch), not the rate of a link between switches
+                pred, algo = _predict(model, r, f"{topo}:uplink={payload * 8 / 1e6:.4g}M",
+                                      "replay")
+                fitted_spine, _ = _predict(model, r, topo, "replay")
                 flat, _ = _predict(model, r, f"switch:{p}", "analytical")
                 m = _measured_s(r)
                 same = [_measured_s(q) for q in switch[backend] if q.world_size == p
@@ -187,6 +205,8 @@ def analyze(train: list[int], link: str) -> None:
                                 "predicted_s": pred, "ratio": pred / m,
                                 "rel_err": abs(pred - m) / m, "formula": algo,
                                 "switch_analytical_s": flat,
+                                "fitted_spine_s": fitted_spine,
+                                "fitted_spine_ratio": fitted_spine / m,
                                 "switch_measured_s": same[0] if same else float("nan")})
     with open(OUT / "errors.csv", "w", newline="") as handle:
         fields = list(tt_rows[0] if tt_rows else rows[0])
@@ -194,7 +214,7 @@ def analyze(train: list[int], link: str) -> None:
         writer.writeheader()
         writer.writerows(rows + tt_rows)
     astra = _astra_rows(models, switch, train)
-    lines = _report(train, link, link_bps, payload, models, rows, tt_rows, astra)
+    lines = _report(train, link, link_bps, payload, models, rows, tt_rows, astra, switch)
     (OUT / "errors.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     _figures(rows, tt_rows, train, plt)
@@ -239,7 +259,8 @@ def _astra_rows(models: dict[tuple[str, str], dict[str, Any]], switch: dict[str,
 
 def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
             models: dict[tuple[str, str], dict[str, Any]], rows: list[dict[str, Any]],
-            tt_rows: list[dict[str, Any]], astra: list[dict[str, Any]]) -> list[str]:
+            tt_rows: list[dict[str, Any]], astra: list[dict[str, Any]],
+            switch: dict[str, list[Record]]) -> list[str]:
     held = sorted({r["world_size"] for r in rows if r["role"] == "predicted"})
     lines = [f"# The cost model against the testbed's shaped network (links {link}bit/s)", "",
              f"Calibrated on {', '.join(map(str, train))} hosts (1 rank each, single switch), "
@@ -255,8 +276,10 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
              "iperf3 (TCP, measured/configured): one flow h1 -> h0, then every host sending "
              "to the next at once (the ring's pattern); load = the machine's 1-minute load "
              "average before -> after each run (2 cores, shared with other work).", "",
-             "| set | topology | one flow | ring flows | ring flows (min - max) | runs |",
-             "|---|---|---|---|---|---|", *_load_lines(), "", *_limit_lines()]
+             "| set | topology | one flow | ring flows | ring flows (min - max) | "
+             "earlier ring check (min) | runs |",
+             "|---|---|---|---|---|---|---|", *_load_lines(), "", *_limit_lines()]
+    lines += _series_lines(models, switch, payload)
     lines += ["## Fitted bandwidth against the link", "",
               "1/beta of the fit across the training world sizes (largest-size piece), "
               "against the payload rate. `shared`: beta comes from a non-reducing "
@@ -282,8 +305,9 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
             groups[(row["calibration"], row["backend"], row["collective"])].append(row)
     lines += ["", "## Prediction error, single switch (held-out world sizes, 64 KiB and up)", "",
               f"Targets: median <= {TARGET_MEDIAN:.0%}, p90 <= {TARGET_P90:.0%} per backend and "
-              f"collective. Network-bound host counts (every flow of the all-links iperf3 at "
-              f">= {NETWORK_BOUND:.0%} of the link): "
+              f"collective. Network-bound host counts (every flow of an all-links iperf3 "
+              f"check at >= {NETWORK_BOUND:.0%} of the link; the best check of the host "
+              f"count, see the load table): "
               + ", ".join(f"{p} ({bound[p]:.2f})" for p in sorted(bound)
                           if bound[p] >= NETWORK_BOUND)
               + "; not network-bound: "
@@ -316,36 +340,49 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
     if tt_rows:
         tt_bound = _network_bound("twotier2x2")
         lines += ["", "## Two-tier, 2:1 oversubscribed (2 leaves, ranks leaf by leaf)", "",
-                  "`ccbench simulate --topology fat-tree:P:leaf=P/2:oversub=2 --fidelity "
-                  "replay` with the single-switch model. `switch model` = the same model on "
-                  "one switch (no contention); `switch measured` = the same run measured on one "
-                  "switch, so measured / switch measured is the contention the network really "
-                  f"added. Target: within {TARGET_TWO_TIER:.0%} from 1 MiB. All-links iperf3 "
+                  "`ccbench simulate --topology fat-tree:P:leaf=P/2:oversub=2:uplink=R "
+                  "--fidelity replay` with the single-switch model, the schedule of the "
+                  "fit's formula (gloo's and the asserted Intel MPI's all-to-all: `direct`, "
+                  "every message at once). `uplink=R`: the spine's links carry the link's "
+                  f"payload rate ({payload * 8 / 1e6:.4g} Mbit/s; leaf uplink = P/2 x R / 2, "
+                  "as the testbed shapes it); the ranks' own links keep the fitted 1/beta, "
+                  "which is what a rank's endpoint reaches (see the link-rate table above). "
+                  "`fitted spine` = the same replay with the spine at the fitted rate too (no "
+                  "uplink=), as before. `switch model` = the model on one switch (no "
+                  "contention); `switch measured` = the same run measured on one switch, so "
+                  "measured / switch measured is the contention the network really added. "
+                  f"Target: within {TARGET_TWO_TIER:.0%} from 1 MiB. All-links iperf3 "
                   "(min flow / link) on the two-tier testbeds: "
                   + ", ".join(f"{p} hosts {v:.2f}" for p, v in sorted(tt_bound.items())) + ".",
                   "", "| calibration | backend | collective | hosts | formula | size | measured "
-                  "(ms) | predicted (ms) | ratio | switch model (ms) | switch measured (ms) | "
-                  "measured / switch measured |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "(ms) | predicted (ms) | ratio | fitted spine: ratio | switch model (ms) | "
+                  "switch measured (ms) | measured / switch measured |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for row in sorted(tt_rows, key=lambda x: (x["calibration"], x["backend"],
                                                   x["collective"], x["world_size"], x["size"])):
             lines.append(f"| {row['calibration']} | {row['backend']} | {row['collective']} | "
                          f"{row['world_size']} | {row['formula']} | {_size(row['size'])} | "
                          f"{row['measured_s'] * 1e3:.1f} | {row['predicted_s'] * 1e3:.1f} | "
-                         f"{row['ratio']:.2f} | {row['switch_analytical_s'] * 1e3:.1f} | "
+                         f"{row['ratio']:.2f} | {row['fitted_spine_ratio']:.2f} | "
+                         f"{row['switch_analytical_s'] * 1e3:.1f} | "
                          f"{row['switch_measured_s'] * 1e3:.1f} | "
                          f"{row['measured_s'] / row['switch_measured_s']:.2f} |")
         lines += ["", "| calibration | backend | collective | hosts | points | median | p90 | "
-                  "max | within target |", "|---|---|---|---|---|---|---|---|---|"]
-        tgroups: dict[tuple[str, str, str, int], list[float]] = defaultdict(list)
+                  "max | within target | fitted spine: max | within |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        tgroups: dict[tuple[str, str, str, int], list[tuple[float, float]]] = defaultdict(list)
         for row in tt_rows:
             if row["size"] >= 1 << 20:
                 tgroups[(row["calibration"], row["backend"], row["collective"],
-                         row["world_size"])].append(row["rel_err"])
+                         row["world_size"])].append((row["rel_err"],
+                                                     abs(row["fitted_spine_ratio"] - 1)))
         for tkey in sorted(tgroups):
-            e = np.array(tgroups[tkey])
+            e = np.array([x[0] for x in tgroups[tkey]])
+            f = np.array([x[1] for x in tgroups[tkey]])
             lines.append(f"| {tkey[0]} | {tkey[1]} | {tkey[2]} | {tkey[3]} | {len(e)} | "
                          f"{np.median(e):.1%} | {np.percentile(e, 90):.1%} | {e.max():.1%} | "
-                         f"{int((e <= TARGET_TWO_TIER).sum())}/{len(e)} |")
+                         f"{int((e <= TARGET_TWO_TIER).sum())}/{len(e)} | {f.max():.1%} | "
+                         f"{int((f <= TARGET_TWO_TIER).sum())}/{len(f)} |")
     lines += ["", "## The same predictions in the real ASTRA-sim", ""]
     if not astra:
         lines.append(f"ASTRA-sim binaries not found in {astra_bin_dir()}: not checked.")
@@ -369,6 +406,64 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
                             else "- | -")
                          + f" | {ratio} | {a['refused'] or '-'} |")
     return lines
+
+
+# bytes the link of one rank carries out, per byte of S, in the least costly algorithm
+# (ring for allreduce; every algorithm for the others): a lower bound for the library's own
+# choice, the exact amount for the ring and direct/pairwise formulas
+def _link_bytes(collective: str, p: int) -> float:
+    return (2.0 if collective == "allreduce" else 1.0) * (p - 1) / p
+
+
+def _series_lines(models: dict[tuple[str, str], dict[str, Any]],
+                  switch: dict[str, list[Record]], payload: float) -> list[str]:
+    """What each series ran (read from its records and fits) and the link rate it reached."""
+    lines = ["## The series and their formulas", "",
+             "* `gloo`: torch's gloo over TCP. All-to-all is priced as `direct` (every message "
+             "at once), gloo's own algorithm; the other collectives' formula is chosen by fit.",
+             "* `mpi`: Intel MPI choosing its algorithm per size and world size from tables "
+             "ccbench cannot see. Its formula is the one that fits best across the training "
+             "world sizes, one per collective: where Intel MPI switches algorithm with the "
+             "size or the world size, no one formula describes it, and these predictions are "
+             "not a test of the model.",
+             "* `mpi-asserted`: Intel MPI with its algorithms fixed by I_MPI_ADJUST_* "
+             "(benchmarks/testbed_validation.py ASSERTED). The records keep the variables "
+             "(`environment.variables`) and `calibrate` prices each with that algorithm's "
+             "formula (ccbench/model/library_algorithms.py); this is the series that tests the "
+             "model on Intel MPI.", "",
+             "| series | collective | formula | from | I_MPI_ADJUST in the records |",
+             "|---|---|---|---|---|"]
+    for (backend, _how), model in sorted(models.items()):
+        for f in model["fits"]:
+            if f["scope"] != "all-world-sizes":
+                continue
+            name = INTEL_MPI_ADJUST[f["collective"]][0]
+            seen = sorted({f"{name}={r.environment['variables'][name]}"
+                           for r in switch[backend] if r.collective == f["collective"]
+                           and name in (r.environment.get("variables") or {})})
+            lines.append(f"| {backend} | {f['collective']} | {f['model_algorithm']} | "
+                         f"{f.get('algorithm_source') or 'the records'} | "
+                         f"{', '.join(seen) or '-'} |")
+    worlds = sorted({r.world_size for recs in switch.values() for r in recs})
+    lines += ["", "Link rate reached on one switch at the largest size (8 MiB): the bytes a "
+              "rank's link carries ((p-1)/p S; 2(p-1)/p S for allreduce, the ring's, a lower "
+              "bound for another algorithm) / the time / the payload rate. Under 1 where the "
+              "endpoint or the algorithm, not the link, sets the pace:", "",
+              "| series | collective | " + " | ".join(f"{p} hosts" for p in worlds) + " |",
+              "|---|---|" + "---|" * len(worlds)]
+    for backend, recs in sorted(switch.items()):
+        for coll in sorted({r.collective for r in recs}):
+            cells = []
+            for p in worlds:
+                sub = [r for r in recs if r.collective == coll and r.world_size == p]
+                if not sub:
+                    cells.append("-")
+                    continue
+                r = max(sub, key=lambda q: q.size_used)
+                got = _link_bytes(coll, p) * r.size_used / _measured_s(r) / payload
+                cells.append(f"{got:.2f}")
+            lines.append(f"| {backend} | {coll} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _size(n: int) -> str:
@@ -450,13 +545,17 @@ def _two_tier_figure(tt_rows: list[dict[str, Any]], keys: list[tuple[str, str]],
         top.plot(xs, [r["switch_measured_s"] * 1e3 for r in pts], "s", color="0.6", mfc="white",
                  label="measured, one switch")
         top.plot(xs, [r["predicted_s"] * 1e3 for r in pts], "-", color="C1",
-                 label="replay, fat-tree oversub=2")
+                 label="replay, oversub=2, spine at link rate")
+        top.plot(xs, [r["fitted_spine_s"] * 1e3 for r in pts], ":", color="C3",
+                 label="replay, oversub=2, spine at fitted rate")
         top.plot(xs, [r["switch_analytical_s"] * 1e3 for r in pts], "--", color="0.5",
                  label="model, one switch")
         bottom.plot(xs, [r["ratio"] for r in pts], "o-", color="C1")
+        bottom.plot(xs, [r["fitted_spine_ratio"] for r in pts], "x:", color="C3")
         bottom.axhspan(0.8, 1.2, color="0.9", zorder=0)
         bottom.axhline(1.0, color="0.4", lw=0.8)
-        lo, hi = min(r["ratio"] for r in pts), max(r["ratio"] for r in pts)
+        both = [r[k] for r in pts for k in ("ratio", "fitted_spine_ratio")]
+        lo, hi = min(both), max(both)
         bottom.set_ylim(min(0.5, lo * 0.95), max(1.5, hi * 1.05))
         top.set_xscale("log", base=2)
         top.set_yscale("log")
