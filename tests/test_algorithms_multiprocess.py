@@ -7,12 +7,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ccbench.addresses import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -42,17 +43,11 @@ def test_schedules_over_mpi_match_native(p: int) -> None:
     _summary(proc.stdout, p)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 @pytest.mark.parametrize("p", [2, 3])
 def test_schedules_over_gloo_match_native(p: int) -> None:
-    port = _free_port()
+    port = free_port("127.0.0.1")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": str(p), "CCBENCH_WORKER_QUICK": "1", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", WORKER, "gloo"], cwd=ROOT,

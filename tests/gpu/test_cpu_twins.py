@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from ccbench.addresses import free_port
 from ccbench.records import load_records
 
 HERE = Path(__file__).resolve().parent
@@ -25,16 +25,10 @@ BENCH = ["all", "--sizes", SIZES, "--dtype", "all", "--op", "sum,max", "--iters"
          "--warmup", "1", "-q", "--timeout", "60"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _run_local(world: int, flags: list[str], bench: list[str], env: dict[str, str],
                timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
     """`world` ranks started the way `ccbench launch` starts them (the local launcher)."""
-    control = f"127.0.0.1:{_free_port()}"
+    control = f"127.0.0.1:{free_port('127.0.0.1')}"
     procs = []
     for rank in range(world):
         rank_env = {**os.environ, **env}
