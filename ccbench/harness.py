@@ -22,12 +22,19 @@ import numpy as np
 
 from ccbench.backends.base import Backend
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
-from ccbench.collectives import Layout, busbw_factor, layout
+from ccbench.collectives import Layout, busbw_factor, get, layout
 from ccbench.control import ControlClient
 from ccbench.dtypes import numpy_dtype
 from ccbench.sizes import format_size
 from ccbench.stats import summarize
-from ccbench.validation import CHUNK, chunks, count_wrong_slice, initial_output, make_input
+from ccbench.validation import (
+    CHUNK,
+    checked,
+    chunks,
+    count_wrong_slice,
+    initial_output,
+    make_input,
+)
 from ccbench.watchdog import Watchdog
 
 # fault injection for the test suite: flip one received element on rank 0 before validation
@@ -93,19 +100,19 @@ class _Buffers:
         # buffers a chunk at a time, so host memory is the send and receive buffers and little
         # more (host_bytes_per_rank)
         self.sentinel = initial_output(lay, dtype, min(CHUNK, lay.recv_count))
-        if case.collective == "broadcast":
-            self.recv = backend.alloc(lay.recv_count, dtype)
-            self.send = self.recv
-        elif not case.inplace:
+        self.spec = spec = get(case.collective)
+        self.aliasing = aliasing = spec.inplace if case.inplace or spec.inplace == "one-buffer" \
+            else None
+        if aliasing is None:
             self.send = backend.alloc(lay.send_count, dtype)
             self.recv = backend.alloc(lay.recv_count, dtype)
-        elif case.collective == "allgather":      # my shard lives inside the output
+        elif aliasing == "send-in-recv":          # my shard lives inside the output
             self.recv = backend.alloc(lay.recv_count, dtype)
             self.send = backend.view(self.recv, rank * lay.block, (rank + 1) * lay.block)
-        elif case.collective == "reduce-scatter":  # my result lands inside the input
+        elif aliasing == "recv-in-send":          # my result lands inside the input
             self.send = backend.alloc(lay.send_count, dtype)
             self.recv = backend.view(self.send, rank * lay.block, (rank + 1) * lay.block)
-        else:
+        else:                                     # one buffer: send is recv
             self.send = backend.alloc(lay.send_count, dtype)
             self.recv = self.send
         self.reset()
@@ -126,9 +133,8 @@ class _Buffers:
 
     def reset(self) -> None:
         """Fresh inputs (in-place runs overwrite them) and sentinel outputs."""
-        case = self.case
-        if case.collective == "broadcast" or (case.inplace and case.collective != "allgather"):
-            self._write_input()
+        if self.aliasing not in (None, "send-in-recv"):
+            self._write_input()                    # the input covers the whole output buffer
             return
         self._write_sentinel()                     # in-place allgather: then my shard over it
         self._write_input()
@@ -137,6 +143,8 @@ class _Buffers:
         """Wrong elements of the receive buffer, read back a chunk at a time."""
         lay, backend, case = self.lay, self.backend, self.case
         wrong = 0
+        if not checked(lay, self.rank, case.root):   # no defined result here (reduce non-root)
+            return 0
         for lo in chunks(lay.recv_count):
             hi = min(lo + CHUNK, lay.recv_count)
             part = backend.to_numpy(backend.view(self.recv, lo, hi))

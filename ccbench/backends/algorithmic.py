@@ -35,6 +35,7 @@ import numpy as np
 
 from ccbench.backends.base import Backend, BackendFactory, RankContext
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
+from ccbench.collectives import get as get_collective
 from ccbench.errors import RunFailure, UsageError, choices_error
 
 __all__ = ["TRANSPORTS", "AlgorithmBackend", "AlgorithmSpec", "algorithm_backend_class",
@@ -226,7 +227,7 @@ class AlgorithmBackend(Backend):
         r, dtype = arr(recv), self._dtype_name(recv)
         if collective == "broadcast":
             return self._executor("broadcast", r.nbytes, root).bound_call(None, r, None, dtype)
-        reducing = collective in ("allreduce", "reduce-scatter")
+        reducing = get_collective(collective).reduces
         return self._executor(collective, r.nbytes).bound_call(
             arr(send), r, (op or "sum") if reducing else None, dtype)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ccbench.backends.buffers import BufferPolicy, HostBuffers
 from ccbench.backends.options import BackendOptions
+from ccbench.collectives import get as get_collective
 
 if TYPE_CHECKING:
     from algorithms.transport import Transport
@@ -168,19 +169,9 @@ class Backend(ABC):
         return None
 
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        """Dispatch by collective name (the harness's one call site)."""
-        if collective == "broadcast":
-            self.broadcast(recv, root)
-        elif collective == "allreduce":
-            self.allreduce(send, recv, op or "sum")
-        elif collective == "allgather":
-            self.allgather(send, recv)
-        elif collective == "reduce-scatter":
-            self.reduce_scatter(send, recv, op or "sum")
-        elif collective == "alltoall":
-            self.alltoall(send, recv)
-        else:
-            raise ValueError(collective)
+        """Dispatch by collective name (the harness's one call site): the registry says which
+        method runs it and with which arguments."""
+        get_collective(collective).call(self, send, recv, op or "sum", root)
 
 
 @dataclass(frozen=True)

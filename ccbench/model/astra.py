@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ccbench.collectives import COLLECTIVES, every, get
 from ccbench.errors import UsageError
 from ccbench.model.chakra import comm_coll_node, write_trace
 from ccbench.model.hierarchical import ALGORITHM as HIER
@@ -64,9 +65,8 @@ HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
 ENDPOINT_DELAY_NS = 1          # the smallest value that does not abort the run
 NO_REDUCTION_COST = 1e6        # local-mem-bw (x 1e9 B/s) when gamma is 0: 3 x 1 GiB costs 3 ns
 
-_ASTRA_KEYS = {"allreduce": "all-reduce-implementation",
-               "reduce-scatter": "reduce-scatter-implementation",
-               "allgather": "all-gather-implementation", "alltoall": "all-to-all-implementation"}
+# the collectives ASTRA-sim implements, and their system-file keys (the registry's rule)
+_ASTRA_KEYS = {c.name: c.astra for c in every() if c.astra is not None}
 # the implementation written for collectives the workload does not use
 _DEFAULT_IMPL = {"allreduce": "ring", "reduce-scatter": "ring", "allgather": "ring",
                  "alltoall": "direct1"}
@@ -80,8 +80,8 @@ def astra_bandwidth(beta: float) -> float:
 
 
 def astra_comm_size(collective: str, size_used: int, p: int) -> int:
-    """Chakra comm_size for the laid-out size S: all-gather wants the per-rank shard."""
-    return size_used // p if collective == "allgather" else size_used
+    """Chakra comm_size for the laid-out size S (all-gather wants the per-rank shard)."""
+    return get(collective).comm_size(size_used, p)
 
 
 def _pow2(p: int) -> bool:
@@ -171,8 +171,8 @@ def system_json(implementations: dict[str, str], ndims: int,
                 local_mem_bw: float) -> dict[str, Any]:
     sysconf: dict[str, Any] = {"scheduling-policy": "LIFO", "endpoint-delay": ENDPOINT_DELAY_NS,
                                "active-chunks-per-dimension": 1, "preferred-dataset-splits": 1}
-    for coll, key in _ASTRA_KEYS.items():
-        sysconf[key] = [implementations.get(coll, _DEFAULT_IMPL[coll])] * ndims
+    for coll, default in _DEFAULT_IMPL.items():        # the order ASTRA-sim's own examples use
+        sysconf[_ASTRA_KEYS[coll]] = [implementations.get(coll, default)] * ndims
     sysconf["collective-optimization"] = "localBWAware"
     sysconf["local-mem-bw"] = local_mem_bw
     sysconf["boost-mode"] = 0
@@ -352,8 +352,7 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> 
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[Any, list[Any]] = {}
     for r in records:
-        if r.collective not in ("allreduce", "allgather", "reduce-scatter", "broadcast",
-                                "alltoall"):
+        if r.collective not in COLLECTIVES or get(r.collective).chakra is None:
             continue
         groups.setdefault(r.case, []).append(r)     # one run's case: CaseId holds the run id
     prefixes = []
@@ -366,7 +365,7 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> 
         start = 0.0
         for r in recs:
             samples = r.samples_us or [r.time_us["median"]]
-            comm = (r.size_used // r.world_size) if r.collective == "allgather" else r.size_used
+            comm = get(r.collective).comm_size(r.size_used, r.world_size)
             for i, dur in enumerate(samples):
                 nid = len(nodes)
                 nodes.append(comm_coll_node(nid, f"{r.collective}:{r.size_used}B:iter{i}",

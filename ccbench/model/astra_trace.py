@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ccbench.collectives import REDUCING
 from ccbench.errors import UsageError
 from ccbench.model.astra import (
     _ASTRA_KEYS,
@@ -113,7 +114,7 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
         if coll not in _ASTRA_KEYS:
             native.append(False)
             continue
-        gamma = row["gamma_s_per_byte"] if coll in ("allreduce", "reduce-scatter") else 0.0
+        gamma = row["gamma_s_per_byte"] if coll in REDUCING else 0.0
         impl, mult = astra_implementation(coll, row["algorithm"], row["group_size"], network,
                                           gamma)
         if impl == "doubleBinaryTree" and (sum(r["collective"] == coll for r in rows) > 1

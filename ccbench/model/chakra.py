@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from typing import Any
 
+from ccbench.collectives import every
 from ccbench.errors import UsageError
 
 __all__ = ["COLL_TYPES", "NODE_TYPES", "classes", "comm_coll_node", "read_trace", "write_trace",
@@ -24,9 +25,9 @@ NODE_TYPES = {"INVALID_NODE": 0, "METADATA_NODE": 1, "MEM_LOAD_NODE": 2, "MEM_ST
 COLL_TYPES = {"ALL_REDUCE": 0, "REDUCE": 1, "ALL_GATHER": 2, "GATHER": 3, "SCATTER": 4,
               "BROADCAST": 5, "ALL_TO_ALL": 6, "REDUCE_SCATTER": 7, "REDUCE_SCATTER_BLOCK": 8,
               "BARRIER": 9}
-COLLECTIVE_TO_COMM = {"allreduce": "ALL_REDUCE", "reduce": "REDUCE", "allgather": "ALL_GATHER",
-                      "broadcast": "BROADCAST", "alltoall": "ALL_TO_ALL",
-                      "reduce-scatter": "REDUCE_SCATTER"}
+# ccbench's collectives (the registry's rule) and the other rooted reduce traces hold
+COLLECTIVE_TO_COMM = {c.name: c.chakra for c in every() if c.chakra is not None} \
+    | {"reduce": "REDUCE"}
 
 # AttributeProto value oneof: (field name, number, scalar type or list message)
 _ATTR_SCALARS = [("double_val", 3, "TYPE_DOUBLE"), ("float_val", 5, "TYPE_FLOAT"),

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from ccbench.collectives import COLLECTIVES, REDUCING
 from ccbench.errors import UsageError
 from ccbench.model.costs import candidates, canonical_algorithm, coefficients
 from ccbench.model.library_algorithms import library_algorithm
@@ -55,7 +56,7 @@ from ccbench.records import CaseId, Record
 __all__ = ["Point", "LineFit", "fit_line", "nnls_small", "points_from_records", "calibrate",
            "validate_world_sizes", "predict_from_fit", "FIT_GROUP_FIELDS", "fit_key"]
 
-NON_REDUCING = ("allgather", "broadcast", "alltoall")
+NON_REDUCING = tuple(c for c in COLLECTIVES if c not in REDUCING)
 # A fit group: the case identity fields one alpha-beta-gamma fit is made for (it pools dtypes,
 # ops, modes, world sizes and runs). Not the case identity itself: see ccbench.records.CaseId.
 FIT_GROUP_FIELDS = ("backend", "library", "transport", "device", "collective", "algorithm")
@@ -461,8 +462,7 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
     Groups whose algorithm has no cost formula are left out, with a line in `skipped`.
     """
     recs = [r for r in records if world_sizes is None or r.world_size in world_sizes]
-    recs = [r for r in recs if r.world_size > 1 and r.collective in
-            ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall")]
+    recs = [r for r in recs if r.world_size > 1 and r.collective in COLLECTIVES]
     if not recs:
         raise UsageError("no records to calibrate on (need world size > 1)")
     by_group: dict[CaseId, list[Record]] = defaultdict(list)

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ccbench.collectives import busbw_factor, layout
-from ccbench.model.costs import predict_time
+from ccbench.collectives import COLLECTIVES, REDUCING, busbw_factor, layout
+from ccbench.model.costs import candidates, predict_time
 from ccbench.records import Record
 
 __all__ = ["known_model", "synthetic_records"]
@@ -47,7 +47,7 @@ def synthetic_records(collective: str, formula: str, world_sizes: Sequence[int],
                 run_id=run_id, timestamp="2026-01-01T00:00:00+00:00", ccbench_version="0",
                 collective=collective, backend=backend, library=backend,
                 library_version="0", algorithm=algorithm, transport=backend, device="cpu",
-                dtype="float32", op="sum" if collective in ("allreduce", "reduce-scatter")
+                dtype="float32", op="sum" if collective in REDUCING
                 else None, inplace=False, timing="per-op", world_size=p, nodes=1,
                 ranks_per_node=p, hosts=["localhost"], root=0, size_asked=size, size_used=n,
                 count=lay.count, iterations=iterations, warmup=0,
@@ -69,13 +69,14 @@ def known_model(alpha: float, beta: float, gamma: float, world_sizes: Sequence[i
     from ccbench.model.modelfile import SCHEMA, VERSION
 
     fits = []
-    for coll in ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall"):
-        reducing = coll in ("allreduce", "reduce-scatter")
+    for coll in COLLECTIVES:
+        reducing = coll in REDUCING
+        formulas = candidates(coll)
         fits.append({"backend": backend, "library": backend, "transport": backend,
                      "device": "cpu", "collective": coll, "algorithm": "native",
                      "scope": "all-world-sizes", "world_sizes": list(world_sizes),
-                     "sizes": [1024, 1 << 30], "model_algorithm": "ring" if coll != "alltoall"
-                     else "pairwise", "alpha": alpha, "beta": beta,
+                     "sizes": [1024, 1 << 30], "model_algorithm": "ring" if "ring" in formulas
+                     else formulas[0], "alpha": alpha, "beta": beta,
                      "gamma": gamma if reducing else 0.0,
                      "gamma_source": "given" if reducing else "not used", "pieces": None,
                      "goodness": {"points": 100, "r2_log": 1.0, "median_rel_err": 0.0,

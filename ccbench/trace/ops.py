@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ccbench.collectives import COLLECTIVES
 from ccbench.errors import UsageError
 
-__all__ = ["FIVE", "REPLAYABLE", "CommOp", "Group", "Trace", "TraceError"]
+__all__ = ["MEASURED", "REPLAYABLE", "CommOp", "Group", "Trace", "TraceError"]
 
 #: the collectives the harness measures (size semantics as in ccbench.collectives)
-FIVE = frozenset({"broadcast", "allreduce", "allgather", "reduce-scatter", "alltoall"})
+MEASURED = frozenset(COLLECTIVES)
 #: every collective name an extracted op can carry
-REPLAYABLE = FIVE | {"reduce", "gather", "scatter", "barrier", "send", "recv", "alltoallv"}
+REPLAYABLE = MEASURED | {"reduce", "gather", "scatter", "barrier", "send", "recv", "alltoallv"}
 
 
 class TraceError(UsageError):

@@ -32,7 +32,7 @@ from ccbench.harness import Case, Method, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.record import Record, append_record
 from ccbench.stats import summarize
-from ccbench.trace.ops import FIVE, CommOp, Group, Trace
+from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
 from ccbench.watchdog import Watchdog
@@ -176,8 +176,8 @@ class _Rank:
                 wrong = int(np.count_nonzero(got.view(np.uint8) != pattern.view(np.uint8)))
             members = tuple(sorted((self.info.rank, op.peer)))
         else:
-            return (f"{op.collective}: not replayed (ccbench replays the five collectives, "
-                    f"barrier and send/recv)")
+            return (f"{op.collective}: not replayed (ccbench replays "
+                    f"{', '.join(sorted(MEASURED))}, barrier and send/recv)")
         self.store.set(f"{key}/{self.info.rank}", {"samples": samples, "wrong": wrong})
         if self.info.rank != members[0]:
             return None
@@ -202,7 +202,7 @@ class _Rank:
                 leader = min(self.info.rank, op.peer)
             if sub is None or isinstance(sub, str):
                 outcome: OpResult | str | None = sub or "no communicator for its group"
-            elif op.collective in FIVE:
+            elif op.collective in MEASURED:
                 outcome = self._measure_five(sub, op, step)
             else:
                 outcome = self._measure_extra(sub, op, step)
@@ -216,7 +216,7 @@ class _Rank:
 
     # -- the sequence ---------------------------------------------------------------------
     def _bound(self, sub: Backend, op: CommOp, cache: dict[Any, Any]) -> Any:
-        if op.collective in FIVE:
+        if op.collective in MEASURED:
             case, _ = _case(op)
             dtype = numpy_dtype(case.dtype)
             if sub.unsupported(case.collective, dtype, case.op):

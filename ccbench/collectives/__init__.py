@@ -1,0 +1,89 @@
+"""The collective registry: one module per collective (its `Collective`: layout, busbw factor,
+in-place aliasing, exact inputs and expected outputs, root, model and exporter names).
+
+S follows nccl-tests (see the README's method section):
+
+| collective     | S                          | busbw factor |
+|----------------|----------------------------|--------------|
+| allreduce      | count x elsize             | 2(n-1)/n     |
+| reduce-scatter | recvcount x n x elsize     | (n-1)/n      |
+| allgather      | sendcount x n x elsize     | (n-1)/n      |
+| broadcast      | count x elsize             | 1            |
+| alltoall       | count x n x elsize         | (n-1)/n      |
+
+Adding a collective: one module here defining its `Collective`, one line in `_ALL`, and its
+call in each backend (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from ccbench.collectives.allgather import ALLGATHER
+from ccbench.collectives.allreduce import ALLREDUCE
+from ccbench.collectives.alltoall import ALLTOALL
+from ccbench.collectives.broadcast import BROADCAST
+from ccbench.collectives.reduce_scatter import REDUCE_SCATTER
+from ccbench.collectives.spec import Collective, Layout
+from ccbench.errors import UsageError, choices_error
+
+__all__ = [
+    "COLLECTIVES", "OPS", "REDUCING", "ROOTED", "Collective", "Layout", "busbw_factor",
+    "canonical_collective", "every", "get", "layout", "parse_collectives", "parse_ops",
+]
+
+#: every collective, in the order `all` runs them
+_ALL: tuple[Collective, ...] = (BROADCAST, ALLREDUCE, ALLGATHER, REDUCE_SCATTER, ALLTOALL)
+_BY_NAME: dict[str, Collective] = {c.name: c for c in _ALL}
+
+COLLECTIVES: tuple[str, ...] = tuple(_BY_NAME)
+REDUCING: frozenset[str] = frozenset(c.name for c in _ALL if c.reduces)
+ROOTED: frozenset[str] = frozenset(c.name for c in _ALL if c.rooted)
+OPS: tuple[str, ...] = ("sum", "max", "min", "prod")
+
+_ALIASES = {alias: c.name for c in _ALL for alias in c.aliases}
+
+
+def every() -> tuple[Collective, ...]:
+    """Every collective's rules, in the order `all` runs them."""
+    return _ALL
+
+
+def get(name: str) -> Collective:
+    """The rules of collective `name` (canonical name); UsageError names the valid ones."""
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        raise choices_error("collective", name, COLLECTIVES)
+    return spec
+
+
+def canonical_collective(name: str) -> str:
+    name = _ALIASES.get(name.lower(), name.lower())
+    if name not in _BY_NAME:
+        raise choices_error("collective", name, (*COLLECTIVES, "all"))
+    return name
+
+
+def parse_collectives(text: str) -> list[str]:
+    if text == "all":
+        return list(COLLECTIVES)
+    return [canonical_collective(part) for part in text.split(",") if part]
+
+
+def parse_ops(text: str) -> list[str]:
+    if text.strip().lower() == "all":           # as nccl-tests' -o all: every op offered
+        return list(OPS)
+    ops = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if not ops:
+        raise UsageError(f"empty --op (valid: {', '.join(OPS)})")
+    for op in ops:
+        if op not in OPS:
+            raise choices_error("op", op, OPS)
+    return ops
+
+
+def busbw_factor(collective: str, world_size: int) -> float:
+    return get(collective).busbw(world_size)
+
+
+def layout(collective: str, size: int, elsize: int, world_size: int) -> Layout:
+    """How many elements each rank sends and receives for size S (bytes)."""
+    return get(collective).layout(size, elsize, world_size)

@@ -1,0 +1,115 @@
+"""What one collective is, as data: the `Collective` each module of this package defines.
+
+Every rule that differs between collectives lives in its `Collective`: how a size S maps to
+element counts, the busbw factor, how the in-place case aliases the buffers, the exact inputs
+and expected outputs of validation, whether it reduces or has a root, how a backend is
+called, and what the models and exporters call it. Callers ask the registry
+(`ccbench.collectives.get`) instead of branching on the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["Collective", "InPlace", "Layout"]
+
+#: how the in-place case lays out send and receive buffers:
+#: "one-buffer": one buffer, in-place or not (broadcast);
+#: "same": the send buffer is the receive buffer (allreduce, alltoall, reduce);
+#: "send-in-recv": the send buffer is this rank's block of the receive buffer (allgather);
+#: "recv-in-send": the receive buffer is this rank's block of the send buffer (reduce-scatter)
+InPlace = Literal["one-buffer", "same", "send-in-recv", "recv-in-send"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Element counts of one collective call at one size on every rank.
+
+    send_count / recv_count are whole-buffer element counts; `size_used` is the
+    nccl-tests S after rounding the per-rank count down to divisibility.
+    """
+
+    collective: str
+    world_size: int
+    elsize: int
+    size_asked: int
+    count: int        # the nccl-tests "count" column: elements per rank buffer unit
+    send_count: int
+    recv_count: int
+    size_used: int
+
+    @property
+    def block(self) -> int:
+        """Elements of one rank's block (the shard of allgather / reduce-scatter / alltoall)."""
+        from ccbench.collectives import get
+
+        return get(self.collective).block(self)
+
+
+#: (size S in bytes, element size, world size) -> (count, send_count, recv_count, S used)
+Counts = Callable[[int, int, int], tuple[int, int, int, int]]
+#: (layout, op, rank, root, element indices) -> int64 values
+Values = Callable[[Layout, "str | None", int, int, np.ndarray], np.ndarray]
+#: (backend, send, recv, op, root) -> None: the backend's call of this collective
+Call = Callable[[Any, Any, Any, str, int], None]
+
+
+def whole_buffer(size: int, elsize: int, world_size: int) -> tuple[int, int, int, int]:
+    """S = count x elsize, the same count sent and received (allreduce, broadcast, reduce)."""
+    count = size // elsize
+    return count, count, count, count * elsize
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective's rules (see the module docstring)."""
+
+    name: str
+    aliases: tuple[str, ...]
+    #: takes a reduction op (sum, max, min, prod)
+    reduces: bool
+    #: has a root rank (--root)
+    rooted: bool
+    #: world size -> busbw / algbw, as nccl-tests
+    busbw: Callable[[int], float]
+    counts: Counts
+    #: elements of one rank's block (the shard); the whole buffer where there is none
+    block: Callable[[Layout], int]
+    inplace: InPlace
+    #: this rank's send-buffer values at the given indices
+    inputs: Values
+    #: this rank's expected receive-buffer values at the given indices
+    expected: Values
+    #: the ranks whose receive buffer has a defined result: "all", or only the "root"
+    #: (nccl-tests checks a reduce on its root alone)
+    result_on: Literal["all", "root"]
+    #: the ranks whose send buffer holds inputs: "all", or only the "root" (the others'
+    #: buffers start as the sentinel, so a broadcast that does not arrive shows)
+    input_on: Literal["all", "root"]
+    #: the backend method that runs it (Backend.<method>)
+    method: str
+    call: Call
+    #: Chakra's CollectiveCommType name (None: Chakra cannot express it)
+    chakra: str | None
+    #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
+    astra: str | None
+    #: the size of one call as ASTRA-sim / Chakra's comm_size see it, from S and p
+    comm_size: Callable[[int, int], int]
+    #: what S is, for docs and help: "count x elsize" ...
+    size_meaning: str
+
+    def layout(self, size: int, elsize: int, world_size: int) -> Layout:
+        count, send, recv, used = self.counts(size, elsize, world_size)
+        return Layout(self.name, world_size, elsize, size, count, send, recv, used)
+
+    def checked(self, rank: int, root: int) -> bool:
+        """Whether this rank's receive buffer has a defined result to compare."""
+        return self.result_on == "all" or rank == root
+
+    def has_input(self, rank: int, root: int) -> bool:
+        """Whether this rank's send buffer holds inputs (else the sentinel)."""
+        return self.input_on == "all" or rank == root
