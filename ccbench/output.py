@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+from ccbench.collectives import ROOTED
 from ccbench.errors import UsageError
 from ccbench.records import SCHEMA, Record
 from ccbench.records.table import (
@@ -169,7 +170,7 @@ class TableWriter:
                 spread = f" {min(ranks):>10.2f} {max(ranks):>10.2f}"
             cells.append(f"{rec.time_us['median']:>10.2f} {rec.algbw_gbps:>7.3f} "
                          f"{rec.busbw_gbps:>7.3f} {wrong:>6}{spread}")
-        root = str(first.root) if first.collective == "broadcast" else "-1"
+        root = str(first.root) if first.collective in ROOTED else "-1"   # as nccl-tests
         print(f"  {first.size_used:>10} {first.count:>11} {first.dtype:>8} {first.op or 'none':>6} "
               f"{root:>4}   {cells[0]}   {cells[1]}", file=self.stream, flush=True)
 

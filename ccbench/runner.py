@@ -23,6 +23,7 @@ from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.collectives import REDUCING, layout
+from ccbench.collectives import get as get_collective
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer, StoreLost, StoreTimeout
 from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
@@ -280,7 +281,7 @@ class _Run:
             if self.is_root:
                 self.writer.note(f"{collective} {dtype} {op or ''}: {reason}".replace("  ", " "))
             return
-        modes = (True,) if collective == "broadcast" else config.modes
+        modes = get_collective(collective).modes(config.modes)
         if self.is_root:
             self.writer.note(f"{collective}  {dtype}{'  ' + op if op else ''}")
         for size in config.sizes:

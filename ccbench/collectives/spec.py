@@ -106,6 +106,11 @@ class Collective:
         count, send, recv, used = self.counts(size, elsize, world_size)
         return Layout(self.name, world_size, elsize, size, count, send, recv, used)
 
+    def modes(self, asked: tuple[bool, ...]) -> tuple[bool, ...]:
+        """The in-place values measured when `asked` are (out-of-place first): a one-buffer
+        collective has no out-of-place case, so it is measured in place only."""
+        return (True,) if self.inplace == "one-buffer" else asked
+
     def checked(self, rank: int, root: int) -> bool:
         """Whether this rank's receive buffer has a defined result to compare."""
         return self.result_on == "all" or rank == root

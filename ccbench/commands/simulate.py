@@ -21,11 +21,13 @@ __all__ = ["register", "main"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ccbench.collectives import COLLECTIVES
+
     parser = subparsers.add_parser("simulate", help="predict collective time on a topology")
     parser.add_argument("model", help="model file from `ccbench calibrate`")
     parser.add_argument("collective", nargs="?", default=None,
-                        help="broadcast, allreduce, allgather, reduce-scatter, alltoall, or all "
-                             "(each in turn); not with --trace")
+                        help=f"{', '.join(COLLECTIVES)}, or all (each in turn); not with "
+                             f"--trace")
     parser.add_argument("--trace", nargs="+", default=None, metavar="TRACE",
                         help="predict this trace's communication instead: PyTorch execution "
                              "traces (rank<r>.json or their folder) or Chakra <prefix>.<r>.et")

@@ -16,6 +16,7 @@ import yaml
 
 from ccbench.bench_options import BENCH_OPTIONS, option_named
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
+from ccbench.collectives import get as get_collective
 from ccbench.errors import UsageError, choices_error
 from ccbench.records import CaseId
 from ccbench.sizes import parse_sizes
@@ -118,9 +119,10 @@ class Sweep:
         for nodes, rpn, backend, collective, dtype, op, mode in itertools.product(
                 self.nodes, self.ranks_per_node, self.backends, self.collectives, self.dtypes,
                 self.ops, self.modes):
-            # the benchmark measures broadcast in place only, and skips sizes whose per-rank
-            # count rounds down to zero: a case asks only for what can produce a record
-            inplace = True if collective == "broadcast" else mode == "in-place"
+            # the benchmark measures a one-buffer collective (broadcast) in place only, and
+            # skips sizes whose per-rank count rounds down to zero: a case asks only for what
+            # can produce a record
+            inplace = get_collective(collective).modes((mode == "in-place",))[0]
             sizes = measurable_sizes(collective, dtype, nodes * rpn, self.sizes)
             case = SweepCase(collective=collective, backend=backend, dtype=dtype,
                              op=op if collective in REDUCING else None, inplace=inplace,
