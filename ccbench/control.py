@@ -52,6 +52,7 @@ class ControlServer:
         # seen, with whether it said bye (for ccbench.storehost, which outlives rank 0)
         self.open_ranks = 0
         self.closed: list[tuple[int, bool]] = []
+        self.arrived: set[int] = set()          # every rank whose main connection said hello
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.port: int = self._sock.getsockname()[1]
@@ -97,6 +98,7 @@ class ControlServer:
                 if state["rank"] is not None:
                     with self._cond:
                         self.open_ranks += 1
+                        self.arrived.add(state["rank"])
                 reply: dict[str, Any] = {"ok": True}
             elif command == "bye":
                 state["bye"] = True

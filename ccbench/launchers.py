@@ -25,11 +25,16 @@ from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
 from ccbench.errors import RunFailure, UsageError
-from ccbench.faults import UNREACHABLE_HOST, planned
+from ccbench.faults import UNREACHABLE_HOST, inject, planned
 from ccbench.guard import StartGuard
 from ccbench.storehost import start_store_host
 
-__all__ = ["LaunchInfo", "connect_control", "detect_launch", "expand_nodelist", "published_address"]
+__all__ = ["MPI_CONTROL_VAR", "LaunchInfo", "connect_control", "detect_launch", "expand_nodelist",
+           "published_address"]
+
+# set by `ccbench launch` for ranks it starts under mpiexec: the address of the control store it
+# hosts itself (it outlives every rank, whatever the mpiexec does to them when one dies)
+MPI_CONTROL_VAR = "CCBENCH_MPI_CONTROL"
 
 # Set by a launcher for its ranks. Not MPI_LOCALRANKID: Intel MPI also sets that in a process
 # that merely called MPI_Init, and every child of that process inherits it.
@@ -126,10 +131,14 @@ def expand_nodelist(nodelist: str) -> list[str]:
 def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = CONNECT_TIMEOUT_S
                     ) -> tuple[ControlClient, ControlServer | None]:
     """Rank 0 starts the store; every rank (rank 0 too) connects to it, giving up after
-    `connect_timeout`; every reply is bounded by the op `timeout`."""
+    `connect_timeout`; every reply is bounded by the op `timeout`. A fault planned for
+    start-up (ccbench.faults) happens here: before connecting, or, where the store is up
+    before any rank starts (the launcher's, under mpiexec), between connecting and MPI_Init."""
     server: ControlServer | None = None
     host, port = "127.0.0.1", 0
     env = os.environ
+    if not (info.launcher == "mpiexec" and MPI_CONTROL_VAR in env):
+        inject("start-up", info.rank)
     if info.launcher == "local":
         host, _, port_text = env["CCBENCH_CONTROL"].rpartition(":")
         port = int(port_text)
@@ -145,12 +154,27 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
             server = ControlServer("0.0.0.0", port)
     elif info.launcher == "torchrun":
         server, host, port = _via_torchrun_store(info, timeout)
+    elif info.launcher == "mpiexec" and MPI_CONTROL_VAR in env:
+        # the launcher's store: connect before MPI_Init, so that the store knows which ranks got
+        # that far even when the mpiexec kills them all at once, during MPI_Init too
+        host, _, port_text = env[MPI_CONTROL_VAR].rpartition(":")
+        host = _fault_host(info, host)
+        if host == UNREACHABLE_HOST:     # that fault is the address: it happens at connecting
+            inject("start-up", info.rank)
+        client = ControlClient(host, int(port_text), info.rank,
+                               connect_timeout=connect_timeout, reply_timeout=timeout)
+        inject("start-up", info.rank)
+        _mpi_init(info, timeout)
+        return client, None
     elif info.launcher == "mpiexec":
         server, host, port = _via_mpi(info, timeout)
-    if planned(info.rank) == ("start-up", "unreachable"):
-        host = UNREACHABLE_HOST
-    return ControlClient(host, port, info.rank, connect_timeout=connect_timeout,
-                         reply_timeout=timeout, rank0_state=_rank0_state(info)), server
+    return ControlClient(_fault_host(info, host), port, info.rank,
+                         connect_timeout=connect_timeout, reply_timeout=timeout,
+                         rank0_state=_rank0_state(info)), server
+
+
+def _fault_host(info: LaunchInfo, host: str) -> str:
+    return UNREACHABLE_HOST if planned(info.rank) == ("start-up", "unreachable") else host
 
 
 def _rank0_state(info: LaunchInfo) -> Callable[[], str | None] | None:
@@ -190,10 +214,20 @@ def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, st
     return server, host, port
 
 
+def _mpi_init(info: LaunchInfo, timeout: float) -> None:
+    """MPI_Init, which holds the interpreter while it waits for every rank, under its guard."""
+    with StartGuard("MPI start-up (MPI_Init)", timeout, info.rank, info.world_size,
+                    all_local=info.local_world_size == info.world_size):
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+
 def hosted_apart() -> bool:
-    """Whether the control store of an MPI-launched run lives outside rank 0: when no
-    `ccbench launch` supervises the ranks."""
-    return LAUNCHER_PID_VAR not in os.environ
+    """Whether the control store of an MPI-launched run lives outside rank 0: in the
+    `ccbench launch` that started the ranks, or, when none supervises them, in a process of
+    its own (ccbench.storehost)."""
+    return LAUNCHER_PID_VAR not in os.environ or MPI_CONTROL_VAR in os.environ
 
 
 def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:

@@ -382,7 +382,6 @@ def run_benchmark(config: BenchConfig) -> int:
                          f"(valid: 0 to {info.world_size - 1})")
     check_measurable(config, info.world_size)
     repeat = repeat_from_env()
-    inject("start-up", info.rank)
     timeout = config.method.timeout
     store, server = connect_control(info, timeout, config.connect_timeout)
     watchdog = Watchdog(store, info.rank, info.world_size, timeout)

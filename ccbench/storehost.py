@@ -65,11 +65,24 @@ def _serve(server: ControlServer, launcher: str) -> None:
             return                            # rank 0 died before any rank connected
 
 
-def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str
+def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str,
+                    world_size: int | None = None, arrived: set[int] | None = None
                     ) -> str | None:
-    """The error line for ranks that all went, some without a goodbye, none saying why."""
+    """The error line for ranks that all went, some without a goodbye, none saying why. With
+    `world_size` and `arrived` (the ranks that ever connected), when no connection closed
+    without a goodbye, a rank that never connected while others did is the one that did not
+    arrive (it died during start-up, before connecting)."""
+    if "aborted" in data or any(key.startswith("left/") for key in data):
+        return None
     dead = [rank for rank, bye in closed if not bye]
-    if not dead or "aborted" in data or any(key.startswith("left/") for key in data):
+    never = sorted(set(range(world_size)) - arrived) if world_size and arrived else []
+    if not dead and never:
+        names = ", ".join(f"{rank} (dead)" for rank in never)
+        which = f"rank {never[0]}" if len(never) == 1 else f"ranks {', '.join(map(str, never))}"
+        return (f"ccbench: error: start-up: {which} ended before connecting to the control "
+                f"store and {launcher} then ended the others; ranks that did not arrive: "
+                f"{names}")
+    if not dead:
         return None
     labels = [value for key, value in data.items() if key.startswith(LABEL_KEY)]
     label = max(labels, key=lambda item: int(item[0]))[1] if labels else "start-up"

@@ -32,10 +32,12 @@ class Watchdog:
     def __init__(self, store: ControlClient, rank: int, world_size: int, timeout: float) -> None:
         self.store = store.second_connection()
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
-        self.label = "start-up"
-        # with the store in a process of its own (ccbench.storehost), each step's label goes
-        # there too, so that it can name the step when every rank was killed at once
+        self._label = "start-up"
+        # with the store outside rank 0 (ccbench.storehost, or the `ccbench launch` that
+        # started the ranks under mpiexec), each step's label goes there too, so that it can
+        # name the step when every rank was killed at once; the count orders them across ranks
         self.post_labels = False
+        self._labels_posted = 0
         # during a backend's initialisation (it imports and starts a library, seconds on a
         # loaded machine): past the timeout, wait up to LATE_GRACE_S more while `rank_states`
         # sees every rank's process running
@@ -97,14 +99,24 @@ class Watchdog:
         self.store.close()
 
     # -- called by the harness --------------------------------------------------------
-    def begin_step(self, step: int, label: str) -> None:
-        self.label = label
-        self.position = (step, 0)
-        if self.post_labels:
+    @property
+    def label(self) -> str:
+        """What this rank is doing (a case and size, a backend's initialisation, ...)."""
+        return self._label
+
+    @label.setter
+    def label(self, label: str) -> None:
+        self._label = label
+        if self.post_labels and self._thread.is_alive():
+            self._labels_posted += 1
             try:
-                self.store.set(f"{LABEL_KEY}{self.rank}", [step, label])
+                self.store.set(f"{LABEL_KEY}{self.rank}", [self._labels_posted, label])
             except StoreLost as lost:
                 self._give_up("lost the control store", store_lost=lost)
+
+    def begin_step(self, step: int, label: str) -> None:
+        self.position = (step, 0)
+        self.label = label
 
     def enter(self) -> None:
         step, ops = self.position

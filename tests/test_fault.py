@@ -308,3 +308,55 @@ def test_store_host_names_the_rank_that_went_first_and_only_when_nobody_spoke() 
     assert unexplained_end([(1, True), (0, True)], labels, "mpiexec") is None     # a clean end
     assert unexplained_end([(1, False), (0, False)], {**labels, "aborted": 0}, "mpiexec") is None
     assert unexplained_end([(0, False), (1, False)], {**labels, "left/1": 1}, "mpiexec") is None
+    # the launcher's store under mpiexec: a rank that never connected, when none closed without
+    # a goodbye, is the one that did not arrive
+    line = unexplained_end([], {}, "mpiexec", 3, {0, 2})
+    assert line == ("ccbench: error: start-up: rank 1 ended before connecting to the control "
+                    "store and mpiexec then ended the others; ranks that did not arrive: 1 (dead)")
+    assert unexplained_end([(0, False)], {}, "mpiexec", 3, {0, 2}) is not None
+    assert "rank 0 ended without a word" in (unexplained_end([(0, False)], {}, "mpiexec", 3,
+                                                             {0, 2}) or "")
+
+
+# An mpiexec that ends every rank at once when one dies, before any can speak, as MPICH's does
+# on a signal (even with -disable-auto-cleanup) and Open MPI's on any failure.
+_ENDS_ALL = '''
+import os, signal, subprocess, sys, time
+rank = """
+import os, signal, sys, time
+from ccbench.control import ControlClient
+client = ControlClient(*os.environ["CCBENCH_MPI_CONTROL"].split(":"), int(sys.argv[1]))
+client.set("label/" + sys.argv[1], [1, "allreduce float32 sum out-of-place at 2K"])
+time.sleep(1)
+if sys.argv[1] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(120)
+"""
+ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r)]) for r in range(2)]
+ranks[1].wait()
+ranks[0].kill()
+ranks[0].wait()
+sys.exit(9)
+'''
+
+
+def test_launch_names_the_rank_when_mpiexec_ended_them_all(capfd: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    from ccbench.commands.launch import Supervisor
+    from ccbench.control import ControlServer
+    from ccbench.launchers import MPI_CONTROL_VAR
+
+    store = ControlServer("127.0.0.1", 0)
+    env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        status = Supervisor([[sys.executable, "-c", _ENDS_ALL]], [env], 10.0, store=store,
+                            world_size=2).run()
+    finally:
+        store.close()
+    errors = [line for line in capfd.readouterr().err.splitlines()
+              if line.startswith("ccbench: error:")]
+    assert status != 0
+    assert errors == ["ccbench: error: allreduce float32 sum out-of-place at 2K: rank 1 ended "
+                      "without a word and mpiexec then ended the others; ranks that did not "
+                      "arrive: 1 (dead)"], errors

@@ -26,7 +26,10 @@ from typing import IO
 
 from ccbench.addresses import free_port
 from ccbench.arrivals import LAUNCHER_PID_VAR
+from ccbench.control import ControlServer
 from ccbench.errors import BackendUnavailable, UsageError
+from ccbench.launchers import MPI_CONTROL_VAR
+from ccbench.storehost import unexplained_end
 from ccbench.sysinfo import usable_cores
 
 
@@ -75,6 +78,12 @@ def _is_hydra(mpiexec: str) -> bool:
     """MPICH and Intel MPI's mpiexec (hydra) know -disable-auto-cleanup; Open MPI's does not."""
     path = Path(shutil.which(mpiexec) or mpiexec).resolve()
     return "hydra" in path.name or (path.parent / "mpiexec.hydra").exists()
+
+
+def _is_open_mpi(mpiexec: str) -> bool:
+    """Open MPI's mpiexec (prterun) sits beside its ompi_info."""
+    path = Path(shutil.which(mpiexec) or mpiexec).resolve()
+    return (path.parent / "ompi_info").exists() or path.name in ("prterun", "orterun")
 
 
 def _check_backends(names: list[str]) -> dict[str, bool]:
@@ -135,8 +144,10 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
             raise BackendUnavailable("an MPI backend was asked for but no mpiexec was found "
                                      "(pip install 'ccbench[mpi]' or pass --mpiexec)")
         # the ranks' own watchdogs say which rank failed: mpiexec must not kill them first
-        cleanup = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
-        return [[mpiexec, *cleanup, "-n", str(nprocs), *python]], \
+        flags = ["-disable-auto-cleanup"] if _is_hydra(mpiexec) else []
+        if _is_open_mpi(mpiexec) and nprocs > usable_cores():
+            flags.append("--oversubscribe")  # Open MPI refuses more ranks than cores without it
+        return [[mpiexec, *flags, "-n", str(nprocs), *python]], \
             [{LAUNCHER_PID_VAR: str(os.getpid())}]
     control = f"127.0.0.1:{free_port('127.0.0.1')}"
     # the launcher's pid tells each rank that all were started together (ccbench.arrivals)
@@ -236,7 +247,17 @@ def _run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | No
         envs = [{"CCBENCH_STDERR_TTY": "1", **e} for e in envs]
     if sys.stdout.isatty():               # rank 0 draws its bar on the terminal of the table
         envs = [{"CCBENCH_STDOUT_TTY": "1", **e} for e in envs]
-    return Supervisor(commands, envs, connect_timeout, via_mpiexec=needs_mpi).run()
+    if not needs_mpi:
+        return Supervisor(commands, envs, connect_timeout).run()
+    # under mpiexec the control store lives here, not in rank 0: an mpiexec that ends every rank
+    # when one dies (MPICH's on a signal even with -disable-auto-cleanup, Open MPI's on any
+    # failure) leaves no rank to say which one it was, but this process saw their connections
+    store = ControlServer("127.0.0.1", 0)
+    envs = [{**e, MPI_CONTROL_VAR: f"127.0.0.1:{store.port}"} for e in envs]
+    try:
+        return Supervisor(commands, envs, connect_timeout, store=store, world_size=nprocs).run()
+    finally:
+        store.close()
 
 
 def default_nprocs(device: str) -> int:
@@ -288,6 +309,12 @@ def _check_mpiexec(mpiexec: str) -> None:
     if probe.returncode != 0 or not any(word in text for word in ("MPI", "HYDRA", "mpiexec")):
         raise UsageError(f"--mpiexec {mpiexec!r} is not a working mpiexec (`{mpiexec} --version` "
                          f"exited with status {probe.returncode} and did not name an MPI)")
+    if ("Open MPI" in text and os.geteuid() == 0
+            and not (os.environ.get("OMPI_ALLOW_RUN_AS_ROOT")
+                     and os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"))):
+        raise UsageError(f"{mpiexec} is Open MPI's, which refuses to start ranks as root: run "
+                         f"as another user, or set OMPI_ALLOW_RUN_AS_ROOT=1 and "
+                         f"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (Open MPI's own switches)")
 
 
 _KILL_GRACE_S = 5.0   # after the error line, the other ranks get this long to leave
@@ -302,8 +329,12 @@ class Supervisor:
     rank printed, or the launcher's own when no rank could."""
 
     def __init__(self, commands: list[list[str]], envs: list[dict[str, str]],
-                 connect_timeout: float, via_mpiexec: bool = False) -> None:
-        self.commands, self.envs, self.via_mpiexec = commands, envs, via_mpiexec
+                 connect_timeout: float, store: ControlServer | None = None,
+                 world_size: int = 0) -> None:
+        self.commands, self.envs = commands, envs
+        # the control store of ranks under mpiexec (one command): when they all went without a
+        # word, it tells which rank went first and what they were doing
+        self.store, self.world_size = store, world_size
         # no rank has said why yet: the others notice a dead peer within seconds, a missing
         # control store within the connect timeout
         self.silent_grace = connect_timeout + 10
@@ -409,22 +440,41 @@ class Supervisor:
 
     def _why(self, codes: list[int]) -> str:
         """The launcher's own line, when no rank said what went wrong."""
-        if self.via_mpiexec:
-            return (f"{self.commands[0][0]} ended with {_describe(codes[0])} before any rank "
-                    f"said why")
+        if self.store is not None:
+            line = self._store_verdict()
+            if line is not None:
+                return line
+            if not self.store.arrived:
+                return (f"start-up: {self.commands[0][0]} {_ended(codes[0])} before any rank "
+                        f"connected to the control store (see its messages above)")
+            return f"{self.commands[0][0]} {_ended(codes[0])} before any rank said why"
         first = self.first_failed if self.first_failed is not None else \
             next(r for r, c in enumerate(codes) if c != 0)
-        return (f"rank {first} ended with {_describe(codes[first])} and no rank said why; "
+        return (f"rank {first} {_ended(codes[first])} and no rank said why; "
                 f"ranks that did not arrive: {first}")
 
+    def _store_verdict(self) -> str | None:
+        """Which rank went first and during what, from the ranks' connections to the store
+        (the kernel closed them as each process ended; the handlers may lag a moment)."""
+        assert self.store is not None
+        deadline = time.monotonic() + 5.0
+        while self.store.snapshot()[0] > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _, closed, data = self.store.snapshot()
+        # no rank's line came through: what a rank posted as said (`aborted`) or as leaving
+        # quietly after it was lost with the mpiexec's output (Open MPI's, once it ends them)
+        data = {k: v for k, v in data.items() if k != "aborted" and not k.startswith("left/")}
+        line = unexplained_end(closed, data, "mpiexec", self.world_size, set(self.store.arrived))
+        return line.removeprefix(_ERROR.decode()).strip() if line else None
 
-def _describe(code: int) -> str:
+
+def _ended(code: int) -> str:
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit status {code}"
+            return f"was killed by signal {-code}"
+    return f"ended with exit status {code}"
 
 
 def _combined_status(codes: list[int]) -> int:
