@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ccbench.model.astra import astra_bin_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-ASTRA = Path(os.environ.get("ASTRA_SIM_BIN", "/work/shared/tools/astra-sim/bin"))
 ALPHA, BETA, GAMMA = 5e-6, 1 / 12.5e9, 1 / 50e9
 CASES = (("allreduce", "ring"), ("allreduce", "tree"), ("allreduce", "recursive-doubling"),
          ("reduce-scatter", "recursive-halving"), ("allreduce", "rabenseifner"),
@@ -126,7 +127,7 @@ def astra(ranks: list[int], model: str, backend: str, size: str, timeout: float)
                             tmp, "--ranks", str(p), "--topology", spec, "--collective",
                             "allreduce", "--sizes", size, "--backend", backend], check=True,
                            capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-            wall, rss, out = timed([str(ASTRA / "AstraSim_Analytical_Congestion_Aware"),
+            wall, rss, out = timed([str(astra_bin_dir() / "AstraSim_Analytical_Congestion_Aware"),
                                     "--workload-configuration=workload",
                                     "--system-configuration=system.json",
                                     "--network-configuration=network.yml",
