@@ -23,7 +23,8 @@ __all__ = ["CUDA_OPS", "DTYPE_NAMES", "OPS", "CupyReducer", "NumpyReducer", "Red
            "TwinReducer", "bf16_bits_to_float32", "float32_to_bf16_bits", "get_reducer"]
 
 OPS: tuple[str, ...] = ("sum", "max", "min", "prod")
-DTYPE_NAMES: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16", "int32", "int8")
+DTYPE_NAMES: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16", "int32", "int8",
+                                 "int64", "uint8")
 
 Reduce = Callable[[Any, Any, Any], None]
 
@@ -39,7 +40,8 @@ CUDA_OPS: dict[str, str] = {
 
 #: C type of each dtype inside a kernel body (parameters use the numpy names)
 _CUDA_TYPES = {"float32": "float", "float64": "double", "float16": "float16",
-               "int32": "int", "int8": "signed char"}
+               "int32": "int", "int8": "signed char", "int64": "long long",
+               "uint8": "unsigned char"}
 
 _BF16_BODY = """
 float fa = __uint_as_float(((unsigned int)x) << 16);

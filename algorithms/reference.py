@@ -12,19 +12,23 @@ __all__ = ["exact_inputs", "reference"]
 def exact_inputs(collective: str, op: str | None, p: int, send_count: int, dtype: np.dtype,
                  seed: int = 0) -> list[np.ndarray]:
     """Per-rank inputs: sums stay below 128 for p <= 40, products are +-1 or +-2, max/min
-    within -5..5, so every partial result is exact in int8, float16 and bfloat16."""
+    within -5..5, so every partial result is exact in int8, float16 and bfloat16 (unsigned
+    types: no negatives, which a cast would wrap)."""
     rng = np.random.default_rng(seed)
+    signed = np.dtype(dtype).kind != "u"
     out = []
     for r in range(p):
         idx = np.arange(send_count)
         if op == "sum":
             v = rng.integers(0, 4 if p <= 40 else 2, send_count)
         elif op == "prod":
-            v = np.where(idx % max(p, 1) == r, 2, 1) * rng.choice([-1, 1], send_count)
+            v = np.where(idx % max(p, 1) == r, 2, 1)
+            if signed:
+                v = v * rng.choice([-1, 1], send_count)
         elif op in ("max", "min"):
-            v = rng.integers(-5, 6, send_count)
+            v = rng.integers(-5 if signed else 0, 6, send_count)
         else:
-            v = rng.integers(-100, 100, send_count)
+            v = rng.integers(-100 if signed else 0, 100, send_count)
         out.append(v.astype(dtype))
     return out
 

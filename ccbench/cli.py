@@ -90,9 +90,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "1K-16M; or -b/-e/-f, -m, --b/--e/--f below)")
     parser.add_argument("--dtype", "-d", default="float32",
                         help=f"{', '.join(DTYPES)}, a comma list or all (default float32); "
-                             f"nccl-tests' names float, double, half also")
+                             f"nccl-tests' names float, double, half, f8e4m3, f8e5m2 also")
     parser.add_argument("--op", "-o", default="sum",
-                        help="sum, max, min, prod, a comma list or all (default sum)")
+                        help="sum, max, min, prod, avg, a comma list or all (default sum); "
+                             "a backend without the op or --dtype refuses before any rank "
+                             "starts")
     parser.add_argument("--inplace", action="store_true", help="only in-place")
     parser.add_argument("--outofplace", action="store_true", help="only out-of-place")
     parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op")
@@ -152,6 +154,36 @@ def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
         flag = f"-G {args.cudagraph} (CUDA graphs)" if args.cudagraph else "--cuda-graph"
         raise UsageError(f"{flag} only applies to backend nccl-cupy, not "
                          f"{', '.join(backends)}")
+
+
+def _check_supported(args: argparse.Namespace, collectives: list[str], backends: list[str],
+                     dtypes: list[str], ops: list[str], device: str) -> None:
+    """A dtype or op named on the command line that a backend can never run (MPI's avg,
+    gloo's float8 ...) is one error line now, not a run that skips it. What `all` brought in
+    is skipped with a note where a backend lacks it, as a run-time refusal is; a named item
+    is refused when every case it is part of is."""
+    from ccbench.backends import backend_class
+    from ccbench.collectives import REDUCING
+    from ccbench.dtypes import numpy_dtype
+
+    named_dtype = args.dtype.strip().lower() != "all"
+    named_op = args.op.strip().lower() != "all"
+    asked = sorted({(dtype, op if collective in REDUCING else None)
+                    for collective in collectives for dtype in dtypes for op in ops},
+                   key=lambda case: (case[0], case[1] or ""))
+    for name in backends:
+        factory = backend_class(name, device)
+        refused = {case: factory.refuses(numpy_dtype(case[0]), case[1]) for case in asked}
+        for (dtype, op), reason in refused.items():
+            if not reason:
+                continue
+            both = named_dtype and (named_op or op is None)
+            # one named coordinate: refused when it is refused with everything `all` added
+            alone = ((named_dtype and all(refused[c] for c in asked if c[0] == dtype))
+                     or (named_op and op is not None
+                         and all(refused[c] for c in asked if c[1] == op)))
+            if both or alone:
+                raise UsageError(f"{reason}: drop it from --backend, --dtype or --op")
 
 
 def _check_device(device: str) -> None:
@@ -220,6 +252,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
         device = "cuda" if any(b.split("@")[-1] in _NCCL_BACKENDS for b in backends) else "cpu"
     else:
         _check_device(device)
+    _check_supported(args, collectives, backends, dtypes, ops, device)
     from ccbench.control import CONNECT_TIMEOUT_S
 
     connect_timeout = (min(CONNECT_TIMEOUT_S, args.timeout) if args.connect_timeout is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives import Layout, get
+from ccbench.dtypes import sentinel
 
 __all__ = ["CHUNK", "checked", "chunks", "count_wrong", "count_wrong_slice", "expected_output",
            "initial_output", "make_input"]
@@ -15,10 +16,11 @@ __all__ = ["CHUNK", "checked", "chunks", "count_wrong", "count_wrong_slice", "ex
 SENTINEL = -1  # what output buffers hold before the collective, so untouched elements show
 
 
-def _expected_slice(lay: Layout, op: str | None, rank: int, root: int, lo: int, hi: int
-                    ) -> np.ndarray:
+def _expected_slice(lay: Layout, op: str | None, rank: int, root: int, lo: int, hi: int,
+                    dtype: np.dtype) -> np.ndarray:
     """Expected output elements lo..hi of this rank, as int64."""
-    return get(lay.collective).expected(lay, op, rank, root, np.arange(lo, hi, dtype=np.int64))
+    return get(lay.collective).expected(lay, op, rank, root, np.arange(lo, hi, dtype=np.int64),
+                                        dtype)
 
 
 CHUNK = 1 << 20      # elements generated or checked at a time: bounded int64 temporaries
@@ -38,25 +40,26 @@ def make_input(lay: Layout, dtype: np.dtype, op: str | None, rank: int, root: in
     out = np.empty(stop - start, dtype=dtype)
     spec = get(lay.collective)
     if not spec.has_input(rank, root):
-        out.fill(SENTINEL)
+        out.fill(sentinel(SENTINEL, out.dtype))
         return out
     for lo in range(start, stop, CHUNK):
         hi = min(lo + CHUNK, stop)
         index = np.arange(lo, hi, dtype=np.int64)
-        out[lo - start:hi - start] = spec.inputs(lay, op, rank, root, index)
+        out[lo - start:hi - start] = spec.inputs(lay, op, rank, root, index, out.dtype)
     return out
 
 
 def initial_output(lay: Layout, dtype: np.dtype, count: int | None = None) -> np.ndarray:
     """Sentinel elements (count of them; the whole receive buffer by default)."""
-    return np.full(lay.recv_count if count is None else count, SENTINEL, dtype=dtype)
+    return np.full(lay.recv_count if count is None else count, sentinel(SENTINEL, dtype),
+                   dtype=dtype)
 
 
 def expected_output(lay: Layout, dtype: np.dtype, op: str | None, rank: int, root: int = 0
                     ) -> np.ndarray:
     """What this rank's receive buffer must hold after the collective (for small buffers; on a
     rank with no defined result, see `checked`, what the nccl-tests root would hold)."""
-    return _expected_slice(lay, op, rank, root, 0, lay.recv_count).astype(dtype)
+    return _expected_slice(lay, op, rank, root, 0, lay.recv_count, dtype).astype(dtype)
 
 
 def count_wrong_slice(actual: np.ndarray, lay: Layout, op: str | None, rank: int, root: int,
@@ -69,8 +72,8 @@ def count_wrong_slice(actual: np.ndarray, lay: Layout, op: str | None, rank: int
     wrong = 0
     for lo in range(0, actual.size, CHUNK):
         hi = min(lo + CHUNK, actual.size)
-        expected = _expected_slice(lay, op, rank, root, start + lo, start + hi
-                                   ).astype(actual.dtype)
+        expected = _expected_slice(lay, op, rank, root, start + lo, start + hi,
+                                   actual.dtype).astype(actual.dtype)
         wrong += int(np.count_nonzero(actual[lo:hi].view(raw) != expected.view(raw)))
     return wrong
 

@@ -15,6 +15,7 @@ from algorithms.executor import Executor
 from algorithms.kernels import CUDA_OPS, DTYPE_NAMES, OPS, CupyReducer, NumpyReducer, TwinReducer
 from algorithms.reference import exact_inputs, reference
 from algorithms.transport import ThreadFabric, TransportTimeout, run_threads
+from ccbench.dtypes import sentinel
 
 DTYPES = [np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n) for n in DTYPE_NAMES]
 PAIRS = sorted(REGISTRY)
@@ -31,11 +32,11 @@ def _buffers(collective: str, x: np.ndarray, dtype: np.dtype, rank: int, p: int,
     """(send, recv) with the harness's in-place aliasing."""
     send_count, recv_count = _counts(collective, unit, p)
     if collective == "broadcast":
-        return None, (x.copy() if rank == root else np.full(recv_count, -1, dtype))
+        return None, (x.copy() if rank == root else np.full(recv_count, sentinel(-1, dtype)))
     if not inplace:
-        return x.copy(), np.full(recv_count, -1, dtype)
+        return x.copy(), np.full(recv_count, sentinel(-1, dtype))
     if collective == "allgather":
-        recv = np.full(recv_count, -1, dtype)
+        recv = np.full(recv_count, sentinel(-1, dtype))
         recv[rank * unit:(rank + 1) * unit] = x
         return recv[rank * unit:(rank + 1) * unit], recv
     if collective == "reduce-scatter":

@@ -22,6 +22,7 @@ from algorithms import REGISTRY
 from algorithms.reference import exact_inputs, reference
 from ccbench.backends.algorithmic import algorithm_backend_class
 from ccbench.backends.base import RankContext
+from ccbench.dtypes import sentinel
 
 FIVE = ("broadcast", "allreduce", "allgather", "reduce-scatter", "alltoall")
 DTYPES = [np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16),
@@ -59,7 +60,7 @@ def call(backend: Any, collective: str, x: np.ndarray, dtype: np.dtype, op: str 
     """Run one collective with the harness's buffer conventions; the output as numpy."""
     send_count, recv_count = counts(collective, unit, p)
     recv = backend.alloc(recv_count, dtype)
-    backend.copy_from_numpy(recv, np.full(recv_count, -1, dtype=dtype))
+    backend.copy_from_numpy(recv, np.full(recv_count, sentinel(-1, dtype)))
     if collective == "broadcast":
         if rank == root:
             backend.copy_from_numpy(recv, x)

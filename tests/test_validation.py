@@ -3,15 +3,17 @@
 import numpy as np
 import pytest
 
-from ccbench.collectives import COLLECTIVES, REDUCING, layout
-from ccbench.dtypes import DTYPES
+from ccbench.collectives import COLLECTIVES, OPS, REDUCING, layout
+from ccbench.dtypes import DTYPES, avg_scales
 from ccbench.validation import count_wrong, expected_output, make_input
+
+RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def reference(collective: str, inputs: list[np.ndarray], op: str | None, rank: int,
               block: int, root: int) -> np.ndarray:
     stacked = np.stack([x.astype(np.float64) for x in inputs])
-    reduce = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
+    reduce = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "avg": np.mean}
     if collective == "broadcast":
         return stacked[root]
     if collective == "allreduce":
@@ -28,7 +30,7 @@ def reference(collective: str, inputs: list[np.ndarray], op: str | None, rank: i
 @pytest.mark.parametrize("world", [1, 2, 3, 5, 41, 64])
 def test_expected_matches_reference(collective: str, dtype: str, world: int) -> None:
     np_dtype = DTYPES[dtype]
-    ops = ["sum", "max", "min", "prod"] if collective in REDUCING else [None]
+    ops = list(OPS) if collective in REDUCING else [None]
     for op in ops:
         lay = layout(collective, 96 * world * np_dtype.itemsize, np_dtype.itemsize, world)
         root = world - 1
@@ -41,5 +43,36 @@ def test_expected_matches_reference(collective: str, dtype: str, world: int) -> 
             assert np.array_equal(got.astype(np.float64), want), (op, rank)
             assert count_wrong(got, lay, op, rank, root) == 0
             broken = got.copy()
-            broken[-1] = broken[-1] + np_dtype.type(1)
+            broken.view(RAW[np_dtype.itemsize])[-1] ^= 1      # one bit off: one wrong value
             assert count_wrong(broken, lay, op, rank, root) == 1
+
+
+@pytest.mark.parametrize("dtype", [d for d, t in DTYPES.items() if t.kind not in "iu"])
+@pytest.mark.parametrize("world", [2, 3, 5, 7])
+def test_avg_inputs_are_exact_however_the_mean_is_taken(dtype: str, world: int) -> None:
+    """NCCL averages floats by scaling each input by 1/n rounded to the dtype; gloo sums then
+    divides. The avg inputs give the exact mean both ways, at 2 and 3 ranks with every k."""
+    np_dtype = DTYPES[dtype]
+    lay = layout("allreduce", 60 * world * np_dtype.itemsize, np_dtype.itemsize, world)
+    inputs = [make_input(lay, np_dtype, "avg", r) for r in range(world)]
+    want = expected_output(lay, np_dtype, "avg", 0).astype(np.float64)
+    reciprocal = np.array(1.0 / world).astype(np_dtype).astype(np.float64)
+    scaled = [(x.astype(np.float64) * reciprocal).astype(np_dtype).astype(np.float64)
+              for x in inputs]
+    assert np.array_equal(np.sum(scaled, axis=0), want)
+    summed = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    assert np.array_equal((summed / world).astype(np_dtype).astype(np.float64), want)
+    assert set(np.unique(want)) == set(avg_scales(np_dtype, world)) - {0}
+    if world in (2, 3) and dtype not in ("float8_e4m3fn", "float8_e5m2"):
+        assert avg_scales(np_dtype, world) == (1, 2, 3)
+
+
+def test_unsigned_and_float8_inputs_stay_in_range() -> None:
+    """uint8 gets no negative max/min inputs (a cast would wrap them), float8 sums stay at most
+    8 (float8_e5m2 has every integer up to 8 only)."""
+    lay = layout("allreduce", 64, 1, 3)
+    for op in ("max", "min"):
+        assert min(make_input(lay, DTYPES["uint8"], op, r).min() for r in range(3)) == 0
+    e5m2 = DTYPES["float8_e5m2"]
+    total = sum(make_input(lay, e5m2, "sum", r).astype(np.float64) for r in range(3))
+    assert total.max() <= 8

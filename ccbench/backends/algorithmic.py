@@ -47,7 +47,8 @@ _MAX_SEGMENTS = 64
 _DEFAULT_PIPELINE_CHUNK = 512 << 10            # broadcast and trees
 _PIPELINED = frozenset({"broadcast"})
 _PIPELINED_ALGOS = frozenset({"tree", "dbtree"})
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int8")
+#: data movement only moves bytes: every dtype; reductions need one of the kernels' types
+_MOVED_ONLY = ("float8_e4m3fn", "float8_e5m2")
 
 
 def algorithm_names() -> list[str]:
@@ -93,6 +94,9 @@ class AlgorithmSpec:
 
     def unavailable_reason(self) -> str | None:
         return self.transport_factory.unavailable_reason()
+
+    def refuses(self, dtype: np.dtype, op: str | None) -> str | None:
+        return AlgorithmBackend.refuses(dtype, op)
 
     def __call__(self, ctx: RankContext) -> AlgorithmBackend:
         return AlgorithmBackend(ctx, self, self.transport_factory(ctx))
@@ -155,6 +159,21 @@ class AlgorithmBackend(Backend):
         return self.spec.transport
 
     # -- what it can do -----------------------------------------------------------------
+    @classmethod
+    def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
+        from algorithms.kernels import DTYPE_NAMES, OPS
+
+        if op is None:
+            return None
+        if op not in OPS:
+            return (f"unsupported by the algorithm backends: op {op} (their kernels: "
+                    f"{', '.join(OPS)})")
+        if dtype.name not in DTYPE_NAMES:
+            return (f"unsupported by the algorithm backends: {op} on {dtype.name} (their "
+                    f"kernels: {', '.join(DTYPE_NAMES)}; {', '.join(_MOVED_ONLY)} are moved, "
+                    f"not reduced)")
+        return None
+
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         from algorithms import REGISTRY, supported
 
@@ -162,9 +181,11 @@ class AlgorithmBackend(Backend):
         if (family, collective) not in REGISTRY:
             return (f"unsupported by {family}: no {collective} schedule "
                     f"(has: {', '.join(supported(family))})")
-        if dtype.name not in _DTYPES:
+        from algorithms.kernels import DTYPE_NAMES
+
+        if dtype.name not in (*DTYPE_NAMES, *_MOVED_ONLY):
             return f"unsupported by {self.name}: dtype {dtype.name}"
-        return None
+        return self.refuses(dtype, op)
 
     def info(self) -> dict[str, Any]:
         meta = dict(self.inner.info())

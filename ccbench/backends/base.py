@@ -57,6 +57,8 @@ class BackendFactory(Protocol):
 
     def unavailable_reason(self) -> str | None: ...
 
+    def refuses(self, dtype: np.dtype, op: str | None) -> str | None: ...
+
     def __call__(self, ctx: RankContext) -> Backend: ...
 
 
@@ -82,9 +84,17 @@ class Backend(ABC):
         self.buffers: BufferPolicy = HostBuffers()
 
     # -- what it can do -------------------------------------------------------------
+    @classmethod
+    def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
+        """Why this library can never run `op` (None: data movement) on `dtype`, whatever
+        the ranks, devices and version: asked before any rank starts, so an explicit request
+        is one error line instead of a run that skips it. None where it may run (`unsupported`
+        still answers, per run)."""
+        return None
+
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         """None if (collective, dtype, op) can run, else a short reason."""
-        return None
+        return self.refuses(dtype, op)
 
     @property
     def transport(self) -> str:
@@ -107,7 +117,7 @@ class Backend(ABC):
     def view(self, buf: Any, start: int, stop: int) -> Any:
         return self.buffers.view(buf, start, stop)
 
-    # -- collectives (op is one of sum, max, min, prod) -----------------------------
+    # -- collectives (op is one of sum, max, min, prod, avg) ------------------------
     @abstractmethod
     def broadcast(self, buf: Any, root: int) -> None: ...
 

@@ -21,6 +21,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ccbench.dtypes import DTYPES, wire_dtype
+
+#: the ml_dtypes types (bfloat16, float8) by name: no library reads them, their bits it can
+_ML_DTYPES = {name: dtype for name, dtype in DTYPES.items() if wire_dtype(dtype) != dtype}
+
 __all__ = ["BufferPolicy", "CupyBuffers", "CupyStagedBuffers", "DeviceBuffer", "HostBuffers",
            "TorchBuffers", "spans_overlap"]
 
@@ -86,33 +91,43 @@ class TorchBuffers(BufferPolicy):
         self.torch, self.device = torch, device
 
     def _torch_dtype(self, dtype: np.dtype) -> Any:
-        if dtype.name == "bfloat16":
-            return self.torch.bfloat16
-        return getattr(self.torch, dtype.name)
+        return getattr(self.torch, dtype.name)     # bfloat16, float8_e4m3fn, float8_e5m2 too
+
+    def _bits(self, dtype: np.dtype) -> tuple[np.dtype, Any] | None:
+        """(numpy, torch) integer types of the same width that carry an ml_dtypes type's bits
+        (torch reads no ml_dtypes array); None for numpy's own types."""
+        if dtype.name not in _ML_DTYPES:
+            return None
+        return (np.dtype(np.int16), self.torch.int16) if dtype.itemsize == 2 else \
+            (np.dtype(np.uint8), self.torch.uint8)
 
     def alloc(self, count: int, dtype: np.dtype) -> Any:
         return self.torch.empty(count, dtype=self._torch_dtype(dtype), device=self.device)
 
     def copy_from_numpy(self, buf: Any, values: np.ndarray) -> None:
-        if values.dtype.name == "bfloat16":     # torch cannot read ml_dtypes' bfloat16: bits
-            source = self.torch.from_numpy(values.view(np.int16)).view(self.torch.bfloat16)
+        bits = self._bits(values.dtype)
+        if bits is not None:                    # torch cannot read ml_dtypes' arrays: bits
+            source = self.torch.from_numpy(values.view(bits[0])).view(
+                self._torch_dtype(values.dtype))
         else:
             source = self.torch.from_numpy(np.ascontiguousarray(values))
         buf.copy_(source)
 
     def to_numpy(self, buf: Any) -> np.ndarray:
         host = buf.detach().cpu()
-        if host.dtype == self.torch.bfloat16:
-            import ml_dtypes
-
-            return host.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+        logical = _ML_DTYPES.get(str(host.dtype).removeprefix("torch."))
+        if logical is not None:
+            bits = self._bits(logical)
+            assert bits is not None
+            return host.view(bits[1]).numpy().view(logical).copy()
         return host.numpy().copy()
 
     def array(self, buf: Any) -> Any:
-        if buf.dtype == self.torch.bfloat16:
-            import ml_dtypes
-
-            return buf.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16)
+        logical = _ML_DTYPES.get(str(buf.dtype).removeprefix("torch."))
+        if logical is not None:
+            bits = self._bits(logical)
+            assert bits is not None
+            return buf.view(bits[1]).numpy().view(logical)
         return buf.numpy()
 
 
@@ -157,7 +172,7 @@ class DeviceBuffer:
 
 
 def _storage(dtype: np.dtype) -> np.dtype:
-    return np.dtype(np.uint16) if dtype.name == "bfloat16" else dtype
+    return wire_dtype(dtype)        # bfloat16 and float8 as their bit patterns: CuPy has none
 
 
 class CupyBuffers(BufferPolicy):
@@ -177,7 +192,7 @@ class CupyBuffers(BufferPolicy):
                             self._mirror(count, storage))
 
     def copy_from_numpy(self, buf: DeviceBuffer, values: np.ndarray) -> None:
-        raw = values.view(np.uint16) if values.dtype.name == "bfloat16" else values
+        raw = values.view(wire_dtype(values.dtype))
         buf.array.set(np.ascontiguousarray(raw))
         # a copy from pageable memory may return before it lands; a library (CUDA-aware MPI,
         # possibly over RDMA) must not read the buffer before then. Outside the timed region.
@@ -185,7 +200,7 @@ class CupyBuffers(BufferPolicy):
 
     def to_numpy(self, buf: DeviceBuffer) -> np.ndarray:
         host: np.ndarray = buf.array.get()
-        return host.view(buf.logical) if buf.logical.name == "bfloat16" else host
+        return host.view(buf.logical)
 
     def array(self, buf: DeviceBuffer) -> Any:
         return buf.array

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ccbench.backends.torch_dist import TORCH_TIMED_CALL, TorchDistBackend, torch_missing_reason
+from ccbench.dtypes import is_float8
 
 if TYPE_CHECKING:
     from algorithms.transport import Transport
@@ -27,8 +28,17 @@ class GlooBackend(TorchDistBackend):
             return "this torch build has no gloo"
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    @classmethod
+    def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
+        if is_float8(dtype):
+            return f"unsupported by gloo: no float8 type in gloo ({dtype.name})"
+        if op == "avg" and dtype.kind in "iu":
+            return (f"unsupported by gloo: avg on {dtype.name} (torch's gloo averages "
+                    f"floating-point types only)")
         return None
+
+    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        return self.refuses(dtype, op)
 
     def info(self) -> dict[str, Any]:
         return {"library": "gloo", "library_version": f"torch {self.torch.__version__}",

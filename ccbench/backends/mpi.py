@@ -22,6 +22,7 @@ from ccbench.backends.mpi_loop import (
     loaded_libmpi,
     predefined_datatype,
 )
+from ccbench.dtypes import wire_dtype
 from ccbench.errors import RunFailure
 
 if TYPE_CHECKING:
@@ -60,9 +61,10 @@ def _library_name(version: str) -> str:
 
 
 def _raw(buf: Any) -> Any:
-    """bfloat16 has no MPI datatype; moving it needs none: send its 16-bit patterns (device
-    buffers already store them as uint16)."""
-    return buf.view(np.uint16) if buf.dtype.name == "bfloat16" else buf
+    """bfloat16 and float8 have no MPI datatype; moving them needs none: send their bit
+    patterns (device buffers already store them so)."""
+    wire = wire_dtype(buf.dtype)
+    return buf if wire == buf.dtype else buf.view(wire)
 
 
 class MPIBackend(Backend):
@@ -94,11 +96,20 @@ class MPIBackend(Backend):
         self.version = MPI.Get_library_version().strip()
         self._libmpi = loaded_libmpi()
 
+    @classmethod
+    def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
+        if op == "avg":        # not emulated: a sum and a division would be ccbench's avg
+            return "unsupported by mpi: avg (MPI has no MPI_AVG reduction)"
+        if op is not None and wire_dtype(dtype) != dtype:
+            return f"unsupported by mpi: MPI has no {dtype.name} datatype to reduce"
+        return None
+
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         if op is None:
             return None
-        if dtype.name == "bfloat16":
-            return "unsupported by mpi: MPI has no bfloat16 datatype to reduce"
+        refused = self.refuses(dtype, op)
+        if refused:
+            return refused
         key = (dtype.name, op)
         if key not in self._probed:       # every rank probes the same keys in the same order
             one = np.ones(1, dtype=dtype)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ccbench.backends.base import RankContext
 from ccbench.backends.torch_dist import TorchDistBackend, torch_missing_reason
+from ccbench.dtypes import is_float8
 from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -149,7 +150,20 @@ class NCCLBackend(TorchDistBackend):
         return torch.device("cuda", ctx.local_rank)
 
     # -- capabilities -----------------------------------------------------------------------
+    @classmethod
+    def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
+        if op is not None and is_float8(dtype):
+            return (f"unsupported by {cls.name}: {op} on {dtype.name} (torch's NCCL process "
+                    f"group moves float8 but does not reduce it)")
+        return None
+
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        refused = self.refuses(dtype, op)
+        if refused:
+            return refused
+        if op == "avg" and nccl_version_tuple(self._library_version) < _BF16_SINCE:
+            return (f"unsupported by {self.name}: avg needs NCCL >= 2.10, "
+                    f"this is {self._library_version}")
         if dtype.name == "bfloat16" and nccl_version_tuple(self._library_version) < _BF16_SINCE:
             return (f"unsupported by {self.name}: bfloat16 needs NCCL >= 2.10, "
                     f"this is {self._library_version}")

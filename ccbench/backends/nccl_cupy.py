@@ -46,13 +46,14 @@ if TYPE_CHECKING:
 __all__ = ["NCCL_OP_NAMES", "NCCL_TYPE_NAMES", "NCCLCupyBackend", "nccl_cupy_version"]
 
 #: ccbench's op -> the constant of cupy.cuda.nccl (ncclRedOp_t)
-NCCL_OP_NAMES = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN"}
+NCCL_OP_NAMES = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN",
+                 "avg": "NCCL_AVG"}
 #: ccbench's dtype -> the constant of cupy.cuda.nccl (ncclDataType_t)
 NCCL_TYPE_NAMES = {"int8": "NCCL_INT8", "int32": "NCCL_INT32", "float16": "NCCL_FLOAT16",
                    "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
-                   "bfloat16": "NCCL_BFLOAT16"}
-#: ncclBfloat16 in nccl.h; older CuPy releases do not export the name
-_NCCL_BFLOAT16 = 9
+                   "bfloat16": "NCCL_BFLOAT16", "int64": "NCCL_INT64", "uint8": "NCCL_UINT8"}
+#: the values of nccl.h for names older CuPy releases do not export (ncclBfloat16, ncclAvg)
+_NCCL_CODES = {"NCCL_BFLOAT16": 9, "NCCL_AVG": 4, "NCCL_INT64": 4, "NCCL_UINT8": 1}
 #: CUDA graphs kept per backend (one per bound (collective, buffers, op, root))
 _MAX_GRAPHS = 8
 #: communicators this process has created (every rank creates them in the same order)
@@ -127,8 +128,9 @@ class NCCLCupyBackend(Backend):
         self.library_name = "rccl" if getattr(cupy.cuda.runtime, "is_hip", False) else "nccl"
         self._version = nccl_cupy_version()[0] or "unknown"
         self.comm = self.nccl.NcclCommunicator(ctx.world_size, self._unique_id(), ctx.rank)
-        self._ops = {op: int(getattr(self.nccl, const)) for op, const in NCCL_OP_NAMES.items()}
-        self._types = {name: int(getattr(self.nccl, const, _NCCL_BFLOAT16))
+        self._ops = {op: int(getattr(self.nccl, const, _NCCL_CODES.get(const, -1)))
+                     for op, const in NCCL_OP_NAMES.items()}
+        self._types = {name: int(getattr(self.nccl, const, _NCCL_CODES.get(const, -1)))
                        for name, const in NCCL_TYPE_NAMES.items()}
         self._flag = cupy.empty(1, dtype=np.int32)          # the barrier's allreduce
         self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
@@ -142,9 +144,19 @@ class NCCLCupyBackend(Backend):
         return tuple(int(b) for b in self.ctx.store.get(key, timeout=self.ctx.options.timeout))
 
     # -- capabilities -----------------------------------------------------------------------
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    @classmethod
+    def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
         if dtype.name not in NCCL_TYPE_NAMES:
-            return f"unsupported by {self.name}: dtype {dtype.name}"
+            return (f"unsupported by {cls.name}: dtype {dtype.name} (CuPy has no such array "
+                    f"type; its NCCL binding takes {', '.join(NCCL_TYPE_NAMES)})")
+        return None
+
+    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        refused = self.refuses(dtype, op)
+        if refused:
+            return refused
+        if op == "avg" and nccl_version_tuple(self._version) < _BF16_SINCE:
+            return f"unsupported by {self.name}: avg needs NCCL >= 2.10, this is {self._version}"
         if dtype.name == "bfloat16" and nccl_version_tuple(self._version) < _BF16_SINCE:
             return (f"unsupported by {self.name}: bfloat16 needs NCCL >= 2.10, "
                     f"this is {self._version}")

@@ -55,7 +55,8 @@ class TorchDistBackend(Backend):
         self.device = self._device()
         self.buffers = TorchBuffers(torch, self.device)
         self._ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                     "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
+                     "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT,
+                     "avg": dist.ReduceOp.AVG}
         # the library's own timeout stays above ccbench's, so the watchdog speaks first
         timeout = datetime.timedelta(seconds=ctx.options.timeout + 30)
         if not dist.is_initialized():

@@ -37,7 +37,8 @@ _BY_NAME: dict[str, Collective] = {c.name: c for c in _ALL}
 COLLECTIVES: tuple[str, ...] = tuple(_BY_NAME)
 REDUCING: frozenset[str] = frozenset(c.name for c in _ALL if c.reduces)
 ROOTED: frozenset[str] = frozenset(c.name for c in _ALL if c.rooted)
-OPS: tuple[str, ...] = ("sum", "max", "min", "prod")
+#: avg: the mean over ranks (NCCL's ncclAvg, torch's ReduceOp.AVG); MPI has none
+OPS: tuple[str, ...] = ("sum", "max", "min", "prod", "avg")
 
 _ALIASES = {alias: c.name for c in _ALL for alias in c.aliases}
 

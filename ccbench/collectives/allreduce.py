@@ -11,13 +11,14 @@ from ccbench.collectives.spec import Collective, Layout, whole_buffer
 from ccbench.collectives.values import reduced, values
 
 
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray) -> np.ndarray:
-    return values(op, rank, index, lay.world_size)
+def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+            dtype: np.dtype) -> np.ndarray:
+    return values(op, rank, index, lay.world_size, dtype)
 
 
-def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray
-              ) -> np.ndarray:
-    return reduced(op or "sum", index, lay.world_size)
+def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+              dtype: np.dtype) -> np.ndarray:
+    return reduced(op or "sum", index, lay.world_size, dtype)
 
 
 def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:

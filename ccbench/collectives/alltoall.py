@@ -16,12 +16,13 @@ def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
     return block * n, block * n, block * n, block * n * elsize
 
 
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray) -> np.ndarray:
+def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+            dtype: np.dtype) -> np.ndarray:
     return moved(rank, index, lay.world_size)
 
 
-def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray
-              ) -> np.ndarray:
+def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+              dtype: np.dtype) -> np.ndarray:
     block = max(lay.block, 1)
     return moved(index // block, rank * block + index % block, lay.world_size)
 

@@ -10,8 +10,8 @@ from ccbench.collectives.spec import Collective, Layout, whole_buffer
 from ccbench.collectives.values import moved
 
 
-def _root_values(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray
-                 ) -> np.ndarray:
+def _root_values(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+                 dtype: np.dtype) -> np.ndarray:
     return moved(root, index, lay.world_size)
 
 

@@ -16,13 +16,14 @@ def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
     return block * n, block * n, block, block * n * elsize
 
 
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray) -> np.ndarray:
-    return values(op, rank, index, lay.world_size)
+def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+            dtype: np.dtype) -> np.ndarray:
+    return values(op, rank, index, lay.world_size, dtype)
 
 
-def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray
-              ) -> np.ndarray:
-    return reduced(op or "sum", rank * max(lay.block, 1) + index, lay.world_size)
+def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+              dtype: np.dtype) -> np.ndarray:
+    return reduced(op or "sum", rank * max(lay.block, 1) + index, lay.world_size, dtype)
 
 
 def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:

@@ -52,8 +52,9 @@ class Layout:
 
 #: (size S in bytes, element size, world size) -> (count, send_count, recv_count, S used)
 Counts = Callable[[int, int, int], tuple[int, int, int, int]]
-#: (layout, op, rank, root, element indices) -> int64 values
-Values = Callable[[Layout, "str | None", int, int, np.ndarray], np.ndarray]
+#: (layout, op, rank, root, element indices, dtype) -> int64 values (the dtype bounds them:
+#: no negatives in uint8, float8 sums within 8)
+Values = Callable[[Layout, "str | None", int, int, np.ndarray, np.dtype], np.ndarray]
 #: (backend, send, recv, op, root) -> None: the backend's call of this collective
 Call = Callable[[Any, Any, Any, str, int], None]
 
@@ -70,7 +71,7 @@ class Collective:
 
     name: str
     aliases: tuple[str, ...]
-    #: takes a reduction op (sum, max, min, prod)
+    #: takes a reduction op (sum, max, min, prod, avg)
     reduces: bool
     #: has a root rank (--root)
     rooted: bool
