@@ -290,3 +290,73 @@ def test_remote_rank_sigkilled_mid_run(testbed: None, tmp_path: Path) -> None:
     assert len(records) == len(lines) >= 2 and all(json.loads(line) for line in lines)
     assert all(r.wrong == 0 and r.nodes == 2 for r in records)
     assert len({RecordKey.of(r) for r in records}) == len(records)
+
+
+SWEEP_KILLED = SWEEP.replace("name: tb\n", "name: tbk\n").replace("sizes: 64K,256K",
+                                                                  "sizes: 64K,256K,1M,4M")
+
+
+def _squeue_names() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True,
+                         timeout=30, env=_env()).stdout
+    return out.split()
+
+
+def test_slurmd_host_killed_mid_sweep_then_resubmitted(testbed: None, tmp_path: Path) -> None:
+    """Every process of host h1 (slurmd, its steps, the ranks) killed once records land: the
+    sweep says which cases are incomplete and fails; once h1's slurmd is back, the same
+    command again runs only what is missing, and every (case, size) lands once."""
+    (tmp_path / "tbk.yaml").write_text(SWEEP_KILLED)
+    results = tmp_path / "results" / "tbk"
+    sweep = subprocess.Popen([sys.executable, "-m", "ccbench", "sweep", "tbk.yaml", "--slurm",
+                              "--wait", "--wait-timeout", "240"], cwd=tmp_path, env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + RUN_BOUND_S
+        while sum(len(p.read_text().splitlines()) for p in results.glob("*.jsonl")) < 2:
+            assert sweep.poll() is None, sweep.communicate()
+            assert time.monotonic() < deadline, "no records appeared"
+            time.sleep(0.2)
+        pids = subprocess.run(["ip", "netns", "pids", "ccb-h1"], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:                     # the host's slurmd, its steps and its ranks
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # Slurm requeues the jobs of a dead node with a delay; h1's slurmd is gone, so they
+        # cannot run: cancel them as a user would, and the sweep ends saying what is missing
+        deadline = time.monotonic() + 120
+        while "ccbench-tbk" in " ".join(_squeue_names()) and time.monotonic() < deadline:
+            subprocess.run(["scancel", "--name=ccbench-tbk"], env=_env(), timeout=30,
+                           capture_output=True, check=False)
+            time.sleep(2)
+        first, _ = sweep.communicate(timeout=NO_HANG_S)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+    assert sweep.returncode != 0, first
+    assert "incomplete" in first, first
+    before = load_records(results)
+    assert len(before) < 16, "nothing was lost: the kill came too late to test anything"
+
+    # h1 back: its slurmd again, in its namespace, as `testbed up --slurm` starts it
+    up = _ccbench("testbed", "exec", "h1", "--", "slurmd", "-f", str(SLURM_CONF), "-N", "h1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    deadline = time.monotonic() + 120
+    while "idle" not in subprocess.run(["sinfo", "-h", "-n", "h1", "-o", "%T"], env=_env(),
+                                       capture_output=True, text=True).stdout:
+        subprocess.run(["scontrol", "update", "nodename=h1", "state=resume"], env=_env(),
+                       capture_output=True, timeout=30, check=False)
+        assert time.monotonic() < deadline, "h1 did not come back"
+        time.sleep(2)
+    again = _ccbench("sweep", "tbk.yaml", "--slurm", "--wait", "--wait-timeout", "200",
+                     cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    records = load_records(results)
+    counts = Counter(RecordKey.of(r) for r in records)
+    assert set(counts.values()) == {1}, "a (case, size) was measured twice"
+    assert len(records) == 16                   # 2 backends x 2 node counts x 4 sizes
+    assert {RecordKey.of(r) for r in before} <= set(counts)
+    assert all(r.wrong == 0 and len(set(r.hosts)) == r.nodes for r in records)
