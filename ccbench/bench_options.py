@@ -1,7 +1,11 @@
 """The benchmark's method options, in one table: the command line's flags (`cli`) and a sweep
 file's keys (`sweep`) are both made from it, so an option added here is settable in both and
 validated the same way. The case axes (collective, backend, sizes, dtype, op, in-place, timing)
-and what only concerns one process's output (--output, --format, --quiet) are not here."""
+and what only concerns one process's output (--output, --format, --quiet) are not here.
+
+Cluster wrappers set the same options from the environment: CCBENCH_<NAME> for every option
+of the table (CCBENCH_ITERS, CCBENCH_TIMEOUT, ...) and for the axes in ENV_AXES
+(CCBENCH_SIZES, CCBENCH_BACKEND, CCBENCH_DTYPE, CCBENCH_OP). The command line wins."""
 
 from __future__ import annotations
 
@@ -11,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "BenchOption", "GivenStore", "given",
-           "option_argv", "option_named"]
+__all__ = ["BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "ENV_AXES", "BenchOption", "GivenStore",
+           "env_name", "environment_settings", "given", "option_argv", "option_named"]
 
 #: seconds one operation (and a library's initialisation) may take before the run is stopped
 DEFAULT_TIMEOUT_S = 300.0
@@ -124,3 +128,48 @@ def option_argv(values: Mapping[str, Any]) -> list[str]:
     """Command-line arguments that set `values` ({name: value}), in the table's order."""
     return [arg for option in BENCH_OPTIONS if option.name in values
             for arg in option.argv(values[option.name])]
+
+
+#: case axes settable from the environment besides the table (their values are checked where
+#: the command line's are, and an error names the variable)
+ENV_AXES: tuple[str, ...] = ("backend", "sizes", "dtype", "op")
+
+
+def env_name(name: str) -> str:
+    """The environment variable of an option or axis: CCBENCH_MIN_TIME for min_time."""
+    return "CCBENCH_" + name.upper()
+
+
+def _from_text(option: BenchOption, raw: str) -> int | float | str:
+    """A variable's text as the option's kind (check() then applies its limits)."""
+    if option.kind is str:
+        return raw
+    try:
+        number = float(raw)
+    except ValueError:
+        raise ValueError(f"expected a number, got {raw!r}") from None
+    return int(number) if option.kind is int and number.is_integer() else number
+
+
+def environment_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, Any]]:
+    """{name: (variable, value)} for every CCBENCH_<NAME> set (non-empty) in `environ`: table
+    options converted and checked as their flags are (ValueError naming the variable), axes
+    as text."""
+    from ccbench.errors import UsageError
+
+    out: dict[str, tuple[str, Any]] = {}
+    for option in BENCH_OPTIONS:
+        variable = env_name(option.name)
+        raw = environ.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            out[option.name] = (variable, option.check(_from_text(option, raw)))
+        except ValueError as exc:
+            raise UsageError(f"{variable}={raw!r}: {exc} (it sets {option.flag})") from None
+    for name in ENV_AXES:
+        variable = env_name(name)
+        raw = environ.get(variable, "").strip()
+        if raw:
+            out[name] = (variable, raw)
+    return out

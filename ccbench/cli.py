@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ccbench import __version__
-from ccbench.bench_options import BENCH_OPTIONS
+from ccbench.bench_options import BENCH_OPTIONS, GivenStore, environment_settings, given
 from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
 from ccbench.errors import RunFailure, UsageError
@@ -30,6 +30,9 @@ SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "expor
 __all__ = ["bench_parser", "config_from_args", "main"]
 
 FAMILIAR_EPILOG = """\
+environment: CCBENCH_<OPTION> sets any method option above (CCBENCH_ITERS, CCBENCH_TIMEOUT, ...)
+  and CCBENCH_SIZES, CCBENCH_BACKEND, CCBENCH_DTYPE, CCBENCH_OP; the command line wins
+
 flags of other tools, and the letters they share:
   -n      iterations, as in nccl-tests; under `ccbench launch`, a -n before the collective
           is the rank count (as mpiexec -n) and one after it the iteration count
@@ -81,17 +84,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collective", nargs="?", default=None,
                         help=f"{', '.join(COLLECTIVES)}, a comma list, or all; also an nccl-tests "
                              f"or OSU program name (all_reduce_perf, osu_allreduce, ...)")
-    parser.add_argument("--backend", "-B", default=None,
+    parser.add_argument("--backend", "-B", default=None, action=GivenStore,
                         help="comma list: gloo, mpi, oneccl, nccl, nccl-cupy, rccl, "
                              "<algorithm>@<transport> "
                              "(default: nccl with CUDA, else gloo)")
-    parser.add_argument("--sizes", "-s", default=None,
+    parser.add_argument("--sizes", "-s", default=None, action=GivenStore,
                         help="bytes: 1K-1G (powers of 2), 1K-1G:4 (factor 4), 8,1K,1M (default "
                              "1K-16M; or -b/-e/-f, -m, --b/--e/--f below)")
-    parser.add_argument("--dtype", "-d", default="float32",
+    parser.add_argument("--dtype", "-d", default="float32", action=GivenStore,
                         help=f"{', '.join(DTYPES)}, a comma list or all (default float32); "
                              f"nccl-tests' names float, double, half, f8e4m3, f8e5m2 also")
-    parser.add_argument("--op", "-o", default="sum",
+    parser.add_argument("--op", "-o", default="sum", action=GivenStore,
                         help="sum, max, min, prod, avg, a comma list or all (default sum); "
                              "a backend without the op or --dtype refuses before any rank "
                              "starts")
@@ -203,12 +206,31 @@ def _check_device(device: str) -> None:
     raise UsageError("--device cuda: no CUDA GPU is visible here (valid here: cpu, auto)")
 
 
+def _apply_environment(args: argparse.Namespace) -> None:
+    """CCBENCH_<OPTION> settings (bench_options.environment_settings) where the command line
+    did not set that option; sizes only where no other tool's size flags were given either."""
+    other_sizes = any(getattr(args, name, None) not in (None, "") for name in
+                      ("minbytes", "maxbytes", "osu_sizes", "param_b", "param_e", "param_f",
+                       "dash_f"))
+    check = {"sizes": parse_sizes, "dtype": parse_dtypes, "op": parse_ops}
+    for name, (variable, value) in environment_settings(os.environ).items():
+        if given(args, name) or (name == "sizes" and other_sizes):
+            continue
+        if name in check:
+            try:
+                check[name](value)
+            except UsageError as exc:
+                raise UsageError(f"{variable}={value!r}: {exc}") from None
+        setattr(args, name, value)
+
+
 def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> BenchConfig
     """Validate every argument before any rank starts (bad input: exit 2)."""
     from ccbench.backends import parse_backends
     from ccbench.backends.mpi import set_thread_level
     from ccbench.runner import BenchConfig
 
+    _apply_environment(args)                    # CCBENCH_SIZES ...: below the command line
     resolve_familiar(args)                      # other tools' flags -> ccbench's settings
     set_thread_level(args.mpi_thread_level)     # before anything imports mpi4py.MPI
 

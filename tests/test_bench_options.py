@@ -4,9 +4,12 @@ sweep case runs with."""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pytest
 
-from ccbench.bench_options import BENCH_OPTIONS, option_argv
+from ccbench.bench_options import BENCH_OPTIONS, ENV_AXES, env_name, option_argv
 from ccbench.cli import bench_parser, config_from_args
 from ccbench.errors import UsageError
 from ccbench.sweep.plan import bench_arguments, plan_runs
@@ -60,3 +63,58 @@ def test_sweep_refuses_a_bad_option_naming_the_key(key: str, value: object, word
 def test_the_command_line_checks_the_same_options() -> None:
     with pytest.raises(UsageError):
         config_from_args(bench_parser().parse_args(["allreduce", "--timeout", "nan"]), [])
+
+
+def _with_environment(argv: list[str], environ: dict[str, str],
+                      monkeypatch: pytest.MonkeyPatch) -> Any:
+    from ccbench.cli import _apply_environment
+
+    for name in [k for k in os.environ if k.startswith("CCBENCH_")]:
+        monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    args = bench_parser().parse_args(argv)
+    _apply_environment(args)
+    return args
+
+
+def test_every_option_and_axis_is_settable_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CCBENCH_<NAME> for every option of the table (the names come from it) and the axes."""
+    environ = {env_name(name): str(value) for name, value in NON_DEFAULT.items()}
+    axes = {"backend": "gloo,mpi", "sizes": "8,1K", "dtype": "int64", "op": "avg"}
+    environ.update({env_name(name): value for name, value in axes.items()})
+    assert set(ENV_AXES) == set(axes)
+    args = _with_environment(["allreduce"], environ, monkeypatch)
+    assert {name: getattr(args, name) for name in NON_DEFAULT} == NON_DEFAULT
+    assert {name: getattr(args, name) for name in axes} == axes
+
+
+def test_the_command_line_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {"CCBENCH_ITERS": "9", "CCBENCH_SIZES": "8", "CCBENCH_DTYPE": "int8",
+               "CCBENCH_TIMEOUT": "40"}
+    args = _with_environment(["allreduce", "-n", "3", "--sizes", "1K", "-d", "float"],
+                             environ, monkeypatch)
+    assert (args.iters, args.sizes, args.dtype, args.timeout) == (3, "1K", "float", 40.0)
+    # other tools' flags win too: nccl-tests' -b/-e over CCBENCH_SIZES, OSU's -i over ITERS
+    args = _with_environment(["allreduce", "-b", "16", "-e", "32", "-f", "2"], environ,
+                             monkeypatch)
+    assert args.sizes is None
+    cfg = config_from_args(args, [])
+    assert (cfg.sizes, cfg.method.iters) == ([16, 32], 9)
+    args = _with_environment(["osu_allreduce", "-i", "4", "-m", "8:8"], environ, monkeypatch)
+    assert config_from_args(args, []).method.iters == 4
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("CCBENCH_ITERS", "many", "CCBENCH_ITERS='many': expected a number"),
+    ("CCBENCH_ITERS", "2.5", "CCBENCH_ITERS='2.5': expected an integer"),
+    ("CCBENCH_TIMEOUT", "0", "CCBENCH_TIMEOUT='0': must be > 0"),
+    ("CCBENCH_DEVICE", "tpu", "CCBENCH_DEVICE='tpu': 'tpu' is not one of auto, cpu, cuda"),
+    ("CCBENCH_SIZES", "1Q", "CCBENCH_SIZES='1Q': malformed size '1Q'"),
+    ("CCBENCH_OP", "mean", "CCBENCH_OP='mean': unknown op 'mean'"),
+])
+def test_a_bad_variable_is_named(variable: str, value: str, message: str,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        _with_environment(["allreduce"], {variable: value}, monkeypatch)
