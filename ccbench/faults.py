@@ -92,6 +92,8 @@ class Cell:
     action: str
     phase: str
     launcher: str = "launch"
+    # the interpreter that runs ccbench (and whose venv holds the mpiexec): another MPI's venv
+    python: str = sys.executable
 
     @property
     def name(self) -> str:
@@ -102,10 +104,10 @@ class Cell:
     def command(self, bench: list[str]) -> list[str]:
         """The command line that starts the ranks."""
         n = str(self.world_size)
-        python = [sys.executable, "-m", "ccbench", *bench]
-        beside = Path(sys.executable).parent
+        python = [self.python, "-m", "ccbench", *bench]
+        beside = Path(self.python).parent
         if self.launcher == "launch":
-            return [sys.executable, "-m", "ccbench", "launch", "-n", n, *bench]
+            return [self.python, "-m", "ccbench", "launch", "-n", n, *bench]
         if self.launcher == "mpiexec":
             return [str(beside / "mpiexec"), "-n", n, *python]
         if self.launcher == "srun":

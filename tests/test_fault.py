@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,34 @@ def test_fault_cell(cell: Cell, tmp_path: Path) -> None:
     if reason:
         missing_prerequisite(reason)
     outcome = run_cell(cell, tmp_path, timeout=TIMEOUT_S, bound=NO_HANG_S)
+    assert outcome.ok, (outcome.problems, outcome.error_lines)
+
+
+# The same cells under MPICH and Open MPI, whose mpiexec ends every rank at once when one dies
+# (the launcher's store names the rank). Each lives in a venv of its own (their libmpi.so.12
+# clashes with Intel MPI's): CCBENCH_OTHER_MPI_PYTHONS lists those venvs' interpreters,
+# comma-separated (.ci/run makes them).
+OTHER_MPI_CELLS = [
+    Cell("mpi", 2, 1, "kill", "mid-run"),
+    Cell("mpi", 3, 0, "kill", "start-up"),
+    Cell("mpi", 3, 2, "exit", "init"),
+]
+OTHER_MPI_PYTHONS = [p for p in os.environ.get("CCBENCH_OTHER_MPI_PYTHONS", "").split(",") if p]
+
+
+@pytest.mark.parametrize("python", OTHER_MPI_PYTHONS or ["(none)"],
+                         ids=lambda p: Path(p).parent.parent.name)
+@pytest.mark.parametrize("cell", OTHER_MPI_CELLS, ids=lambda c: c.name)
+def test_fault_cell_other_mpi(cell: Cell, python: str, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if not Path(python).exists():
+        pytest.skip("CCBENCH_OTHER_MPI_PYTHONS names no MPICH or Open MPI venv's python")
+    # that venv has no ccbench installed: this checkout; Open MPI refuses root without these
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    outcome = run_cell(replace(cell, python=python), tmp_path, timeout=TIMEOUT_S,
+                       bound=NO_HANG_S)
     assert outcome.ok, (outcome.problems, outcome.error_lines)
 
 
