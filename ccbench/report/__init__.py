@@ -3,7 +3,8 @@
     build_report(records, "results/report", model=None) -> Report
 
 Figures: bus bandwidth and latency against size per collective (one column per world
-size, one line per backend/library, in-place dashed, p5-p95 band), an overview of every
+size, one line per backend/library, in-place dashed, p5-p95 band where a panel has at most
+two lines), an overview of every
 collective, a per-rank spread (straggler) view per world size and, with a model file
 from `ccbench calibrate`, prediction against measurement. Tables: peak bus bandwidth,
 latency at 8 B and 1 KiB, and the size at which each series reaches half its peak.
@@ -208,7 +209,8 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         f"iterations per size: {', '.join(map(str, sorted(frame['iterations'].unique())))} "
         f"(warm-up {', '.join(map(str, sorted(frame['warmup'].unique())))})",
         "time = median over iterations of the slowest rank's time; busbw = algbw x the "
-        "nccl-tests factor; bands: 5th-95th percentile of the iterations",
+        "nccl-tests factor; bands: 5th-95th percentile of the iterations, drawn in panels "
+        f"of at most {figures.MAX_BANDED_LINES} lines (more would hide the lines)",
     ])
     several = runs_note(records, runs)
     if several:
@@ -240,15 +242,17 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
 
     # key numbers
     doc.heading(2, "Key numbers")
-    doc.para("Peak bus bandwidth (and the size where it is reached), median time per "
-             "operation at 8 B and 1 KiB, and the size at which the series first reaches half "
-             "its peak bus bandwidth (interpolated between measured sizes). "
-             "`-`: not measured (8 B of the dtype cannot be split over the ranks of "
-             "allgather, reduce-scatter and all-to-all). `4*`: oversubscribed, more ranks "
-             "than cores on a node (the records' `method.oversubscribed`): the times "
-             "include waiting for a core.")
     keys = key_numbers(frame)
     has_8 = bool(keys["lat_8B_us"].notna().any()) if not keys.empty else False
+    # only the sizes that were measured are named (no "8 B" column or note without 8 B)
+    doc.para("Peak bus bandwidth (and the size where it is reached), median time per "
+             f"operation at {'8 B and ' if has_8 else ''}1 KiB, and the size at which the "
+             "series first reaches half its peak bus bandwidth (interpolated between measured "
+             "sizes). `-`: not measured"
+             + (" (8 B of the dtype cannot be split over the ranks of allgather, "
+                "reduce-scatter and all-to-all)" if has_8 else "")
+             + ". `4*`: oversubscribed, more ranks than cores on a node (the records' "
+             "`method.oversubscribed`): the times include waiting for a core.")
     for coll in keys["collective"].unique() if not keys.empty else []:
         doc.heading(3, coll)
         rows = []
@@ -267,7 +271,8 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
     # per collective
     doc.heading(2, "Per collective")
     doc.para("Top: bus bandwidth; bottom: time per operation. One column per world size; "
-             "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations.")
+             "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations, "
+             f"in panels of at most {figures.MAX_BANDED_LINES} lines.")
     for coll in native["collective"].unique():
         doc.heading(3, coll)
         name = _save(figures.collective_figure(native, coll), directory, _slug(coll), report)

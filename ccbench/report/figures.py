@@ -81,7 +81,7 @@ def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
                                   label="in-place" if mode else "out-of-place"))
     handles.extend(extra or [])
     ncol = min(len(handles), max(1, ncol))
-    budget = fig.get_figwidth() * 12.5           # characters of legend text per row
+    budget = fig.get_figwidth() * 10.5           # characters of legend text per row
     widest = max(len(str(h.get_label())) for h in handles) + 7
     while ncol > 1 and ncol * widest > budget:
         ncol -= 1
@@ -94,10 +94,19 @@ def _series_styles(frame):
     return {s: (colour(k), marker(k)) for s, k in keys.items()}
 
 
-def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = True) -> None:
-    """One line per (series, mode); with a single mode in the frame, every line is solid."""
+#: a panel with more lines than this shows no p5-p95 bands: overlapping bands hide the lines
+MAX_BANDED_LINES = 2
+
+
+def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = True) -> bool:
+    """One line per (series, mode); with a single mode in the frame, every line is solid.
+    The p5-p95 band only where the panel has at most MAX_BANDED_LINES lines; returns whether
+    it drew one."""
     single = frame["inplace"].nunique() == 1
-    for (series, inplace), group in frame.groupby(["series", "inplace"], sort=True):
+    lines = frame.groupby(["series", "inplace"], sort=True)
+    band = band and lines.ngroups <= MAX_BANDED_LINES
+    drew = False
+    for (series, inplace), group in lines:
         group = group.sort_values("size")
         c, m = styles[series]
         dashed = inplace and not single
@@ -106,7 +115,16 @@ def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = Tr
                 zorder=3)
         if band and len(group) > 1:
             ax.fill_between(group["size"], group[lo], group[hi], color=c,
-                            alpha=0.10 if dashed else 0.18, linewidth=0, zorder=2)
+                            alpha=0.12 if dashed else 0.2, linewidth=0, zorder=2)
+            drew = True
+    return drew
+
+
+def band_note(drawn: bool) -> str:
+    """What the subtitle says about bands."""
+    return (f"band p5-p95 in panels of at most {MAX_BANDED_LINES} lines" if drawn
+            else "no p5-p95 bands: panels with more than "
+                 f"{MAX_BANDED_LINES} lines show medians only")
 
 
 def _world_sizes(frame) -> list[int]:
@@ -140,17 +158,18 @@ def collective_figure(frame, collective: str):
         fig, axes = plt.subplots(2, ncols, figsize=(4.7 * ncols + 0.6, 6.6), squeeze=False,
                                  sharex=True, layout="constrained")
         lo, hi = sub["size"].min(), sub["size"].max()
+        banded = False
         for j, p in enumerate(worlds):
             data = sub[sub["world_size"] == p]
             top, bottom = axes[0][j], axes[1][j]
-            _plot_lines(top, data, "busbw", "busbw_p5", "busbw_p95", styles)
-            _plot_lines(bottom, data, "median_us", "p5_us", "p95_us", styles)
+            banded |= _plot_lines(top, data, "busbw", "busbw_p5", "busbw_p95", styles)
+            banded |= _plot_lines(bottom, data, "median_us", "p5_us", "p95_us", styles)
             top.set_title(_rank_title(p, sub))
             top.set_ylim(bottom=0)
             bottom.set_yscale("log")
             bottom.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
             for ax in (top, bottom):
-                set_size_axis(ax, lo, hi, max_ticks=12)
+                set_size_axis(ax, lo, hi, max_ticks=7)
             top.set_xlabel("")
             if j == 0:
                 top.set_ylabel("bus bandwidth (GB/s)")
@@ -158,7 +177,7 @@ def collective_figure(frame, collective: str):
         modes = _unique(sub["inplace"])
         only = "" if len(modes) > 1 else (" (in-place)" if modes[0] else " (out-of-place)")
         fig.suptitle(f"{collective}{only}: bus bandwidth and latency against size\n"
-                     f"{context_line(sub)}; band p5-p95", fontsize=10.5)
+                     f"{context_line(sub)}; {band_note(banded)}", fontsize=11.5)
         _add_legend(fig, sub, _unique(sub["inplace"]))
     return fig
 
@@ -177,6 +196,7 @@ def overview_figure(frame, metric: str = "busbw"):
     styles = _series_styles(frame)
     nrows, ncols = len(worlds), len(collectives)
     modes_used: set[str] = set()
+    banded = False
     with plt.rc_context(style.RC):
         fig, axes = plt.subplots(nrows, ncols, figsize=(2.75 * ncols + 2.4, 2.45 * nrows + 0.9),
                                  squeeze=False, sharex=True, layout="constrained",
@@ -192,10 +212,10 @@ def overview_figure(frame, metric: str = "busbw"):
                 data, mode = _preferred_mode(data)
                 modes_used.add(f"; {coll} {mode}" if mode == "in-place" else mode)
                 if metric == "busbw":
-                    _plot_lines(ax, data, "busbw", "busbw_p5", "busbw_p95", styles)
+                    banded |= _plot_lines(ax, data, "busbw", "busbw_p5", "busbw_p95", styles)
                     ax.set_ylim(bottom=0)
                 else:
-                    _plot_lines(ax, data, "median_us", "p5_us", "p95_us", styles)
+                    banded |= _plot_lines(ax, data, "median_us", "p5_us", "p95_us", styles)
                     ax.set_yscale("log")
                     ax.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
                 set_size_axis(ax, lo, hi, max_ticks=6)
@@ -210,7 +230,7 @@ def overview_figure(frame, metric: str = "busbw"):
                                                      else "time per op"))
         what = "bus bandwidth" if metric == "busbw" else "latency"
         fig.suptitle(f"{what} against size, every collective ({''.join(sorted(modes_used, key=len))})"
-                     f"\n{context_line(frame)}; band p5-p95", fontsize=10.5)
+                     f"\n{context_line(frame)}; {band_note(banded)}", fontsize=11.5)
         _add_legend(fig, frame, [])
     return fig
 
@@ -259,7 +279,7 @@ def rank_spread_figure(frame, world_size: int):
                 if i == 0:
                     ax.set_title(coll, fontweight="bold")
                 if j == 0:     # horizontal, library on its own line: long names never overlap
-                    ax.set_ylabel(name.replace(" (", "\n("), fontsize=8.5, rotation=0,
+                    ax.set_ylabel(name.replace(" (", "\n("), fontsize=10.5, rotation=0,
                                   ha="right", va="center")
                 if i == nrows - 1:
                     ax.set_xlabel("size (bytes)")
@@ -269,7 +289,7 @@ def rank_spread_figure(frame, world_size: int):
             bar.set_ticks([1, 1.5, 2, 3, 4], labels=["1", "1.5", "2", "3", "≥4"])
         fig.suptitle(f"Per-rank spread at {world_size} ranks"
                      f"{oversubscription(world_size, frame)} (straggler view): each row is a rank, "
-                     f"its median time over the fastest rank's\n{context_line(sub)}", fontsize=10.5)
+                     f"its median time over the fastest rank's\n{context_line(sub)}", fontsize=11.5)
     return fig
 
 
@@ -308,7 +328,7 @@ def model_figure(frame, collective: str, predictions: dict[tuple[str, int], Any]
     styles = _series_styles(sub)
     ncols = max(1, len(worlds))
     with plt.rc_context(style.RC):
-        fig, axes = plt.subplots(2, ncols, figsize=(3.9 * ncols + 2.6, 5.6), squeeze=False,
+        fig, axes = plt.subplots(2, ncols, figsize=(3.9 * ncols + 2.6, 6.4), squeeze=False,
                                  sharex=True, layout="constrained",
                                  gridspec_kw={"height_ratios": [2.2, 1]})
         lo, hi = sub["size"].min(), sub["size"].max()
@@ -339,7 +359,7 @@ def model_figure(frame, collective: str, predictions: dict[tuple[str, int], Any]
             bottom.yaxis.set_major_formatter(mticker.FuncFormatter(_ratio_label))
             bottom.yaxis.set_minor_locator(mticker.NullLocator())
             for ax in (top, bottom):
-                set_size_axis(ax, lo, hi, max_ticks=12)
+                set_size_axis(ax, lo, hi, max_ticks=7)
             top.set_xlabel("")
             if j == 0:
                 top.set_ylabel("time per operation")
@@ -347,7 +367,7 @@ def model_figure(frame, collective: str, predictions: dict[tuple[str, int], Any]
         extra = [Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured median"),
                  Line2D([], [], color="0.3", linestyle="-", label="model prediction")]
         fig.suptitle(f"{collective} ({mode}): alpha-beta-gamma model against measurement\n"
-                     f"{context_line(sub)}", fontsize=10.5)
+                     f"{context_line(sub)}", fontsize=11.5)
         present = sub[sub["series"].isin({k[0] for k in predictions})]
         _add_legend(fig, present if not present.empty else sub, [], extra=extra)
     return fig

@@ -20,22 +20,28 @@ import matplotlib.ticker as mticker  # noqa: E402
 
 __all__ = ["colour", "marker", "size_label", "set_size_axis", "LINESTYLE", "RC"]
 
-# Okabe-Ito (colour-blind safe) first, then a few distinct extras.
+# Okabe-Ito and Paul Tol's colour-blind-safe sets, chosen so that the series one figure
+# shows together differ in hue, not only in lightness: the libraries (blue, vermillion, green,
+# purple, black) and the algorithms against their library's vermillion (sky blue, olive,
+# indigo, wine, teal). No two warm hues side by side (Intel MPI and oneCCL were vermillion
+# and orange, tree brown).
 PALETTE = {
     "gloo": "#0072B2",        # blue
     "Intel MPI": "#D55E00",   # vermillion
     "MPICH": "#009E73",       # bluish green
     "Open MPI": "#CC79A7",    # reddish purple
-    "MVAPICH": "#882255",
-    "oneCCL": "#E69F00",      # orange
+    "oneCCL": "#1A1A1A",      # near black
+    "MVAPICH": "#882255",     # wine
     "NCCL": "#76B900",
     "RCCL": "#B40000",
     "ring": "#56B4E9",        # sky blue
-    "tree": "#8C564B",        # brown
+    "tree": "#999933",        # olive
+    "dbtree": "#117733",      # dark green
     "hypercube": "#332288",   # indigo
-    "direct": "#999933",
-    "pairwise": "#999933",
-    "bruck": "#44AA99",
+    "rabenseifner": "#AA4499",  # purple
+    "direct": "#882255",      # wine
+    "pairwise": "#882255",
+    "bruck": "#44AA99",       # teal
 }
 RESERVE = ["#117733", "#AA4499", "#DDCC77", "#661100", "#6699CC", "#888888", "#E7298A",
            "#1B9E77", "#7570B3", "#A6761D"]
@@ -45,8 +51,11 @@ RESERVE_MARKERS = ["p", "8", "H", "d", "1", "2", "3", "4"]
 LINESTYLE: dict[bool, Any] = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
 
 RC: Any = {       # matplotlib types rc keys as literals; this dict is checked by rc_context
-    "figure.dpi": 110, "savefig.dpi": 120, "font.size": 9.5, "axes.titlesize": 10,
-    "axes.labelsize": 9.5, "legend.fontsize": 8.5, "xtick.labelsize": 8, "ytick.labelsize": 8,
+    # sizes for the report's HTML, which shows a figure at about 1150 px: 120 dpi figures of
+    # 13-15 in are drawn at 0.65-0.75 of their size there, so ticks stay >= 12 px on screen
+    "figure.dpi": 110, "savefig.dpi": 120, "font.size": 11.5, "axes.titlesize": 12,
+    "axes.labelsize": 11.5, "legend.fontsize": 11, "xtick.labelsize": 10.5,
+    "ytick.labelsize": 10.5,
     "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.5,
     "lines.markersize": 3.5, "axes.spines.top": False, "axes.spines.right": False,
     "svg.fonttype": "none", "legend.frameon": False,
