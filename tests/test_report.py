@@ -165,3 +165,39 @@ def test_several_runs_of_a_case_are_pooled_shown_each_or_latest() -> None:
     assert runs_note([first], "pooled") is None
     with pytest.raises(UsageError, match="unknown run view 'all'"):
         to_frame(records, "all")
+
+
+def test_bands_only_where_they_do_not_hide_the_lines() -> None:
+    """p5-p95 bands in a panel of at most two lines (one library in and out of place); none
+    where more lines share it (they would cover each other)."""
+    from matplotlib.collections import PolyCollection
+
+    from ccbench.report.figures import collective_figure
+
+    frame = to_frame(synthetic(collectives=("allreduce",), worlds=(2,), backends=("mpi",))
+                     + synthetic(collectives=("allreduce",), worlds=(4,),
+                                 backends=("gloo", "mpi")))
+    fig = collective_figure(frame, "allreduce")
+    bands = [sum(isinstance(c, PolyCollection) for c in ax.collections) for ax in fig.axes]
+    assert bands == [2, 0, 2, 0]        # busbw and latency panels at 2 ranks, then at 4
+    assert "band p5-p95 in panels of at most 2 lines" in fig._suptitle.get_text()
+
+
+def test_library_colours_differ_in_hue() -> None:
+    """The libraries shown together, and the algorithms beside their library, are told apart
+    by hue: no two closer than 30 degrees unless one is near black."""
+    import colorsys
+
+    from matplotlib.colors import to_rgb
+
+    def hue(name: str) -> tuple[float, float]:
+        h, lightness, _ = colorsys.rgb_to_hls(*to_rgb(colour(name)))
+        return h * 360, lightness
+
+    for group in (["gloo", "Intel MPI", "MPICH", "Open MPI", "oneCCL"],
+                  ["Intel MPI", "ring@mpi", "tree@mpi", "hypercube@mpi"]):
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                (ha, la), (hb, lb) = hue(a), hue(b)
+                gap = min(abs(ha - hb), 360 - abs(ha - hb))
+                assert gap >= 30 or min(la, lb) < 0.15, (a, b, gap)
