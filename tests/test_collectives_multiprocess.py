@@ -74,3 +74,20 @@ def test_wrong_results_fail_the_run(tmp_path: Path) -> None:
                        "--iters", "1", "--warmup", "0", "-q", env={"CCBENCH_CORRUPT": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED" in proc.stdout
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_avg_on_the_algorithm_backends_is_exact(world: int, tmp_path: Path) -> None:
+    """ccbench's own schedules average as the sum's schedule and one division by p: exact
+    for every dtype their kernels have, at 2 and 3 ranks."""
+    backends = "ring,hypercube" if have_mpi() else "ring@gloo"
+    out = tmp_path / "r.jsonl"
+    proc = run_ccbench("launch", "-n", str(world), "allreduce,reduce-scatter", "--backend",
+                       backends, "--op", "avg", "--dtype", "float32,bfloat16,int8,uint8",
+                       "--sizes", "8,3000", "--iters", "2", "--warmup", "1", "-q",
+                       "--timeout", "60", "--output", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = load_records(out)
+    assert {r.op for r in records} == {"avg"}
+    assert {r.dtype for r in records} == {"float32", "bfloat16", "int8", "uint8"}
+    assert all(r.wrong == 0 for r in records), [r for r in records if r.wrong]

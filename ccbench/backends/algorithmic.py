@@ -25,6 +25,7 @@ every op work on every transport. Records carry ``algorithm`` (e.g. ``ring`` or
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,16 @@ _PIPELINED = frozenset({"broadcast"})
 _PIPELINED_ALGOS = frozenset({"tree", "dbtree"})
 #: data movement only moves bytes: every dtype; reductions need one of the kernels' types
 _MOVED_ONLY = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _sum_then_divide(total: Callable[[], None], out: np.ndarray, world_size: int) -> None:
+    """avg: the sum's schedule, then the division of this rank's result by p (integer types
+    divide exactly when the sum is a multiple of p, as validation's inputs make it)."""
+    total()
+    if out.dtype.kind in "iu":
+        np.floor_divide(out, world_size, out=out)
+    else:
+        np.divide(out, world_size, out=out)
 
 
 def algorithm_names() -> list[str]:
@@ -163,8 +174,8 @@ class AlgorithmBackend(Backend):
     def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
         from algorithms.kernels import DTYPE_NAMES, OPS
 
-        if op is None:
-            return None
+        if op is None or (op == "avg" and dtype.name in DTYPE_NAMES):
+            return None             # avg: the sum's schedule, then one division (`bind`)
         if op not in OPS:
             return (f"unsupported by the algorithm backends: op {op} (their kernels: "
                     f"{', '.join(OPS)})")
@@ -185,6 +196,8 @@ class AlgorithmBackend(Backend):
 
         if dtype.name not in (*DTYPE_NAMES, *_MOVED_ONLY):
             return f"unsupported by {self.name}: dtype {dtype.name}"
+        if op == "avg" and self._xp is not np:
+            return f"unsupported by {self.name}: avg on device buffers (no division kernel)"
         return self.refuses(dtype, op)
 
     def info(self) -> dict[str, Any]:
@@ -249,6 +262,9 @@ class AlgorithmBackend(Backend):
         if collective == "broadcast":
             return self._executor("broadcast", r.nbytes, root).bound_call(None, r, None, dtype)
         reducing = get_collective(collective).reduces
+        if op == "avg" and reducing:       # as gloo and oneCCL's hosts: sum, then divide by p
+            total = self._executor(collective, r.nbytes).bound_call(arr(send), r, "sum", dtype)
+            return functools.partial(_sum_then_divide, total, r, self.ctx.world_size)
         return self._executor(collective, r.nbytes).bound_call(
             arr(send), r, (op or "sum") if reducing else None, dtype)
 
