@@ -123,6 +123,11 @@ class Watchdog:
         self.position = (step, ops + 1)
         self.blocked_since = time.monotonic()
 
+    def reached(self) -> None:
+        """A point every rank must pass (a barrier's entry) counts as an op entered and left."""
+        step, ops = self.position
+        self.position = (step, ops + 1)
+
     def leave(self) -> None:
         self.blocked_since = None
 

@@ -389,3 +389,42 @@ def test_launch_names_the_rank_when_mpiexec_ended_them_all(capfd: pytest.Capture
     assert errors == ["ccbench: error: allreduce float32 sum out-of-place at 2K: rank 1 ended "
                       "without a word and mpiexec then ended the others; ranks that did not "
                       "arrive: 1 (dead)"], errors
+
+
+# An mpiexec that waits for every rank, where rank 1 gave up and left quietly (for rank 0 to
+# say why) while rank 0 stays connected and silent, as a stopped rank 0 would.
+_WAITS_FOR_ALL = _ENDS_ALL.replace('''if sys.argv[1] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(120)''', '''if sys.argv[1] == "1":
+    client.set("left/1", 1)
+    os._exit(3)
+time.sleep(300)''').replace('''ranks[1].wait()
+ranks[0].kill()
+ranks[0].wait()
+sys.exit(9)''', '''for proc in ranks:
+    proc.wait()''')
+
+
+def test_launch_ends_an_mpiexec_waiting_for_a_rank_the_others_gave_up_on(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    from ccbench.commands.launch import Supervisor
+    from ccbench.control import ControlServer
+    from ccbench.launchers import MPI_CONTROL_VAR
+
+    assert "left/1" in _WAITS_FOR_ALL and "proc.wait()" in _WAITS_FOR_ALL
+    store = ControlServer("127.0.0.1", 0)
+    env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    started = time.monotonic()
+    try:
+        status = Supervisor([[sys.executable, "-c", _WAITS_FOR_ALL]], [env], 1.0, store=store,
+                            world_size=2).run()
+    finally:
+        store.close()
+    errors = [line for line in capfd.readouterr().err.splitlines()
+              if line.startswith("ccbench: error:")]
+    assert status != 0
+    assert len(errors) == 1 and errors[0].startswith(
+        "ccbench: error: allreduce float32 sum out-of-place at 2K: the other ranks gave up"), errors
+    assert errors[0].endswith("ranks that did not arrive: 0"), errors
+    assert time.monotonic() - started < 240          # not the fake rank 0's 300 s

@@ -29,7 +29,7 @@ from ccbench.arrivals import LAUNCHER_PID_VAR
 from ccbench.control import ControlServer
 from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.launchers import MPI_CONTROL_VAR
-from ccbench.storehost import unexplained_end
+from ccbench.storehost import LABEL_KEY, unexplained_end
 from ccbench.sysinfo import usable_cores
 
 
@@ -335,6 +335,9 @@ class Supervisor:
         # the control store of ranks under mpiexec (one command): when they all went without a
         # word, it tells which rank went first and what they were doing
         self.store, self.world_size = store, world_size
+        self.stalled: list[int] = []        # ranks the others gave up on, silently
+        self.stalled_label = ""
+        self.ended_here = False             # the group was killed here, not ended by itself
         # no rank has said why yet: the others notice a dead peer within seconds, a missing
         # control store within the connect timeout
         self.silent_grace = connect_timeout + 10
@@ -388,10 +391,13 @@ class Supervisor:
             if failed_at is None and any(code not in (None, 0) for code in codes):
                 failed_at = now
                 self.first_failed = next(r for r, c in enumerate(codes) if c not in (None, 0))
+            if failed_at is None and self.store is not None and self._gave_up_silently():
+                failed_at = now        # mpiexec waits for a rank the others gave up on
             if said_at is None and self.error_seen.is_set():
                 said_at = now
             if ((said_at is not None and now - said_at > _KILL_GRACE_S)
                     or (failed_at is not None and now - failed_at > self.silent_grace)):
+                self.ended_here = True
                 self._kill_group()
             time.sleep(0.05)
 
@@ -440,6 +446,11 @@ class Supervisor:
 
     def _why(self, codes: list[int]) -> str:
         """The launcher's own line, when no rank said what went wrong."""
+        if self.stalled and self.ended_here:
+            names = ", ".join(map(str, self.stalled))
+            return (f"{self.stalled_label}: the other ranks gave up waiting and left, and "
+                    f"{self.commands[0][0]} kept waiting for the ones still connected; ranks "
+                    f"that did not arrive: {names}")
         if self.store is not None:
             line = self._store_verdict()
             if line is not None:
@@ -452,6 +463,23 @@ class Supervisor:
             next(r for r, c in enumerate(codes) if c != 0)
         return (f"rank {first} {_ended(codes[first])} and no rank said why; "
                 f"ranks that did not arrive: {first}")
+
+    def _gave_up_silently(self) -> bool:
+        """Ranks under mpiexec left quietly (another was to say why) and nobody spoke: the
+        ranks still connected are the ones they gave up on (a stopped rank that was to speak
+        for them), and mpiexec would wait for those for ever."""
+        assert self.store is not None
+        if self.error_seen.is_set():
+            return False
+        _, closed, data = self.store.snapshot()
+        if not any(key.startswith("left/") for key in data):
+            return False
+        gone = {rank for rank, _ in closed}
+        self.stalled = sorted(set(self.store.arrived) - gone)
+        labels = [value for key, value in data.items() if key.startswith(LABEL_KEY)]
+        self.stalled_label = max(labels, key=lambda item: int(item[0]))[1] if labels else \
+            "start-up"
+        return bool(self.stalled)
 
     def _store_verdict(self) -> str | None:
         """Which rank went first and during what, from the ranks' connections to the store
