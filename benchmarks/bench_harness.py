@@ -185,12 +185,19 @@ def _print_targets(per_size: Callable[[str, int], list[float]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="process launches per tool")
+    parser.add_argument("--tools", default=",".join(TOOLS),
+                        help=f"comma-separated subset of: {', '.join(TOOLS)} (an MPICH or Open "
+                             "MPI environment without torch: leave out the gloo ones)")
     args = parser.parse_args()
+    chosen = [name.strip() for name in args.tools.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(TOOLS))
+    if unknown:
+        parser.error(f"unknown tool(s) {', '.join(unknown)}; valid: {', '.join(TOOLS)}")
     loads = [os.getloadavg()[0]]
     runs: dict[str, list[Times]] = {name: [] for name in TOOLS}
     for round_number in range(args.rounds):         # interleaved: one launch of each per round
-        for name, tool in TOOLS.items():
-            runs[name].append(tool())
+        for name in chosen:
+            runs[name].append(TOOLS[name]())
             loads.append(os.getloadavg()[0])
         print(f"# round {round_number + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
@@ -217,11 +224,12 @@ def main() -> None:
                   _ratio(per_size("per-op", size), per_size("OSU", size))]
         print(f"| {size} | " + " | ".join(cells) + " |")
     _print_targets(per_size)
-    print("\n| bytes | gloo bare loop (barrier per op) | ccbench gloo per-op | ratio |")
-    print("|---|---|---|---|")
-    for size in SIZES:
-        bare, ours = per_size("gloo bare", size), per_size("gloo per-op", size)
-        print(f"| {size} | {_fmt(bare)} | {_fmt(ours)} | {_ratio(ours, bare)} |")
+    if "gloo bare" in chosen or "gloo per-op" in chosen:
+        print("\n| bytes | gloo bare loop (barrier per op) | ccbench gloo per-op | ratio |")
+        print("|---|---|---|---|")
+        for size in SIZES:
+            bare, ours = per_size("gloo bare", size), per_size("gloo per-op", size)
+            print(f"| {size} | {_fmt(bare)} | {_fmt(ours)} | {_ratio(ours, bare)} |")
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         print("\n# no C compiler: ccbench pipelined ran its itertools loop, not the C loop")
 
