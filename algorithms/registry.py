@@ -51,6 +51,7 @@ for _key, _fn in {
     ("ring", "allgather"): ring.ring_allgather,
     ("ring", "broadcast"): ring.ring_broadcast,
     ("ring", "alltoall"): ring.ring_alltoall,
+    ("ring", "reduce"): ring.ring_reduce,
     ("tree", "broadcast"): tree.binomial_broadcast,
     ("tree", "reduce"): tree.binomial_reduce,
     ("tree", "allreduce"): tree.tree_allreduce,

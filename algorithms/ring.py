@@ -10,7 +10,7 @@ from __future__ import annotations
 from algorithms.schedule import RoundBuilder, Schedule, Span
 
 __all__ = ["ring_allgather", "ring_allreduce", "ring_alltoall", "ring_broadcast",
-           "ring_reduce_scatter"]
+           "ring_reduce", "ring_reduce_scatter"]
 
 
 def _segments(segments: int) -> int:
@@ -36,6 +36,20 @@ def ring_allreduce(p: int, root: int = 0, segments: int = 1) -> Schedule:
     b = RoundBuilder(p)
     if p == 1:
         _copy_all(b, p, k)
+    _ring_reduce_scatter_into_recv(b, p, k)
+    for s in range(p - 1):
+        for r in range(p):
+            c = (r - s) % p
+            lo, hi = c * k, (c + 1) * k
+            b.transfer(p - 1 + s, r, (r + 1) % p, Span("recv", lo, hi))
+    return Schedule("ring", "allreduce", p, p * k, {"send": 1, "recv": 1}, b.steps(),
+                    root, k, inplace_safe=True)
+
+
+def _ring_reduce_scatter_into_recv(b: RoundBuilder, p: int, k: int) -> None:
+    """Reduce-scatter around the ring into ``recv`` (p chunks of k blocks): in step s rank r
+    sends chunk r-s-1 and reduces chunk r-s-2 arriving from r-1 (the first partial read
+    straight from ``send``); after p-1 steps rank r holds chunk r complete."""
     for s in range(p - 1):
         for r in range(p):
             c = (r - s - 1) % p
@@ -45,13 +59,22 @@ def ring_allreduce(p: int, root: int = 0, segments: int = 1) -> Schedule:
                 src = Span("send" if s == 0 else "recv", lo, lo + 1)
                 b.transfer(s, r, dst, src, Span("recv", lo, lo + 1), reduce=True,
                            base=Span("send", lo, lo + 1))
-    for s in range(p - 1):
-        for r in range(p):
-            c = (r - s) % p
-            lo, hi = c * k, (c + 1) * k
-            b.transfer(p - 1 + s, r, (r + 1) % p, Span("recv", lo, hi))
-    return Schedule("ring", "allreduce", p, p * k, {"send": 1, "recv": 1}, b.steps(),
-                    root, k, inplace_safe=True)
+
+
+def ring_reduce(p: int, root: int = 0, segments: int = 1) -> Schedule:
+    """Reduce-scatter around the ring, then every rank sends its complete chunk to the root:
+    p steps, n(p-1)/p on every rank's wire and n(p-1)/p into the root (MPICH's long-message
+    reduce, with a ring in place of recursive halving). The others' ``recv`` is scratch."""
+    k = _segments(segments)
+    b = RoundBuilder(p)
+    if p == 1:
+        _copy_all(b, p, k)
+    _ring_reduce_scatter_into_recv(b, p, k)
+    for r in range(p):
+        if r != root:
+            b.transfer(p - 1, r, root, Span("recv", r * k, (r + 1) * k))
+    return Schedule("ring", "reduce", p, p * k, {"send": 1, "recv": 1}, b.steps(), root, k,
+                    inplace_safe=True)
 
 
 def ring_reduce_scatter(p: int, root: int = 0, segments: int = 1) -> Schedule:

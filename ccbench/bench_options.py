@@ -107,7 +107,7 @@ BENCH_OPTIONS: tuple[BenchOption, ...] = (
     BenchOption("connect_timeout", float, None,
                 "seconds a rank may take to reach the control store (default: --timeout, at "
                 "most 30)", positive=True),
-    BenchOption("root", int, 0, "broadcast root (default 0)", minimum=0),
+    BenchOption("root", int, 0, "root rank of broadcast and reduce (default 0)", minimum=0),
     BenchOption("device", str, "auto", "where buffers live (default auto: cuda for nccl, "
                 "nccl-cupy and rccl, else cpu)", choices=("auto", "cpu", "cuda")),
     BenchOption("mpi_thread_level", str, "funneled",

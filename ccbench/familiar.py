@@ -35,11 +35,11 @@ _NCCL_AVERAGE = {0: "rank0", 1: "mean", 2: "min", 3: "max"}     # nccl-tests -a 
 #: program names of nccl-tests and OSU, so that their command line runs with ccbench in front
 PROGRAMS = {
     "all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "broadcast_perf": "broadcast",
-    "reduce_scatter_perf": "reduce-scatter", "alltoall_perf": "alltoall",
+    "reduce_scatter_perf": "reduce-scatter", "alltoall_perf": "alltoall", "reduce_perf": "reduce",
     "osu_allreduce": "allreduce", "osu_allgather": "allgather", "osu_bcast": "broadcast",
-    "osu_reduce_scatter": "reduce-scatter", "osu_alltoall": "alltoall",
+    "osu_reduce_scatter": "reduce-scatter", "osu_alltoall": "alltoall", "osu_reduce": "reduce",
 }
-_NCCL_TESTS_ONLY = ("reduce_perf", "sendrecv_perf", "gather_perf", "scatter_perf",
+_NCCL_TESTS_ONLY = ("sendrecv_perf", "gather_perf", "scatter_perf",
                     "hypercube_perf")
 
 DEFAULT_LOW, DEFAULT_HIGH = "1K", "16M"      # ccbench's default --sizes 1K-16M

@@ -167,6 +167,11 @@ class LoopbackBackend(Backend):
         rank = self.ctx.rank
         self._deliver(recv, np.concatenate([a[rank * part:(rank + 1) * part] for a in arrays]))
 
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        total = self._reduce(self._exchange(send), op)
+        if self.ctx.rank == root:
+            self._deliver(recv, total)
+
     def barrier(self) -> None:
         self.world.barrier()
 

@@ -159,7 +159,7 @@ def test_show_prints_every_rank(capsys: pytest.CaptureFixture[str]) -> None:
     (["verify", "--ranks", "0-3"], "bad --ranks"),
     (["verify", "--ranks", "x"], "malformed --ranks"),
     (["verify", "--algorithm", "nope"], "unknown algorithm 'nope'"),
-    (["show", "ring", "reduce"], "unknown schedule 'ring reduce'"),
+    (["show", "bruck", "reduce"], "unknown schedule 'bruck reduce'"),
     (["show", "ring", "allreduce", "--root", "5"], "--root"),
 ])
 def test_bad_input_is_a_usage_error(argv: list[str], match: str) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from seams import LoopbackBackend, MemoryStore, ThreadWorld, rank_context
 
-from ccbench.collectives import COLLECTIVES, busbw_factor, layout
+from ccbench.collectives import COLLECTIVES, REDUCING, busbw_factor, layout
 from ccbench.harness import Case, Method, _agree_iterations, _summarize, measure_size
 from ccbench.watchdog import Watchdog
 
@@ -36,8 +36,8 @@ def _measure(world_size: int, case: Case, size: int, method: Method = FAST,
 def test_every_collective_measured_and_validated_in_process(world_size: int, collective: str,
                                                             dtype: str, op: str,
                                                             inplace: bool) -> None:
-    case = Case(collective, dtype, op if collective in ("allreduce", "reduce-scatter") else None,
-                inplace, root=world_size - 1)
+    case = Case(collective, dtype, op if collective in REDUCING else None, inplace,
+                root=world_size - 1)
     results = _measure(world_size, case, 3000)
     result, wrong = results[0]
     assert wrong == 0 and all(w == 0 for _, w in results)
@@ -50,9 +50,9 @@ def test_every_collective_measured_and_validated_in_process(world_size: int, col
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_a_wrong_result_is_counted(collective: str) -> None:
-    """The loopback corrupts one received element on rank 1: validation must see it."""
-    case = Case(collective, "float32", "sum" if collective in ("allreduce", "reduce-scatter")
-                else None, True)
+    """The loopback corrupts one received element on rank 1: validation must see it (rank 1 is
+    the root, where a reduce has its one defined result)."""
+    case = Case(collective, "float32", "sum" if collective in REDUCING else None, True, root=1)
     results = _measure(3, case, 3000, corrupt_rank=1)
     assert results[1][1] >= 1                       # rank 1's own count
     assert results[0][0].wrong >= 1                 # and the combined record's

@@ -166,6 +166,29 @@ def test_export_measured(tmp_path):
     assert nodes[5].start_time_micros > nodes[4].start_time_micros
 
 
+def test_export_measured_reduce_one_file_per_op(tmp_path):
+    """Chakra has REDUCE: a measured reduce is written with its whole buffer as comm_size, and
+    cases that differ only in the op do not overwrite each other."""
+    import dataclasses
+
+    recs = synthetic_records("reduce", "tree", [3], [3000], 1e-5, 1e-10, 1e-11, iterations=2)
+    assert recs and all(r.op == "sum" for r in recs)
+    both = recs + [dataclasses.replace(r, op="max") for r in recs]
+    prefixes = export_measured(both, tmp_path)
+    assert len(prefixes) == 2 and len(set(prefixes)) == 2
+    _, nodes = read_trace(prefixes[0] + ".2.et")
+    attrs = node_attrs(nodes[0])
+    assert attrs["comm_type"] == COLL_TYPES["REDUCE"]
+    assert attrs["comm_size"] == recs[0].size_used
+
+
+def test_astra_refuses_reduce_in_one_line(tmp_path):
+    from ccbench.model.synthetic import known_model
+
+    with pytest.raises(UsageError, match="ASTRA-sim has no reduce implementation"):
+        export_astra(known_model(5e-6, 1e-10, 2e-11), tmp_path, 8, None, "reduce", [1 << 20])
+
+
 def test_export_says_when_it_extrapolates(tmp_path):
     from ccbench.model.synthetic import known_model
 

@@ -39,6 +39,11 @@ def test_formula_table_values():
     assert (k.a, k.b, k.c) == (6, 2 * 7 / 8, 7 / 8)
     assert coefficients("allgather", "bruck", 5).a == 3
     assert coefficients("alltoall", "bruck", 8).b == 1.5
+    k = coefficients("reduce", "ring", 5)       # ring reduce-scatter, then blocks to the root
+    assert (k.a, k.b, k.c) == (8, 2 * 4 / 5, 4 / 5)
+    k = coefficients("reduce", "binomial", 5)
+    assert (k.a, k.b, k.c) == (3, 3, 3)
+    assert canonical_algorithm("reduce", "hypercube") == "tree"
     assert canonical_algorithm("allreduce", "hypercube") == "recursive-doubling"
     assert canonical_algorithm("allreduce", "dbtree") == "double-binary-tree"
     with pytest.raises(UsageError):
@@ -83,11 +88,12 @@ def test_gamma_not_identifiable_alone_is_said():
 @pytest.mark.parametrize("coll,truth", [("allreduce", "recursive-doubling"),
                                         ("allreduce", "ring"), ("allreduce", "rabenseifner"),
                                         ("allgather", "bruck"), ("alltoall", "pairwise"),
-                                        ("broadcast", "tree")])
+                                        ("broadcast", "tree"), ("reduce", "tree"),
+                                        ("reduce", "ring")])
 def test_candidate_selection_picks_true_algorithm(coll, truth):
     recs = synthetic_records(coll, truth, [2, 3, 4, 6, 8, 16], SIZES, ALPHA, BETA, GAMMA,
                              noise=0.02, seed=7)
-    if coll == "allreduce":
+    if coll in ("allreduce", "reduce"):
         recs += synthetic_records("allgather", "ring", [2, 3, 4, 6, 8, 16], SIZES, ALPHA, BETA,
                                   GAMMA, noise=0.02, seed=8)
     fits = calibrate(recs, bootstrap=0)

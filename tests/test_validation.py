@@ -16,7 +16,7 @@ def reference(collective: str, inputs: list[np.ndarray], op: str | None, rank: i
     reduce = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "avg": np.mean}
     if collective == "broadcast":
         return stacked[root]
-    if collective == "allreduce":
+    if collective in ("allreduce", "reduce"):     # reduce: what the root must hold
         return reduce[op](stacked, axis=0)
     if collective == "reduce-scatter":
         return reduce[op](stacked, axis=0)[rank * block:(rank + 1) * block]
@@ -44,7 +44,9 @@ def test_expected_matches_reference(collective: str, dtype: str, world: int) -> 
             assert count_wrong(got, lay, op, rank, root) == 0
             broken = got.copy()
             broken.view(RAW[np_dtype.itemsize])[-1] ^= 1      # one bit off: one wrong value
-            assert count_wrong(broken, lay, op, rank, root) == 1
+            # a reduce's non-roots have no defined result: nothing there is compared
+            defined = collective != "reduce" or rank == root
+            assert count_wrong(broken, lay, op, rank, root) == int(defined)
 
 
 @pytest.mark.parametrize("dtype", [d for d, t in DTYPES.items() if t.kind not in "iu"])
@@ -76,3 +78,13 @@ def test_unsigned_and_float8_inputs_stay_in_range() -> None:
     e5m2 = DTYPES["float8_e5m2"]
     total = sum(make_input(lay, e5m2, "sum", r).astype(np.float64) for r in range(3))
     assert total.max() <= 8
+
+
+def test_reduce_checks_the_root_only() -> None:
+    """nccl-tests' reduce: the root's output is compared bit for bit, the others' not at all."""
+    lay = layout("reduce", 64 * 4, 4, 3)
+    dtype = np.dtype(np.float32)
+    garbage = np.full(lay.recv_count, 7.0, dtype=dtype)
+    assert count_wrong(garbage, lay, "sum", 1, root=2) == 0
+    assert count_wrong(garbage, lay, "sum", 2, root=2) == lay.recv_count
+    assert count_wrong(expected_output(lay, dtype, "sum", 2, 2), lay, "sum", 2, root=2) == 0

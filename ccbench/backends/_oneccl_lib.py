@@ -161,6 +161,9 @@ class OneCCLLib:
             fn.restype, fn.argtypes = res, [vp, vp, sz, i, vp, vp]
         lib.onecclBroadcast.restype = res
         lib.onecclBroadcast.argtypes = [vp, vp, sz, i, i, vp, vp]
+        # (send, recv, count, dtype, op, root, comm, stream)
+        lib.onecclReduce.restype = res
+        lib.onecclReduce.argtypes = [vp, vp, sz, i, i, i, vp, vp]
         # (buf, count, dtype, peer, comm, stream)
         for name in ("onecclSend", "onecclRecv"):
             fn = getattr(lib, name)

@@ -127,7 +127,7 @@ def algorithm_backend_class(name: str, device: str = "cpu") -> AlgorithmSpec:
 
 
 class AlgorithmBackend(Backend):
-    """The five collectives run algorithms/ schedules over a wrapped backend's messages."""
+    """ccbench's collectives run algorithms/ schedules over a wrapped backend's messages."""
 
     def __init__(self, ctx: RankContext, spec: AlgorithmSpec, inner: Backend) -> None:
         super().__init__(ctx)
@@ -261,12 +261,12 @@ class AlgorithmBackend(Backend):
         r, dtype = arr(recv), self._dtype_name(recv)
         if collective == "broadcast":
             return self._executor("broadcast", r.nbytes, root).bound_call(None, r, None, dtype)
-        reducing = get_collective(collective).reduces
-        if op == "avg" and reducing:       # as gloo and oneCCL's hosts: sum, then divide by p
-            total = self._executor(collective, r.nbytes).bound_call(arr(send), r, "sum", dtype)
+        spec = get_collective(collective)
+        executor = self._executor(collective, r.nbytes, root if spec.rooted else 0)
+        if op == "avg" and spec.reduces:   # as gloo and oneCCL's hosts: sum, then divide by p
+            total = executor.bound_call(arr(send), r, "sum", dtype)
             return functools.partial(_sum_then_divide, total, r, self.ctx.world_size)
-        return self._executor(collective, r.nbytes).bound_call(
-            arr(send), r, (op or "sum") if reducing else None, dtype)
+        return executor.bound_call(arr(send), r, (op or "sum") if spec.reduces else None, dtype)
 
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
         self.bind(collective, send, recv, op, root)()
@@ -285,3 +285,6 @@ class AlgorithmBackend(Backend):
 
     def alltoall(self, send: Any, recv: Any) -> None:
         self.run("alltoall", send, recv, None, 0)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.run("reduce", send, recv, op, root)

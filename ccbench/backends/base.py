@@ -4,7 +4,8 @@ A backend owns one communicator over all ranks of the run. The harness calls it
 with the backend's *native* buffers (numpy arrays, torch tensors, cupy arrays),
 made by `alloc` and filled with `copy_from_numpy`, so that nothing is converted
 inside the timed region. In-place calls pass the same buffer (or, for allgather
-and reduce-scatter, a `view` of it) as send and receive buffer.
+and reduce-scatter, a `view` of it) as send and receive buffer: the collective's rule
+(`ccbench.collectives.<name>.inplace`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,10 @@ class Backend(ABC):
 
     @abstractmethod
     def alltoall(self, send: Any, recv: Any) -> None: ...
+
+    @abstractmethod
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        """The reduction lands in the root's recv; the others' recv is undefined afterwards."""
 
     # -- point to point (the transports of algorithms/) ------------------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:

@@ -46,7 +46,9 @@ class GlooBackend(TorchDistBackend):
                 "torch_threads": self.torch.get_num_threads(), "timed_call": TORCH_TIMED_CALL,
                 "allreduce_out_of_place": "recv.copy_(send), then in-place all_reduce, both "
                                           "timed (torch.distributed has no out-of-place "
-                                          "all_reduce); method.local_copy_us: the copy alone"}
+                                          "all_reduce); method.local_copy_us: the copy alone",
+                "reduce_out_of_place": "recv.copy_(send), then in-place reduce, both timed "
+                                       "(torch.distributed's reduce works in place)"}
 
     def point_to_point(self, device: bool) -> Transport | None:
         if device:

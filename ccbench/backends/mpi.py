@@ -161,6 +161,9 @@ class MPIBackend(Backend):
             return functools.partial(comm.Bcast, self._typed(recv), root)
         if collective == "alltoall" and send is not recv:
             return functools.partial(comm.Alltoall, self._typed(send), self._typed(recv))
+        if collective == "reduce":
+            sendbuf, recvbuf = self._reduce_buffers(send, recv, root)
+            return functools.partial(comm.Reduce, sendbuf, recvbuf, self._ops[op or "sum"], root)
         host = isinstance(send, np.ndarray) and isinstance(recv, np.ndarray)
         if collective == "allgather" and host and not np.may_share_memory(send, recv):
             return functools.partial(comm.Allgather, self._typed(send), self._typed(recv))
@@ -180,6 +183,15 @@ class MPIBackend(Backend):
             if run is not None:
                 return run
         return super().bind_batch(collective, send, recv, op, root)
+
+    def _reduce_buffers(self, send: Any, recv: Any, root: int) -> tuple[Any, Any]:
+        """MPI_Reduce's (sendbuf, recvbuf): in place, the root passes MPI_IN_PLACE and the
+        others their one buffer as input; recvbuf matters at the root alone (None elsewhere,
+        so no buffer is both input and output)."""
+        is_root = self.comm.Get_rank() == root
+        if send is recv:
+            return (self.MPI.IN_PLACE, self._typed(recv)) if is_root else (self._typed(send), None)
+        return self._typed(send), self._typed(recv) if is_root else None
 
     def broadcast(self, buf: Any, root: int) -> None:
         b, is_root = self.buffers, self.comm.Get_rank() == root
@@ -224,6 +236,18 @@ class MPIBackend(Backend):
         data = b.stage_in(send)
         self.comm.Alltoall(self.MPI.IN_PLACE if send is recv else _raw(data), _raw(b.wire(recv)))
         b.stage_out(recv)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        b, is_root = self.buffers, self.comm.Get_rank() == root
+        data = b.stage_in(send)                   # in place: send is recv, one mirror
+        if send is recv:
+            sendbuf = self.MPI.IN_PLACE if is_root else data
+        else:
+            sendbuf = data
+        self.comm.Reduce(sendbuf, b.wire(recv) if is_root else None, op=self._ops[op],
+                         root=root)
+        if is_root:
+            b.stage_out(recv)
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
         self.comm.Send(self.buffers.stage_in(buf), dest=peer, tag=tag)

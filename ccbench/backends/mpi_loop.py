@@ -36,6 +36,7 @@ typedef int (*allreduce_t)(const void *, void *, int, H, H, H);
 typedef int (*bcast_t)(void *, int, H, int, H);
 typedef int (*gather_t)(const void *, int, H, void *, int, H, H);   /* allgather, alltoall */
 typedef int (*rsb_t)(const void *, void *, int, H, H, H);         /* reduce_scatter_block */
+typedef int (*reduce_t)(const void *, void *, int, H, H, int, H);
 
 int loop_allreduce(void *fn, const void *s, void *r, int n, H t, H op, H c, long times) {
     int rc = 0;
@@ -46,6 +47,12 @@ int loop_reduce_scatter_block(void *fn, const void *s, void *r, int n, H t, H op
                               long times) {
     int rc = 0;
     for (long i = 0; i < times && rc == 0; i++) rc = ((rsb_t)fn)(s, r, n, t, op, c);
+    return rc;
+}
+int loop_reduce(void *fn, const void *s, void *r, int n, H t, H op, int root, H c,
+                long times) {
+    int rc = 0;
+    for (long i = 0; i < times && rc == 0; i++) rc = ((reduce_t)fn)(s, r, n, t, op, root, c);
     return rc;
 }
 int loop_bcast(void *fn, void *b, int n, H t, int root, H c, long times) {
@@ -127,6 +134,8 @@ def batch_call(mpi: Any, libmpi: str, comm: Any, collective: str, send: Any, rec
             return ctypes.c_void_p(int(mpi.IN_PLACE) & (2**64 - 1))
         return ctypes.c_void_p(buf.ctypes.data)
 
+    no_buffer = ctypes.c_void_p(None)           # a non-root's MPI_Reduce recvbuf
+
     types = [predefined_datatype(mpi, buf.dtype) for buf in (send, recv)]
     if None in types:
         return None
@@ -151,6 +160,15 @@ def batch_call(mpi: Any, libmpi: str, comm: Any, collective: str, send: Any, rec
         send_count = send.size if collective == "allgather" else per_peer
         args = (ptr(send), ctypes.c_int(send_count), datatype(send), ptr(recv),
                 ctypes.c_int(per_peer), datatype(recv), c_comm)
+    elif collective == "reduce":
+        fn, loop = lib.MPI_Reduce, loops.loop_reduce
+        is_root = comm.Get_rank() == root
+        if in_place:                  # the root reduces into its buffer; the others read theirs
+            sendbuf, recvbuf = (ptr(None), ptr(recv)) if is_root else (ptr(send), no_buffer)
+        else:
+            sendbuf, recvbuf = ptr(send), ptr(recv) if is_root else no_buffer
+        args = (sendbuf, recvbuf, ctypes.c_int(recv.size), datatype(recv), h(op),
+                ctypes.c_int(root), c_comm)
     elif collective == "reduce-scatter" and not _aliased(send, recv):
         fn, loop = lib.MPI_Reduce_scatter_block, loops.loop_reduce_scatter_block
         args = (ptr(send), ptr(recv), ctypes.c_int(recv.size), datatype(recv), h(op), c_comm)

@@ -12,7 +12,8 @@ once per batch in pipelined timing.
 Out-of-place allreduce: ncclAllReduce itself has separate send and receive buffers, but
 torch.distributed.all_reduce is in-place only. The out-of-place case therefore copies send into
 recv on the device and reduces recv in place; the copy is inside the timed region and the
-record says so (environment["allreduce_out_of_place"]). allgather, reduce-scatter and all-to-all
+record says so (environment["allreduce_out_of_place"]); reduce (ncclReduce behind
+torch.distributed.reduce, also in place only) does the same. allgather, reduce-scatter and all-to-all
 map to NCCL's own out-of-place calls; their in-place cases use NCCL's in-place layout (the
 rank's shard inside the full buffer).
 """
@@ -233,6 +234,8 @@ class NCCLBackend(TorchDistBackend):
             "nccl_proto": options.nccl_proto or os.environ.get("NCCL_PROTO"),
             "allreduce_out_of_place": "device copy send->recv, then in-place all_reduce "
                                       "(torch.distributed has no out-of-place all_reduce)",
+            "reduce_out_of_place": "device copy send->recv, then in-place reduce "
+                                   "(torch.distributed's reduce works in place)",
         }
 
 

@@ -8,7 +8,7 @@ itself, so what is timed is the library call and nothing around it:
 * every call is issued on one dedicated non-blocking stream of the rank's device
   (`local_rank`; one rank per device, as NCCL requires); `synchronize` waits for that stream;
 * allreduce is out of place when the harness asks for it: ncclAllReduce(send, recv), no copy
-  (torch.distributed's all_reduce is in-place only); broadcast, allgather and reduce-scatter
+  (torch.distributed's all_reduce is in-place only); broadcast, reduce, allgather and reduce-scatter
   are NCCL's own calls with their in-place layouts; all-to-all is what nccl-tests runs, one
   ncclSend and one ncclRecv per peer inside ncclGroupStart/ncclGroupEnd (its in-place case
   copies the input aside first on the stream, timed alone as `local_copy_us`);
@@ -186,6 +186,9 @@ class NCCLCupyBackend(Backend):
         if collective == "reduce-scatter":
             return functools.partial(comm.reduceScatter, send.ptr, recv.ptr, recv.size, kind,
                                      self._ops[op or "sum"], stream)
+        if collective == "reduce":
+            return functools.partial(comm.reduce, send.ptr, recv.ptr, recv.size, kind,
+                                     self._ops[op or "sum"], root, stream)
         if collective == "alltoall":
             return self._alltoall_call(send, recv)
         raise ValueError(collective)
@@ -291,6 +294,9 @@ class NCCLCupyBackend(Backend):
 
     def alltoall(self, send: Any, recv: Any) -> None:
         self.run("alltoall", send, recv, None, 0)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.run("reduce", send, recv, op, root)
 
     # -- point to point: the algorithms over NCCL -------------------------------------------
     def point_to_point(self, device: bool) -> Transport | None:

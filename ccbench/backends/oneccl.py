@@ -192,6 +192,10 @@ class OneCCLBackend(Backend):
             return self._call(lib.onecclReduceScatter, "onecclReduceScatter", _ptr(send),
                               _ptr(recv), recv.size, self._dtype(recv), self._op(op or "sum"),
                               comm, None)
+        if collective == "reduce":
+            return self._call(lib.onecclReduce, "onecclReduce", _ptr(send), _ptr(recv),
+                              recv.size, self._dtype(recv), self._op(op or "sum"), root, comm,
+                              None)
         if collective == "alltoall":
             return self._call(lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
                               send.size // self.world, self._dtype(recv), comm, None)
@@ -215,6 +219,9 @@ class OneCCLBackend(Backend):
 
     def alltoall(self, send: Any, recv: Any) -> None:
         self.bind("alltoall", send, recv, None, 0)()
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.bind("reduce", send, recv, op, root)()
 
     # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:

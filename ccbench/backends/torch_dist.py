@@ -101,12 +101,15 @@ class TorchDistBackend(Backend):
             return functools.partial(self._reduce_scatter, recv, send, reduce_op)
         if collective == "alltoall" and send is not recv:
             return functools.partial(dist.all_to_all_single, recv, send)
+        if collective == "reduce" and send is recv:
+            return functools.partial(dist.reduce, recv, root, reduce_op)
         return super().bind(collective, send, recv, op, root)
 
     def local_copy(self, collective: str, send: Any, recv: Any) -> Callable[[], Any] | None:
         """The copy the timed call makes besides the library call (torch has no out-of-place
-        all_reduce; all_to_all_single cannot alias), timed alone so records can show it."""
-        if collective == "allreduce" and send is not recv:
+        all_reduce or reduce; all_to_all_single cannot alias), timed alone so records can show
+        it."""
+        if collective in ("allreduce", "reduce") and send is not recv:
             return functools.partial(recv.copy_, send)
         if collective == "alltoall" and send is recv:
             return send.clone
@@ -134,6 +137,14 @@ class TorchDistBackend(Backend):
         if send is recv:
             send = send.clone()              # all_to_all_single cannot alias its buffers
         self.dist.all_to_all_single(recv, send, group=self.group)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        if send is not recv:                 # torch's reduce works in place only: copy first
+            recv.copy_(send)
+        if self.group is None:
+            self.dist.reduce(recv, dst=root, op=self._ops[op])
+        else:
+            self.dist.reduce(recv, op=self._ops[op], group=self.group, group_dst=root)
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
         if self.group is None:

@@ -10,6 +10,7 @@ S follows nccl-tests (see the README's method section):
 | allgather      | sendcount x n x elsize     | (n-1)/n      |
 | broadcast      | count x elsize             | 1            |
 | alltoall       | count x n x elsize         | (n-1)/n      |
+| reduce         | count x elsize             | 1            |
 
 Adding a collective: one module here defining its `Collective`, one line in `_ALL`, and its
 call in each backend (docs/architecture.md).
@@ -21,6 +22,7 @@ from ccbench.collectives.allgather import ALLGATHER
 from ccbench.collectives.allreduce import ALLREDUCE
 from ccbench.collectives.alltoall import ALLTOALL
 from ccbench.collectives.broadcast import BROADCAST
+from ccbench.collectives.reduce import REDUCE
 from ccbench.collectives.reduce_scatter import REDUCE_SCATTER
 from ccbench.collectives.spec import Collective, Layout
 from ccbench.errors import UsageError, choices_error
@@ -31,7 +33,8 @@ __all__ = [
 ]
 
 #: every collective, in the order `all` runs them
-_ALL: tuple[Collective, ...] = (BROADCAST, ALLREDUCE, ALLGATHER, REDUCE_SCATTER, ALLTOALL)
+_ALL: tuple[Collective, ...] = (BROADCAST, ALLREDUCE, ALLGATHER, REDUCE_SCATTER, ALLTOALL,
+                                REDUCE)
 _BY_NAME: dict[str, Collective] = {c.name: c for c in _ALL}
 
 COLLECTIVES: tuple[str, ...] = tuple(_BY_NAME)

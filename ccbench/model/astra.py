@@ -359,8 +359,10 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> 
     for _key, recs in sorted(groups.items(), key=lambda kv: repr(kv[0])):
         recs.sort(key=lambda r: r.size_used)
         first = recs[0]
+        op = f"_{first.op}" if first.op else ""       # cases of several ops: one file each
         prefix = _safe(f"{first.run_id}_{first.collective}_{first.backend}_{first.algorithm}_"
-                       f"{first.dtype}_{'in' if first.inplace else 'out'}_p{first.world_size}")
+                       f"{first.dtype}{op}_{'in' if first.inplace else 'out'}_"
+                       f"p{first.world_size}")
         nodes: list[Any] = []
         start = 0.0
         for r in recs:

@@ -2,7 +2,7 @@
 
 Units everywhere in ccbench.model: seconds, bytes, seconds per byte. n is the
 nccl-tests S of the collective (see ccbench.collectives): the whole buffer for
-allreduce / broadcast, the full gathered output for allgather, the full input for
+allreduce / broadcast / reduce, the full gathered output for allgather, the full input for
 reduce-scatter and the total a rank sends for all-to-all. The coefficients are those
 of Thakur, Rabenseifner & Gropp (2005) as written in MPICH's cost comments; the
 double binary tree entry follows NCCL's pipelined two-tree allreduce (each tree
@@ -138,6 +138,12 @@ def _reduce_binomial(p: int) -> Coefficients:
     return Coefficients(lg, lg, lg)
 
 
+def _reduce_ring(p: int) -> Coefficients:
+    # ring reduce-scatter ((p-1) steps of n/p, each reduced), then the p-1 finished blocks to
+    # the root, one message each under the single-port model (algorithms/ring.ring_reduce)
+    return Coefficients(2 * (p - 1), 2 * _frac(p), _frac(p))
+
+
 FORMULAS: dict[str, dict[str, Callable[[int], Coefficients]]] = {
     "allreduce": {
         "ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
@@ -148,7 +154,7 @@ FORMULAS: dict[str, dict[str, Callable[[int], Coefficients]]] = {
     "broadcast": {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag,
                   "ring": _bc_ring},
     "alltoall": {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
-    "reduce": {"tree": _reduce_binomial},
+    "reduce": {"tree": _reduce_binomial, "ring": _reduce_ring},
 }
 
 # names used in records / by algorithms/ -> the formula key, per collective

@@ -1,7 +1,7 @@
 """What every rank runs for `ccbench replay`: a trace's communication on a backend.
 
 Per backend, two passes over this rank's ops, in trace order:
-1. per op: each call of the five collectives measured with the benchmark's own method
+1. per op: each call of ccbench's collectives measured with the benchmark's own method
    (`ccbench.harness.measure_size`: warm-up, timed iterations, max over the group's ranks,
    bit-exact validation) on the call's process group; barrier and send/recv timed the same
    way; anything else listed as skipped, with the reason. One record per measured call,
@@ -68,8 +68,8 @@ def _case(op: CommOp) -> tuple[Case, str]:
                              f"ccbench dtype of the same width (valid: {', '.join(DTYPES)})")
         dtype, note = _SAME_WIDTH[dtype], f"{op.dtype} measured as {_SAME_WIDTH[dtype]}"
     reduce_op = (op.op or "sum") if op.collective in REDUCING else None
-    # c10d's allreduce_ and broadcast_ work in place; the _base_ variants do not
-    inplace = op.collective in ("allreduce", "broadcast")
+    # c10d's allreduce_, broadcast_ and reduce_ work in place; the _base_ variants do not
+    inplace = op.collective in ("allreduce", "broadcast", "reduce")
     return Case(op.collective, dtype, reduce_op, inplace, op.root or 0), note
 
 

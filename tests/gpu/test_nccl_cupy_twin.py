@@ -86,7 +86,7 @@ def test_every_algorithm_over_nccl_cupy_twin_is_exact(tmp_path: Path) -> None:
     for r in mine:            # NCCL's own result on the same inputs beside every one
         assert ("nccl-cupy", r.collective, r.dtype, r.op) in seen
     assert {r.collective for r in mine} == {"broadcast", "allreduce", "allgather",
-                                            "reduce-scatter", "alltoall"}
+                                            "reduce-scatter", "alltoall", "reduce"}
     assert {r.op for r in mine if r.collective == "allreduce"} == set(ALL_OPS.split(","))
 
 
