@@ -36,11 +36,11 @@ _NCCL_AVERAGE = {0: "rank0", 1: "mean", 2: "min", 3: "max"}     # nccl-tests -a 
 PROGRAMS = {
     "all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "broadcast_perf": "broadcast",
     "reduce_scatter_perf": "reduce-scatter", "alltoall_perf": "alltoall", "reduce_perf": "reduce",
+    "sendrecv_perf": "sendrecv",
     "osu_allreduce": "allreduce", "osu_allgather": "allgather", "osu_bcast": "broadcast",
     "osu_reduce_scatter": "reduce-scatter", "osu_alltoall": "alltoall", "osu_reduce": "reduce",
 }
-_NCCL_TESTS_ONLY = ("sendrecv_perf", "gather_perf", "scatter_perf",
-                    "hypercube_perf")
+_NCCL_TESTS_ONLY = ("gather_perf", "scatter_perf", "hypercube_perf")
 
 DEFAULT_LOW, DEFAULT_HIGH = "1K", "16M"      # ccbench's default --sizes 1K-16M
 

@@ -101,8 +101,8 @@ class _Buffers:
         # more (host_bytes_per_rank)
         self.sentinel = initial_output(lay, dtype, min(CHUNK, lay.recv_count))
         self.spec = spec = get(case.collective)
-        self.aliasing = aliasing = spec.inplace if case.inplace or spec.inplace == "one-buffer" \
-            else None
+        aliased = case.inplace and spec.inplace != "never" or spec.inplace == "one-buffer"
+        self.aliasing = aliasing = spec.inplace if aliased else None
         if aliasing is None:
             self.send = backend.alloc(lay.send_count, dtype)
             self.recv = backend.alloc(lay.recv_count, dtype)

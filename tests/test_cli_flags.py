@@ -78,6 +78,7 @@ MEANINGS: dict[str, tuple[list[str], dict[str, object]]] = {
     "nccl-tests reduce_perf -r": (["reduce_perf", "-r", "1", "-o", "sum,max"],
                                   {"collectives": ["reduce"], "root": 1, "ops": ["sum", "max"]}),
     "OSU osu_reduce": (["osu_reduce"], {"collectives": ["reduce"]}),
+    "nccl-tests sendrecv_perf": (["sendrecv_perf"], {"collectives": ["sendrecv"]}),
     "nccl-tests program path": (["./build/reduce_scatter_perf"],
                                 {"collectives": ["reduce-scatter"]}),
     "OSU -m": (["allreduce", "-m", "8:1048576"], {"sizes": _pow2(8, 1 << 20)}),

@@ -10,7 +10,7 @@ import pytest
 from conftest import have_mpi, run_ccbench
 
 from ccbench.backends import backend_class
-from ccbench.collectives import COLLECTIVES, OPS, REDUCING
+from ccbench.collectives import COLLECTIVES, OPS, REDUCING, get
 from ccbench.dtypes import DTYPES
 from ccbench.records import load_records
 
@@ -23,7 +23,7 @@ def expected_cases(backend: str, world: int) -> set[tuple[object, ...]]:
     cases = set()
     for collective, dtype in itertools.product(COLLECTIVES, DTYPES):
         ops = OPS if collective in REDUCING else (None,)
-        modes = (True,) if collective == "broadcast" else (False, True)
+        modes = get(collective).modes((False, True))   # broadcast in place, sendrecv not
         for op, inplace in itertools.product(ops, modes):
             if refuses(DTYPES[dtype], op):
                 continue      # MPI's avg and bfloat16 sums, gloo's float8 ...: a note, no record

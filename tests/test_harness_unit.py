@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from seams import LoopbackBackend, MemoryStore, ThreadWorld, rank_context
 
-from ccbench.collectives import COLLECTIVES, REDUCING, busbw_factor, layout
+from ccbench.collectives import COLLECTIVES, REDUCING, busbw_factor, get, layout
 from ccbench.harness import Case, Method, _agree_iterations, _summarize, measure_size
 from ccbench.watchdog import Watchdog
 
@@ -32,7 +32,7 @@ def _measure(world_size: int, case: Case, size: int, method: Method = FAST,
     (w, c, d, o, i) for w, c, (d, o), i in itertools.product(
         (1, 2, 3), COLLECTIVES, (("float32", "sum"), ("int8", "max"), ("bfloat16", "prod")),
         (False, True))
-    if not (c == "broadcast" and not i)])
+    if i in get(c).modes((False, True))])
 def test_every_collective_measured_and_validated_in_process(world_size: int, collective: str,
                                                             dtype: str, op: str,
                                                             inplace: bool) -> None:

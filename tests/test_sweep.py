@@ -68,7 +68,7 @@ def test_defaults(tmp_path: Path) -> None:
     ({"colectives": "allreduce"}, "colectives: unknown key (valid: name, collectives,"),
     ({"collectives": ["allreduce", "allfoo"]},
      "collectives: unknown collective 'allfoo' (valid: broadcast, allreduce, allgather, "
-     "reduce-scatter, alltoall, reduce)"),
+     "reduce-scatter, alltoall, reduce, sendrecv)"),
     ({"backends": ["gloo", "nope"]}, "backends: unknown backend 'nope' (valid: gloo, mpi,"),
     ({"dtypes": "float33"}, "dtypes: unknown dtype 'float33' (valid: float32, float64,"),
     ({"ops": ["sum", "avg"]}, "ops: unknown op 'avg' (valid: sum, max, min, prod)"),

@@ -22,6 +22,8 @@ def reference(collective: str, inputs: list[np.ndarray], op: str | None, rank: i
         return reduce[op](stacked, axis=0)[rank * block:(rank + 1) * block]
     if collective == "allgather":
         return stacked.reshape(-1)
+    if collective == "sendrecv":                   # from rank-1
+        return stacked[(rank - 1) % len(inputs)]
     return np.concatenate([stacked[s, rank * block:(rank + 1) * block] for s in range(len(inputs))])
 
 

@@ -138,6 +138,10 @@ class Backend(ABC):
     def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
         """The reduction lands in the root's recv; the others' recv is undefined afterwards."""
 
+    @abstractmethod
+    def sendrecv(self, send: Any, recv: Any) -> None:
+        """send goes to rank+1 while recv takes rank-1's (ccbench.collectives.sendrecv.peers)."""
+
     # -- point to point (the transports of algorithms/) ------------------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
         raise NotImplementedError(f"{self.name} has no point-to-point send")

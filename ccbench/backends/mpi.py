@@ -22,6 +22,7 @@ from ccbench.backends.mpi_loop import (
     loaded_libmpi,
     predefined_datatype,
 )
+from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.dtypes import wire_dtype
 from ccbench.errors import RunFailure
 
@@ -161,6 +162,10 @@ class MPIBackend(Backend):
             return functools.partial(comm.Bcast, self._typed(recv), root)
         if collective == "alltoall" and send is not recv:
             return functools.partial(comm.Alltoall, self._typed(send), self._typed(recv))
+        if collective == "sendrecv":
+            dst, src = sendrecv_peers(self.comm.Get_rank(), self.comm.Get_size())
+            return functools.partial(comm.Sendrecv, self._typed(send), dst, 0,
+                                     self._typed(recv), src, 0)
         if collective == "reduce":
             sendbuf, recvbuf = self._reduce_buffers(send, recv, root)
             return functools.partial(comm.Reduce, sendbuf, recvbuf, self._ops[op or "sum"], root)
@@ -248,6 +253,12 @@ class MPIBackend(Backend):
                          root=root)
         if is_root:
             b.stage_out(recv)
+
+    def sendrecv(self, send: Any, recv: Any) -> None:
+        b = self.buffers
+        dst, src = sendrecv_peers(self.comm.Get_rank(), self.comm.Get_size())
+        self.comm.Sendrecv(_raw(b.stage_in(send)), dst, 0, _raw(b.wire(recv)), src, 0)
+        b.stage_out(recv)
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
         self.comm.Send(self.buffers.stage_in(buf), dest=peer, tag=tag)

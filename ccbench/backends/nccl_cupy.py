@@ -38,6 +38,7 @@ from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
+from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -186,6 +187,8 @@ class NCCLCupyBackend(Backend):
         if collective == "reduce-scatter":
             return functools.partial(comm.reduceScatter, send.ptr, recv.ptr, recv.size, kind,
                                      self._ops[op or "sum"], stream)
+        if collective == "sendrecv":
+            return self._sendrecv_call(send, recv)
         if collective == "reduce":
             return functools.partial(comm.reduce, send.ptr, recv.ptr, recv.size, kind,
                                      self._ops[op or "sum"], root, stream)
@@ -214,6 +217,20 @@ class NCCLCupyBackend(Backend):
             finally:
                 nccl.groupEnd()
         return alltoall
+
+    def _sendrecv_call(self, send: DeviceBuffer, recv: DeviceBuffer) -> Callable[[], None]:
+        """ncclSend to rank+1 and ncclRecv from rank-1 in one group, as nccl-tests."""
+        nccl, comm, stream, kind = self.nccl, self.comm, self._stream_ptr, self._type(recv)
+        dst, src = sendrecv_peers(self.ctx.rank, self.ctx.world_size)
+
+        def sendrecv() -> None:
+            nccl.groupStart()
+            try:
+                comm.send(send.ptr, send.size, kind, dst, stream)
+                comm.recv(recv.ptr, recv.size, kind, src, stream)
+            finally:
+                nccl.groupEnd()
+        return sendrecv
 
     def _scratch_for(self, buf: DeviceBuffer) -> DeviceBuffer:
         key = (buf.size, buf.array.itemsize)
@@ -274,7 +291,7 @@ class NCCLCupyBackend(Backend):
     def _timed_call(self, collective: str) -> str:
         if self.ctx.options.cuda_graph:
             return _GRAPH_CALL
-        return _GROUP_CALL if collective == "alltoall" else _DIRECT_CALL
+        return _GROUP_CALL if collective in ("alltoall", "sendrecv") else _DIRECT_CALL
 
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
         """The harness's untimed call (validation): the graph when graphs are on."""
@@ -297,6 +314,9 @@ class NCCLCupyBackend(Backend):
 
     def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
         self.run("reduce", send, recv, op, root)
+
+    def sendrecv(self, send: Any, recv: Any) -> None:
+        self.run("sendrecv", send, recv, None, 0)
 
     # -- point to point: the algorithms over NCCL -------------------------------------------
     def point_to_point(self, device: bool) -> Transport | None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
 from ccbench.backends.base import Backend, RankContext
+from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.errors import RunFailure
 
 if TYPE_CHECKING:
@@ -192,6 +193,8 @@ class OneCCLBackend(Backend):
             return self._call(lib.onecclReduceScatter, "onecclReduceScatter", _ptr(send),
                               _ptr(recv), recv.size, self._dtype(recv), self._op(op or "sum"),
                               comm, None)
+        if collective == "sendrecv":
+            return self._sendrecv_call(send, recv)
         if collective == "reduce":
             return self._call(lib.onecclReduce, "onecclReduce", _ptr(send), _ptr(recv),
                               recv.size, self._dtype(recv), self._op(op or "sum"), root, comm,
@@ -200,6 +203,22 @@ class OneCCLBackend(Backend):
             return self._call(lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
                               send.size // self.world, self._dtype(recv), comm, None)
         raise ValueError(collective)
+
+    def _sendrecv_call(self, send: Any, recv: Any) -> Callable[[], None]:
+        """onecclSend to rank+1 and onecclRecv from rank-1 in one group."""
+        lib, comm, check = self.lib, self._handle, self._check
+        dst, src = sendrecv_peers(self.ctx.rank, self.world)
+        send_args = (_ptr(send), send.size, self._dtype(send), dst, comm, None)
+        recv_args = (_ptr(recv), recv.size, self._dtype(recv), src, comm, None)
+
+        def call() -> None:
+            check(lib.onecclGroupStart(), "onecclGroupStart")
+            try:
+                check(lib.onecclSend(*send_args), "onecclSend")
+                check(lib.onecclRecv(*recv_args), "onecclRecv")
+            finally:
+                check(lib.onecclGroupEnd(), "onecclGroupEnd")
+        return call
 
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
         self.bind(collective, send, recv, op, root)()
@@ -222,6 +241,9 @@ class OneCCLBackend(Backend):
 
     def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
         self.bind("reduce", send, recv, op, root)()
+
+    def sendrecv(self, send: Any, recv: Any) -> None:
+        self.bind("sendrecv", send, recv, None, 0)()
 
     # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from ccbench.addresses import free_port, published_address
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.buffers import TorchBuffers
+from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.sysinfo import node_cores, usable_cores
 
 #: process groups this rank has created (every rank creates them in the same order)
@@ -145,6 +146,22 @@ class TorchDistBackend(Backend):
             self.dist.reduce(recv, dst=root, op=self._ops[op])
         else:
             self.dist.reduce(recv, op=self._ops[op], group=self.group, group_dst=root)
+
+    def sendrecv(self, send: Any, recv: Any) -> None:
+        world = self.ctx.world_size if self.group is None else self.dist.get_world_size(self.group)
+        if world == 1:                       # a rank cannot message itself here: nccl-tests'
+            recv.copy_(send)                 # one-rank sendrecv is a local copy too
+            return
+        me = self.ctx.rank if self.group is None else self.dist.get_rank(self.group)
+        dst, src = sendrecv_peers(me, world)
+        dist = self.dist
+        if self.group is None:
+            ops = [dist.P2POp(dist.isend, send, dst), dist.P2POp(dist.irecv, recv, src)]
+        else:
+            ops = [dist.P2POp(dist.isend, send, group=self.group, group_peer=dst),
+                   dist.P2POp(dist.irecv, recv, group=self.group, group_peer=src)]
+        for work in dist.batch_isend_irecv(ops):   # one group: NCCL needs both posted at once
+            work.wait()
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
         if self.group is None:

@@ -11,6 +11,7 @@ S follows nccl-tests (see the README's method section):
 | broadcast      | count x elsize             | 1            |
 | alltoall       | count x n x elsize         | (n-1)/n      |
 | reduce         | count x elsize             | 1            |
+| sendrecv       | count x elsize             | 1            |
 
 Adding a collective: one module here defining its `Collective`, one line in `_ALL`, and its
 call in each backend (docs/architecture.md).
@@ -24,6 +25,7 @@ from ccbench.collectives.alltoall import ALLTOALL
 from ccbench.collectives.broadcast import BROADCAST
 from ccbench.collectives.reduce import REDUCE
 from ccbench.collectives.reduce_scatter import REDUCE_SCATTER
+from ccbench.collectives.sendrecv import SENDRECV
 from ccbench.collectives.spec import Collective, Layout
 from ccbench.errors import UsageError, choices_error
 
@@ -34,7 +36,7 @@ __all__ = [
 
 #: every collective, in the order `all` runs them
 _ALL: tuple[Collective, ...] = (BROADCAST, ALLREDUCE, ALLGATHER, REDUCE_SCATTER, ALLTOALL,
-                                REDUCE)
+                                REDUCE, SENDRECV)
 _BY_NAME: dict[str, Collective] = {c.name: c for c in _ALL}
 
 COLLECTIVES: tuple[str, ...] = tuple(_BY_NAME)

@@ -21,8 +21,9 @@ __all__ = ["Collective", "InPlace", "Layout"]
 #: "one-buffer": one buffer, in-place or not (broadcast);
 #: "same": the send buffer is the receive buffer (allreduce, alltoall, reduce);
 #: "send-in-recv": the send buffer is this rank's block of the receive buffer (allgather);
-#: "recv-in-send": the receive buffer is this rank's block of the send buffer (reduce-scatter)
-InPlace = Literal["one-buffer", "same", "send-in-recv", "recv-in-send"]
+#: "recv-in-send": the receive buffer is this rank's block of the send buffer (reduce-scatter);
+#: "never": two buffers always, no in-place case (sendrecv: one buffer would race)
+InPlace = Literal["one-buffer", "same", "send-in-recv", "recv-in-send", "never"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +110,11 @@ class Collective:
 
     def modes(self, asked: tuple[bool, ...]) -> tuple[bool, ...]:
         """The in-place values measured when `asked` are (out-of-place first): a one-buffer
-        collective has no out-of-place case, so it is measured in place only."""
-        return (True,) if self.inplace == "one-buffer" else asked
+        collective has no out-of-place case, so it is measured in place only; one that
+        never aliases its buffers, out of place only."""
+        if self.inplace == "one-buffer":
+            return (True,)
+        return (False,) if self.inplace == "never" else asked
 
     def checked(self, rank: int, root: int) -> bool:
         """Whether this rank's receive buffer has a defined result to compare."""

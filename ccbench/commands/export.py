@@ -118,8 +118,11 @@ def main(args: argparse.Namespace) -> int:
         from ccbench.records import load_records
 
         records = load_records(*args.results, require=True)
-        prefixes = export_measured(records, args.output)
+        skipped: list[str] = []
+        prefixes = export_measured(records, args.output, skipped)
         for p in prefixes:
             print(f"wrote {p}.<rank>.et")
+        for collective in skipped:
+            print(f"skipped {collective}: Chakra has no collective type for it")
         return 0
     raise UsageError(f"unknown export {args.export_kind!r} (valid: astra-sim, chakra)")

@@ -344,7 +344,8 @@ def out_path(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> list[str]:
+def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str],
+                    skipped: list[str] | None = None) -> list[str]:
     """One Chakra trace per measured case (run id + case), one COMM_COLL node per timed
     iteration with its duration; each rank's file is the same sequence (the samples are
     the max over ranks). Returns the prefixes written."""
@@ -353,6 +354,8 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str]) -> 
     groups: dict[Any, list[Any]] = {}
     for r in records:
         if r.collective not in COLLECTIVES or get(r.collective).chakra is None:
+            if skipped is not None and r.collective not in skipped:
+                skipped.append(r.collective)
             continue
         groups.setdefault(r.case, []).append(r)     # one run's case: CaseId holds the run id
     prefixes = []

@@ -144,6 +144,11 @@ def _reduce_ring(p: int) -> Coefficients:
     return Coefficients(2 * (p - 1), 2 * _frac(p), _frac(p))
 
 
+def _sendrecv(p: int) -> Coefficients:
+    # one message of n to rank+1 while one of n arrives from rank-1 (full duplex links)
+    return Coefficients(1.0, 1.0, 0.0)
+
+
 FORMULAS: dict[str, dict[str, Callable[[int], Coefficients]]] = {
     "allreduce": {
         "ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
@@ -155,6 +160,7 @@ FORMULAS: dict[str, dict[str, Callable[[int], Coefficients]]] = {
                   "ring": _bc_ring},
     "alltoall": {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
     "reduce": {"tree": _reduce_binomial, "ring": _reduce_ring},
+    "sendrecv": {"direct": _sendrecv},
 }
 
 # names used in records / by algorithms/ -> the formula key, per collective
@@ -177,6 +183,7 @@ _ALIASES: dict[str, dict[str, str]] = {
     "broadcast": {"hypercube": "tree", "chain": "ring"},
     "alltoall": {"hypercube": "bruck", "ring": "pairwise"},
     "reduce": {"hypercube": "tree", "binomial": "tree"},
+    "sendrecv": {"direct": "direct", "pairwise": "direct", "ring": "direct"},
 }
 
 

@@ -93,6 +93,9 @@ def schedule_program(collective: str, algorithm: str, p: int, size: float,
         name = "hypercube"
     if (name, collective) not in REGISTRY:
         valid = sorted(a for a, c in REGISTRY if c == collective)
+        if not valid:
+            raise UsageError(f"no algorithms/ schedule runs {collective}: nothing to replay "
+                             f"(use --fidelity analytical)")
         raise UsageError(f"no schedule to replay for {collective} {algorithm!r} "
                          f"(valid: {', '.join(valid)})")
     try:
