@@ -71,7 +71,7 @@ def test_defaults(tmp_path: Path) -> None:
      "reduce-scatter, alltoall, reduce, sendrecv)"),
     ({"backends": ["gloo", "nope"]}, "backends: unknown backend 'nope' (valid: gloo, mpi,"),
     ({"dtypes": "float33"}, "dtypes: unknown dtype 'float33' (valid: float32, float64,"),
-    ({"ops": ["sum", "avg"]}, "ops: unknown op 'avg' (valid: sum, max, min, prod)"),
+    ({"ops": ["sum", "mean"]}, "ops: unknown op 'mean' (valid: sum, max, min, prod, avg)"),
     ({"modes": ["inplace"]}, "modes: unknown mode 'inplace' (valid: out-of-place, in-place)"),
     ({"sizes": "1X-2M"}, "sizes:"),
     ({"nodes": [1, 0]}, "nodes: expected positive integers, got 0"),
@@ -116,7 +116,8 @@ def test_cli_schema_error_is_one_line_exit_2(tmp_path: Path) -> None:
                            "--dry-run"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (f"ccbench: error: {path}: dtypes: unknown dtype 'complex64' "
-                                   "(valid: float32, float64, float16, bfloat16, int32, int8)")
+                                   "(valid: float32, float64, float16, bfloat16, int32, int8, "
+                                   "int64, uint8, float8_e4m3fn, float8_e5m2)")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
