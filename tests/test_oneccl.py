@@ -314,10 +314,11 @@ def test_through_the_harness(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    # 7 collectives, 6 dtypes, 4 ops on the reducing ones (allreduce, reduce-scatter, reduce),
-    # both modes except broadcast (in place) and sendrecv (out of place), sizes too small for a
-    # dtype at 2 ranks are skipped: at least the 3000-byte ones are all there
-    assert len([r for r in records if r["size_asked"] == 3000]) == 6 * (1 + 3 * 4 * 2 + 2 * 2
+    # 7 collectives, the 8 dtypes oneCCL has (no float8), 4 ops on the reducing ones
+    # (allreduce, reduce-scatter, reduce), both modes except broadcast (in place) and sendrecv
+    # (out of place), sizes too small for a dtype at 2 ranks are skipped: at least the
+    # 3000-byte ones are all there
+    assert len([r for r in records if r["size_asked"] == 3000]) == 8 * (1 + 3 * 4 * 2 + 2 * 2
                                                                         + 1)
     assert all(r["wrong"] == 0 for r in records)
     first = records[0]
