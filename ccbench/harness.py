@@ -148,6 +148,8 @@ class _Buffers:
         for lo in chunks(lay.recv_count):
             hi = min(lo + CHUNK, lay.recv_count)
             part = backend.to_numpy(backend.view(self.recv, lo, hi))
+            if part.dtype != self.dtype:        # a buffer holding the dtype's bits (float8)
+                part = part.view(self.dtype)
             if _INJECT_CORRUPTION and self.rank == 0 and lo == 0:   # proves, in tests, that
                 part[0] = part[0] + part.dtype.type(1)              # wrong values fail
             wrong += count_wrong_slice(part, lay, case.op, self.rank, case.root, lo)

@@ -107,7 +107,7 @@ def _get(obj: object, dotted: str) -> object:
 
 
 def test_nccl_tests_float8_names() -> None:
-    """nccl-tests' -d f8e4m3 / f8e5m2 (gloo has no float8: asked of a backend that moves it)."""
+    """nccl-tests' -d f8e4m3 / f8e5m2 (asked of a collective that moves them)."""
     cfg = config("allgather", "-d", "f8e4m3,f8e5m2", "--backend", "mpi")
     assert cfg.dtypes == ["float8_e4m3fn", "float8_e5m2"]
 

@@ -91,7 +91,9 @@ class TorchBuffers(BufferPolicy):
         self.torch, self.device = torch, device
 
     def _torch_dtype(self, dtype: np.dtype) -> Any:
-        return getattr(self.torch, dtype.name)     # bfloat16, float8_e4m3fn, float8_e5m2 too
+        if dtype.name.startswith("float8"):    # held as bytes: gloo has no float8 type, and
+            return self.torch.uint8            # moving one needs none (reductions are refused)
+        return getattr(self.torch, dtype.name)
 
     def _bits(self, dtype: np.dtype) -> tuple[np.dtype, Any] | None:
         """(numpy, torch) integer types of the same width that carry an ml_dtypes type's bits

@@ -30,8 +30,9 @@ class GlooBackend(TorchDistBackend):
 
     @classmethod
     def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
-        if is_float8(dtype):
-            return f"unsupported by gloo: no float8 type in gloo ({dtype.name})"
+        if is_float8(dtype) and op is not None:
+            return (f"unsupported by gloo: {op} on {dtype.name} (gloo has no float8 type: "
+                    f"it moves float8 as bytes but cannot reduce it)")
         if op == "avg" and dtype.kind in "iu":
             return (f"unsupported by gloo: avg on {dtype.name} (torch's gloo averages "
                     f"floating-point types only)")

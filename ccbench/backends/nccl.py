@@ -154,8 +154,8 @@ class NCCLBackend(TorchDistBackend):
     @classmethod
     def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
         if op is not None and is_float8(dtype):
-            return (f"unsupported by {cls.name}: {op} on {dtype.name} (torch's NCCL process "
-                    f"group moves float8 but does not reduce it)")
+            return (f"unsupported by {cls.name}: {op} on {dtype.name} (ccbench moves float8 "
+                    f"through torch's NCCL group as bytes and does not reduce it)")
         return None
 
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:

@@ -46,7 +46,8 @@ class NCCLCpuTwin(NCCLBackend):
         return torch.device("cpu")
 
     def unsupported(self, collective: str, dtype: Any, op: str | None) -> str | None:
-        return None                           # gloo underneath: every dtype and op
+        # the class's refusals (float8 reductions); not the NCCL version checks: gloo underneath
+        return self.refuses(dtype, op)
 
     def _tensor_of(self) -> Any:
         """Fake CuPy slices (host memory) -> uint8 CPU tensors over the same memory; the real

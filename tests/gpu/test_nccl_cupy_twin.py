@@ -50,7 +50,7 @@ def test_nccl_cupy_on_twin(world: int, timing: str, ops: str, extra: list[str],
         ("nccl-cupy", "nccl", "cupy")}
     assert {r.world_size for r in records} == {world}
     assert {r.dtype for r in records} == {"float32", "float64", "float16", "bfloat16", "int32",
-                                          "int8"}
+                                          "int8", "int64", "uint8"}     # no float8 in CuPy
     assert {r.op for r in records if r.collective == "allreduce"} == set(ops.split(","))
     # out-of-place allreduce is NCCL's own (no copy); in-place all-to-all copies aside first
     assert all("local_copy_us" not in r.method for r in records if r.collective != "alltoall")
@@ -84,7 +84,8 @@ def test_every_algorithm_over_nccl_cupy_twin_is_exact(tmp_path: Path) -> None:
     assert {(r.transport, r.library) for r in mine} == {("nccl-cupy", "nccl")}
     seen = {(r.backend, r.collective, r.dtype, r.op) for r in records}
     for r in mine:            # NCCL's own result on the same inputs beside every one
-        assert ("nccl-cupy", r.collective, r.dtype, r.op) in seen
+        if not r.dtype.startswith("float8"):      # CuPy's NCCL binding has no float8
+            assert ("nccl-cupy", r.collective, r.dtype, r.op) in seen
     assert {r.collective for r in mine} == {"broadcast", "allreduce", "allgather",
                                             "reduce-scatter", "alltoall", "reduce"}
     assert {r.op for r in mine if r.collective == "allreduce"} == set(ALL_OPS.split(","))

@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 def _cases(algorithms: list[str], ops: list[str]) -> list[tuple[str, str, str, str | None, bool]]:
     from algorithms import REGISTRY
+    from ccbench.backends.algorithmic import AlgorithmBackend
     from ccbench.collectives import COLLECTIVES, REDUCING
     from ccbench.dtypes import DTYPES
 
@@ -36,6 +37,8 @@ def _cases(algorithms: list[str], ops: list[str]) -> list[tuple[str, str, str, s
                 continue
             for dtype in DTYPES:
                 for op in (ops if collective in REDUCING else [None]):
+                    if AlgorithmBackend.refuses(DTYPES[dtype], op):   # float8 reductions
+                        continue
                     for inplace in ((True,) if collective == "broadcast" else (False, True)):
                         cases.append((algorithm, collective, dtype, op, inplace))
     return cases
