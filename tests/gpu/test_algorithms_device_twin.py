@@ -49,7 +49,7 @@ def test_every_algorithm_over_the_nccl_twin_is_exact(tmp_path: Path) -> None:
     assert not {r.op for r in mine if r.dtype.startswith("float8")} - {None}
     assert {r.op for r in mine if r.collective == "allreduce"} == set(ALL_OPS.split(","))
     assert {r.collective for r in mine} == {"broadcast", "allreduce", "allgather",
-                                            "reduce-scatter", "alltoall"}
+                                            "reduce-scatter", "alltoall", "reduce"}
 
 
 @pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="needs mpiexec")
