@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from ccbench.collectives import COLLECTIVES, REDUCING
+from ccbench.collectives import get as get_collective
 from ccbench.dtypes import DTYPES
 from ccbench.records import load_records
 
@@ -38,7 +39,7 @@ def expected_cases(ops: list[str], backend: str) -> set[tuple[Any, ...]]:
         for op in (ops if collective in REDUCING else [None]):
             if refuses(DTYPES[dtype], op):
                 continue
-            for inplace in ((True,) if collective == "broadcast" else (False, True)):
+            for inplace in get_collective(collective).modes((False, True)):
                 cases.add((collective, dtype, op, inplace))
     return cases
 
