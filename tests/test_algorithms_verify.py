@@ -183,7 +183,7 @@ def test_dbtree_uses_two_complementary_trees() -> None:
 
 def test_generate_rejects_bad_arguments() -> None:
     with pytest.raises(KeyError, match="valid"):
-        generate("ring", "reduce", 4)
+        generate("bruck", "reduce", 4)
     with pytest.raises(ValueError):
         generate("ring", "allreduce", 0)
     with pytest.raises(ValueError):
