@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ccbench.collectives import COLLECTIVES
 from ccbench.errors import UsageError
 from ccbench.model.sanity import row_flags
 from ccbench.model.simulate import LinkOverrides, simulate
@@ -113,8 +114,7 @@ def test_simulate_cli_flags_in_table_and_json(tmp_path, capsys):
     assert cli_main(["simulate", str(path), "all", "--topology", "switch:8", "--sizes", "1M",
                      "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [p["collective"] for p in data["predictions"]] == \
-        ["broadcast", "allreduce", "allgather", "reduce-scatter", "alltoall"]
+    assert [p["collective"] for p in data["predictions"]] == list(COLLECTIVES)
     assert all("flags" in p and "fit_scope" in p for p in data["predictions"])
 
 
