@@ -46,8 +46,10 @@ BETWEEN_RUN_THRESHOLD = 0.05
 # Threshold when a side has one run: the run-to-run spread between identical back-to-back
 # runs (benchmarks/compare_noise.py). Measured on the shared 2-core test machine at load 12-16:
 # 10 pairs (2 ranks, gloo, every collective, 1K-64K) differed by a median 55 % and a 99th
-# percentile of 13.7x per case, so no threshold is both quiet and sensitive there; 0.5 is
-# provisional until the benchmark runs on a quiet machine.
+# percentile of 13.7x per case, so no threshold is both quiet and sensitive there. On the same
+# machine quiet (load 1.5-2.5, 2026-12-03) 0.5 still flagged 99 of 840 cases (11.8 %; every
+# pair exited 1), against 3 of 84 with 10 runs per side: gloo's small sizes move 0.5-3.6 ms
+# between launches there, so one run per side cannot tell 20 % apart from noise.
 WITHIN_RUN_THRESHOLD = 0.50
 
 Key = tuple[CaseId, int]        # (case projected on the fields compared, size asked)
