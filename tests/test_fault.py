@@ -155,7 +155,8 @@ OTHER_MPI_PYTHONS = [p for p in os.environ.get("CCBENCH_OTHER_MPI_PYTHONS", "").
 def test_fault_cell_other_mpi(cell: Cell, python: str, tmp_path: Path,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     if not Path(python).exists():
-        pytest.skip("CCBENCH_OTHER_MPI_PYTHONS names no MPICH or Open MPI venv's python")
+        missing_prerequisite("CCBENCH_OTHER_MPI_PYTHONS names no MPICH or Open MPI venv's "
+                             "python (.ci/run makes them)")
     # that venv has no ccbench installed: this checkout; Open MPI refuses root without these
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
     monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")

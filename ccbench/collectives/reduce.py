@@ -6,20 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from ccbench.collectives.spec import Collective, Layout, whole_buffer
-from ccbench.collectives.values import reduced, values
-
-
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
-            dtype: np.dtype) -> np.ndarray:
-    return values(op, rank, index, lay.world_size, dtype)
-
-
-def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
-              dtype: np.dtype) -> np.ndarray:
-    return reduced(op or "sum", index, lay.world_size, dtype)
+from ccbench.collectives.spec import Collective, whole_buffer
+from ccbench.collectives.values import reducing_inputs, whole_reduction
 
 
 def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
@@ -29,7 +17,8 @@ def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
 REDUCE = Collective(
     name="reduce", aliases=(), reduces=True, rooted=True,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
-    inplace="same", inputs=_inputs, expected=_expected, result_on="root", input_on="all",
+    inplace="same", inputs=reducing_inputs, expected=whole_reduction, result_on="root",
+    input_on="all",
     method="reduce", call=_call, chakra="REDUCE",
     astra=None,         # ASTRA-sim's system file has no reduce implementation to choose
     comm_size=lambda size, p: size, size_meaning="count x elsize")

@@ -8,17 +8,12 @@ from typing import Any
 import numpy as np
 
 from ccbench.collectives.spec import Collective, Layout
-from ccbench.collectives.values import reduced, values
+from ccbench.collectives.values import reduced, reducing_inputs
 
 
 def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
     block = size // (elsize * n)
     return block * n, block * n, block, block * n * elsize
-
-
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
-            dtype: np.dtype) -> np.ndarray:
-    return values(op, rank, index, lay.world_size, dtype)
 
 
 def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
@@ -33,7 +28,7 @@ def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
 REDUCE_SCATTER = Collective(
     name="reduce-scatter", aliases=("reduce_scatter", "reducescatter"), reduces=True,
     rooted=False, busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.recv_count,
-    inplace="recv-in-send", inputs=_inputs, expected=_expected, result_on="all",
+    inplace="recv-in-send", inputs=reducing_inputs, expected=_expected, result_on="all",
     input_on="all", method="reduce_scatter", call=_call, chakra="REDUCE_SCATTER",
     astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
     size_meaning="recvcount x n x elsize")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ccbench.collectives.spec import Layout
 from ccbench.dtypes import avg_scales, exact_integers
 
-__all__ = ["moved", "reduced", "values"]
+__all__ = ["moved", "reduced", "reducing_inputs", "values", "whole_reduction"]
 
 
 def _sum_values(rank: int | np.ndarray, index: np.ndarray, world_size: int, dtype: np.dtype
@@ -71,3 +72,15 @@ def reduced(op: str, index: np.ndarray, world_size: int, dtype: np.dtype) -> np.
     if op == "avg":
         result //= world_size               # exact: the sum is n*k
     return result
+
+
+def reducing_inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+                    dtype: np.dtype) -> np.ndarray:
+    """Every reducing collective's input on `rank` (allreduce, reduce, reduce-scatter)."""
+    return values(op, rank, index, lay.world_size, dtype)
+
+
+def whole_reduction(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+                    dtype: np.dtype) -> np.ndarray:
+    """The reduction of every rank's whole buffer (allreduce everywhere, reduce on the root)."""
+    return reduced(op or "sum", index, lay.world_size, dtype)
