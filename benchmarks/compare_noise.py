@@ -5,11 +5,13 @@ whether it still flags a real slowdown.
     python benchmarks/compare_noise.py --out /tmp/compare-noise --judge-only  # judge again
 
 Measures 2 x PAIRS runs of the same small command back to back (2 ranks, gloo, 1K-64K, every
-collective, both modes), then runs `ccbench compare` on each consecutive pair (one run per
-side) and on two pooled halves (PAIRS runs per side), and counts the cases each flags and
-the exit statuses. For the slowdown check, the NEW side is a copy of a measured run with
-every time multiplied by 1.2 (a 20 % slower backend), compared against another run.
-Prints the figures; timings depend on the machine's load (printed with them).
+collective, both modes), then runs `ccbench compare --format json` on each consecutive pair
+(one run per side) and on disjoint groups of K runs per side (--runs-per-side, default 3, 5
+and PAIRS), and counts, per size row and per case (a collective's geometric mean over sizes),
+the verdicts that count, the indicative one-run marks, and the exit statuses. For the
+slowdown check, the NEW side is a copy of measured runs with every time multiplied by 1.2 (a
+20 % slower backend), compared against other runs. Prints the figures; timings depend on
+the machine's load (printed with them).
 """
 
 from __future__ import annotations
@@ -52,56 +54,81 @@ def slowed(src: Path, dst: Path, factor: float) -> None:
     dst.write_text("\n".join(lines) + "\n")
 
 
-def _flags(proc: subprocess.CompletedProcess[str]) -> tuple[int, int, int]:
-    summary = [line for line in proc.stdout.splitlines() if " compared: " in line][-1]
-    words = summary.split()
-    total = int(words[1])
-    slower = int(words[3])
-    faster = int(words[5])
-    return total, slower, faster
+Tally = dict[str, int]
 
 
-def judge(out: Path, extra: list[str]) -> None:
+def _compare(base: Path, new: Path, extra: list[str]) -> tuple[Tally, Tally, int]:
+    """(size-row tally, case tally, exit status) of one `ccbench compare`."""
+    proc = _ccbench("compare", str(base), str(new), "--format", "json", *extra)
+    if proc.returncode not in (0, 1):
+        sys.exit(f"compare failed: {proc.stderr.strip()}")
+    tallies: dict[str, Tally] = {"size": {}, "case": {}}
+    for line in proc.stdout.splitlines():
+        row = json.loads(line)
+        tally = tallies[row["level"]]
+        kind = row["verdict"] if row["verdict"] in ("regression", "improvement") else "same"
+        if kind != "same" and row["indicative"]:
+            kind += "?"
+        tally[kind] = tally.get(kind, 0) + 1
+        tally["total"] = tally.get("total", 0) + 1
+    return tallies["size"], tallies["case"], proc.returncode
+
+
+def _add(total: Tally, part: Tally) -> None:
+    for key, value in part.items():
+        total[key] = total.get(key, 0) + value
+
+
+def _line(label: str, tally: Tally) -> str:
+    flagged = tally.get("regression", 0) + tally.get("improvement", 0)
+    marked = tally.get("regression?", 0) + tally.get("improvement?", 0)
+    total = max(tally.get("total", 0), 1)
+    return (f"{label}: {flagged} of {tally.get('total', 0)} flagged ({100 * flagged / total:.1f} "
+            f"%; {tally.get('regression', 0)} slower), {marked} indicative marks")
+
+
+def _folder(out: Path, name: str, runs: list[Path], factor: float) -> Path:
+    folder = out / name
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob("*.jsonl"):
+        old.unlink()
+    for run in runs:
+        if factor == 1.0:
+            (folder / run.name).write_text(run.read_text())
+        else:
+            slowed(run, folder / run.name, factor)
+    return folder
+
+
+def judge(out: Path, extra: list[str], per_side: list[int]) -> None:
     runs = sorted(out.glob("run-*.jsonl"))
     print(f"# {len(runs)} runs in {out}; compare {' '.join(extra) or '(defaults)'}; "
           f"load now {os.getloadavg()[0]:.1f}")
-    cases = flagged = exit1 = 0
-    for base, new in zip(runs[0::2], runs[1::2], strict=False):
-        proc = _ccbench("compare", str(base), str(new), *extra)
-        total, slower, faster = _flags(proc)
-        cases += total
-        flagged += slower + faster
-        exit1 += proc.returncode == 1
-        print(f"{base.name} -> {new.name}: {total} cases, {slower} slower, {faster} faster, "
-              f"exit {proc.returncode}")
-    print(f"one run per side: {flagged} of {cases} cases flagged "
-          f"({100 * flagged / max(cases, 1):.2f} %), {exit1} exits with status 1")
-    half = len(runs) // 2
-    if half >= 2:
-        a, b = out / "pooled-a", out / "pooled-b"
-        for folder, part in ((a, runs[:half]), (b, runs[half:])):
-            folder.mkdir(exist_ok=True)
-            for run in part:
-                (folder / run.name).write_text(run.read_text())
-        proc = _ccbench("compare", str(a), str(b), *extra)
-        total, slower, faster = _flags(proc)
-        print(f"{half} runs per side: {slower + faster} of {total} cases flagged, "
-              f"exit {proc.returncode}")
-    slow = out / "slowed-20pct.jsonl"
-    slowed(runs[1], slow, 1.2)
-    proc = _ccbench("compare", str(runs[0]), str(slow), *extra)
-    total, slower, faster = _flags(proc)
-    print(f"20 % slowdown, one run per side: {slower} of {total} cases flagged slower, "
-          f"exit {proc.returncode}")
-    if half >= 2:
-        sb = out / "pooled-slow"
-        sb.mkdir(exist_ok=True)
-        for run in runs[half:]:
-            slowed(run, sb / run.name, 1.2)
-        proc = _ccbench("compare", str(out / "pooled-a"), str(sb), *extra)
-        total, slower, faster = _flags(proc)
-        print(f"20 % slowdown, {half} runs per side: {slower} of {total} cases flagged slower, "
-              f"exit {proc.returncode}")
+    for k in [1, *per_side]:
+        groups = len(runs) // (2 * k)
+        if groups == 0:
+            continue
+        for factor in (1.0, 1.2):
+            sizes: Tally = {}
+            cases: Tally = {}
+            exits = 0
+            for g in range(groups):
+                a = runs[2 * k * g:2 * k * g + k]
+                b = runs[2 * k * g + k:2 * k * (g + 1)]
+                if k == 1 and factor == 1.0:
+                    base, new = a[0], b[0]
+                else:
+                    base = _folder(out, "side-a", a, 1.0)
+                    new = _folder(out, "side-b", b, factor)
+                size_tally, case_tally, status = _compare(base, new, extra)
+                _add(sizes, size_tally)
+                _add(cases, case_tally)
+                exits += status == 1
+            what = "identical" if factor == 1.0 else "20 % slowdown"
+            print(f"{what}, {k} run(s) per side, {groups} comparison(s), {exits} exit(s) with "
+                  f"status 1")
+            print("  " + _line("sizes", sizes))
+            print("  " + _line("cases", cases))
 
 
 def main() -> None:
@@ -109,10 +136,12 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("/tmp/compare-noise"))
     parser.add_argument("--judge-only", action="store_true")
+    parser.add_argument("--runs-per-side", type=int, nargs="*", default=None,
+                        help="group sizes for the several-runs comparisons (default 3 5 PAIRS)")
     args, extra = parser.parse_known_args()
     if not args.judge_only:
         measure(args.out, args.pairs)
-    judge(args.out, extra)
+    judge(args.out, extra, args.runs_per_side or [3, 5, args.pairs])
 
 
 if __name__ == "__main__":

@@ -12,11 +12,14 @@ from conftest import run_ccbench
 from ccbench.commands.compare import (
     BETWEEN_RUN_THRESHOLD,
     WITHIN_RUN_THRESHOLD,
+    _t_quantile,
     bootstrap_ratio,
+    compare_cases,
     compare_records,
+    welch_ratio,
 )
 from ccbench.errors import UsageError
-from ccbench.records import Record, append_record, record_from_dict
+from ccbench.records import Record, append_record, load_records, record_from_dict
 
 FACTORS = {"allreduce": 1.0, "allgather": 0.5, "reduce-scatter": 0.5, "broadcast": 1.0,
            "alltoall": 0.5}
@@ -216,3 +219,59 @@ def test_refuses_different_rank_combinations() -> None:
     for rec in legacy:
         del rec.method["combine"]
     assert len(compare_records(series(), legacy)[0]) == len(SIZES)
+
+
+@pytest.mark.parametrize(("df", "table"), [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776),
+                                           (10, 2.228), (30, 2.042)])
+def test_t_quantile_matches_the_table(df: int, table: float) -> None:
+    assert _t_quantile(0.975, df) == pytest.approx(table, rel=6e-3)
+
+
+def test_welch_ratio_known_answer() -> None:
+    shift = np.log(1.5)
+    ratio, low, high = welch_ratio([0.0, 0.1, -0.1], [shift, shift + 0.1, shift - 0.1], 0.95)
+    half = _t_quantile(0.975, 4) * np.sqrt(2 * 0.01 / 3)     # equal variances: df = 4
+    assert ratio == pytest.approx(1.5)
+    assert low == pytest.approx(1.5 * np.exp(-half)) and high == pytest.approx(1.5 * np.exp(half))
+
+
+def test_one_run_per_side_marks_are_indicative(tmp_path: Path) -> None:
+    """One run a side cannot see launch-to-launch noise: a change beyond the measured spread is
+    marked with '?' and the status stays 0, unless the user sets the threshold."""
+    base = write(tmp_path / "base.jsonl", series())
+    slow = write(tmp_path / "slow.jsonl", series(seed=40, factor=1.0 + 2 * WITHIN_RUN_THRESHOLD))
+    rows, _ = compare_records(load_records(base), load_records(slow))
+    big = [r for r in rows if r.size >= 1 << 16]
+    assert big and all(r.verdict == "regression" and r.indicative for r in big)
+    proc = run_ccbench("compare", str(base), str(slow))
+    assert proc.returncode == 0, proc.stdout
+    assert "SLOWER?" in proc.stdout and "do not set the exit status" in proc.stdout
+    proc = run_ccbench("compare", str(base), str(slow), "--threshold", "0.1")
+    assert proc.returncode == 1 and "SLOWER?" not in proc.stdout
+
+
+def test_a_case_wide_slowdown_is_found_where_sizes_alone_are_noise(tmp_path: Path) -> None:
+    """Launch noise that differs per size hides a 25 % slowdown at each size; the case pools
+    the sizes, so the slowdown of the whole case is a regression and sets the status."""
+    rng = np.random.default_rng(1)
+    base, slow, same = [], [], []
+    for run in range(5):
+        for j, size in enumerate(SIZES):
+            for side, shift, tag in ((base, 1.0, "b"), (slow, 1.25, "s"), (same, 1.0, "n")):
+                rec = make_record(size=size, median_us=100.0 * shift * (1 + 0.1 * j)
+                                  * float(np.exp(rng.normal(0.0, 0.25))), noise=0.01,
+                                  seed=run * 10 + j)
+                rec.run_id = f"{tag}{run}"
+                side.append(rec)
+    cases = compare_cases(base, slow)
+    assert [(c.basis, c.sizes, c.verdict) for c in cases] == [("between-run", len(SIZES),
+                                                               "regression")]
+    assert 1.1 < cases[0].ratio < 1.45
+    assert compare_cases(base, same)[0].verdict == "same"
+    write(tmp_path / "base.jsonl", base)
+    write(tmp_path / "slow.jsonl", slow)
+    proc = run_ccbench("compare", str(tmp_path / "base.jsonl"), str(tmp_path / "slow.jsonl"),
+                       "--format", "json")
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line["level"] for line in lines] == ["size"] * len(SIZES) + ["case"]
+    assert proc.returncode == 1 and lines[-1]["verdict"] == "regression"
