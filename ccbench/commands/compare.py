@@ -62,9 +62,10 @@ BETWEEN_RUN_THRESHOLD = 0.10
 # the module text). Measured on the 2-core test machine quiet (load 1.5-2.5, 2026-12-03): 10
 # pairs (2 ranks, gloo, every collective, 1K-64K, 20 iterations) differed per case by a
 # median 1.22x, a 95th percentile of 4.5x and a 99th of 5.9x. The cause is the VM: a wakeup
-# across its two vCPUs costs a median 37 us and over 1 ms in 1.7 % of pipe ping-pongs (8 us
-# on one vCPU), so gloo's thread hand-offs land in a 4 ms mode in 13-61 % of operations and a
-# size's median flips between the modes from launch to launch.
+# across its two vCPUs costs a median 37 us and over 1 ms in 1.7 % of pipe ping-pongs at load
+# 0.8 (8 us on one vCPU; benchmarks/bench_wakeup.py), so gloo's thread hand-offs land in a
+# 4 ms mode in 13-61 % of operations and a size's median flips between the modes from launch
+# to launch.
 WITHIN_RUN_THRESHOLD = 0.50
 
 Key = tuple[CaseId, int]        # (case projected on the fields compared, size asked)
