@@ -3,10 +3,11 @@
     build_report(records, "results/report", model=None) -> Report
 
 Figures: bus bandwidth and latency against size per collective (one column per world
-size, one line per backend/library, in-place dashed, p5-p95 band where a panel has at most
-two lines), an overview of every
-collective, a per-rank spread (straggler) view per world size and, with a model file
-from `ccbench calibrate`, prediction against measurement. Tables: peak bus bandwidth,
+size, one line per backend/library, in-place dashed, p5-p95 band; where a panel would hold
+more than two lines, small multiples instead: one row per series with the others in grey,
+ccbench.report.multiples), an overview of every collective (medians), a per-rank spread
+(straggler) view per world size and, with a model file from `ccbench calibrate`,
+prediction against measurement. Tables: peak bus bandwidth,
 latency at 8 B and 1 KiB, and the size at which each series reaches half its peak.
 """
 
@@ -85,6 +86,16 @@ def _fmt_size(x: float) -> str:
             v = x / scale
             return f"{v:.2g}{unit}" if v < 100 else f"{v:.0f}{unit}"
     return size_label(x)
+
+
+def _bytes(n: int) -> str:
+    """8 -> '8 B', 65536 -> '64 KiB': a size in prose."""
+    from ccbench.report.style import size_label
+
+    label = size_label(n)
+    if label[-1].isdigit() or len(label) > 5:      # bytes, or an odd size: 3000 B
+        return f"{n} B"
+    return f"{label[:-1]} {label[-1]}iB"
 
 
 class _Doc:
@@ -180,7 +191,7 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
                  sources: list[str] | None = None, title: str = "ccbench results",
                  formats: tuple[str, ...] = ("png", "svg"), runs: str = "pooled") -> Report:
     from ccbench.errors import UsageError
-    from ccbench.report import figures
+    from ccbench.report import figures, multiples
     from ccbench.report.data import key_numbers, library_versions, runs_note, to_frame
 
     if not records:
@@ -200,7 +211,9 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
     doc.para(f"{len(records)} records from {len(sources or [])} file(s), measured "
              f"{stamps[0][:16].replace('T', ' ')} to {stamps[-1][:16].replace('T', ' ')} UTC. "
              f"{figures.context_line(frame)}.")
+    sizes = sorted(int(s) for s in frame["size"].unique())
     doc.bullets([
+        f"sizes measured: {_bytes(sizes[0])} to {_bytes(sizes[-1])} ({len(sizes)} sizes)",
         f"world sizes: {', '.join(map(str, worlds))}; nodes: "
         f"{', '.join(map(str, sorted(frame['nodes'].unique())))}; hosts: "
         f"{', '.join(sorted(set(','.join(frame['hosts']).split(','))))}",
@@ -209,8 +222,10 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         f"iterations per size: {', '.join(map(str, sorted(frame['iterations'].unique())))} "
         f"(warm-up {', '.join(map(str, sorted(frame['warmup'].unique())))})",
         "time = median over iterations of the slowest rank's time; busbw = algbw x the "
-        "nccl-tests factor; bands: 5th-95th percentile of the iterations, drawn in panels "
-        f"of at most {figures.MAX_BANDED_LINES} lines (more would hide the lines)",
+        "nccl-tests factor; bands: 5th-95th percentile of the iterations, in the "
+        "per-collective figures (a collective with more than "
+        f"{figures.MAX_BANDED_LINES} lines in a panel gets one row per series, the other "
+        "series in grey); the overviews show medians only",
     ])
     several = runs_note(records, runs)
     if several:
@@ -270,12 +285,15 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
 
     # per collective
     doc.heading(2, "Per collective")
-    doc.para("Top: bus bandwidth; bottom: time per operation. One column per world size; "
-             "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations, "
-             f"in panels of at most {figures.MAX_BANDED_LINES} lines.")
+    doc.para("Bus bandwidth and time per operation against size, one column per world size; "
+             "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations. "
+             f"Where more than {figures.MAX_BANDED_LINES} lines would share a panel, each "
+             "series has its own row (small multiples), the other series drawn in grey "
+             "behind it on the same axes.")
     for coll in native["collective"].unique():
         doc.heading(3, coll)
-        name = _save(figures.collective_figure(native, coll), directory, _slug(coll), report)
+        name = _save(multiples.per_collective_figure(native, coll), directory, _slug(coll),
+                     report)
         doc.image(name, f"{coll}: bus bandwidth and latency against size")
 
     if not algos.empty and not algos.equals(native):
@@ -292,7 +310,7 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         doc.image(name, "Algorithms: time per operation against size")
         for coll in algos[algos["backend"].str.contains("@", regex=False)]["collective"].unique():
             doc.heading(3, f"{coll}: algorithms")
-            name = _save(figures.collective_figure(algos, coll), directory,
+            name = _save(multiples.per_collective_figure(algos, coll), directory,
                          f"algorithms-{_slug(coll)}", report)
             doc.image(name, f"{coll}: ccbench algorithms against the native library")
 

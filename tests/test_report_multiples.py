@@ -1,0 +1,125 @@
+"""The per-collective figure: one panel per world size while few lines share it, small
+multiples (one row per series, the others in grey) when many would."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_rgb
+from test_compare import make_record
+
+from ccbench.report import build_report
+from ccbench.report.data import to_frame
+from ccbench.report.multiples import CONTEXT_COLOUR, is_crowded, per_collective_figure
+
+SIZES = [8 << (4 * k) for k in range(5)]          # 8 B ... 512 KiB
+
+#: backend -> (library, version, alpha us, GB/s)
+SERIES = {
+    "gloo": ("gloo", "torch 2.13.0+cpu", 30.0, 2.0),
+    "mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 3.0, 6.0),
+    "oneccl": ("oneCCL", "2022.2.0", 50.0, 3.0),
+    "ring@mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 8.0, 5.0),
+    "tree@mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 6.0, 4.0),
+    "hypercube@mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 5.0, 4.5),
+}
+LABELS = {"gloo": "gloo\n(torch 2.13.0+cpu)", "mpi": "Intel MPI\n2021.18.1",
+          "oneccl": "oneCCL\n2022.2.0", "ring@mpi": "ring@mpi\n(Intel MPI 2021.18.1)",
+          "tree@mpi": "tree@mpi\n(Intel MPI 2021.18.1)",
+          "hypercube@mpi": "hypercube@mpi\n(Intel MPI 2021.18.1)"}
+
+
+def records(backends, worlds=(2, 4), modes=(False, True)) -> list:
+    out = []
+    seed = 0
+    for p in worlds:
+        for backend in backends:
+            lib, version, alpha_us, gbps = SERIES[backend]
+            for inplace in modes:
+                for size in SIZES:
+                    seed += 1
+                    t = alpha_us * math.log2(2 * p) + size / (gbps * 1e3)
+                    out.append(make_record(
+                        backend=backend, size=size, median_us=t, seed=seed, world_size=p,
+                        inplace=inplace, library=lib, version=version,
+                        algorithm="ring" if "@" in backend else "native"))
+    return out
+
+
+def _panels(fig) -> list:
+    """The visible data axes (the legend and the suptitle are not axes)."""
+    return [ax for ax in fig.axes if ax.get_visible()]
+
+
+def _is_grey(line) -> bool:
+    return to_rgb(line.get_color()) == to_rgb(CONTEXT_COLOUR)
+
+
+@pytest.mark.parametrize("backends", [("gloo", "mpi"), ("mpi", "ring@mpi", "tree@mpi"),
+                                      tuple(SERIES)])
+def test_many_series_get_one_row_each(backends) -> None:
+    """N series in and out of place at 2 and 4 ranks: N rows x (busbw, time) x 2 world sizes,
+    every panel with its series' two bands and the other series' lines in grey, every row
+    labelled with its series."""
+    frame = to_frame(records(backends))
+    assert is_crowded(frame, "allreduce")
+    fig = per_collective_figure(frame, "allreduce")
+    n = len(backends)
+    panels = _panels(fig)
+    assert len(panels) == n * 2 * 2
+    for ax in panels:
+        assert sum(isinstance(c, PolyCollection) for c in ax.collections) == 2
+        grey = [line for line in ax.get_lines() if _is_grey(line)]
+        coloured = [line for line in ax.get_lines() if not _is_grey(line)]
+        assert len(grey) == 2 * (n - 1) and len(coloured) == 2
+    labels = [ax.get_ylabel() for ax in panels if ax.get_ylabel()]
+    assert sorted(labels) == sorted(LABELS[b] for b in backends)
+    titles = [ax.get_title() for ax in panels if ax.get_title()]
+    assert titles == ["busbw (GB/s)\n2 ranks", "busbw (GB/s)\n4 ranks",
+                      "time per op\n2 ranks", "time per op\n4 ranks"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["out-of-place", "in-place", "p5-p95", "the other series"]
+    assert "one row per series" in fig._suptitle.get_text()
+
+
+def test_few_lines_keep_one_panel_per_world_size() -> None:
+    """One library in and out of place: two lines a panel, both banded, in the overlay."""
+    frame = to_frame(records(("mpi",)))
+    assert not is_crowded(frame, "allreduce")
+    fig = per_collective_figure(frame, "allreduce")
+    assert len(_panels(fig)) == 4
+    assert "band p5-p95 in panels of at most 2 lines" in fig._suptitle.get_text()
+    # two libraries measured in one mode only: two lines, still one panel
+    frame = to_frame(records(("gloo", "mpi"), modes=(False,)))
+    assert not is_crowded(frame, "allreduce")
+    assert len(_panels(per_collective_figure(frame, "allreduce"))) == 4
+
+
+def test_a_series_missing_at_a_world_size_leaves_its_panel_out() -> None:
+    """Only Intel MPI measured at 3 ranks: that column has one panel, titled, with its size
+    ticks; gloo, absent from it, is still labelled on its first panel."""
+    frame = to_frame(records(("gloo", "mpi", "oneccl"), worlds=(2,))
+                     + records(("mpi",), worlds=(3,)))
+    fig = per_collective_figure(frame, "allreduce")
+    panels = _panels(fig)
+    assert len(panels) == 3 * 2 + 2
+    three = [ax for ax in panels if "3 ranks" in ax.get_title()]
+    assert len(three) == 2
+    for ax in three:
+        assert ax.xaxis.get_label_text() == "size (bytes)"
+        assert all(label.get_visible() for label in ax.get_xticklabels())
+        assert not [line for line in ax.get_lines() if _is_grey(line)]   # no other series
+    labels = sorted(ax.get_ylabel() for ax in panels if ax.get_ylabel())
+    assert labels == sorted(LABELS[b] for b in ("gloo", "mpi", "oneccl"))
+
+
+def test_report_uses_small_multiples_and_names_the_sizes(tmp_path: Path) -> None:
+    report = build_report(records(("gloo", "mpi", "oneccl")), tmp_path / "r",
+                          formats=("png",))
+    assert any(p.stem == "allreduce" for p in report.figures)
+    md = report.markdown.read_text()
+    assert "sizes measured: 8 B to 512 KiB (5 sizes)" in md
+    assert "each series has its own row (small multiples)" in md
