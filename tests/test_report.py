@@ -118,6 +118,15 @@ def test_model_overlay(tmp_path: Path) -> None:
     report = build_report(records, tmp_path / "m", model=model, formats=("png",))
     assert any(p.stem == "model-allreduce" for p in report.figures)
     assert "Model against measurement" in report.markdown.read_text()
+    # calibrate names the library's own algorithm for a "native" record where it is known
+    known = dict(fit, algorithm="ring", algorithm_source="the library's documented ring")
+    report = build_report(records, tmp_path / "k", model=dict(model, fits=[known]),
+                          formats=("png",))
+    assert any(p.stem == "model-allreduce" for p in report.figures)
+    guessed = dict(fit, algorithm="ring")          # an algorithm the records did not run
+    report = build_report(records[:8], tmp_path / "g", model=dict(model, fits=[guessed]),
+                          formats=("png",))
+    assert report.notes and "no fit" in report.notes[0]
     # a model with nothing matching is a note, not a failure
     other = dict(model, fits=[dict(fit, backend="nccl")])
     report = build_report(records[:8], tmp_path / "n", model=other, formats=("png",))

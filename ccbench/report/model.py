@@ -50,6 +50,11 @@ def _matches(fit: dict[str, Any], row: dict[str, Any]) -> bool:
     if fit.get("library") and row.get("library") and fit["library"] != row["library"]:
         return False
     algo = fit.get("algorithm")
+    # calibrate prices a "native" record with its library's own algorithm where that is
+    # known (the fit's algorithm_source says from where): the fit names that algorithm
+    if row.get("algorithm") == "native" and fit.get("algorithm_source", "the records") \
+            != "the records":
+        return True
     return not (algo and row.get("algorithm") and algo != row["algorithm"])
 
 
