@@ -32,10 +32,10 @@ LABELS = {"gloo": "gloo\n(torch 2.13.0+cpu)", "mpi": "Intel MPI\n2021.18.1",
           "hypercube@mpi": "hypercube@mpi\n(Intel MPI 2021.18.1)"}
 
 
-def records(backends, worlds=(2, 4), modes=(False, True)) -> list:
+def records(backends, worlds=(2, 4), modes=(False, True), collectives=("allreduce",)) -> list:
     out = []
     seed = 0
-    for p in worlds:
+    for collective, p in ((c, p) for c in collectives for p in worlds):
         for backend in backends:
             lib, version, alpha_us, gbps = SERIES[backend]
             for inplace in modes:
@@ -43,8 +43,8 @@ def records(backends, worlds=(2, 4), modes=(False, True)) -> list:
                     seed += 1
                     t = alpha_us * math.log2(2 * p) + size / (gbps * 1e3)
                     out.append(make_record(
-                        backend=backend, size=size, median_us=t, seed=seed, world_size=p,
-                        inplace=inplace, library=lib, version=version,
+                        collective=collective, backend=backend, size=size, median_us=t,
+                        seed=seed, world_size=p, inplace=inplace, library=lib, version=version,
                         algorithm="ring" if "@" in backend else "native"))
     return out
 
@@ -123,3 +123,29 @@ def test_report_uses_small_multiples_and_names_the_sizes(tmp_path: Path) -> None
     md = report.markdown.read_text()
     assert "sizes measured: 8 B to 512 KiB (5 sizes)" in md
     assert "each series has its own row (small multiples)" in md
+
+
+def test_heat_map_sizes_are_labelled_when_they_are_not_powers_of_two() -> None:
+    """3 ranks of float32: 12, 24, 48 ... bytes, none a power of two; still 4 labels."""
+    from ccbench.report.figures import _heat_ticks
+
+    assert _heat_ticks([12 << k for k in range(20)]) == [0, 6, 13, 19]
+    assert _heat_ticks([8 << k for k in range(24)]) == [1, 7, 13, 19]    # 16, 1K, 64K, 4M
+    assert _heat_ticks([12]) == [0]
+
+
+def test_legend_takes_one_row_when_it_fits() -> None:
+    """Five libraries in a five-collective overview (14 in): one row, none left alone on a
+    second."""
+    from ccbench.report.figures import overview_figure
+
+    recs = records(("gloo", "mpi", "oneccl"), worlds=(2,), modes=(False,),
+                   collectives=("allreduce", "allgather", "reduce-scatter", "alltoall",
+                                "broadcast"))
+    for library, version in (("MPICH", "MPICH Version: 5.0.2"), ("Open MPI", "Open MPI v5.0.11")):
+        recs += [make_record(collective=r.collective, backend="mpi", size=r.size_used,
+                             median_us=r.time_us["median"], library=library, version=version)
+                 for r in recs if r.library == "gloo"]
+    fig = overview_figure(to_frame(recs), "busbw")
+    assert len(fig.legends[0].get_texts()) == 5
+    assert fig.legends[0]._ncols == 5

@@ -82,9 +82,12 @@ def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
     handles.extend(extra or [])
     ncol = min(len(handles), max(1, ncol))
     budget = fig.get_figwidth() * 10.5           # characters of legend text per row
-    widest = max(len(str(h.get_label())) for h in handles) + 7
-    while ncol > 1 and ncol * widest > budget:
-        ncol -= 1
+    widths = [len(str(h.get_label())) + 7 for h in handles]
+    if sum(widths) <= budget:                    # one row: no entry left alone on a second
+        ncol = len(handles)
+    else:
+        while ncol > 1 and ncol * max(widths) > budget:
+            ncol -= 1
     fig.legend(handles=handles, loc="outside lower center", title=title, ncol=ncol,
                columnspacing=1.6, handlelength=2.6)
 
@@ -302,13 +305,18 @@ def _ratio_label(v: float, _pos: object = None) -> str:
 
 
 def _heat_ticks(sizes: list[int], most: int = 4) -> list[int]:
-    """Indices of the sizes to label: powers of two in step with 1K, at most `most` of them."""
+    """Indices of the sizes to label: powers of two in step with 1K, at most `most` of them;
+    where fewer than two sizes are powers of two (3 ranks: 12, 24, 48 ... bytes), `most`
+    evenly spaced sizes instead."""
     logs = [math.log2(s) if s > 0 else 0 for s in sizes]
     for step in range(1, 31):
         idx = [i for i, k in enumerate(logs) if k == int(k) and (int(k) - 10) % step == 0]
         if len(idx) <= most:
-            return idx or [0]
-    return [0]
+            break
+    if len(idx) >= 2 or len(sizes) < 2:
+        return idx or [0]
+    count = min(most, len(sizes))
+    return sorted({round(k * (len(sizes) - 1) / (count - 1)) for k in range(count)})
 
 
 def _has_seaborn() -> bool:
