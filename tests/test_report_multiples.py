@@ -127,11 +127,13 @@ def test_report_uses_small_multiples_and_names_the_sizes(tmp_path: Path) -> None
 
 def test_heat_map_sizes_are_labelled_when_they_are_not_powers_of_two() -> None:
     """3 ranks of float32: 12, 24, 48 ... bytes, none a power of two; still 4 labels."""
-    from ccbench.report.figures import _heat_ticks
+    from ccbench.report.figures import _heat_label, _heat_ticks
 
     assert _heat_ticks([12 << k for k in range(20)]) == [0, 6, 13, 19]
     assert _heat_ticks([8 << k for k in range(24)]) == [1, 7, 13, 19]    # 16, 1K, 64K, 4M
     assert _heat_ticks([12]) == [0]
+    assert [_heat_label(n) for n in (12, 768, 1536, 2040, 131064, 16 << 20)] == \
+        ["12", "768", "1.5K", "2K", "128K", "16M"]
 
 
 def test_legend_takes_one_row_when_it_fits() -> None:
