@@ -38,4 +38,4 @@ ALLGATHER = Collective(
     input_on="all", method="allgather", call=_call, chakra="ALL_GATHER",
     astra="all-gather-implementation",
     comm_size=lambda size, p: size // p,          # Chakra's comm_size is the shard: the input
-    size_meaning="sendcount x n x elsize")
+    size_meaning="sendcount x n x elsize", schedule_unit="block")

@@ -37,4 +37,4 @@ ALLTOALL = Collective(
     block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=_inputs,
     expected=_expected, result_on="all", input_on="all", method="alltoall", call=_call,
     chakra="ALL_TO_ALL", astra="all-to-all-implementation", comm_size=lambda size, p: size,
-    size_meaning="count x n x elsize")
+    size_meaning="count x n x elsize", schedule_unit="block")

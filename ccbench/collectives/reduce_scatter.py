@@ -31,4 +31,4 @@ REDUCE_SCATTER = Collective(
     inplace="recv-in-send", inputs=reducing_inputs, expected=_expected, result_on="all",
     input_on="all", method="reduce_scatter", call=_call, chakra="REDUCE_SCATTER",
     astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
-    size_meaning="recvcount x n x elsize")
+    size_meaning="recvcount x n x elsize", schedule_unit="block")

@@ -103,6 +103,13 @@ class Collective:
     comm_size: Callable[[int, int], int]
     #: what S is, for docs and help: "count x elsize" ...
     size_meaning: str
+    #: what one unit of an algorithms/ schedule is at size S: "block", one rank's shard (S/p;
+    #: allgather, reduce-scatter, alltoall), or "buffer", the whole buffer (S)
+    schedule_unit: Literal["block", "buffer"] = "buffer"
+
+    def unit_bytes(self, size: float, world_size: int) -> float:
+        """Bytes of one schedule unit at the nccl-tests size S (the replay's block size)."""
+        return float(size) / world_size if self.schedule_unit == "block" else float(size)
 
     def layout(self, size: int, elsize: int, world_size: int) -> Layout:
         count, send, recv, used = self.counts(size, elsize, world_size)

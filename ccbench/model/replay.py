@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ccbench import collectives
 from ccbench.errors import UsageError
 from ccbench.model.topology import Topology
 from ccbench.model.torus_xor import torus_xor_round_time
@@ -50,9 +51,7 @@ Program = list[list[SimStep]]
 
 def unit_bytes(collective: str, size: float, p: int) -> float:
     """Bytes of one schedule unit for the nccl-tests size S (see algorithms.schedule)."""
-    if collective in ("allreduce", "broadcast", "reduce"):
-        return float(size)
-    return float(size) / p
+    return collectives.get(collective).unit_bytes(size, p)
 
 
 def program_from_schedule(schedule: Any, size: float) -> Program:
