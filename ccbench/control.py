@@ -27,6 +27,15 @@ CONNECT_TIMEOUT_S = 30.0
 # a `get` waits on the server up to its own timeout plus this, so that the watchdog, bounded by
 # the same timeout, speaks first and names the ranks that did not arrive
 _GET_SLACK_S = 5.0
+# a rank's connection whose host sends no TCP acknowledgement (to data or to keepalive probes,
+# which the peer's kernel answers even when the rank is stopped or busy) for this long is
+# lost: its host crashed or its link went down. Without it such a connection looks open for
+# ever (nothing is sent on a dead link, so nothing fails), and the rank is only named after
+# --timeout, if at all. Short enough that rank 0 names it before Slurm's own detection ends
+# the step (docs/testbed.md: the testbed's keepalive settings), long for a kernel's ACK.
+PEER_SILENT_S = 8.0
+_KEEPALIVE_IDLE_S = 2
+_KEEPALIVE_INTERVAL_S = 1
 
 
 class StoreLost(RunFailure):
@@ -68,10 +77,13 @@ class ControlServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        state: dict[str, Any] = {"rank": None, "bye": False}
+        state: dict[str, Any] = {"rank": None, "bye": False, "silent": False}
+        _watch_peer(conn)
         with conn, conn.makefile("rwb") as stream:
             try:
                 self._serve_lines(stream, state)
+            except TimeoutError:
+                state["silent"] = True   # the kernel gave up: no ACK for PEER_SILENT_S
             except (OSError, ValueError, KeyError, TypeError):
                 pass          # a broken or foreign connection loses only its own answers
         if state["rank"] is None:
@@ -81,6 +93,8 @@ class ControlServer:
             self.closed.append((state["rank"], state["bye"]))
             if not state["bye"]:
                 self._data[f"dead/{state['rank']}"] = time.time()
+                if state["silent"]:
+                    self._data[f"unreachable/{state['rank']}"] = PEER_SILENT_S
             self._cond.notify_all()
 
     def snapshot(self) -> tuple[int, list[tuple[int, bool]], dict[str, Any]]:
@@ -139,6 +153,24 @@ class ControlServer:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def _watch_peer(conn: socket.socket) -> None:
+    """Keepalive probes and a user timeout on a rank's connection (Linux; elsewhere a dead
+    host is still found by --timeout)."""
+    options = [(socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+               (socket.IPPROTO_TCP, "TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+               (socket.IPPROTO_TCP, "TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+               # with a user timeout, the kernel drops the connection once nothing was
+               # acknowledged for that long, probes or data alike (tcp(7))
+               (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", int(PEER_SILENT_S * 1000))]
+    for level, name, value in options:
+        option = getattr(socket, name, None)
+        if option is not None:
+            try:
+                conn.setsockopt(level, option, value)
+            except OSError:
+                return
 
 
 class ControlClient:

@@ -191,10 +191,16 @@ class Watchdog:
                                            and self._all_running()):
                     self._give_up(f"timed out after {waited:.0f} s")
                 if waited > _DEAD_GRACE_S and self.store.prefix("dead/"):
-                    self._give_up("a rank died")
+                    self._give_up(self._why_dead())
             except StoreLost as lost:
                 if not self._stop.is_set():
                     self._give_up("lost the control store", store_lost=lost)
+
+    def _why_dead(self) -> str:
+        left = {k.split("/")[1] for k in self.store.prefix("left/")}
+        dead = {k.split("/")[1] for k in self.store.prefix("dead/")} - left
+        silent = {k.split("/")[1] for k in self.store.prefix("unreachable/")}
+        return "a rank's host stopped answering" if dead <= silent else "a rank died"
 
     def _all_running(self) -> bool:
         seen = self.rank_states() if self.rank_states is not None else None
@@ -271,6 +277,8 @@ class Watchdog:
         try:
             left = {int(k.split("/")[1]) for k in self.store.prefix("left/")}
             dead = {int(k.split("/")[1]) for k in self.store.prefix("dead/")} - left
+            silent = {int(k.split("/")[1]): float(v)
+                      for k, v in self.store.prefix("unreachable/").items()}
             progress = self.store.prefix("progress/")
             self.store.set(f"progress/{self.rank}", list(self.position))
         except StoreLost as lost:
@@ -278,7 +286,8 @@ class Watchdog:
         except RunFailure:
             return {0: "dead"}
         if dead:                  # a dead rank explains the stop; the others only wait for it
-            return {rank: "dead" for rank in dead}
+            return {rank: f"unreachable: no TCP answer for {silent[rank]:g} s" if rank in silent
+                    else "dead" for rank in dead}
         missing: dict[int, str] = {}
         for rank in range(self.world_size):
             where = tuple(progress.get(f"progress/{rank}", (-1, -1)))

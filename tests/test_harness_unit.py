@@ -107,6 +107,12 @@ def test_watchdog_names_the_ranks_behind_or_dead() -> None:
     assert dog._missing_ranks(None) == {3: "dead"}             # a death explains the stop
     store.set("left/3", 1)                                     # it left on purpose instead
     assert dog._missing_ranks(None) == {2: "", 3: ""}
+    store.set("dead/1", 1)                                     # its host stopped answering
+    store.set("unreachable/1", 8.0)
+    assert dog._missing_ranks(None) == {1: "unreachable: no TCP answer for 8 s"}
+    assert dog._why_dead() == "a rank's host stopped answering"
+    store.set("dead/2", 1)
+    assert dog._why_dead() == "a rank died"
 
 
 def test_memory_store_barrier_and_timeout() -> None:

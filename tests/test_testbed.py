@@ -292,6 +292,16 @@ def test_remote_rank_sigkilled_mid_run(testbed: None, tmp_path: Path) -> None:
     assert len({RecordKey.of(r) for r in records}) == len(records)
 
 
+def _wait_node_idle(node: str, bound_s: float) -> None:
+    deadline = time.monotonic() + bound_s
+    while "idle" not in subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], env=_env(),
+                                       capture_output=True, text=True).stdout:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=_env(),
+                       capture_output=True, timeout=30, check=False)
+        assert time.monotonic() < deadline, f"{node} did not come back"
+        time.sleep(2)
+
+
 SWEEP_KILLED = SWEEP.replace("name: tb\n", "name: tbk\n").replace("sizes: 64K,256K",
                                                                   "sizes: 64K,256K,1M,4M")
 
@@ -344,13 +354,7 @@ def test_slurmd_host_killed_mid_sweep_then_resubmitted(testbed: None, tmp_path: 
     # h1 back: its slurmd again, in its namespace, as `testbed up --slurm` starts it
     up = _ccbench("testbed", "exec", "h1", "--", "slurmd", "-f", str(SLURM_CONF), "-N", "h1")
     assert up.returncode == 0, up.stdout + up.stderr
-    deadline = time.monotonic() + 120
-    while "idle" not in subprocess.run(["sinfo", "-h", "-n", "h1", "-o", "%T"], env=_env(),
-                                       capture_output=True, text=True).stdout:
-        subprocess.run(["scontrol", "update", "nodename=h1", "state=resume"], env=_env(),
-                       capture_output=True, timeout=30, check=False)
-        assert time.monotonic() < deadline, "h1 did not come back"
-        time.sleep(2)
+    _wait_node_idle("h1", 120)
     again = _ccbench("sweep", "tbk.yaml", "--slurm", "--wait", "--wait-timeout", "200",
                      cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -360,3 +364,57 @@ def test_slurmd_host_killed_mid_sweep_then_resubmitted(testbed: None, tmp_path: 
     assert len(records) == 16                   # 2 backends x 2 node counts x 4 sizes
     assert {RecordKey.of(r) for r in before} <= set(counts)
     assert all(r.wrong == 0 and len(set(r.hosts)) == r.nodes for r in records)
+
+
+# long, so that the line can only come from rank 0 noticing the silent host, not the op timeout
+LINK_CUT_TIMEOUT_S = 60
+
+
+def test_remote_link_down_mid_run(testbed: None, tmp_path: Path) -> None:
+    """h1's link set down under srun: rank 0 names rank 1 as unreachable (its control
+    connection gets no TCP answer), srun gives up on h1's slurmstepd by the keepalive of the
+    testbed's slurm.conf, and every rank ends, all long before the link comes back."""
+    out = tmp_path / "r.jsonl"
+    tag = f"testbed-cut-{os.getpid()}"
+    proc = subprocess.Popen(["srun", "-N2", "--ntasks-per-node", "1", sys.executable, "-m",
+                             "ccbench", "allreduce", "--backend", "gloo", "--sizes", "64K-16M",
+                             "--min-time", "0.5", "--timeout", str(LINK_CUT_TIMEOUT_S), "-q",
+                             "-O", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(CCBENCH_TEST_TAG=tag))
+    cut = False
+    try:
+        deadline = time.monotonic() + RUN_BOUND_S
+        while not (out.exists() and len(out.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no records appeared"
+            time.sleep(0.1)
+        subprocess.run(["ip", "-n", "ccb-h1", "link", "set", "eth0", "down"], check=True)
+        cut = True
+        cut_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=LINK_CUT_TIMEOUT_S + 30 + 120)
+        stopped_s = time.monotonic() - cut_at
+        deadline = time.monotonic() + 60        # the rank on h1 leaves on its own
+        while _every_pid_with(tag) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _every_pid_with(tag)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if cut:
+            subprocess.run(["ip", "-n", "ccb-h1", "link", "set", "eth0", "up"], check=False)
+    print(f"srun ended {stopped_s:.0f} s after the link went down")
+    assert proc.returncode != 0
+    assert not left, f"processes of the run left with h1's link still down: {left}"
+    errors = [line for line in stderr.splitlines() if line.startswith("ccbench: error:")]
+    assert len(errors) == 1, stderr
+    assert "allreduce" in errors[0] and "ranks that did not arrive: 1 (unreachable" in errors[0], \
+        errors
+    assert "Traceback" not in stderr
+    lines = out.read_text().splitlines()
+    records = load_records(out)
+    assert len(records) == len(lines) >= 2 and all(json.loads(line) for line in lines)
+    assert all(r.wrong == 0 and r.nodes == 2 for r in records)
+    assert len({RecordKey.of(r) for r in records}) == len(records)
+    _wait_node_idle("h1", 120)                  # for whatever runs next on this testbed

@@ -18,11 +18,12 @@ from ccbench.errors import RunFailure
 from ccbench.testbed.net import STATE_DIR, host_command
 from ccbench.testbed.topology import Plan
 
-__all__ = ["PARTITION", "render_conf", "slurm_env", "start_slurm"]
+__all__ = ["KEEPALIVE", "PARTITION", "render_conf", "slurm_env", "start_slurm"]
 
 PARTITION = "testbed"
 CLUSTER = "ccbtestbed"
 _IDLE_TIMEOUT_S = 90.0
+KEEPALIVE = "keepalivetime=5,keepaliveinterval=5,keepaliveprobes=4"
 
 
 def conf_dir() -> Path:
@@ -75,6 +76,11 @@ MinJobAge=300
 SlurmctldTimeout=30
 SlurmdTimeout=30
 Waittime=0
+# srun <-> slurmstepd connections: probe after 5 s idle, give up after 4 unanswered probes 5 s
+# apart. Without it, srun waits for ever on a host whose link went down (nothing is sent on
+# the idle connection, so nothing fails). At least 20 s, so that rank 0 (which finds the
+# silent host in ccbench.control.PEER_SILENT_S) names the rank before srun kills the step.
+CommunicationParameters={KEEPALIVE}
 {nodes}
 PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
