@@ -35,7 +35,7 @@ from ccbench.output import Progress, TableWriter, make_writer
 from ccbench.records import Record, append_record, cut_torn_tail
 from ccbench.records.table import finish_parquet, journal_path
 from ccbench.repeats import repeat_from_env
-from ccbench.sysinfo import cpu_model, node_cores, oversubscription_note
+from ccbench.sysinfo import available_memory, cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
 
 __all__ = ["BenchConfig", "run_benchmark"]
@@ -138,11 +138,8 @@ def _await_ranks(store: ControlClient, info: LaunchInfo, watchdog: Watchdog,
 
 def _check_memory(config: BenchConfig, info: LaunchInfo) -> None:
     """Refuse sizes that cannot fit before allocating anything."""
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as handle:
-            fields = dict(line.split(":", 1) for line in handle)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
+    available = available_memory()
+    if available is None:
         return
     largest = 0
     for collective in config.collectives:

@@ -38,3 +38,14 @@ def oversubscription_note(ranks: int, cores: int, what: str = "cores") -> str | 
     return (f"ccbench: note: {ranks} ranks on {cores} {what}: ranks take turns on the {what}, "
             f"so times include waiting for a {what[:-1]} and are not the library's "
             f"(recorded as oversubscribed; -n {cores} gives numbers of the library)")
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable); None where
+    /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.backends.base import Backend, BackendFactory, RankContext
+from ccbench.backends.base import Backend, BackendFactory, BoundBackend, RankContext
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
 from ccbench.collectives import get as get_collective
 from ccbench.errors import RunFailure, UsageError, choices_error
@@ -126,7 +126,7 @@ def algorithm_backend_class(name: str, device: str = "cpu") -> AlgorithmSpec:
                          transport_factory=backend_class(transport, device))
 
 
-class AlgorithmBackend(Backend):
+class AlgorithmBackend(BoundBackend):
     """ccbench's collectives run algorithms/ schedules over a wrapped backend's messages."""
 
     def __init__(self, ctx: RankContext, spec: AlgorithmSpec, inner: Backend) -> None:
@@ -268,26 +268,3 @@ class AlgorithmBackend(Backend):
             return functools.partial(_sum_then_divide, total, r, self.ctx.world_size)
         return executor.bound_call(arr(send), r, (op or "sum") if spec.reduces else None, dtype)
 
-    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        self.bind(collective, send, recv, op, root)()
-
-    def broadcast(self, buf: Any, root: int) -> None:
-        self.run("broadcast", buf, buf, None, root)
-
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        self.run("allreduce", send, recv, op, 0)
-
-    def allgather(self, send: Any, recv: Any) -> None:
-        self.run("allgather", send, recv, None, 0)
-
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        self.run("reduce-scatter", send, recv, op, 0)
-
-    def alltoall(self, send: Any, recv: Any) -> None:
-        self.run("alltoall", send, recv, None, 0)
-
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self.run("reduce", send, recv, op, root)
-
-    def sendrecv(self, send: Any, recv: Any) -> None:
-        self.run("sendrecv", send, recv, None, 0)     # no schedule: unsupported() refuses it

@@ -193,6 +193,39 @@ class Backend(ABC):
         get_collective(collective).call(self, send, recv, op or "sum", root)
 
 
+class BoundBackend(Backend):
+    """A backend whose collectives are all its `bind()`: every method runs the bound call (the
+    algorithm backends, and NCCL through CuPy, where bind builds the call, graph or group)."""
+
+    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
+        self.bind(collective, send, recv, op, root)()
+
+    @abstractmethod
+    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
+             ) -> Callable[[], None]: ...
+
+    def broadcast(self, buf: Any, root: int) -> None:
+        self.run("broadcast", buf, buf, None, root)
+
+    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+        self.run("allreduce", send, recv, op, 0)
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        self.run("allgather", send, recv, None, 0)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+        self.run("reduce-scatter", send, recv, op, 0)
+
+    def alltoall(self, send: Any, recv: Any) -> None:
+        self.run("alltoall", send, recv, None, 0)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.run("reduce", send, recv, op, root)
+
+    def sendrecv(self, send: Any, recv: Any) -> None:
+        self.run("sendrecv", send, recv, None, 0)
+
+
 @dataclass(frozen=True)
 class Batch:
     """`batch(N)` runs N back-to-back calls; `description` says how, for the record."""

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
+from ccbench.backends.base import Batch, BoundBackend, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
@@ -86,7 +86,7 @@ def nccl_cupy_version() -> tuple[str | None, str | None]:
         return None, f"ncclGetVersion failed: {exc}"
 
 
-class NCCLCupyBackend(Backend):
+class NCCLCupyBackend(BoundBackend):
     """NCCL through cupy.cuda.nccl.NcclCommunicator on CuPy device buffers."""
 
     name = "nccl-cupy"
@@ -292,31 +292,6 @@ class NCCLCupyBackend(Backend):
         if self.ctx.options.cuda_graph:
             return _GRAPH_CALL
         return _GROUP_CALL if collective in ("alltoall", "sendrecv") else _DIRECT_CALL
-
-    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        """The harness's untimed call (validation): the graph when graphs are on."""
-        self.bind(collective, send, recv, op, root)()
-
-    def broadcast(self, buf: Any, root: int) -> None:
-        self.run("broadcast", buf, buf, None, root)
-
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        self.run("allreduce", send, recv, op, 0)
-
-    def allgather(self, send: Any, recv: Any) -> None:
-        self.run("allgather", send, recv, None, 0)
-
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        self.run("reduce-scatter", send, recv, op, 0)
-
-    def alltoall(self, send: Any, recv: Any) -> None:
-        self.run("alltoall", send, recv, None, 0)
-
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self.run("reduce", send, recv, op, root)
-
-    def sendrecv(self, send: Any, recv: Any) -> None:
-        self.run("sendrecv", send, recv, None, 0)
 
     # -- point to point: the algorithms over NCCL -------------------------------------------
     def point_to_point(self, device: bool) -> Transport | None:

@@ -30,7 +30,7 @@ from ccbench.control import ControlServer
 from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.launchers import MPI_CONTROL_VAR
 from ccbench.storehost import LABEL_KEY, unexplained_end
-from ccbench.sysinfo import usable_cores
+from ccbench.sysinfo import available_memory, usable_cores
 
 
 class _RankCountOnce(argparse.Action):
@@ -281,11 +281,8 @@ def _check_rank_count(nprocs: int) -> None:
     """Refuse a rank count this machine cannot start, before starting any."""
     if nprocs < 1:
         raise UsageError(f"-n must be >= 1, got {nprocs}")
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as handle:
-            fields = dict(line.split(":", 1) for line in handle)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
+    available = available_memory()
+    if available is None:
         return
     limit = max(1, available // _RANK_MEMORY)
     if nprocs > limit:
