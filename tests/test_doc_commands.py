@@ -219,7 +219,7 @@ SHORTEN: list[tuple[re.Pattern[str], Callable[[Env, str], str], str]] = [
 # The exit status the documentation promises when it is not 0.
 STATUS: list[tuple[re.Pattern[str], set[int], str]] = [
     (re.compile(r"^ccbench compare "), {0, 1},
-     "results/README.md: compare exits 1 when any case is slower (Open MPI vs Intel MPI: some are)"),
+     "compare exits 1 when a case regressed by a verdict that counts (several runs a side)"),
     (re.compile(r"(^|\s)tests/gpu/check\.sh$"), {0, 3},
      "tests/gpu/check.sh: exit 3 when no GPU is visible (nothing checked), 0 when every step passed"),
 ]
