@@ -167,21 +167,28 @@ def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
                    watchdog: Watchdog, count: int, on_sample: OnSample = None
                    ) -> tuple[list[float], str | None]:
     """`count` samples in seconds, on this rank. Per-op: barrier, clock, one bound library
-    call, synchronize, clock. Pipelined: barrier, clock, a batch of --pipeline calls run by the
-    backend's loop (no Python between the calls), one synchronize, clock; divided by the batch."""
-    barrier, synchronize = backend.barrier, backend.synchronize
+    call, synchronize (device backends), clock. Pipelined: barrier, clock, a batch of
+    --pipeline calls run by the backend's loop (no Python between the calls), one synchronize,
+    clock; divided by the batch. A loop with its own clock (Batch.timed) reads it itself, right
+    around the calls."""
+    barrier, synchronize = backend.barrier, device_synchronize(backend)
     clock = time.perf_counter
     samples = []
     if method.timing == "pipelined":
         batch = backend.bind_batch(case.collective, bufs.send, bufs.recv, case.op, case.root)
         depth = method.pipeline
+        timed = batch.timed if synchronize is None else None
         for _ in range(count):
             watchdog.enter()
             barrier()
-            start = clock()
-            batch(depth)
-            synchronize()
-            samples.append((clock() - start) / depth)
+            if timed is not None:
+                samples.append(timed(depth) / depth)
+            else:
+                start = clock()
+                batch(depth)
+                if synchronize is not None:
+                    synchronize()
+                samples.append((clock() - start) / depth)
             watchdog.leave()
             if on_sample is not None:
                 on_sample(len(samples), count)
@@ -192,12 +199,21 @@ def _timed_samples(backend: Backend, case: Case, bufs: _Buffers, method: Method,
         barrier()
         start = clock()
         call()
-        synchronize()
+        if synchronize is not None:
+            synchronize()
         samples.append(clock() - start)
         watchdog.leave()
         if on_sample is not None:
             on_sample(len(samples), count)
     return samples, None
+
+
+def device_synchronize(backend: Backend) -> Callable[[], None] | None:
+    """The backend's synchronize, or None where it is Backend's no-op (host libraries): the
+    timed region then holds no call but the library's."""
+    if type(backend).synchronize is Backend.synchronize:
+        return None
+    return backend.synchronize
 
 
 def _local_copy_us(backend: Backend, case: Case, bufs: _Buffers, count: int) -> float | None:
