@@ -10,11 +10,16 @@ separate launches, and the spread between launches is printed beside it.
 
 What is compared: IMB's t_avg (mean over ranks of each rank's mean over -iter calls) and OSU's
 average latency against ccbench's median over samples (max over ranks) of
-`--timing pipelined --pipeline N` (N calls from a C loop per sample) and of `--timing per-op`.
+`--timing pipelined --pipeline N` (N calls from a C loop that reads the clock around them) and
+of `--timing per-op`; the bare loops are combined as ccbench combines (max over ranks per
+sample). Separate launches compare process states as much as code: where one launch is fast
+and the next slow (a 2-vCPU VM, benchmarks/bench_wakeup.py), benchmarks/bench_timed_region.py
+runs ccbench's timed region and a bare loop in the same processes instead.
 
 Run: python benchmarks/bench_harness.py [--rounds 3]   (prints Markdown tables)
 With the Python of an MPICH or Open MPI environment it measures that MPI (no IMB there: OSU
-is the reference).
+is the reference; Open MPI's mpiexec refuses root unless OMPI_ALLOW_RUN_AS_ROOT=1 and
+OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 are set).
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ def ccbench(backend: str, timing: str, *extra: str) -> Times:
 
 
 BARE_MPI = r"""
-import sys, time, numpy as np, mpi4py
+import json, sys, time, numpy as np, mpi4py
 mpi4py.rc.thread_level = "funneled"
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
@@ -101,11 +106,11 @@ for size in map(int, sys.argv[1:]):
         comm.Barrier(); start = time.perf_counter()
         for _ in range(50): comm.Allreduce(send, recv, MPI.SUM)
         runs.append((time.perf_counter() - start) / 50 * 1e6)
-    if comm.rank == 0: print(size, sorted(runs)[len(runs) // 2], flush=True)
+    print(json.dumps([comm.rank, size, runs]), flush=True)
 """
 
 BARE_GLOO = r"""
-import os, sys, time, torch, torch.distributed as dist
+import json, os, sys, time, torch, torch.distributed as dist
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1],
                         rank=int(os.environ["R"]), world_size=2)
@@ -116,14 +121,23 @@ for size in map(int, sys.argv[2:]):
     for _ in range(100):
         dist.barrier(); start = time.perf_counter(); dist.all_reduce(t)
         times.append((time.perf_counter() - start) * 1e6)
-    if dist.get_rank() == 0: print(size, sorted(times)[len(times) // 2], flush=True)
+    print(json.dumps([dist.get_rank(), size, times]), flush=True)
 """
 
 
+def _max_over_ranks(out: str) -> Times:
+    """Per size: the median over samples of the max over ranks, as ccbench combines them."""
+    ranks: dict[int, dict[int, list[float]]] = {}
+    for line in out.splitlines():
+        rank, size, times = json.loads(line)
+        ranks.setdefault(size, {})[rank] = times
+    return {size: statistics.median(max(pair) for pair in zip(*per_rank.values(), strict=True))
+            for size, per_rank in ranks.items()}
+
+
 def bare_mpi4py() -> Times:
-    out = _run([str(BIN / "mpiexec"), "-n", "2", sys.executable, "-c", BARE_MPI,
-                *map(str, SIZES)])
-    return {int(a): float(b) for a, b in (line.split() for line in out.splitlines())}
+    return _max_over_ranks(_run([str(BIN / "mpiexec"), "-n", "2", sys.executable, "-c",
+                                 BARE_MPI, *map(str, SIZES)]))
 
 
 def bare_gloo() -> Times:
@@ -133,9 +147,8 @@ def bare_gloo() -> Times:
     procs = [subprocess.Popen([sys.executable, "-c", BARE_GLOO, port, *map(str, SIZES)],
                               env={**ENV, "R": str(r)}, stdout=subprocess.PIPE, text=True)
              for r in (0, 1)]
-    out = procs[0].communicate(timeout=900)[0]
-    procs[1].wait(timeout=60)
-    return {int(a): float(b) for a, b in (line.split() for line in out.splitlines())}
+    out = [proc.communicate(timeout=900)[0] for proc in procs]
+    return _max_over_ranks("".join(out))
 
 
 TOOLS: dict[str, Callable[[], Times]] = {
