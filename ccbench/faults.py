@@ -1,9 +1,13 @@
 """Fault injection for the fault-matrix tests and benchmark: `CCBENCH_FAULT=PHASE:RANK:ACTION`
 makes one rank really die, stop or exit at a chosen point, so every phase can be hit on time.
 
-Phases: start-up (before the control store and MPI_Init), init (the backend's
-initialisation), mid-run (the third measured size), shutdown (after the last record, before
-the closing barrier). Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
+Phases: before-connect (start-up, while the rank has not connected to the control store yet:
+the victim first waits CCBENCH_FAULT_LATE_S seconds, default 12, so that the other ranks have
+connected and wait for it, as when a rank dies while its interpreter starts on a loaded
+machine), start-up (before the control store and MPI_Init; where the store is up before any
+rank starts, between connecting and MPI_Init), init (the backend's initialisation), mid-run
+(the third measured size), shutdown (after the last record, before the closing barrier).
+Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
 unreachable (start-up only: the control store address becomes one that does not resolve).
 Not a fault but the same hook: late (start-up or init: sleep CCBENCH_FAULT_LATE_S seconds, default
 12, as a rank on a loaded machine may take to start; the run must not fail for it).
@@ -28,7 +32,7 @@ from ccbench.errors import UsageError
 __all__ = ["ACTIONS", "LATE", "LAUNCHERS", "PHASES", "UNREACHABLE_HOST", "Cell", "Outcome",
            "inject", "planned", "run_cell", "tagged_processes"]
 
-PHASES = ("start-up", "init", "mid-run", "shutdown")
+PHASES = ("before-connect", "start-up", "init", "mid-run", "shutdown")
 ACTIONS = ("kill", "stop", "exit", "unreachable")
 LATE = "late"                                  # not a fault: a rank that starts late
 UNREACHABLE_HOST = "control-store.invalid"     # .invalid never resolves (RFC 2606)
@@ -57,8 +61,9 @@ def inject(phase: str, rank: int) -> None:
     if plan is None or plan[0] != phase:
         return
     action = plan[1]
-    if action == LATE:
+    if action == LATE or phase == "before-connect":
         time.sleep(float(os.environ.get("CCBENCH_FAULT_LATE_S", "12")))
+    if action == LATE:
         return
     log = os.environ.get("CCBENCH_FAULT_LOG")
     if log:                              # when the fault happened, for the stop-time figures
@@ -76,7 +81,8 @@ def inject(phase: str, rank: int) -> None:
 
 ERROR_PREFIX = "ccbench: error:"
 # what the error line must name for each phase (the label of the step that stopped)
-PHASE_WORDS = {"start-up": ("start-up",), "init": ("initialisation", "start-up"),
+PHASE_WORDS = {"before-connect": ("start-up",), "start-up": ("start-up",),
+               "init": ("initialisation", "start-up"),
                "mid-run": ("allreduce",), "shutdown": ("end of the run",)}
 
 

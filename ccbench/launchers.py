@@ -137,6 +137,7 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
     server: ControlServer | None = None
     host, port = "127.0.0.1", 0
     env = os.environ
+    inject("before-connect", info.rank)
     if not (info.launcher == "mpiexec" and MPI_CONTROL_VAR in env):
         inject("start-up", info.rank)
     if info.launcher == "local":

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ccbench.control import ControlServer
+from ccbench.rankexits import first_ended
 
 __all__ = ["LABEL_KEY", "start_store_host"]
 
@@ -66,26 +67,55 @@ def _serve(server: ControlServer, launcher: str) -> None:
 
 
 def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str,
-                    world_size: int | None = None, arrived: set[int] | None = None
-                    ) -> str | None:
-    """The error line for ranks that all went, some without a goodbye, none saying why. With
-    `world_size` and `arrived` (the ranks that ever connected), when no connection closed
-    without a goodbye, a rank that never connected while others did is the one that did not
-    arrive (it died during start-up, before connecting)."""
+                    world_size: int | None = None, arrived: set[int] | None = None,
+                    exits: tuple[list[list[int]], set[int]] | None = None) -> str | None:
+    """The error line for ranks that all went, some without a goodbye, none saying why.
+
+    Which rank went first: by default the rank whose connection closed first. With
+    `world_size` and `arrived` (the ranks that ever connected) and `exits` (the order in which
+    the rank processes ended, and the ranks whose process was ever seen: ccbench.rankexits),
+    the processes decide, since a rank that dies while its interpreter starts never connects
+    (its healthy peers' connections are the ones that close), and connections closed within
+    milliseconds of each other may be seen in either order:
+    - a rank that never connected and whose process was never seen, while others' were, went
+      before any of them (the watcher finds a rank's process within tens of milliseconds; one
+      that lived long enough to be ended by mpiexec was found);
+    - else the rank whose process ended first; when the watcher saw several end at once (it
+      was kept off the CPU), one that never connected (mpiexec ended the others once it had
+      died, never the other way round), else the one whose connection closed first;
+    - with nothing seen, a rank that never connected while the others' connections closed
+      with a goodbye, or the rank whose connection closed first.
+    """
     if "aborted" in data or any(key.startswith("left/") for key in data):
         return None
     dead = [rank for rank, bye in closed if not bye]
-    never = sorted(set(range(world_size)) - arrived) if world_size and arrived else []
-    if not dead and never:
-        names = ", ".join(f"{rank} (dead)" for rank in never)
-        which = f"rank {never[0]}" if len(never) == 1 else f"ranks {', '.join(map(str, never))}"
+    said_bye = {rank for rank, bye in closed if bye}
+    arrived = arrived or set()
+    never = sorted(set(range(world_size)) - arrived) if world_size else []
+    culprits: list[int] = []
+    if exits is not None and exits[1]:
+        order, seen = exits
+        culprits = [rank for rank in never if rank not in seen]
+        if not culprits:
+            first = first_ended(order, said_bye)
+            tied = [rank for rank in first if rank in never] or \
+                sorted(first, key=lambda rank: dead.index(rank) if rank in dead else len(dead))
+            culprits = tied[:1]
+    if not culprits:
+        if not dead and never and arrived:
+            culprits = never
+        elif dead:
+            culprits = dead[:1]
+    if not culprits:
+        return None
+    names = ", ".join(f"{rank} (dead)" for rank in culprits)
+    which = f"rank {culprits[0]}" if len(culprits) == 1 else \
+        f"ranks {', '.join(map(str, culprits))}"
+    if set(culprits) <= set(never):        # none of them ever connected
         return (f"ccbench: error: start-up: {which} ended before connecting to the control "
                 f"store and {launcher} then ended the others; ranks that did not arrive: "
                 f"{names}")
-    if not dead:
-        return None
     labels = [value for key, value in data.items() if key.startswith(LABEL_KEY)]
     label = max(labels, key=lambda item: int(item[0]))[1] if labels else "start-up"
-    first = dead[0]
-    return (f"ccbench: error: {label}: rank {first} ended without a word and {launcher} then "
-            f"ended the others; ranks that did not arrive: {first} (dead)")
+    return (f"ccbench: error: {label}: {which} ended without a word and {launcher} then "
+            f"ended the others; ranks that did not arrive: {names}")

@@ -29,6 +29,7 @@ from ccbench.arrivals import LAUNCHER_PID_VAR
 from ccbench.control import ControlServer
 from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.launchers import MPI_CONTROL_VAR
+from ccbench.rankexits import RankExits
 from ccbench.storehost import LABEL_KEY, unexplained_end
 from ccbench.sysinfo import available_memory, usable_cores
 
@@ -332,6 +333,8 @@ class Supervisor:
         # the control store of ranks under mpiexec (one command): when they all went without a
         # word, it tells which rank went first and what they were doing
         self.store, self.world_size = store, world_size
+        # and the order in which the rank processes below that mpiexec ended
+        self.exits: RankExits | None = None
         self.stalled: list[int] = []        # ranks the others gave up on, silently
         self.stalled_label = ""
         self.ended_here = False             # the group was killed here, not ended by itself
@@ -371,6 +374,8 @@ class Supervisor:
                 raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
             if not self.group:
                 self.group = proc.pid
+            if self.store is not None and self.exits is None:
+                self.exits = RankExits(proc.pid, self.world_size).start()
             self.procs.append(proc)
             assert proc.stderr is not None
             reader = threading.Thread(target=self._pass_stderr, args=(proc.stderr,), daemon=True)
@@ -399,6 +404,8 @@ class Supervisor:
             time.sleep(0.05)
 
     def _kill_group(self) -> None:
+        if self.exits is not None:          # what this does to the ranks is not their doing
+            self.exits.stop()
         if self.group:
             try:
                 os.killpg(self.group, signal.SIGKILL)
@@ -489,7 +496,9 @@ class Supervisor:
         # no rank's line came through: what a rank posted as said (`aborted`) or as leaving
         # quietly after it was lost with the mpiexec's output (Open MPI's, once it ends them)
         data = {k: v for k, v in data.items() if k != "aborted" and not k.startswith("left/")}
-        line = unexplained_end(closed, data, "mpiexec", self.world_size, set(self.store.arrived))
+        exits = self.exits.snapshot() if self.exits is not None else None
+        line = unexplained_end(closed, data, "mpiexec", self.world_size, set(self.store.arrived),
+                               exits)
         return line.removeprefix(_ERROR.decode()).strip() if line else None
 
 

@@ -1,0 +1,170 @@
+"""The order in which the rank processes under an mpiexec end, as the launcher sees it.
+
+An mpiexec that ends every rank when one dies (MPICH's on a signal, Open MPI's on any failure)
+leaves no rank to say which one it was. The control store's connections do not tell it
+reliably: a rank that dies while its interpreter starts never connected, so the first
+connection to close is a healthy rank's, ended by mpiexec; and the store serves each
+connection in a thread of its own, so connections that close within milliseconds of each
+other can be seen in either order on a loaded machine.
+
+The processes themselves do tell: mpiexec reacts to the first death through at least two
+other processes (its proxy, then mpiexec itself, then the proxy again, or Open MPI's event
+loop), while a pidfd (Linux 5.3) wakes this watcher at the very moment a rank exits. So one
+thread finds the ranks below mpiexec in /proc (their parent chain leads to mpiexec, and the
+MPI's rank variable is in their environment) and blocks in poll() on their pidfds; ranks
+that end while that thread was kept off the CPU are reported together, as a tie. Watching
+every rank's process costs one poll() wake-up per exit; finding them, a scan of /proc every
+20 ms until every rank has been found.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from pathlib import Path
+
+__all__ = ["RANK_VARS", "RankExits", "first_ended"]
+
+# the rank of a process started by mpiexec: hydra (MPICH, Intel MPI), Open MPI, PMIx
+RANK_VARS = (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK")
+_SCAN_S = 0.02
+_GONE = ("Z", "X")
+
+
+class RankExits:
+    """`RankExits(mpiexec_pid, world_size).start()`, later `snapshot()`: the ranks in the order
+    their processes ended (each entry the ranks seen ending at the same wake-up), and every
+    rank whose process was found alive. `stop()` before ending the ranks oneself, so that
+    only what happened to them on its own is recorded."""
+
+    def __init__(self, root: int, world_size: int) -> None:
+        self.root, self.world_size = root, world_size
+        self.order: list[list[int]] = []
+        self.seen: set[int] = set()
+        self._pids: dict[int, int] = {}              # pid -> rank, still running
+        self._fds: dict[int, int] = {}               # pidfd -> rank
+        self._polled: dict[int, int] = {}            # pid -> rank, without a pidfd
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ccbench-rank-exits",
+                                        daemon=True)
+
+    def start(self) -> RankExits:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for fd in list(self._fds):
+            os.close(fd)
+        self._fds.clear()
+
+    def snapshot(self) -> tuple[list[list[int]], set[int]]:
+        with self._lock:
+            return [list(event) for event in self.order], set(self.seen)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        while not self._stop.is_set():
+            searching = len(self.seen) < self.world_size
+            if searching:
+                for pid, rank in _ranks_below(self.root).items():
+                    if rank not in self.seen and pid not in self._pids:
+                        self._watch(poller, pid, rank)
+            wait_s = _SCAN_S if searching or self._polled else 0.2
+            ended = [self._fds[fd] for fd, _ in poller.poll(wait_s * 1000) if fd in self._fds]
+            for fd in [fd for fd, rank in self._fds.items() if rank in ended]:
+                poller.unregister(fd)
+            ended += [rank for pid, rank in self._polled.items() if _gone(pid)]
+            if ended:
+                self._ended(ended)
+
+    def _watch(self, poller: select.poll, pid: int, rank: int) -> None:
+        with self._lock:
+            self.seen.add(rank)
+            self._pids[pid] = rank
+        opener = getattr(os, "pidfd_open", None)
+        try:
+            if opener is None:
+                raise OSError("no pidfd")
+            fd = opener(pid)
+        except ProcessLookupError:            # gone between the scan and here
+            self._ended([rank])
+            return
+        except OSError:                       # an old kernel: look at /proc each round
+            self._polled[pid] = rank
+            return
+        self._fds[fd] = rank
+        poller.register(fd, select.POLLIN)
+
+    def _ended(self, ranks: list[int]) -> None:
+        with self._lock:
+            self.order.append(sorted(set(ranks)))
+            for pid in [pid for pid, rank in self._pids.items() if rank in ranks]:
+                del self._pids[pid]
+                self._polled.pop(pid, None)
+
+
+def _ranks_below(root: int) -> dict[int, int]:
+    """pid -> rank of the rank processes descending from `root`: the first process on each
+    branch with a rank variable (not its children: the MPI_Init guard inherits the rank's
+    environment)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+            fields = text[text.rindex(")") + 2:].split()
+        except (OSError, ValueError):
+            continue
+        if fields[0] not in _GONE:
+            parents[int(entry.name)] = int(fields[1])
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found: dict[int, int] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        rank = _rank_of(pid)
+        if rank is None:
+            todo.extend(children.get(pid, []))
+        else:
+            found[pid] = rank
+    return found
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for item in raw.split(b"\0"):
+        name, _, value = item.partition(b"=")
+        if name in RANK_VARS:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return text[text.rindex(")") + 2:].split()[0] in _GONE
+
+
+def first_ended(order: list[list[int]], said_bye: set[int]) -> list[int]:
+    """The ranks of the first exit that was not a rank leaving after its goodbye."""
+    for event in order:
+        ranks = [rank for rank in event if rank not in said_bye]
+        if ranks:
+            return ranks
+    return []
