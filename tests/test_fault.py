@@ -112,6 +112,7 @@ def test_mpi_rank_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 # gloo, MPI, oneCCL, an algorithm over MPI) at least once; few enough to take a few minutes on
 # a loaded machine.
 CELLS = [
+    Cell("mpi", 2, 1, "kill", "before-connect"),
     Cell("gloo", 2, 0, "stop", "mid-run"),
     Cell("gloo", 3, 1, "unreachable", "start-up"),
     Cell("mpi", 3, 2, "kill", "start-up"),
@@ -142,6 +143,7 @@ def test_fault_cell(cell: Cell, tmp_path: Path) -> None:
 # clashes with Intel MPI's): CCBENCH_OTHER_MPI_PYTHONS lists those venvs' interpreters,
 # comma-separated (.ci/run makes them).
 OTHER_MPI_CELLS = [
+    Cell("mpi", 2, 1, "kill", "before-connect"),     # rank 0 connected, then was ended
     Cell("mpi", 2, 1, "kill", "mid-run"),
     Cell("mpi", 3, 0, "kill", "start-up"),
     Cell("mpi", 3, 2, "exit", "init"),
@@ -348,6 +350,41 @@ def test_store_host_names_the_rank_that_went_first_and_only_when_nobody_spoke() 
                                                              {0, 2}) or "")
 
 
+def test_store_verdict_goes_by_which_rank_process_ended_first() -> None:
+    """With the order in which the rank processes ended (ccbench.rankexits), the rank that
+    ended first is named, not the rank whose connection closed first."""
+    from ccbench.storehost import unexplained_end
+
+    def named(closed: list[tuple[int, bool]], arrived: set[int], order: list[list[int]],
+              seen: set[int]) -> str:
+        line = unexplained_end(closed, {}, "mpiexec", 3, arrived, (order, seen))
+        assert line is not None
+        return line.rpartition("did not arrive: ")[2]
+
+    # rank 1 died while starting (never connected); mpiexec then ended 0 and 2
+    assert named([(0, False), (2, False)], {0, 2}, [[1], [0], [2]], {0, 1, 2}) == "1 (dead)"
+    # the same, the watcher kept off the CPU until all three had ended: a tie, and the rank
+    # that never connected is the one mpiexec reacted to
+    assert named([(0, False), (2, False)], {0, 2}, [[0, 1, 2]], {0, 1, 2}) == "1 (dead)"
+    # rank 1 ended before its process could even be seen
+    assert named([(2, False), (0, False)], {0, 2}, [[0], [2]], {0, 2}) == "1 (dead)"
+    # every rank connected; rank 2 died, the others' connections happened to close first
+    assert named([(0, False), (1, False), (2, False)], {0, 1, 2}, [[2], [0, 1]],
+                 {0, 1, 2}) == "2 (dead)"
+    # a tie among connected ranks: the connection that closed first
+    assert named([(1, False), (0, False), (2, False)], {0, 1, 2}, [[0, 1, 2]],
+                 {0, 1, 2}) == "1 (dead)"
+    # a rank that said goodbye and left is not the one that failed
+    assert named([(0, True), (1, False), (2, False)], {0, 1, 2}, [[0], [2], [1]],
+                 {0, 1, 2}) == "2 (dead)"
+    # nothing seen (a /proc that shows nothing): the connections, as before
+    assert named([(2, False), (0, False)], {0, 1, 2}, [], set()) == "2 (dead)"
+    # nobody connected yet: the process that ended first
+    line = unexplained_end([], {}, "mpiexec", 3, set(), ([[2], [0, 1]], {0, 1, 2}))
+    assert line is not None and line.startswith("ccbench: error: start-up: rank 2 ended "
+                                                "before connecting")
+
+
 # An mpiexec that ends every rank at once when one dies, before any can speak, as MPICH's does
 # on a signal (even with -disable-auto-cleanup) and Open MPI's on any failure.
 _ENDS_ALL = '''
@@ -391,6 +428,54 @@ def test_launch_names_the_rank_when_mpiexec_ended_them_all(capfd: pytest.Capture
     assert errors == ["ccbench: error: allreduce float32 sum out-of-place at 2K: rank 1 ended "
                       "without a word and mpiexec then ended the others; ranks that did not "
                       "arrive: 1 (dead)"], errors
+
+
+# The same mpiexec, where rank 1 dies while it starts, before it connects to the store, and
+# rank 0, which connected, is then ended: each fake rank carries hydra's rank variable, as the
+# launcher finds the rank processes below mpiexec by it.
+_ENDS_ALL_BEFORE_CONNECT = '''
+import os, signal, subprocess, sys, time
+rank = """
+import os, signal, sys, time
+if sys.argv[1] == "1":
+    time.sleep(1.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+from ccbench.control import ControlClient
+client = ControlClient(*os.environ["CCBENCH_MPI_CONTROL"].split(":"), int(sys.argv[1]))
+client.set("label/" + sys.argv[1], [1, "start-up"])
+time.sleep(120)
+"""
+ranks = [subprocess.Popen([sys.executable, "-c", rank, str(r)],
+                          env={**os.environ, "PMI_RANK": str(r)}) for r in range(2)]
+ranks[1].wait()
+ranks[0].kill()        # at once: a close that comes before the launcher looked must not matter
+ranks[0].wait()
+sys.exit(9)
+'''
+
+
+def test_launch_names_a_rank_that_died_before_connecting(capfd: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    from ccbench.commands.launch import Supervisor
+    from ccbench.control import ControlServer
+    from ccbench.launchers import MPI_CONTROL_VAR
+
+    store = ControlServer("127.0.0.1", 0)
+    env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        status = Supervisor([[sys.executable, "-c", _ENDS_ALL_BEFORE_CONNECT]], [env], 10.0,
+                            store=store, world_size=2).run()
+        arrived = set(store.arrived)
+    finally:
+        store.close()
+    errors = [line for line in capfd.readouterr().err.splitlines()
+              if line.startswith("ccbench: error:")]
+    assert status != 0
+    assert arrived == {0}, "rank 0 did not connect before rank 1 died: nothing was tested"
+    assert errors == ["ccbench: error: start-up: rank 1 ended before connecting to the control "
+                      "store and mpiexec then ended the others; ranks that did not arrive: "
+                      "1 (dead)"], errors
 
 
 # An mpiexec that waits for every rank, where rank 1 gave up and left quietly (for rank 0 to
