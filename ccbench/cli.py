@@ -301,6 +301,16 @@ def _run_subcommand(name: str, argv: Sequence[str]) -> int:
     return int(module.main(args))
 
 
+def _note_spoken() -> None:
+    """Under a bare mpiexec, the store host must not add a line of its own to this one."""
+    from ccbench.launchers import under_mpi_launcher
+
+    if under_mpi_launcher():
+        from ccbench.storehost import note_spoken
+
+        note_spoken(os.getppid())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -317,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except RunFailure as exc:
         print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
+        _note_spoken()
         return 1
     except BrokenPipeError:            # `ccbench ... | head`: the reader left, not an error of ours
         devnull = os.open(os.devnull, os.O_WRONLY)

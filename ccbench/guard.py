@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ccbench.arrivals import LATE_GRACE_S
+from ccbench.storehost import note_spoken
 
 __all__ = ["StartGuard", "local_peer_ranks"]
 
@@ -105,6 +106,7 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
     waited = time.monotonic() - started
     line = (f"ccbench: error: {phase}: did not finish within {waited:.0f} s (a rank died or hangs "
             f"during start-up); ranks that did not arrive: {names}\n")
+    note_spoken(_parent_of(parent))        # the store host of a bare mpiexec stays silent
     try:
         os.write(sys.stderr.fileno(), line.encode())
     finally:

@@ -200,7 +200,9 @@ def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, st
     port = 0
     if info.rank == 0:
         if hosted_apart():
-            port = start_store_host("mpiexec")
+            # every rank on this host: the store host can watch them all (ccbench.rankexits)
+            port = start_store_host("mpiexec", info.world_size
+                                    if info.local_world_size == info.world_size else 0)
         else:
             server = ControlServer("0.0.0.0", 0)
             port = server.port

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["RANK_VARS", "RankExits", "first_ended"]
@@ -54,6 +55,16 @@ class RankExits:
         self._thread.start()
         return self
 
+    def settle(self, limit: float = 1.0) -> None:
+        """Wait (at most `limit` seconds) until every rank process found has been seen to end:
+        a rank's connections close before its exit is reported."""
+        deadline = time.monotonic() + limit
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            with self._lock:
+                if not self._pids:
+                    return
+            time.sleep(0.01)
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
@@ -81,6 +92,9 @@ class RankExits:
             ended += [rank for pid, rank in self._polled.items() if _gone(pid)]
             if ended:
                 self._ended(ended)
+        ended = [self._fds[fd] for fd, _ in poller.poll(0) if fd in self._fds]
+        if ended:                             # what ended before stop() was called
+            self._ended(ended)
 
     def _watch(self, poller: select.poll, pid: int, rank: int) -> None:
         with self._lock:

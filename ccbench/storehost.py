@@ -8,26 +8,50 @@ close, in order, and knows what each rank was doing (`label/RANK`, set at each s
 every rank has gone, some without a goodbye, and none of them said why, it prints the one
 error line naming the step and the rank that went first. Where the ranks could speak
 (`aborted` or `left/` set) it says nothing.
+
+A rank killed during start-up, before MPI_Init, never connects (the ranks learn the store's
+address from rank 0 through MPI), and hydra then ends the others: where every rank runs on
+this host, the store host also watches the rank processes (ccbench.rankexits, below rank 0's
+parent, the MPI's proxy) and names the one that ended first, provided rank 0 had forked it by
+then. A rank that speaks before connecting (the MPI_Init guard, an error line) says so with a
+datagram to the store host (`note_spoken`), which then stays silent.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from typing import Any
 
 from ccbench.control import ControlServer
-from ccbench.rankexits import first_ended
+from ccbench.rankexits import RankExits, first_ended
 
-__all__ = ["LABEL_KEY", "start_store_host"]
+__all__ = ["LABEL_KEY", "note_spoken", "start_store_host", "unexplained_end"]
 
 LABEL_KEY = "label/"
 _POLL_S = 0.05
 
 
-def start_store_host(launcher: str) -> int:
-    """Fork the store host; returns its port. Call before MPI_Init and before any thread."""
+def _spoken_address(proxy: int) -> bytes:
+    """Linux's abstract socket namespace: nothing on disk, gone with the store host."""
+    return f"\0ccbench-spoken-{os.getuid()}-{proxy}".encode()
+
+
+def note_spoken(proxy: int) -> None:
+    """Tell the store host of the ranks started by `proxy` that a rank has said why it ends."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(b"spoken", _spoken_address(proxy))
+    except OSError:
+        pass                     # no store host (not a bare mpiexec run, or it never started)
+
+
+def start_store_host(launcher: str, world_size: int = 0) -> int:
+    """Fork the store host; returns its port. Call before MPI_Init and before any thread.
+    With `world_size` (every rank on this host), it also watches the rank processes."""
+    proxy = os.getppid()
     read_fd, write_fd = os.pipe()
     child = os.fork()
     if child:
@@ -41,29 +65,43 @@ def start_store_host(launcher: str) -> int:
     try:                                    # the store host: no Python cleanup at all
         os.close(read_fd)
         os.setsid()
+        spoken = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        spoken.bind(_spoken_address(proxy))
+        spoken.setblocking(False)
         server = ControlServer("0.0.0.0", 0)
+        exits = RankExits(proxy, world_size).start() if world_size else None
         os.write(write_fd, str(server.port).encode())
         os.close(write_fd)
-        _serve(server, launcher)
+        _serve(server, launcher, world_size, exits, spoken)
     except BaseException:  # noqa: BLE001  nothing of the rank's may run in this process
         status = 1
     finally:
         os._exit(status)
 
 
-def _serve(server: ControlServer, launcher: str) -> None:
+def _serve(server: ControlServer, launcher: str, world_size: int, exits: RankExits | None,
+           spoken: socket.socket) -> None:
     """Until every rank that connected has gone (or rank 0 went before anyone connected)."""
     parent = os.getppid()
     while True:
         time.sleep(_POLL_S)
         open_ranks, closed, data = server.snapshot()
-        if open_ranks == 0 and closed:
-            line = unexplained_end(closed, data, launcher)
-            if line:
-                os.write(sys.stderr.fileno(), (line + "\n").encode())
-            return
-        if open_ranks == 0 and not closed and os.getppid() != parent:
-            return                            # rank 0 died before any rank connected
+        if open_ranks or not (closed or os.getppid() != parent):
+            continue
+        # every rank that connected has gone, or rank 0 went before any rank connected
+        if exits is not None:
+            exits.settle()
+            exits.stop()
+        try:
+            if spoken.recv(64):
+                return                        # a rank said why before it could connect
+        except OSError:
+            pass
+        line = unexplained_end(closed, data, launcher, world_size or None, set(server.arrived),
+                               exits.snapshot() if exits is not None else None)
+        if line:
+            os.write(sys.stderr.fileno(), (line + "\n").encode())
+        return
 
 
 def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str,

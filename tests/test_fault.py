@@ -147,6 +147,9 @@ OTHER_MPI_CELLS = [
     Cell("mpi", 2, 1, "kill", "mid-run"),
     Cell("mpi", 3, 0, "kill", "start-up"),
     Cell("mpi", 3, 2, "exit", "init"),
+    # a bare mpiexec: the ranks learn the store's address only after MPI_Init, so the store
+    # host (forked by rank 0 before it) names the rank from the processes it watches
+    Cell("mpi", 2, 1, "kill", "before-connect", launcher="mpiexec"),
 ]
 OTHER_MPI_PYTHONS = [p for p in os.environ.get("CCBENCH_OTHER_MPI_PYTHONS", "").split(",") if p]
 

@@ -405,6 +405,8 @@ class Supervisor:
 
     def _kill_group(self) -> None:
         if self.exits is not None:          # what this does to the ranks is not their doing
+            if all(proc.poll() is not None for proc in self.procs):
+                self.exits.settle()         # they all ended on their own: see each one go
             self.exits.stop()
         if self.group:
             try:
