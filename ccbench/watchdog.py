@@ -200,6 +200,8 @@ class Watchdog:
         left = {k.split("/")[1] for k in self.store.prefix("left/")}
         dead = {k.split("/")[1] for k in self.store.prefix("dead/")} - left
         silent = {k.split("/")[1] for k in self.store.prefix("unreachable/")}
+        if not dead:        # every closed rank said goodbye: one gave up on a stuck peer
+            return "a rank gave up waiting"
         return "a rank's host stopped answering" if dead <= silent else "a rank died"
 
     def _all_running(self) -> bool:

@@ -107,6 +107,7 @@ def test_watchdog_names_the_ranks_behind_or_dead() -> None:
     assert dog._missing_ranks(None) == {3: "dead"}             # a death explains the stop
     store.set("left/3", 1)                                     # it left on purpose instead
     assert dog._missing_ranks(None) == {2: "", 3: ""}
+    assert dog._why_dead() == "a rank gave up waiting"         # no death, no dead host
     store.set("dead/1", 1)                                     # its host stopped answering
     store.set("unreachable/1", 8.0)
     assert dog._missing_ranks(None) == {1: "unreachable: no TCP answer for 8 s"}
