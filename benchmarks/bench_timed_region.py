@@ -255,10 +255,13 @@ def _launch(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-def _block_medians(ranks: list[dict[str, Any]], size: int, name: str) -> list[float]:
-    """Per block: the median over samples of the max over ranks (ccbench's combination), us."""
+def _block_medians(ranks: list[dict[str, Any]], size: int, name: str,
+                   combine: Callable[[tuple[float, ...]], float] = max) -> list[float]:
+    """Per block: the median over samples of the max over ranks (ccbench's combination), us;
+    with `combine` the mean, OSU's combination (its average latency is the mean over ranks)."""
     per_rank = [r[str(size)][name] for r in ranks]
-    return [statistics.median(max(pair) for pair in zip(*(blocks[b] for blocks in per_rank), strict=True))
+    return [statistics.median(combine(pair) for pair in zip(*(blocks[b] for blocks in per_rank),
+                                                            strict=True))
             * 1e6 for b in range(len(per_rank[0]))]
 
 
@@ -307,24 +310,30 @@ def main() -> None:
     if args.backend == "mpi":
         library = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print(MPI."
                                   "Get_library_version().splitlines()[0])"], capture_output=True,
-                                 text=True, check=False).stdout.strip()
+                                 text=True, check=False).stdout.replace("\0", "").strip()
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  "
           f"{platform.node()}  {os.cpu_count()} cores  2 ranks  {args.backend} {library}")
     print(f"# load average {min(loads):.1f}-{max(loads):.1f} during the run; {args.launches} "
           f"launches x {args.blocks} alternating blocks; medians over launches (min-max "
           "between launches); times in us, max over ranks per sample")
     for first, second in PAIRS[args.backend]:
-        print(f"\n| bytes | {first} | {second} | ratio | ratio per launch |")
-        print("|---|---|---|---|---|")
+        osu = "OSU" in second       # also against OSU's own statistic, the mean over ranks
+        extra = " | its mean over ranks | ratio to that |" if osu else " |"
+        print(f"\n| bytes | {first} | {second} | ratio | ratio per launch{extra}")
+        print("|---|---|---|---|---|" + ("---|---|" if osu else ""))
         for size in args.sizes:
-            ours, theirs, ratios = [], [], []
+            ours, theirs, ratios, means, to_means = [], [], [], [], []
             for ranks in launches:
                 a, b = _block_medians(ranks, size, first), _block_medians(ranks, size, second)
                 ours.append(statistics.median(a))
                 theirs.append(statistics.median(b))
                 ratios.append(statistics.median(x / y for x, y in zip(a, b, strict=True)))
+                m = _block_medians(ranks, size, second, statistics.fmean)
+                means.append(statistics.median(m))
+                to_means.append(statistics.median(x / y for x, y in zip(a, m, strict=True)))
             per_launch = " ".join(f"{r:.2f}" for r in ratios)
-            print(f"| {size} | {_fmt(ours)} | {_fmt(theirs)} | {_fmt(ratios)} | {per_launch} |")
+            tail = f" | {_fmt(means)} | {_fmt(to_means)} |" if osu else " |"
+            print(f"| {size} | {_fmt(ours)} | {_fmt(theirs)} | {_fmt(ratios)} | {per_launch}{tail}")
 
 
 if __name__ == "__main__":
