@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from ccbench import procfs
 
 __all__ = ["LATE_GRACE_S", "LAUNCHER_PID_VAR", "RankStates", "await_ranks", "rank_states", "start_limit"]
 
@@ -31,7 +32,6 @@ LAUNCHER_PID_VAR = "CCBENCH_LAUNCHER_PID"
 _RUN_KEYS = {"local": ((b"CCBENCH_CONTROL",), b"RANK"),
              "torchrun": ((b"TORCHELASTIC_RUN_ID", b"MASTER_PORT"), b"RANK"),
              "srun": ((b"SLURM_JOB_ID", b"SLURM_STEP_ID"), b"SLURM_PROCID")}
-_GONE = ("Z", "X")
 _STOPPED = ("T", "t")
 
 RankStates = dict[int, str]        # rank -> 'alive', 'stopped' or 'gone'
@@ -48,22 +48,20 @@ def rank_states(launcher: str, world_size: int, local_world_size: int) -> RankSt
     if launcher not in _RUN_KEYS or local_world_size != world_size:
         return None
     keys, rank_var = _RUN_KEYS[launcher]
-    own = _environ(Path("/proc/self"))
+    own = procfs.environ(os.getpid())
     if own is None or any(key not in own for key in keys) or rank_var not in own:
         return None
     run = tuple(own[key] for key in keys)
     found: dict[int, list[tuple[int, int, str]]] = {}   # rank -> [(pid, parent, state)]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        env = _environ(entry)
+    for pid in procfs.pids():
+        env = procfs.environ(pid)
         if env is None or tuple(env.get(key) for key in keys) != run or rank_var not in env:
             continue
-        stat = _stat(entry)
+        stat = procfs.stat(pid)
         if stat is None:
             continue
         try:
-            found.setdefault(int(env[rank_var]), []).append((int(entry.name), *stat))
+            found.setdefault(int(env[rank_var]), []).append((pid, *stat))
         except ValueError:
             continue
     # a rank with no process: gone, where the launcher started every rank before any could look;
@@ -79,7 +77,7 @@ def rank_states(launcher: str, world_size: int, local_world_size: int) -> RankSt
             states[rank] = absent
             continue
         state = top[0]
-        states[rank] = "gone" if state in _GONE else "stopped" if state in _STOPPED else "alive"
+        states[rank] = "gone" if state in procfs.ENDED else "stopped" if state in _STOPPED else "alive"
     return states
 
 
@@ -113,21 +111,3 @@ def await_ranks(arrived: Callable[[], set[int]], world_size: int, connect_timeou
         if waited > base + LATE_GRACE_S:
             return {r: "" for r in sorted(missing)}
         time.sleep(_POLL_S)
-
-
-def _environ(entry: Path) -> dict[bytes, bytes] | None:
-    try:
-        raw = (entry / "environ").read_bytes()
-    except OSError:
-        return None
-    return dict(v.split(b"=", 1) for v in raw.split(b"\0") if b"=" in v)
-
-
-def _stat(entry: Path) -> tuple[int, str] | None:
-    """(parent pid, state letter)."""
-    try:
-        text = (entry / "stat").read_text()
-        fields = text[text.rindex(")") + 2:].split()
-        return int(fields[1]), fields[0]
-    except (OSError, ValueError, IndexError):
-        return None

@@ -13,38 +13,25 @@ import select
 import signal
 import sys
 import time
-from pathlib import Path
 from types import TracebackType
 
+from ccbench import procfs
 from ccbench.arrivals import LATE_GRACE_S
 from ccbench.storehost import note_spoken
 
 __all__ = ["StartGuard", "local_peer_ranks"]
 
 EXIT_HUNG = 3
-_RANK_VARS = (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK", b"RANK")
-
-
 def local_peer_ranks(parent: int) -> dict[int, tuple[int, str]]:
     """rank -> (pid, process state 'R', 'S', 'T' stopped, ...) of the processes started by the
     same parent (an MPI proxy) on this host, read from /proc."""
     found: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[1]) != parent:
-                continue
-            env = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0")
-                       if b"=" in v)
-        except (OSError, ValueError, IndexError):
-            continue
-        for name in _RANK_VARS:
-            if name in env:
-                found[int(env[name])] = (int(entry.name), fields[0])
-                break
+    for pid in procfs.pids():
+        seen = procfs.stat(pid)
+        env = procfs.environ(pid) if seen is not None and seen[0] == parent else None
+        rank = procfs.mpi_rank(env, procfs.MPI_RANK_VARS + ("RANK",)) if env else None
+        if seen is not None and rank is not None:
+            found[rank] = (pid, seen[1])
     return found
 
 
@@ -126,18 +113,12 @@ def _look(parent: int, rank: int, world: int) -> tuple[dict[int, tuple[int, str]
 def _wait_gone(pid: int, limit: float) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return
-        if stat[stat.rindex(")") + 2:].split()[0] in _GONE:
+        seen = procfs.stat(pid)
+        if seen is None or seen[1] in _GONE:
             return
         time.sleep(0.1)
 
 
 def _parent_of(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
+    seen = procfs.stat(pid)
+    return seen[0] if seen is not None else -1

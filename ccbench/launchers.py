@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ccbench import procfs
 from ccbench.addresses import published_address
 from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
@@ -35,11 +36,6 @@ __all__ = ["MPI_CONTROL_VAR", "LaunchInfo", "connect_control", "detect_launch", 
 # set by `ccbench launch` for ranks it starts under mpiexec: the address of the control store it
 # hosts itself (it outlives every rank, whatever the mpiexec does to them when one dies)
 MPI_CONTROL_VAR = "CCBENCH_MPI_CONTROL"
-
-# Set by a launcher for its ranks. Not MPI_LOCALRANKID: Intel MPI also sets that in a process
-# that merely called MPI_Init, and every child of that process inherits it.
-_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-
 
 @dataclass(frozen=True, slots=True)
 class LaunchInfo:
@@ -63,7 +59,7 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 def under_mpi_launcher() -> bool:
-    return any(name in os.environ for name in _MPI_RANK_VARS) or "PMI_SIZE" in os.environ
+    return any(name in os.environ for name in procfs.MPI_RANK_VARS) or "PMI_SIZE" in os.environ
 
 
 def detect_launch() -> LaunchInfo:

@@ -23,14 +23,12 @@ import os
 import select
 import threading
 import time
-from pathlib import Path
 
-__all__ = ["RANK_VARS", "RankExits", "first_ended"]
+from ccbench import procfs
 
-# the rank of a process started by mpiexec: hydra (MPICH, Intel MPI), Open MPI, PMIx
-RANK_VARS = (b"PMI_RANK", b"OMPI_COMM_WORLD_RANK", b"PMIX_RANK")
+__all__ = ["RankExits", "first_ended"]
+
 _SCAN_S = 0.02
-_GONE = ("Z", "X")
 
 
 class RankExits:
@@ -126,25 +124,17 @@ def _ranks_below(root: int) -> dict[int, int]:
     """pid -> rank of the rank processes descending from `root`: the first process on each
     branch with a rank variable (not its children: the MPI_Init guard inherits the rank's
     environment)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-            fields = text[text.rindex(")") + 2:].split()
-        except (OSError, ValueError):
-            continue
-        if fields[0] not in _GONE:
-            parents[int(entry.name)] = int(fields[1])
     children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
+    for pid in procfs.pids():
+        seen = procfs.stat(pid)
+        if seen is not None and seen[1] not in procfs.ENDED:
+            children.setdefault(seen[0], []).append(pid)
     found: dict[int, int] = {}
     todo = list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        rank = _rank_of(pid)
+        env = procfs.environ(pid)
+        rank = procfs.mpi_rank(env) if env is not None else None
         if rank is None:
             todo.extend(children.get(pid, []))
         else:
@@ -152,27 +142,9 @@ def _ranks_below(root: int) -> dict[int, int]:
     return found
 
 
-def _rank_of(pid: int) -> int | None:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    for item in raw.split(b"\0"):
-        name, _, value = item.partition(b"=")
-        if name in RANK_VARS:
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
 def _gone(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text[text.rindex(")") + 2:].split()[0] in _GONE
+    seen = procfs.stat(pid)
+    return seen is None or seen[1] in procfs.ENDED
 
 
 def first_ended(order: list[list[int]], said_bye: set[int]) -> list[int]:

@@ -411,8 +411,11 @@ sys.exit(9)
 '''
 
 
-def test_launch_names_the_rank_when_mpiexec_ended_them_all(capfd: pytest.CaptureFixture[str]
-                                                           ) -> None:
+def _supervise_fake_mpiexec(script: str, timeout: float, capfd: pytest.CaptureFixture[str]
+                            ) -> tuple[int, list[str], set[int]]:
+    """Run `script` as the mpiexec of a 2-rank `ccbench launch`, the control store hosted by
+    the launcher as under a real mpiexec: (exit status, the error lines, the ranks that
+    connected to the store)."""
     from ccbench.commands.launch import Supervisor
     from ccbench.control import ControlServer
     from ccbench.launchers import MPI_CONTROL_VAR
@@ -421,12 +424,19 @@ def test_launch_names_the_rank_when_mpiexec_ended_them_all(capfd: pytest.Capture
     env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}",
            "PYTHONPATH": os.pathsep.join(sys.path)}
     try:
-        status = Supervisor([[sys.executable, "-c", _ENDS_ALL]], [env], 10.0, store=store,
+        status = Supervisor([[sys.executable, "-c", script]], [env], timeout, store=store,
                             world_size=2).run()
+        arrived = set(store.arrived)
     finally:
         store.close()
     errors = [line for line in capfd.readouterr().err.splitlines()
               if line.startswith("ccbench: error:")]
+    return status, errors, arrived
+
+
+def test_launch_names_the_rank_when_mpiexec_ended_them_all(capfd: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    status, errors, _ = _supervise_fake_mpiexec(_ENDS_ALL, 10.0, capfd)
     assert status != 0
     assert errors == ["ccbench: error: allreduce float32 sum out-of-place at 2K: rank 1 ended "
                       "without a word and mpiexec then ended the others; ranks that did not "
@@ -459,21 +469,7 @@ sys.exit(9)
 
 def test_launch_names_a_rank_that_died_before_connecting(capfd: pytest.CaptureFixture[str]
                                                          ) -> None:
-    from ccbench.commands.launch import Supervisor
-    from ccbench.control import ControlServer
-    from ccbench.launchers import MPI_CONTROL_VAR
-
-    store = ControlServer("127.0.0.1", 0)
-    env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}",
-           "PYTHONPATH": os.pathsep.join(sys.path)}
-    try:
-        status = Supervisor([[sys.executable, "-c", _ENDS_ALL_BEFORE_CONNECT]], [env], 10.0,
-                            store=store, world_size=2).run()
-        arrived = set(store.arrived)
-    finally:
-        store.close()
-    errors = [line for line in capfd.readouterr().err.splitlines()
-              if line.startswith("ccbench: error:")]
+    status, errors, arrived = _supervise_fake_mpiexec(_ENDS_ALL_BEFORE_CONNECT, 10.0, capfd)
     assert status != 0
     assert arrived == {0}, "rank 0 did not connect before rank 1 died: nothing was tested"
     assert errors == ["ccbench: error: start-up: rank 1 ended before connecting to the control "
@@ -504,21 +500,8 @@ for proc in ranks:
 
 def test_launch_ends_an_mpiexec_waiting_for_a_rank_the_others_gave_up_on(
         capfd: pytest.CaptureFixture[str]) -> None:
-    from ccbench.commands.launch import Supervisor
-    from ccbench.control import ControlServer
-    from ccbench.launchers import MPI_CONTROL_VAR
-
-    store = ControlServer("127.0.0.1", 0)
-    env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}",
-           "PYTHONPATH": os.pathsep.join(sys.path)}
     started = time.monotonic()
-    try:
-        status = Supervisor([[sys.executable, "-c", _WAITS_FOR_ALL]], [env], 1.0, store=store,
-                            world_size=2).run()
-    finally:
-        store.close()
-    errors = [line for line in capfd.readouterr().err.splitlines()
-              if line.startswith("ccbench: error:")]
+    status, errors, _ = _supervise_fake_mpiexec(_WAITS_FOR_ALL, 1.0, capfd)
     assert status != 0
     assert len(errors) == 1 and errors[0].startswith(
         "ccbench: error: allreduce float32 sum out-of-place at 2K: the other ranks gave up"), errors

@@ -250,21 +250,29 @@ def _every_pid_with(tag: str) -> list[int]:
     return pids
 
 
-def test_remote_rank_sigkilled_mid_run(testbed: None, tmp_path: Path) -> None:
-    out = tmp_path / "r.jsonl"
-    tag = f"testbed-kill-{os.getpid()}"
+def _srun_gloo_mid_run(out: Path, tag: str, timeout_s: int) -> subprocess.Popen[str]:
+    """A 2-host gloo allreduce under srun, its processes tagged, once its first two records are
+    on disk (so a fault comes mid-run)."""
     proc = subprocess.Popen(["srun", "-N2", "--ntasks-per-node", "1", sys.executable, "-m",
                              "ccbench", "allreduce", "--backend", "gloo", "--sizes", "64K-16M",
-                             "--min-time", "0.5", "--timeout", str(OP_TIMEOUT_S), "-q", "-O",
+                             "--min-time", "0.5", "--timeout", str(timeout_s), "-q", "-O",
                              str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(CCBENCH_TEST_TAG=tag))
+    deadline = time.monotonic() + RUN_BOUND_S
+    while not (out.exists() and len(out.read_text().splitlines()) >= 2):
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            proc.kill()
+            raise AssertionError(f"no records appeared: {proc.communicate()}")
+        time.sleep(0.1)
+    return proc
+
+
+def test_remote_rank_sigkilled_mid_run(testbed: None, tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    tag = f"testbed-kill-{os.getpid()}"
+    proc = _srun_gloo_mid_run(out, tag, OP_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + RUN_BOUND_S
-        while not (out.exists() and len(out.read_text().splitlines()) >= 2):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no records appeared"
-            time.sleep(0.1)
         ranks = _tagged_pids(tag)
         victims = [pid for pid, where in ranks.items() if where == ("ccb-h1", 1)]
         assert len(victims) == 1, ranks
@@ -376,19 +384,9 @@ def test_remote_link_down_mid_run(testbed: None, tmp_path: Path) -> None:
     testbed's slurm.conf, and every rank ends, all long before the link comes back."""
     out = tmp_path / "r.jsonl"
     tag = f"testbed-cut-{os.getpid()}"
-    proc = subprocess.Popen(["srun", "-N2", "--ntasks-per-node", "1", sys.executable, "-m",
-                             "ccbench", "allreduce", "--backend", "gloo", "--sizes", "64K-16M",
-                             "--min-time", "0.5", "--timeout", str(LINK_CUT_TIMEOUT_S), "-q",
-                             "-O", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(CCBENCH_TEST_TAG=tag))
+    proc = _srun_gloo_mid_run(out, tag, LINK_CUT_TIMEOUT_S)
     cut = False
     try:
-        deadline = time.monotonic() + RUN_BOUND_S
-        while not (out.exists() and len(out.read_text().splitlines()) >= 2):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no records appeared"
-            time.sleep(0.1)
         subprocess.run(["ip", "-n", "ccb-h1", "link", "set", "eth0", "down"], check=True)
         cut = True
         cut_at = time.monotonic()
