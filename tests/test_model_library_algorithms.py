@@ -137,3 +137,36 @@ def test_known_model_direct_export_matches_formula(tmp_path):
     used = man["workload"]["nodes"][0]["size_used"]        # whole float32s per peer
     assert man["workload"]["total_us"] * 1e-6 == pytest.approx(5e-5 + 0.8 * used * BETA)
     assert man["dims"][0]["latency_ns"] == pytest.approx((5e-5 / 4 * 1e9 - 1) / 2)
+
+
+def _mpich(records, variables: dict[str, str]):
+    return [dataclasses.replace(r, backend="mpi", library="MPICH", transport="mpi",
+                                environment={"variables": variables}) for r in records]
+
+
+def test_mpich_cvars_pick_the_formula():
+    ring = synthetic_records("allreduce", "ring", [3], SIZES, 2e-4, BETA, 1e-10)
+    assert library_algorithm(_mpich(ring, {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"})[0]) \
+        == ("ring", "MPICH with MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring (ring)")
+    assert library_algorithm(_mpich(ring, {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "auto"})[0]) \
+        is None
+    rs = synthetic_records("reduce-scatter", "ring", [3], SIZES, 2e-4, BETA, 1e-10)
+    assert library_algorithm(_mpich(rs, {"MPIR_CVAR_REDUCE_SCATTER_BLOCK_INTRA_ALGORITHM":
+                                         "pairwise"})[0])[0] == "ring"
+    a2a = synthetic_records("alltoall", "direct", [4], SIZES, 2e-4, BETA, 0.0)
+    scattered = {"MPIR_CVAR_ALLTOALL_INTRA_ALGORITHM": "scattered"}
+    assert library_algorithm(_mpich(a2a, scattered)[0])[0] == "direct"
+    # posted in batches of 2 at 4 ranks: not every message at once
+    assert library_algorithm(_mpich(a2a, {**scattered, "MPIR_CVAR_ALLTOALL_THROTTLE": "2"})[0]) \
+        is None
+    assert library_algorithm(_mpich(a2a, {**scattered, "MPIR_CVAR_ALLTOALL_THROTTLE": "0"})[0])[0] \
+        == "direct"
+
+
+def test_intel_reduce_scatter_variable_is_not_the_block_one():
+    # ccbench calls MPI_Reduce_scatter_block: I_MPI_ADJUST_REDUCE_SCATTER does not govern it
+    rs = synthetic_records("reduce-scatter", "ring", [3], SIZES, 2e-4, BETA, 1e-10)
+    for name in ("I_MPI_ADJUST_REDUCE_SCATTER", "I_MPI_ADJUST_REDUCE_SCATTER_BLOCK"):
+        recs = [dataclasses.replace(r, backend="mpi", library="Intel MPI", transport="mpi",
+                                    environment={"variables": {name: "2"}}) for r in rs]
+        assert library_algorithm(recs[0]) is None

@@ -12,14 +12,22 @@ fixed:
   cannot see, unless I_MPI_ADJUST_<COLLECTIVE> fixes it: the records keep the variable
   (environment.variables, read by the MPI backend from the rank's environment), and the
   ids below are Intel MPI 2021's. A value with size ranges ("8:0-1024;...") or an id
-  without a formula here leaves the record native.
+  without a formula here leaves the record native. ccbench's reduce-scatter calls
+  MPI_Reduce_scatter_block, which I_MPI_ADJUST_REDUCE_SCATTER_BLOCK governs (not
+  I_MPI_ADJUST_REDUCE_SCATTER, MPI_Reduce_scatter's). Measured on the testbed (3 hosts,
+  100 Mbit/s): below 1 MiB Intel MPI ran the same path, at 0.3-0.4 of the link, under every
+  id (0-4), so that id fixes its algorithm from 1 MiB only and is not mapped here.
+* MPICH reads MPIR_CVAR_<COLLECTIVE>_INTRA_ALGORITHM (its algorithms are in its open
+  source, src/mpi/coll/) and honours it at every size. `scattered` all-to-all posts
+  MPIR_CVAR_ALLTOALL_THROTTLE (default 32) sends and receives at a time: the direct schedule
+  while the world size is at most that.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["INTEL_MPI_ADJUST", "library_algorithm"]
+__all__ = ["INTEL_MPI_ADJUST", "MPICH_CVARS", "library_algorithm"]
 
 GLOO_ALLTOALL = ("direct", "gloo's all-to-all posts every send and recv at once "
                  "(gloo/alltoall.cc)")
@@ -34,15 +42,31 @@ INTEL_MPI_ADJUST: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "1": ("recursive-doubling", "recursive doubling"),
         "2": ("bruck", "Bruck's"),
         "3": ("ring", "ring")}),
-    "reduce-scatter": ("I_MPI_ADJUST_REDUCE_SCATTER", {
-        "1": ("recursive-halving", "recursive halving"),
-        # p-1 steps of n/p each, every step a reduction of n/p: the ring formula's cost
-        "2": ("ring", "pairwise exchange")}),
     "alltoall": ("I_MPI_ADJUST_ALLTOALL", {
         "1": ("bruck", "Bruck's"),
         "2": ("direct", "Isend/Irecv + waitall"),
         "3": ("pairwise", "pairwise exchange")}),
 }
+
+
+#: collective -> (variable, {value: (formula key, MPICH's name)})
+MPICH_CVARS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
+    "allreduce": ("MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM", {
+        "recursive_doubling": ("recursive-doubling", "recursive doubling"),
+        "reduce_scatter_allgather": ("rabenseifner", "reduce-scatter + allgather"),
+        "ring": ("ring", "ring")}),
+    "allgather": ("MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM", {
+        "brucks": ("bruck", "Bruck's"),
+        "ring": ("ring", "ring")}),
+    "reduce-scatter": ("MPIR_CVAR_REDUCE_SCATTER_BLOCK_INTRA_ALGORITHM", {
+        # p-1 steps of n/p each, every step a reduction of n/p: the ring formula's cost
+        "pairwise": ("ring", "pairwise exchange")}),
+    "alltoall": ("MPIR_CVAR_ALLTOALL_INTRA_ALGORITHM", {
+        "brucks": ("bruck", "Bruck's"),
+        "scattered": ("direct", "Isend/Irecv, all at once up to MPIR_CVAR_ALLTOALL_THROTTLE"),
+        "pairwise": ("pairwise", "pairwise exchange")}),
+}
+_MPICH_THROTTLE = "MPIR_CVAR_ALLTOALL_THROTTLE"
 
 
 def _variables(environment: dict[str, Any]) -> dict[str, Any]:
@@ -61,10 +85,27 @@ def library_algorithm(record: Any) -> tuple[str, str] | None:
         return None
     if record.backend == "gloo" and record.collective == "alltoall":
         return GLOO_ALLTOALL
-    if "intel" in str(record.library).lower() and record.collective in INTEL_MPI_ADJUST:
-        name, table = INTEL_MPI_ADJUST[record.collective]
-        value = str(_variables(record.environment or {}).get(name, "")).strip()
-        if value in table:
-            formula, what = table[value]
-            return formula, f"Intel MPI with {name}={value} ({what})"
+    library = str(record.library).lower()
+    variables = _variables(record.environment or {})
+    if "intel" in library:
+        return _fixed_by(INTEL_MPI_ADJUST, "Intel MPI", record.collective, variables)
+    if "mpich" in library:
+        known = _fixed_by(MPICH_CVARS, "MPICH", record.collective, variables)
+        throttle = str(variables.get(_MPICH_THROTTLE, "32")).strip()
+        if known and known[0] == "direct" and not (
+                throttle.isdigit() and record.world_size <= int(throttle) or throttle == "0"):
+            return None                    # posted in batches: neither direct nor pairwise
+        return known
     return None
+
+
+def _fixed_by(table: dict[str, tuple[str, dict[str, tuple[str, str]]]], library: str,
+              collective: str, variables: dict[str, Any]) -> tuple[str, str] | None:
+    if collective not in table:
+        return None
+    name, ids = table[collective]
+    value = str(variables.get(name, "")).strip()
+    if value not in ids:
+        return None
+    formula, what = ids[value]
+    return formula, f"{library} with {name}={value} ({what})"
