@@ -9,12 +9,17 @@ other can be seen in either order on a loaded machine.
 
 The processes themselves do tell: mpiexec reacts to the first death through at least two
 other processes (its proxy, then mpiexec itself, then the proxy again, or Open MPI's event
-loop), while a pidfd (Linux 5.3) wakes this watcher at the very moment a rank exits. So one
+loop), and a pidfd (Linux 5.3) becomes readable at the very moment its process exits. So one
 thread finds the ranks below mpiexec in /proc (their parent chain leads to mpiexec, and the
-MPI's rank variable is in their environment) and blocks in poll() on their pidfds; ranks
-that end while that thread was kept off the CPU are reported together, as a tie. Watching
-every rank's process costs one poll() wake-up per exit; finding them, a scan of /proc every
-20 ms until every rank has been found.
+MPI's rank variable is in their environment) and waits in epoll on their pidfds. That thread
+may be kept off the CPU for longer than mpiexec takes to end the others (MPICH's has done it
+within a millisecond), so the order of its wake-ups says little; epoll's does not depend on
+it: epoll hands out ready descriptors in the order they became ready (its ready list is
+appended to as each one wakes), so each exit is one entry, in the kernel's order, however
+late the thread looked. Only without pidfds (an old kernel, /proc looked at
+every round) are ranks that end between two looks reported together, as a tie. Watching
+every rank's process costs one wake-up per exit; finding them, a scan of /proc every 20 ms
+until every rank has been found.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ _SCAN_S = 0.02
 
 class RankExits:
     """`RankExits(mpiexec_pid, world_size).start()`, later `snapshot()`: the ranks in the order
-    their processes ended (each entry the ranks seen ending at the same wake-up), and every
-    rank whose process was found alive. `stop()` before ending the ranks oneself, so that
-    only what happened to them on its own is recorded."""
+    their processes ended (each entry one rank; without pidfds, the ranks found ended at the
+    same look), and every rank whose process was found alive. `stop()` before ending the
+    ranks oneself, so that only what happened to them on its own is recorded."""
 
     def __init__(self, root: int, world_size: int) -> None:
         self.root, self.world_size = root, world_size
@@ -67,16 +72,23 @@ class RankExits:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        for fd in list(self._fds):
-            os.close(fd)
-        self._fds.clear()
 
     def snapshot(self) -> tuple[list[list[int]], set[int]]:
         with self._lock:
             return [list(event) for event in self.order], set(self.seen)
 
     def _run(self) -> None:
-        poller = select.poll()
+        # epoll, not poll: poll lists the ready descriptors in registration order, epoll in
+        # the order they became ready, which is the order the ranks ended
+        with select.epoll() as poller:
+            try:
+                self._follow(poller)
+            finally:
+                for fd in self._fds:
+                    os.close(fd)
+                self._fds.clear()
+
+    def _follow(self, poller: select.epoll) -> None:
         while not self._stop.is_set():
             searching = len(self.seen) < self.world_size
             if searching:
@@ -84,33 +96,43 @@ class RankExits:
                     if rank not in self.seen and pid not in self._pids:
                         self._watch(poller, pid, rank)
             wait_s = _SCAN_S if searching or self._polled else 0.2
-            ended = [self._fds[fd] for fd, _ in poller.poll(wait_s * 1000) if fd in self._fds]
-            for fd in [fd for fd, rank in self._fds.items() if rank in ended]:
-                poller.unregister(fd)
-            ended += [rank for pid, rank in self._polled.items() if _gone(pid)]
-            if ended:
-                self._ended(ended)
-        ended = [self._fds[fd] for fd, _ in poller.poll(0) if fd in self._fds]
-        if ended:                             # what ended before stop() was called
-            self._ended(ended)
+            self._harvest(poller, wait_s)
+            polled = [rank for pid, rank in self._polled.items() if _gone(pid)]
+            if polled:                        # no order among these: a tie
+                self._ended(polled)
+        self._harvest(poller, 0)              # what ended before stop() was called
 
-    def _watch(self, poller: select.poll, pid: int, rank: int) -> None:
-        with self._lock:
-            self.seen.add(rank)
-            self._pids[pid] = rank
+    def _harvest(self, poller: select.epoll, wait_s: float) -> None:
+        """Each rank process that ended, one entry each, in the order they ended."""
+        for fd, _ in poller.poll(wait_s, max(1, len(self._fds))):
+            rank = self._fds.pop(fd, None)
+            if rank is not None:
+                poller.unregister(fd)
+                os.close(fd)
+                self._ended([rank])
+
+    def _watch(self, poller: select.epoll, pid: int, rank: int) -> None:
         opener = getattr(os, "pidfd_open", None)
         try:
             if opener is None:
                 raise OSError("no pidfd")
             fd = opener(pid)
         except ProcessLookupError:            # gone between the scan and here
+            self._found(pid, rank)
             self._ended([rank])
             return
         except OSError:                       # an old kernel: look at /proc each round
             self._polled[pid] = rank
+            self._found(pid, rank)
             return
         self._fds[fd] = rank
-        poller.register(fd, select.POLLIN)
+        poller.register(fd, select.EPOLLIN)
+        self._found(pid, rank)                # seen once it is watched (the tests wait for it)
+
+    def _found(self, pid: int, rank: int) -> None:
+        with self._lock:
+            self.seen.add(rank)
+            self._pids[pid] = rank
 
     def _ended(self, ranks: list[int]) -> None:
         with self._lock:

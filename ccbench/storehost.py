@@ -118,9 +118,10 @@ def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launch
     - a rank that never connected and whose process was never seen, while others' were, went
       before any of them (the watcher finds a rank's process within tens of milliseconds; one
       that lived long enough to be ended by mpiexec was found);
-    - else the rank whose process ended first; when the watcher saw several end at once (it
-      was kept off the CPU), one that never connected (mpiexec ended the others once it had
-      died, never the other way round), else the one whose connection closed first;
+    - else the rank whose process ended first (in the kernel's order, however late the
+      watcher looked); where it could not tell (no pidfds: several found ended at one look of
+      /proc), one that never connected (mpiexec ended the others once it had died, never the
+      other way round), else the one whose connection closed first;
     - with nothing seen, a rank that never connected while the others' connections closed
       with a goodbye, or the rank whose connection closed first.
     """

@@ -386,6 +386,54 @@ def test_store_verdict_goes_by_which_rank_process_ended_first() -> None:
     line = unexplained_end([], {}, "mpiexec", 3, set(), ([[2], [0, 1]], {0, 1, 2}))
     assert line is not None and line.startswith("ccbench: error: start-up: rank 2 ended "
                                                 "before connecting")
+    # rank 0 connected and died before MPI_Init; mpiexec then ended 1, still starting, and 2
+    # (the fault-matrix cell start-up-kill-rank0 under MPICH): the order names rank 0
+    assert named([(0, False), (2, False)], {0, 2}, [[0], [1], [2]], {0, 1, 2}) == "0 (dead)"
+    assert named([(0, False)], {0}, [[0], [2], [1]], {0, 1, 2}) == "0 (dead)"
+
+
+# The watcher's process, kept off the CPU (stopped) while three rank processes end one after
+# the other, then let run: it must still report them one by one, in the order they ended.
+# Before it did, such a watcher reported [[0, 1], [2]] for the cell above on a loaded machine,
+# and that tie named rank 1, which never connected.
+_WATCHER = """
+import json, sys, time
+from ccbench.rankexits import RankExits
+exits = RankExits(int(sys.argv[1]), 3).start()
+deadline = time.monotonic() + 60
+while len(exits.snapshot()[1]) < 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("watching", flush=True)
+sys.stdin.readline()
+exits.settle()
+exits.stop()
+print(json.dumps(exits.snapshot()[0]), flush=True)
+"""
+
+
+def test_rank_exits_keeps_the_order_when_its_watcher_was_kept_off_the_cpu() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK",
+                                                            "PMIX_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    ranks = [subprocess.Popen(["sleep", "600"], env={**env, "PMI_RANK": str(rank)})
+             for rank in range(3)]
+    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, str(os.getpid())], env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert watcher.stdout is not None and watcher.stdin is not None
+        assert watcher.stdout.readline() == "watching\n"
+        os.kill(watcher.pid, signal.SIGSTOP)
+        for rank in (1, 2, 0):              # each gone before the next is ended
+            ranks[rank].kill()
+            ranks[rank].wait(timeout=60)
+        os.kill(watcher.pid, signal.SIGCONT)
+        out, _ = watcher.communicate("\n", timeout=60)
+    finally:
+        for proc in (*ranks, watcher):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert out.strip() == "[[1], [2], [0]]", out
 
 
 # An mpiexec that ends every rank at once when one dies, before any can speak, as MPICH's does
