@@ -170,3 +170,19 @@ def test_intel_reduce_scatter_variable_is_not_the_block_one():
         recs = [dataclasses.replace(r, backend="mpi", library="Intel MPI", transport="mpi",
                                     environment={"variables": {name: "2"}}) for r in rs]
         assert library_algorithm(recs[0]) is None
+
+
+def test_direct_alltoall_fit_across_world_sizes_leaves_out_two_ranks():
+    # at 2 ranks each port carries one flow; at 4 and 8 the p-1 flows share it and (as over
+    # TCP) reach less of the link: the fit across world sizes follows the shared ports
+    shared = synthetic_records("alltoall", "direct", [4, 8], SIZES, 2e-4, BETA, 0.0)
+    single = synthetic_records("alltoall", "direct", [2], SIZES, 2e-4, 0.8 * BETA, 0.0)
+    fits = calibrate(_gloo(shared + single), bootstrap=0)
+    across = [f for f in fits if f.scope == "all-world-sizes"][0]
+    assert across.world_sizes == [4, 8]
+    assert across.line.beta == pytest.approx(BETA, rel=0.02)
+    assert any("2 ranks left out" in note for note in across.notes)
+    assert sorted(f.world_sizes[0] for f in fits if f.scope == "world-size") == [2, 4, 8]
+    # 2 ranks alone: their own fit
+    only = calibrate(_gloo(single), bootstrap=0)
+    assert [f.world_sizes for f in only] == [[2]]
