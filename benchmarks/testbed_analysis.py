@@ -24,7 +24,7 @@ import numpy as np
 from ccbench.errors import UsageError
 from ccbench.model.astra import astra_bin_dir, export_astra, run_astra
 from ccbench.model.fit import calibrate
-from ccbench.model.library_algorithms import INTEL_MPI_ADJUST
+from ccbench.model.library_algorithms import INTEL_MPI_ADJUST, MPICH_CVARS
 from ccbench.model.modelfile import build_model
 from ccbench.model.simulate import simulate
 from ccbench.records import Record, load_records
@@ -52,13 +52,14 @@ def _measured_s(r: Record) -> float:
 
 
 def _records(tag: str) -> dict[str, list[Record]]:
-    """series (the file name's backend part: gloo, mpi, mpi-asserted) -> records."""
+    """series (the file name's backend part: gloo, mpi-asserted, mpich-asserted) -> records."""
     out: dict[str, list[Record]] = defaultdict(list)
     for path in sorted(DATA.glob(f"{tag}-*-n*.jsonl.gz")):
-        series = path.name[len(tag) + 1:].rsplit("-n", 1)[0]     # gloo, mpi, mpi-asserted
-        # mpi-asserted: Intel MPI under I_MPI_ADJUST_* (benchmarks/testbed_validation.py
-        # ASSERTED); its records keep the variables and calibrate prices each fixed algorithm
-        # with its formula (ccbench.model.library_algorithms), as for gloo's all-to-all
+        series = path.name[len(tag) + 1:].rsplit("-n", 1)[0]     # gloo, mpi-asserted, ...
+        # the *-asserted series: an MPI under I_MPI_ADJUST_* or MPIR_CVAR_* (ASSERTED and
+        # MPICH_ASSERTED in benchmarks/testbed_validation.py); their records keep the
+        # variables and calibrate prices each fixed algorithm with its formula
+        # (ccbench.model.library_algorithms), as for gloo's all-to-all
         out[series].extend(load_records(path))
     return out
 
@@ -112,6 +113,59 @@ def _network_bound(tag: str = "switch") -> dict[int, float]:
     return out
 
 
+# a series at a host count is network-bound when its time follows the link rate: measured
+# again with the links at a lower rate (`measure --tag rateR --link R`, 64 KiB-1 MiB), the
+# median over its collectives and sizes of t(R)/t(link) reaches this fraction of link/R
+# (halving the rate must at least 1.6x the time); below it the cores set the pace
+RATE_FOLLOWS = 0.8
+
+
+def _rate_checks(link_bps: float) -> dict[tuple[str, int], dict[str, Any]]:
+    """(series, host count) -> the time at a lower link rate against the time at the link's."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in sorted(DATA.glob("rate*-*-n*.jsonl.gz")):
+        tag, rest = path.name.split("-", 1)
+        series, hosts = rest.removesuffix(".jsonl.gz").rsplit("-n", 1)
+        base = DATA / f"switch-{series}-n{hosts}.jsonl.gz"
+        if not base.exists():
+            continue
+        at_link = {(r.collective, r.size_used): _measured_s(r) for r in load_records(base)}
+        ratios: dict[str, list[float]] = defaultdict(list)
+        for r in load_records(path):
+            if (r.collective, r.size_used) in at_link:
+                ratios[r.collective].append(_measured_s(r) / at_link[(r.collective, r.size_used)])
+        if not ratios:
+            continue
+        slower = link_bps / _rate_bps(tag.removeprefix("rate"))
+        every = [x for values in ratios.values() for x in values]
+        follows = float(np.median(every)) / slower
+        out[(series, int(hosts))] = {"rate": tag.removeprefix("rate"), "slower": slower,
+                                     "ratios": dict(ratios), "follows": follows,
+                                     "bound": follows >= RATE_FOLLOWS}
+    return out
+
+
+def _rate_lines(checks: dict[tuple[str, int], dict[str, Any]], link: str) -> list[str]:
+    if not checks:
+        return []
+    lines = ["## Where the cores, not the links, set the pace", "",
+             f"Each series measured again with every link at a lower rate (64 KiB-1 MiB): "
+             f"t(lower rate) / t({link}bit/s) per collective (median, min-max over the sizes). "
+             f"Network-bound: the time follows the link (the median over collectives and sizes "
+             f">= {RATE_FOLLOWS:.0%} of the rate ratio); otherwise the ranks' own work (Python, "
+             f"MPI progress, the cross-vCPU wake-ups of benchmarks/bench_wakeup.py) on the 2 "
+             f"cores sets the pace, and the host count leaves the target's held-out set for that "
+             f"series.", "",
+             "| series | hosts | rate | rate ratio | collectives: time ratio | follows | "
+             "network-bound |", "|---|---|---|---|---|---|---|"]
+    for (series, hosts), check in sorted(checks.items()):
+        per = ", ".join(f"{c} {np.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+                        for c, v in sorted(check["ratios"].items()))
+        lines.append(f"| {series} | {hosts} | {check['rate']} | {check['slower']:.1f} | {per} | "
+                     f"{check['follows']:.2f} | {'yes' if check['bound'] else 'no'} |")
+    return lines + [""]
+
+
 def _load_lines() -> list[str]:
     lines = []
     for path in sorted(DATA.glob("*-testbed.json")):
@@ -128,8 +182,18 @@ def _load_lines() -> list[str]:
                      + f" | {len(rates)} | "
                      + (f"{min(rates) / ring['configured_bps']:.3f} - "
                         f"{max(rates) / ring['configured_bps']:.3f}" if rates else "-")
-                     + f" | {' / '.join(f'{x:.3f}' for x in earlier) or '-'} | {runs} |")
+                     + f" | {' / '.join(f'{x:.3f}' for x in earlier) or '-'} | "
+                     + f"{_all_pairs(info)} | {runs} |")
     return lines
+
+
+def _all_pairs(info: dict[str, Any]) -> str:
+    """What each port received with every host sending to every other at once (min - max)."""
+    check = info.get("iperf3_all_pairs")
+    if not check:
+        return "-"
+    got = [r / check["configured_bps"] for r in check["received_bps"].values()]
+    return f"{min(got):.3f} - {max(got):.3f}"
 
 
 def _limit_lines() -> list[str]:
@@ -265,7 +329,7 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
     lines = [f"# The cost model against the testbed's shaped network (links {link}bit/s)", "",
              f"Calibrated on {', '.join(map(str, train))} hosts (1 rank each, single switch), "
              f"predicted at {', '.join(map(str, held))} hosts and on the two-tier network. "
-             f"Sizes 64 KiB and up; in-place; the time of a size is the median over its "
+             f"Sizes 64 KiB and up; out of place; the time of a size is the median over its "
              f"iterations of the slowest rank. Generated by "
              f"`scripts/make-testbed-results.sh` (see results/README.md).", "",
              "## Links and machine load", "",
@@ -274,11 +338,13 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
              f"{FRAME_BYTES}-byte frame as tbf counts it ({EFFICIENCY:.1%}): "
              f"{payload / 1e6:.3f} MB/s of payload.", "",
              "iperf3 (TCP, measured/configured): one flow h1 -> h0, then every host sending "
-             "to the next at once (the ring's pattern); load = the machine's 1-minute load "
-             "average before -> after each run (2 cores, shared with other work).", "",
+             "to the next at once (the ring's pattern), then every host sending to every "
+             "other at once (the direct all-to-all's p-1 flows per port; `checks`); load = "
+             "the machine's 1-minute load average before -> after each run (2 cores, shared "
+             "with other work).", "",
              "| set | topology | one flow | ring flows | ring flows (min - max) | "
-             "earlier ring check (min) | runs |",
-             "|---|---|---|---|---|---|---|", *_load_lines(), "", *_limit_lines()]
+             "earlier ring check (min) | all pairs at once: port receives (min - max) | runs |",
+             "|---|---|---|---|---|---|---|---|", *_load_lines(), "", *_limit_lines()]
     lines += _series_lines(models, switch, payload)
     lines += ["## Fitted bandwidth against the link", "",
               "1/beta of the fit across the training world sizes (largest-size piece), "
@@ -299,11 +365,19 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
                          f"{top['gamma'] * 1e9:.1f} | {brk} |")
     bound = _network_bound()
     net_held = [p for p in held if bound.get(p, 0.0) >= NETWORK_BOUND]
+    rate_checks = _rate_checks(link_bps)
+
+    def series_held(series: str) -> list[int]:
+        return [p for p in net_held if rate_checks.get((series, p), {}).get("bound", True)]
+
+    cpu_bound = sorted({f"{p} ({s})" for (s, p), c in rate_checks.items()
+                        if not c["bound"] and p in held})
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row["role"] == "predicted":
             groups[(row["calibration"], row["backend"], row["collective"])].append(row)
-    lines += ["", "## Prediction error, single switch (held-out world sizes, 64 KiB and up)", "",
+    lines += ["", *_rate_lines(rate_checks, link)]
+    lines += ["## Prediction error, single switch (held-out world sizes, 64 KiB and up)", "",
               f"Targets: median <= {TARGET_MEDIAN:.0%}, p90 <= {TARGET_P90:.0%} per backend and "
               f"collective. Network-bound host counts (every flow of an all-links iperf3 "
               f"check at >= {NETWORK_BOUND:.0%} of the link; the best check of the host "
@@ -312,20 +386,24 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
                           if bound[p] >= NETWORK_BOUND)
               + "; not network-bound: "
               + (", ".join(f"{p} ({bound[p]:.2f})" for p in sorted(bound)
-                           if bound[p] < NETWORK_BOUND) or "none") + ".", "",
-              f"| calibration | backend | collective | formula | held out {','.join(map(str, net_held))}: "
+                           if bound[p] < NETWORK_BOUND) or "none") + ". Held out where the "
+              "time does not follow the link rate (the section above): "
+              + (", ".join(cpu_bound) or "none") + ".", "",
+              f"| calibration | backend | collective | formula | held out, network-bound: hosts | "
               f"points | median | p90 | max | target | all held out ({','.join(map(str, held))}): "
-              f"median | p90 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              f"median | p90 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(groups):
-        sub = [row["rel_err"] for row in groups[key] if row["world_size"] in net_held]
+        hosts = series_held(key[1])
+        sub = [row["rel_err"] for row in groups[key] if row["world_size"] in hosts]
         e_all = np.array([row["rel_err"] for row in groups[key]])
         if sub:
             e = np.array(sub)
             med, p90 = float(np.median(e)), float(np.percentile(e, 90))
             ok = "met" if med <= TARGET_MEDIAN and p90 <= TARGET_P90 else "missed"
-            head = f"{len(e)} | {med:.1%} | {p90:.1%} | {e.max():.1%} | {ok}"
+            head = (f"{','.join(map(str, hosts))} | {len(e)} | {med:.1%} | {p90:.1%} | "
+                    f"{e.max():.1%} | {ok}")
         else:
-            head = "0 | - | - | - | -"
+            head = "- | 0 | - | - | - | -"
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {groups[key][0]['formula']} | {head} "
                      f"| {np.median(e_all):.1%} | {np.percentile(e_all, 90):.1%} |")
     lines += ["", "Per held-out world size (median / p90 of the relative error):", "",
@@ -415,32 +493,47 @@ def _link_bytes(collective: str, p: int) -> float:
     return (2.0 if collective == "allreduce" else 1.0) * (p - 1) / p
 
 
+SERIES_TEXT = {
+    "gloo": "* `gloo`: torch's gloo over TCP. All-to-all is priced as `direct` (every message "
+            "at once), gloo's own algorithm; the other collectives' formula is chosen by fit.",
+    "mpi": "* `mpi`: Intel MPI choosing its algorithm per size and world size from tables "
+           "ccbench cannot see. Its formula is the one that fits best across the training "
+           "world sizes, one per collective: where Intel MPI switches algorithm with the "
+           "size or the world size, no one formula describes it, and these predictions are "
+           "not a test of the model.",
+    "mpi-asserted": "* `mpi-asserted`: Intel MPI with its algorithms fixed by I_MPI_ADJUST_* "
+                    "(benchmarks/testbed_validation.py ASSERTED). The records keep the "
+                    "variables (`environment.variables`) and `calibrate` prices each with that "
+                    "algorithm's formula (ccbench/model/library_algorithms.py). Its "
+                    "reduce-scatter is Intel MPI's own choice: MPI_Reduce_scatter_block ran "
+                    "one path at 0.3-0.4 of the link below 1 MiB under every "
+                    "I_MPI_ADJUST_REDUCE_SCATTER_BLOCK id (0-4, 3 hosts).",
+    "mpich-asserted": "* `mpich-asserted`: MPICH 5.0.2 over UCX's tcp transport with its "
+                      "algorithms fixed by MPIR_CVAR_*_INTRA_ALGORITHM (MPICH_ASSERTED in "
+                      "benchmarks/testbed_validation.py): ring allreduce and allgather, "
+                      "pairwise-exchange reduce-scatter, `scattered` all-to-all (every message "
+                      "at once at these world sizes). MPICH's algorithms are in its open "
+                      "source; this is the series that tests the model on MPI.",
+}
+
+
 def _series_lines(models: dict[tuple[str, str], dict[str, Any]],
                   switch: dict[str, list[Record]], payload: float) -> list[str]:
     """What each series ran (read from its records and fits) and the link rate it reached."""
+    present = {backend for backend, _how in models}
     lines = ["## The series and their formulas", "",
-             "* `gloo`: torch's gloo over TCP. All-to-all is priced as `direct` (every message "
-             "at once), gloo's own algorithm; the other collectives' formula is chosen by fit.",
-             "* `mpi`: Intel MPI choosing its algorithm per size and world size from tables "
-             "ccbench cannot see. Its formula is the one that fits best across the training "
-             "world sizes, one per collective: where Intel MPI switches algorithm with the "
-             "size or the world size, no one formula describes it, and these predictions are "
-             "not a test of the model.",
-             "* `mpi-asserted`: Intel MPI with its algorithms fixed by I_MPI_ADJUST_* "
-             "(benchmarks/testbed_validation.py ASSERTED). The records keep the variables "
-             "(`environment.variables`) and `calibrate` prices each with that algorithm's "
-             "formula (ccbench/model/library_algorithms.py); this is the series that tests the "
-             "model on Intel MPI.", "",
-             "| series | collective | formula | from | I_MPI_ADJUST in the records |",
+             *[text for series, text in SERIES_TEXT.items() if series in present], "",
+             "| series | collective | formula | from | variable in the records |",
              "|---|---|---|---|---|"]
     for (backend, _how), model in sorted(models.items()):
         for f in model["fits"]:
             if f["scope"] != "all-world-sizes":
                 continue
-            name = INTEL_MPI_ADJUST[f["collective"]][0]
+            names = [table[f["collective"]][0] for table in (INTEL_MPI_ADJUST, MPICH_CVARS)
+                     if f["collective"] in table]
             seen = sorted({f"{name}={r.environment['variables'][name]}"
                            for r in switch[backend] if r.collective == f["collective"]
-                           and name in (r.environment.get("variables") or {})})
+                           for name in names if name in (r.environment.get("variables") or {})})
             lines.append(f"| {backend} | {f['collective']} | {f['model_algorithm']} | "
                          f"{f.get('algorithm_source') or 'the records'} | "
                          f"{', '.join(seen) or '-'} |")
