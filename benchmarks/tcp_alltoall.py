@@ -44,12 +44,18 @@ def _recv_exact(conn: socket.socket, nbytes: int, buf: bytearray) -> None:
         got += n
 
 
+def _receive(conn: socket.socket, nbytes: int, begin: float, ends: dict[str, float],
+             peer: str) -> None:
+    _recv_exact(conn, nbytes, bytearray(1 << 20))
+    ends[peer] = time.time() - begin
+
+
 def peer_main(rank: int, addresses: list[str], per_peer: int, start: float) -> None:
     """One emulated host: connect to everyone, then REPS all-to-alls at start + 2 s each."""
     p = len(addresses)
     listener = socket.create_server(("0.0.0.0", PORT), backlog=p)
     conns: dict[int, socket.socket] = {}
-    for peer in range(rank):                 # accept from lower ranks, connect to higher ones
+    for _ in range(rank):                    # accept from lower ranks, connect to higher ones
         conn, _ = listener.accept()
         conns[int.from_bytes(conn.recv(1), "big")] = conn
     for peer in range(rank + 1, p):
@@ -68,15 +74,9 @@ def peer_main(rank: int, addresses: list[str], per_peer: int, start: float) -> N
     for rep in range(REPS):
         begin = start + 3.0 * rep
         ends: dict[str, float] = {}
-
-        def send(peer: int) -> None:
-            conns[peer].sendall(payload)
-
-        def recv(peer: int) -> None:
-            _recv_exact(conns[peer], per_peer, bytearray(1 << 20))
-            ends[str(peer)] = time.time() - begin
-
-        threads = [threading.Thread(target=f, args=(q,)) for q in conns for f in (send, recv)]
+        threads = [thread for q, conn in conns.items() for thread in (
+            threading.Thread(target=conn.sendall, args=(payload,)),
+            threading.Thread(target=_receive, args=(conn, per_peer, begin, ends, str(q))))]
         time.sleep(max(0.0, begin - time.time()))
         for t in threads:
             t.start()

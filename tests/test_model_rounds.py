@@ -301,8 +301,11 @@ def test_simulate_long_replay_shows_progress_and_stops_on_sigint():
     cmd = [sys.executable, "-m", "ccbench", "simulate", str(ROOT / "results" / "model.json"),
            "alltoall", "--ranks", "3840", "--topology", "torus:16x16x15", "--algorithm",
            "pairwise", "--fidelity", "both", "--sizes", "64M", "--backend", "mpi/Intel MPI"]
+    # a shell's background job (`pytest ... &`) starts with SIGINT ignored, which children
+    # inherit and Python then keeps: give the child the default, as a terminal's job has
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT)
+                            env=env, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     seen = []
     deadline = time.monotonic() + 240
