@@ -145,6 +145,53 @@ def _rate_checks(link_bps: float) -> dict[tuple[str, int], dict[str, Any]]:
     return out
 
 
+def _repeat_lines(models: dict[tuple[str, str], dict[str, Any]],
+                  switch: dict[str, list[Record]]) -> list[str]:
+    """The same model against a second launch of held-out host counts (`measure --tag
+    repeat`): does the verdict survive launch-to-launch noise?"""
+    repeat = _records("repeat")
+    if not repeat:
+        return []
+    lines = ["", "## A second launch of the held-out host counts", "",
+             "The same runs launched again later (`measure --tag repeat`), predicted by the same "
+             "model: the relative error (median / p90) of the first launch and of the second, "
+             "and the second's time over the first's (median over sizes, min-max).", "",
+             "| calibration | backend | collective | hosts | first launch | second launch | "
+             "second / first |", "|---|---|---|---|---|---|---|"]
+    pooled: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for (backend, how), model in sorted(models.items()):
+        for coll in sorted({r.collective for r in repeat.get(backend, [])}):
+            for p in sorted({r.world_size for r in repeat[backend] if r.collective == coll}):
+                cells = []
+                first = {r.size_used: r for r in switch[backend]
+                         if r.collective == coll and r.world_size == p}
+                second = {r.size_used: r for r in repeat[backend]
+                          if r.collective == coll and r.world_size == p}
+                for recs in (first, second):
+                    errs = []
+                    for r in recs.values():
+                        pred, _ = _predict(model, r, f"switch:{p}", "analytical")
+                        errs.append(abs(pred - _measured_s(r)) / _measured_s(r))
+                    cells.append(f"{np.median(errs):.1%} / {np.percentile(errs, 90):.1%}"
+                                 if errs else "-")
+                second_errs = errs
+                ratios = [_measured_s(second[n]) / _measured_s(first[n])
+                          for n in second if n in first]
+                cells.append(f"{np.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                             if ratios else "-")
+                lines.append(f"| {how} | {backend} | {coll} | {p} | " + " | ".join(cells) + " |")
+                pooled[(how, backend, coll)] += second_errs
+    lines += ["", "The second launch alone against the targets (its host counts together):", "",
+              "| calibration | backend | collective | points | median / p90 | target |",
+              "|---|---|---|---|---|---|"]
+    for (how, backend, coll), errs in sorted(pooled.items()):
+        med, p90 = float(np.median(errs)), float(np.percentile(errs, 90))
+        ok = "met" if med <= TARGET_MEDIAN and p90 <= TARGET_P90 else "missed"
+        lines.append(f"| {how} | {backend} | {coll} | {len(errs)} | {med:.1%} / {p90:.1%} | "
+                     f"{ok} |")
+    return lines
+
+
 def _rate_lines(checks: dict[tuple[str, int], dict[str, Any]], link: str) -> list[str]:
     if not checks:
         return []
@@ -415,6 +462,7 @@ def _report(train: Sequence[int], link: str, link_bps: float, payload: float,
             e = np.array([row["rel_err"] for row in groups[key] if row["world_size"] == p])
             cells.append(f"{np.median(e):.0%} / {np.percentile(e, 90):.0%}" if len(e) else "-")
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
+    lines += _repeat_lines(models, switch)
     if tt_rows:
         tt_bound = _network_bound("twotier2x2")
         lines += ["", "## Two-tier, 2:1 oversubscribed (2 leaves, ranks leaf by leaf)", "",
