@@ -108,10 +108,20 @@ def run_gloo(plan: Any, out: Path, collectives: str, sizes: str, iters: int) -> 
                PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
     argv = ["srun", "-N", str(len(hosts)), "-n", str(len(hosts)), "--distribution=arbitrary",
             *_bench_args(collectives, sizes, iters, out, "gloo")]
+    return _run("gloo", argv, env)
+
+
+def _run(what: str, argv: list[str], env: dict[str, str], host: Any = None) -> str:
+    """argv (on emulated `host`, else here); what it printed; a failure ends the script."""
+    if host is not None:
+        from ccbench.testbed import host_command
+
+        argv = host_command(host.netns, host.name, argv)
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S,
                           cwd=ROOT)
     if proc.returncode:
-        raise SystemExit(f"gloo run failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-800:]}")
+        raise SystemExit(f"{what} run failed ({proc.returncode}): "
+                         f"{(proc.stdout + proc.stderr)[-800:]}")
     return proc.stdout + proc.stderr
 
 
@@ -132,8 +142,6 @@ ASSERTED = {"I_MPI_ADJUST_ALLREDUCE": "8",        # ring
 
 def run_mpi(plan: Any, out: Path, collectives: str, sizes: str, iters: int,
             asserted: bool = False) -> str:
-    from ccbench.testbed import host_command
-
     venv = Path(sys.executable).parent
     hosts = ordered_hosts(plan)
     env = dict(os.environ, PYTHONPATH=str(ROOT), I_MPI_HYDRA_BOOTSTRAP="rsh",
@@ -147,13 +155,7 @@ def run_mpi(plan: Any, out: Path, collectives: str, sizes: str, iters: int,
             *[arg for name, value in (ASSERTED.items() if asserted else ())
               for arg in ("-genv", name, value)],
             *_bench_args(collectives, sizes, iters, out, "mpi")]
-    h0 = hosts[0]
-    proc = subprocess.run(host_command(h0.netns, h0.name, argv), env=env, capture_output=True,
-                          text=True, timeout=RUN_LIMIT_S, cwd=ROOT)
-    if proc.returncode:
-        raise SystemExit(f"mpi run failed ({proc.returncode}): "
-                         f"{(proc.stdout + proc.stderr)[-800:]}")
-    return proc.stdout + proc.stderr
+    return _run("mpi", argv, env, hosts[0])
 
 
 # MPICH (its own venv, MPICH_PYTHON) with its algorithms fixed by CVARs: the series
@@ -167,14 +169,13 @@ MPICH_ASSERTED = {"MPIR_CVAR_DEVICE_COLLECTIVES": "none",
                   "MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM": "ring",
                   "MPIR_CVAR_REDUCE_SCATTER_BLOCK_INTRA_ALGORITHM": "pairwise",
                   "MPIR_CVAR_ALLTOALL_INTRA_ALGORITHM": "scattered"}
-MPICH_PYTHON = os.environ.get("MPICH_PYTHON", "/work/venv-mpich/bin/python")
+# .ci/run makes this venv beside the repository's own
+MPICH_PYTHON = os.environ.get("MPICH_PYTHON", str(ROOT / ".venv-mpich" / "bin" / "python"))
 
 
 def run_mpich(plan: Any, out: Path, collectives: str, sizes: str, iters: int) -> str:
     """MPICH from the pip wheel over UCX's tcp transport on each host's eth0 (its shared-memory
     transports would cross between the emulated hosts: docs/testbed.md)."""
-    from ccbench.testbed import host_command
-
     python = Path(MPICH_PYTHON)
     if not python.exists():
         raise SystemExit(f"no MPICH venv python at {python} (set MPICH_PYTHON)")
@@ -188,13 +189,7 @@ def run_mpich(plan: Any, out: Path, collectives: str, sizes: str, iters: int) ->
             *[arg for name, value in settings.items() for arg in ("-genv", name, value)],
             *_bench_args(collectives, sizes, iters, out, "mpi")]
     argv[argv.index(sys.executable)] = str(python)
-    h0 = hosts[0]
-    proc = subprocess.run(host_command(h0.netns, h0.name, argv), env=env, capture_output=True,
-                          text=True, timeout=RUN_LIMIT_S, cwd=ROOT)
-    if proc.returncode:
-        raise SystemExit(f"mpich run failed ({proc.returncode}): "
-                         f"{(proc.stdout + proc.stderr)[-800:]}")
-    return proc.stdout + proc.stderr
+    return _run("mpich", argv, env, hosts[0])
 
 
 def link_checks(plan: Any) -> dict[str, Any]:
