@@ -92,8 +92,9 @@ def library_algorithm(record: Any) -> tuple[str, str] | None:
     if "mpich" in library:
         known = _fixed_by(MPICH_CVARS, "MPICH", record.collective, variables)
         throttle = str(variables.get(_MPICH_THROTTLE, "32")).strip()
-        if known and known[0] == "direct" and not (
-                throttle.isdigit() and record.world_size <= int(throttle) or throttle == "0"):
+        all_at_once = throttle == "0" or (throttle.isdigit()
+                                          and record.world_size <= int(throttle))
+        if known and known[0] == "direct" and not all_at_once:
             return None                    # posted in batches: neither direct nor pairwise
         return known
     return None
