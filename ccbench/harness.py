@@ -1,6 +1,6 @@
 """What every rank runs: the timing loop of one case over its sizes.
 
-Method (the README's "Method" section says the same):
+Method (docs/design/method.md says the same):
 - warm-up iterations, untimed; then timed iterations, their number raised to fill --min-time;
 - per-op timing: barrier, then one op timed up to device completion; pipelined timing:
   --pipeline ops back to back, one synchronize, divided by their number;

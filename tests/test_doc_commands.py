@@ -35,7 +35,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "results/README.md", "slurm/README.md", "results/multihost/README.md",
-        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+        *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
 SHELL_LANGS = {"bash", "console", "sh", "shell"}
 COMMAND_TIMEOUT_S = 900             # one command; the slowest (make-results --report) takes ~3 min
 MEASURED_MAX = 16 * 1024            # SHORTEN: measuring commands stop at 16 KiB
@@ -308,7 +308,7 @@ class NotHere:
 
 
 def _astra_bin() -> str | None:
-    """Where docs/models.md says the binaries are: $CCBENCH_ASTRA_SIM_BIN, else
+    """Where docs/predict.md says the binaries are: $CCBENCH_ASTRA_SIM_BIN, else
     ../shared/tools/astra-sim/bin beside the checkout (the main one, for a git worktree)."""
     explicit = os.environ.get("CCBENCH_ASTRA_SIM_BIN")
     if explicit:
@@ -326,6 +326,7 @@ INSTALL = "makes the environment this test already runs in (pip and an index, mi
 TESTBED = ("root, and it builds machine-wide network namespaces and bridges (one testbed per "
            "machine, shared with whoever else uses it)")
 CLUSTER = "the emulated 4-host Slurm cluster of `ccbench testbed up --slurm`"
+MULTI_HOST = "hosts of a real cluster (node1, node2)"
 
 NOT_HERE: list[NotHere] = [
     NotHere(r"python3 -m venv \.venv", INSTALL, _noop),
@@ -347,6 +348,9 @@ NOT_HERE: list[NotHere] = [
     NotHere(r"export SLURM_CONF=/run/ccbench-testbed/.*", CLUSTER, _noop),
     NotHere(r"sinfo", CLUSTER, _noop),
     NotHere(r"srun -N4 .*", CLUSTER, lambda env, c: _parses(c)(env, c)),
+    NotHere(r"mpiexec -n \d+ -ppn \d+ -hosts \S+ .*", MULTI_HOST, lambda env, c: _parses(c)(env, c)),
+    NotHere(r"srun --kill-on-bad-exit=1 .*", "a Slurm allocation", lambda env, c: _parses(c)(env, c)),
+    NotHere(r"torchrun --nnodes [2-9].*", MULTI_HOST, lambda env, c: _parses(c)(env, c)),
     NotHere(r"ccbench sweep \S+ --slurm(?!.*--dry-run).*", "submits to a Slurm cluster with the partitions, "
             "nodes or GPUs the sweep names", _dry_run),
     NotHere(r"python scripts/astra_check\.py .*", "the ASTRA-sim binaries "
@@ -487,7 +491,7 @@ def run_python(env: Env, code: str) -> str:
 
 # documents whose blocks build on each other (a file made by one is read by the next): all
 # their blocks run in one test, in order, in one copy
-SEQUENTIAL = {"docs/traces.md"}
+SEQUENTIAL = {"docs/replay.md"}
 UNITS: list[tuple[str, list[Block]]] = [
     *((b.ident, [b]) for b in BLOCKS if b.doc not in SEQUENTIAL),
     *((doc, [b for b in BLOCKS if b.doc == doc]) for doc in sorted(SEQUENTIAL)
@@ -514,7 +518,8 @@ def test_documented_commands_run(blocks: list[Block], tmp_path: Path) -> None:
 def test_every_document_has_its_blocks_found() -> None:
     """The extraction sees the blocks (a changed fence style would silently test nothing)."""
     found = {b.doc for b in BLOCKS}
-    assert {"README.md", "results/README.md", "slurm/README.md", "docs/models.md",
+    assert {"README.md", "results/README.md", "slurm/README.md", "docs/predict.md",
+            "docs/replay.md", "docs/measure.md", "docs/compare.md", "docs/clusters.md",
             "docs/testbed.md", "docs/oneccl.md", "docs/gpu.md"} <= found
     assert all(b.commands for b in BLOCKS)
     assert _split_and('A=1; (cd x && y) | grep "a && b" && z') == [
@@ -553,3 +558,4 @@ def test_a_failing_command_fails_the_test(tmp_path: Path) -> None:
         run_command(env, "ccbench allreduce --sizes 1K-2K --backend nosuchbackend")
     with pytest.raises(AssertionError, match="nosuchbackend"):
         _parses("srun -N4 python -m ccbench allreduce --backend nosuchbackend")(env, "")
+

@@ -1,7 +1,7 @@
 """The collective registry: one module per collective (its `Collective`: layout, busbw factor,
 in-place aliasing, exact inputs and expected outputs, root, model and exporter names).
 
-S follows nccl-tests (see the README's method section):
+S follows nccl-tests (docs/design/method.md):
 
 | collective     | S                          | busbw factor |
 |----------------|----------------------------|--------------|
@@ -14,7 +14,7 @@ S follows nccl-tests (see the README's method section):
 | sendrecv       | count x elsize             | 1            |
 
 Adding a collective: one module here defining its `Collective`, one line in `_ALL`, and its
-call in each backend (docs/architecture.md).
+call in each backend (docs/design/architecture.md).
 """
 
 from __future__ import annotations
