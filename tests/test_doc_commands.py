@@ -559,3 +559,33 @@ def test_a_failing_command_fails_the_test(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="nosuchbackend"):
         _parses("srun -N4 python -m ccbench allreduce --backend nosuchbackend")(env, "")
 
+
+def test_generated_docs_are_current() -> None:
+    """README's option table, docs/reference/cli.md and records.md are what
+    scripts/gen_docs.py makes from the code now (a changed flag, default or record field
+    fails here until the script is rerun)."""
+    proc = subprocess.run([sys.executable, "scripts/gen_docs.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_links_in_docs_point_at_files() -> None:
+    """Every relative Markdown link in the docs and the dated results names a file or folder
+    that exists (a moved or renamed document breaks no link silently)."""
+    broken = []
+    dated = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*.md"))
+    for doc in sorted({*DOCS, *dated}):
+        text = (ROOT / doc).read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            if not ((ROOT / doc).parent / target).exists():
+                broken.append(f"{doc}: {target}")
+    assert not broken, broken
+
+
+def test_readme_is_short() -> None:
+    """The README stays an introduction (at most 1,500 words, as `wc -w` counts); the rest
+    belongs in docs/ and results/."""
+    words = len((ROOT / "README.md").read_text().split())
+    assert words <= 1500, f"README.md has {words} words"

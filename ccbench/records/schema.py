@@ -33,40 +33,40 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION", "SUPPORTED_VERSIONS", "Record", "BadRecor
 class Record:
     """One measured (case, size). Times are microseconds, bandwidths GB/s (1e9 B/s)."""
 
-    run_id: str
+    run_id: str                       # one per launch; records of one run share it
     timestamp: str                    # ISO 8601, UTC, when the size finished
-    ccbench_version: str
+    ccbench_version: str              # the ccbench that measured
     collective: str                   # broadcast | allreduce | allgather | reduce-scatter | alltoall
     backend: str                      # registry name: gloo, mpi, oneccl, nccl, rccl, ring@mpi ...
     library: str                      # e.g. "Intel(R) MPI Library", "gloo", "NCCL"
-    library_version: str
+    library_version: str              # as the library reports it
     algorithm: str                    # "native" for a library's own choice, else ring, tree ...
     transport: str                    # the library that carries the bytes (= backend if native)
     device: str                       # cpu | cuda:0 ...
-    dtype: str
+    dtype: str                        # float32, bfloat16, int8 ... (torch names)
     op: str | None                    # None for collectives that do not reduce
-    inplace: bool
+    inplace: bool                     # in place (one buffer) or out of place
     timing: str                       # per-op | pipelined
-    world_size: int
-    nodes: int
-    ranks_per_node: int
-    hosts: list[str]
-    root: int
+    world_size: int                   # ranks
+    nodes: int                        # distinct hosts
+    ranks_per_node: int               # world_size / nodes
+    hosts: list[str]                  # host names, sorted
+    root: int                         # root rank of broadcast and reduce
     size_asked: int                   # bytes, the S the user asked for
     size_used: int                    # bytes, S after rounding counts to divisibility
     count: int                        # elements, as the nccl-tests count column
-    iterations: int
-    warmup: int
+    iterations: int                   # timed iterations (after --min-time raised them)
+    warmup: int                       # untimed iterations before them
     time_us: dict[str, float]         # median, mean, min, p5, p95, max, stdev
     samples_us: list[float]           # per timed iteration, max over ranks
     rank_median_us: list[float]       # per rank, median of its own iteration times
     algbw_gbps: float                 # size_used / median time
     busbw_gbps: float                 # algbw x nccl-tests factor
     wrong: int | None                 # wrong elements summed over ranks; None = not checked
-    method: dict[str, Any] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
-    schema: str = SCHEMA
-    schema_version: int = SCHEMA_VERSION
+    method: dict[str, Any] = field(default_factory=dict)       # timing settings, launcher
+    environment: dict[str, Any] = field(default_factory=dict)  # CPU/GPU, versions, NCCL_/CCL_/MPI variables
+    schema: str = SCHEMA              # always ccbench.record
+    schema_version: int = SCHEMA_VERSION  # see the history above
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
