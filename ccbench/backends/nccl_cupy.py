@@ -44,7 +44,8 @@ from ccbench.errors import UsageError
 if TYPE_CHECKING:
     from algorithms.transport import Transport
 
-__all__ = ["NCCL_OP_NAMES", "NCCL_TYPE_NAMES", "NCCLCupyBackend", "nccl_cupy_version"]
+__all__ = ["NCCL_OP_NAMES", "NCCL_TYPE_NAMES", "NCCLCupyBackend", "nccl_cupy_version",
+           "unique_id_from_store", "unique_id_to_store"]
 
 #: ccbench's op -> the constant of cupy.cuda.nccl (ncclRedOp_t)
 NCCL_OP_NAMES = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN",
@@ -84,6 +85,21 @@ def nccl_cupy_version() -> tuple[str | None, str | None]:
         return format_nccl_version(int(nccl.get_version())), None
     except (AttributeError, RuntimeError) as exc:
         return None, f"ncclGetVersion failed: {exc}"
+
+
+def unique_id_to_store(raw: bytes | tuple[int, ...]) -> str | list[int]:
+    """A unique id as the control store keeps it (JSON): bytes (CuPy >= 14) as hex text,
+    CuPy 13's tuple of signed chars as a list of ints."""
+    if isinstance(raw, (bytes, bytearray)):
+        return bytes(raw).hex()
+    return [int(b) for b in raw]
+
+
+def unique_id_from_store(value: str | list[int]) -> bytes | tuple[int, ...]:
+    """The inverse of unique_id_to_store: the same type the binding's get_unique_id gave."""
+    if isinstance(value, str):
+        return bytes.fromhex(value)
+    return tuple(int(b) for b in value)
 
 
 class NCCLCupyBackend(BoundBackend):
@@ -137,12 +153,14 @@ class NCCLCupyBackend(BoundBackend):
         self._graphs: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._scratch: dict[tuple[int, int], DeviceBuffer] = {}
 
-    def _unique_id(self) -> tuple[int, ...]:
-        """ncclGetUniqueId on rank 0, read by the others from the control store."""
+    def _unique_id(self) -> bytes | tuple[int, ...]:
+        """ncclGetUniqueId on rank 0, read by the others from the control store, in the form
+        the binding gave it and its NcclCommunicator takes: bytes since CuPy 14, a tuple of
+        128 signed chars before."""
         key = f"nccl-cupy/unique-id/{next(_COMMS)}"
         if self.ctx.rank == 0:
-            self.ctx.store.set(key, [int(b) for b in self.nccl.get_unique_id()])
-        return tuple(int(b) for b in self.ctx.store.get(key, timeout=self.ctx.options.timeout))
+            self.ctx.store.set(key, unique_id_to_store(self.nccl.get_unique_id()))
+        return unique_id_from_store(self.ctx.store.get(key, timeout=self.ctx.options.timeout))
 
     # -- capabilities -----------------------------------------------------------------------
     @classmethod

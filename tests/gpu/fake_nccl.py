@@ -2,11 +2,12 @@
 
 The real binding (cupy_backends/cuda/libs/nccl.pyx) is mirrored call for call: the same names,
 argument order and types (pointers, counts, ncclDataType_t/ncclRedOp_t values, a raw stream
-pointer), `NcclCommunicator(ndev, commId: tuple, rank)` from `get_unique_id()`'s 128 signed
-chars, groupStart/groupEnd. Underneath, each communicator is a gloo process group of its own
-(torch's ProcessGroupGloo on a TCPStore named by the unique id), and the buffers are the
-fake CuPy's host memory read through their addresses, so the backend's real code runs in
-real multi-process runs and its results are checked bit for bit by the harness.
+pointer), `NcclCommunicator(ndev, commId: bytes, rank)` from `get_unique_id()`'s 128 bytes as
+CuPy 14 has them (with $CCBENCH_FAKE_NCCL_ID=tuple: CuPy 13's tuple of 128 signed chars, which
+its NcclCommunicator requires instead), groupStart/groupEnd. Underneath, each communicator is a
+gloo process group of its own (torch's ProcessGroupGloo on a TCPStore named by the unique id),
+and the buffers are the fake CuPy's host memory read through their addresses, so the backend's
+real code runs in real multi-process runs and its results are checked bit for bit by the harness.
 
 Semantics kept from NCCL: calls inside a group run when the outermost groupEnd is reached,
 sends and receives of a pair match in issue order, a call issued on a stream that is
@@ -71,8 +72,15 @@ def get_version() -> int:
     return VERSION_CODE
 
 
-def get_unique_id() -> tuple[int, ...]:
-    """128 signed chars, as CuPy returns them; here they spell the address of a TCPStore."""
+def _id_type() -> type:
+    """What this stand-in's get_unique_id returns and NcclCommunicator takes: bytes (CuPy
+    14) unless $CCBENCH_FAKE_NCCL_ID=tuple (CuPy 13)."""
+    return tuple if os.environ.get("CCBENCH_FAKE_NCCL_ID") == "tuple" else bytes
+
+
+def get_unique_id() -> bytes | tuple[int, ...]:
+    """128 bytes (CuPy 14) or 128 signed chars (CuPy 13), as CuPy returns them; here they spell
+    the address of a TCPStore."""
     import torch.distributed as dist
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -80,10 +88,12 @@ def get_unique_id() -> tuple[int, ...]:
     _SERVERS.append(server)
     text = f"127.0.0.1:{server.port}".encode()
     raw = text + bytes(NCCL_UNIQUE_ID_BYTES - len(text))
+    if _id_type() is bytes:
+        return raw
     return tuple(int(b) - 256 if b > 127 else int(b) for b in raw)
 
 
-def _address(comm_id: tuple[int, ...]) -> tuple[str, int]:
+def _address(comm_id: bytes | tuple[int, ...]) -> tuple[str, int]:
     raw = bytes((b + 256) % 256 for b in comm_id).rstrip(b"\0").decode()
     host, _, port = raw.rpartition(":")
     return host, int(port)
@@ -161,12 +171,16 @@ def _run_p2p(ops: list[tuple[str, Any, int, int, Any]]) -> None:
 class NcclCommunicator:
     """One rank of a communicator: the binding's methods over a gloo process group."""
 
-    def __init__(self, ndev: int, commId: tuple, rank: int) -> None:  # noqa: N803
+    def __init__(self, ndev: int, commId: bytes | tuple, rank: int) -> None:  # noqa: N803
         import torch
         import torch.distributed as dist
 
-        if not isinstance(commId, tuple) or len(commId) != NCCL_UNIQUE_ID_BYTES:
-            raise TypeError("commId must be the tuple get_unique_id() returned")
+        wanted = _id_type()       # Cython's `bytes commId` (CuPy 14) or `tuple commId` (13)
+        if not isinstance(commId, wanted):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected "
+                            f"{wanted.__name__}, got {type(commId).__name__})")
+        if len(commId) != NCCL_UNIQUE_ID_BYTES:
+            raise ValueError(f"commId length {len(commId)} != {NCCL_UNIQUE_ID_BYTES}.")
         ndev, rank = _int("ndev", ndev), _int("rank", rank)
         if not 0 <= rank < ndev:
             raise NcclError(4, f"rank {rank} outside 0..{ndev - 1}")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -195,19 +196,56 @@ def test_check_script_without_a_device_checks_nothing_and_says_so(tmp_path: Path
     assert "no usable device:" in log and "nothing checked" in log
 
 
+#: what check.sh leaves under $OUT: a device run brings back at most 8 files, none deeper
+#: than 2 folders, so the records travel packed in one archive
+CHECK_FILES = {"gpu-check.log", "environment.txt", "doctor.json", "steps.tsv", "records.tar.gz"}
+
+
+def _check_outputs(out: Path) -> tuple[str, dict[str, int]]:
+    """(the log, {records file in the archive: bytes}); asserts the $OUT layout."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in files} <= CHECK_FILES and len(files) <= 8, files
+    assert all(p.parent == out for p in files), files
+    with tarfile.open(out / "records.tar.gz") as tar:
+        packed = {Path(m.name).name: m.size for m in tar.getmembers() if m.isfile()}
+    return (out / "gpu-check.log").read_text(), packed
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)          # the whole check script: minutes, more on a loaded machine
 @needs_mpi
 def test_check_script_steps_on_cpu_twin(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(CHECK), "--cpu-twin"], capture_output=True, text=True,
                           timeout=2400, env={**os.environ, "OUT": str(tmp_path), "PYTHON": PYTHON})
+    log, packed = _check_outputs(tmp_path)
+    assert proc.returncode == 0, log[-4000:]
+    assert "failed 0" in log and "FAIL" not in log and "time guard" not in log
+    for name in ("nccl-w1-per-op.jsonl", "nccl-w1-pipelined.jsonl", "mpi-cupy-host-staging-per-op.jsonl",
+                 "mpi-cupy-cuda-aware-pipelined.jsonl", "nccl-cupy-w1-per-op.jsonl",
+                 "nccl-cupy-w1-pipelined.jsonl", "nccl-cupy-w1-graph.jsonl",
+                 "nccl-paths-allreduce.jsonl", "algorithms-nccl-w1.jsonl", "bandwidth-w1.jsonl",
+                 "algorithms-nccl-cupy-w1.jsonl", "algorithms-mpi-cupy-host-staging.jsonl"):
+        assert packed.get(name, 0) > 0, name
+    assert (tmp_path / "doctor.json").stat().st_size > 0
+    assert "PASS  every algorithm at 2 and 4 thread ranks on one device, exact" in log
+    assert "PASS  every algorithm at 8 thread ranks on one device, exact" in log
+    assert "PASS  nccl-cupy per-op beside pipelined" in log
+    environment = (tmp_path / "environment.txt").read_text()
+    for key in ("torch: ", "torch nccl: ", "cupy: ", "numpy: ", "ccbench imported from: "):
+        assert key in environment, key
+    steps = (tmp_path / "steps.tsv").read_text().splitlines()
+    assert steps[0].split("\t") == ["step", "result", "seconds", "timeout_s"]
+    assert {line.split("\t")[1] for line in steps[1:]} <= {"pass", "skip"}
+
+
+def test_check_script_time_guard_skips_every_step_and_says_so(tmp_path: Path) -> None:
+    """Past TIME_GUARD no step starts: each says so, and what ran is still under $OUT."""
+    proc = subprocess.run(["bash", str(CHECK), "--cpu-twin"], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OUT": str(tmp_path), "PYTHON": PYTHON,
+                                            "TIME_GUARD": "0"})
     log = (tmp_path / "gpu-check.log").read_text()
     assert proc.returncode == 0, log[-4000:]
-    assert "failed 0" in log and "FAIL" not in log
-    for name in ("nccl-w1-per-op.jsonl", "nccl-w1-pipelined.jsonl", "mpi-cupy-host-staging-per-op.jsonl",
-                 "mpi-cupy-cuda-aware-pipelined.jsonl", "doctor.json", "nccl-cupy-w1-per-op.jsonl",
-                 "nccl-cupy-w1-pipelined.jsonl", "nccl-cupy-w1-graph.jsonl",
-                 "nccl-paths-allreduce.jsonl", "algorithms-nccl-w1.jsonl",
-                 "algorithms-nccl-cupy-w1.jsonl", "algorithms-mpi-cupy-host-staging.jsonl"):
-        assert (tmp_path / name).stat().st_size > 0, name
-    assert "PASS  every algorithm at 2/4/8 thread ranks on one device, exact" in log
+    assert "SKIP  doctor: time guard" in log and "PASS" not in log
+    assert "SKIP  nccl world 1 per-op, all collectives x dtypes x ops: time guard" in log
+    files = {p.name for p in tmp_path.rglob("*") if p.is_file()}
+    assert files <= CHECK_FILES and "environment.txt" in files and "steps.tsv" in files

@@ -20,10 +20,10 @@ from ccbench.records import load_records
 ALL_OPS = "sum,max,min,prod"
 
 
-def _bench(world: int, bench: list[str], tmp_path: Path, counts: Path | None = None
-           ) -> list[Any]:
+def _bench(world: int, bench: list[str], tmp_path: Path, counts: Path | None = None,
+           env: dict[str, str] | None = None) -> list[Any]:
     out = tmp_path / "r.jsonl"
-    env = {"CCBENCH_TWIN_COUNTS": str(counts)} if counts else {}
+    env = {**(env or {}), **({"CCBENCH_TWIN_COUNTS": str(counts)} if counts else {})}
     # bounds for a loaded 2-core machine running 3 ranks: minutes, not seconds
     procs = _run_local(world, ["--fake-cupy", "--fake-devices", str(world)],
                        [*bench, "--device", "cuda", "--timeout", "180", "-q", "--output",
@@ -91,9 +91,21 @@ def test_every_algorithm_over_nccl_cupy_twin_is_exact(tmp_path: Path) -> None:
     assert {r.op for r in mine if r.collective == "allreduce"} == set(ALL_OPS.split(","))
 
 
+@pytest.mark.parametrize("id_type", ["bytes", "tuple"])
+def test_unique_id_reaches_every_rank_in_the_bindings_own_type(id_type: str,
+                                                               tmp_path: Path) -> None:
+    """CuPy 14's get_unique_id gives bytes and its NcclCommunicator takes bytes only; CuPy 13
+    used a tuple of signed chars both ways: the id crosses the control store and comes back
+    as the type the binding gave."""
+    records = _bench(2, ["allreduce", "--backend", "nccl-cupy", "--sizes", "1K", "--iters", "1",
+                         "--warmup", "0"], tmp_path, env={"CCBENCH_FAKE_NCCL_ID": id_type})
+    assert records and all(r.wrong == 0 for r in records)
+    assert {r.world_size for r in records} == {2}
+
+
 # -- without a run -----------------------------------------------------------------------------
 
-#: the methods of cupy_backends/cuda/libs/nccl.pyx's NcclCommunicator (CuPy 13), parameters
+#: the methods of cupy_backends/cuda/libs/nccl.pyx's NcclCommunicator (CuPy 13 and 14), parameters
 #: in order: the fake must take the same arguments the real binding takes
 REAL_SIGNATURES = {
     "allReduce": ["sendbuf", "recvbuf", "count", "datatype", "op", "stream"],
@@ -121,8 +133,20 @@ def test_fake_binding_matches_the_real_signatures() -> None:
     assert (fake_nccl.NCCL_INT8, fake_nccl.NCCL_INT32, fake_nccl.NCCL_FLOAT16,
             fake_nccl.NCCL_FLOAT32, fake_nccl.NCCL_FLOAT64, fake_nccl.NCCL_BFLOAT16) == (
         0, 2, 6, 7, 8, 9)
-    with pytest.raises(TypeError):      # Cython's `tuple commId` refuses a list
+    with pytest.raises(TypeError):      # Cython's `bytes commId` (CuPy 14) refuses a tuple
+        fake_nccl.NcclCommunicator(1, tuple(range(128)), 0)
+    with pytest.raises(TypeError):      # and a list
         fake_nccl.NcclCommunicator(1, list(range(128)), 0)
+
+
+@pytest.mark.parametrize("raw", [bytes(range(128)),
+                                 tuple(b - 256 if b > 127 else b for b in range(256)[::2])])
+def test_unique_id_round_trips_through_json(raw: Any) -> None:
+    from ccbench.backends.nccl_cupy import unique_id_from_store, unique_id_to_store
+
+    stored = json.loads(json.dumps(unique_id_to_store(raw)))
+    back = unique_id_from_store(stored)
+    assert type(back) is type(raw) and back == raw
 
 
 def _with_fake(monkeypatch: pytest.MonkeyPatch) -> Any:
