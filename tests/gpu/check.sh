@@ -17,7 +17,8 @@
 # Time: each step has its own timeout (STEP_TIMEOUT, default 90 s; a few steps have more);
 # no step starts once TIME_GUARD seconds (default 450) have passed since the start, and no
 # step runs past TOTAL_LIMIT (default 480): on a device the whole run fits 8 minutes. A step
-# that is not started says so in the log (SKIP ... time guard).
+# that is not started says so in the log (SKIP ... time guard). ONLY=REGEX runs only the steps
+# whose name matches (grep -E), to rerun the failed steps of an earlier run in one short call.
 #
 # Output, all under ${OUT:-./gpu-check-out}, written as it goes (a run cut short keeps what it
 # had): gpu-check.log (everything), environment.txt (GPU, driver, CUDA, torch, NCCL, CuPy,
@@ -39,6 +40,9 @@ log="$out/gpu-check.log"
 exec > >(tee -a "$log") 2>&1
 
 python="${PYTHON:-python3}"
+# an absolute path: mpiexec's ranks must start this interpreter, not the first python3 on the
+# PATH of the processes mpiexec spawns (on the device, /usr/bin/python3 without numpy)
+python="$(command -v "$python" || echo "$python")"
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"    # this tree, installed or not
 export PYTHONUNBUFFERED=1
 twin=0
@@ -81,6 +85,10 @@ run() {
     local limit="$step_timeout"
     if [ "$1" = "-t" ]; then limit=$(( $2 * scale )); shift 2; fi
     local name="$1"; shift
+    if [ -n "${ONLY:-}" ] && ! grep -qE -- "$ONLY" <<< "$name"; then
+        say "skip  $name: not in ONLY=$ONLY"
+        return 0
+    fi
     local elapsed=$(( SECONDS - started ))
     if [ "$elapsed" -ge "$time_guard" ]; then
         skip "$name: time guard, ${elapsed} s of ${time_guard} s passed, not started"
