@@ -61,9 +61,17 @@ def _library_name(version: str) -> str:
     return version.split()[0] if version else "MPI"
 
 
+#: dtypes the loaded MPI library has no usable datatype for (Open MPI 4.1 has no float16:
+#: MPI_ERR_TYPE on an H200 machine's Debian Open MPI), found by MPIBackend's probe; one libmpi
+#: per process, so one set per process
+_NO_DATATYPE: set[str] = set()
+
+
 def _raw(buf: Any) -> Any:
-    """bfloat16 and float8 have no MPI datatype; moving them needs none: send their bit
-    patterns (device buffers already store them so)."""
+    """bfloat16 and float8 have no MPI datatype, nor float16 in some libraries; moving them
+    needs none: send their bit patterns (device buffers already store them so)."""
+    if buf.dtype.name in _NO_DATATYPE:
+        return buf.view(np.dtype(f"u{buf.dtype.itemsize}"))
     wire = wire_dtype(buf.dtype)
     return buf if wire == buf.dtype else buf.view(wire)
 
@@ -107,6 +115,7 @@ class MPIBackend(Backend):
 
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         if op is None:
+            self._probe_datatype(dtype)
             return None
         refused = self.refuses(dtype, op)
         if refused:
@@ -122,6 +131,20 @@ class MPIBackend(Backend):
                 reason = exc.Get_error_string().splitlines()[0]
                 self._probed[key] = f"unsupported by mpi: {op} on {dtype.name} ({reason})"
         return self._probed[key]
+
+    def _probe_datatype(self, dtype: np.dtype) -> None:
+        """Whether the library moves `dtype` with its own datatype; if not, it is moved as its
+        bits (collectively: every rank probes the same dtypes in the same order)."""
+        key = (dtype.name, "")
+        if key in self._probed or wire_dtype(dtype) != dtype:
+            return
+        one = np.ones(1, dtype=dtype)
+        try:
+            self.comm.Bcast(one, root=0)
+            self._probed[key] = None
+        except (self.MPI.Exception, KeyError, ValueError) as exc:
+            self._probed[key] = f"no {dtype.name} datatype ({exc})"
+            _NO_DATATYPE.add(dtype.name)
 
     def info(self) -> dict[str, Any]:
         first_line = self.version.splitlines()[0] if self.version else ""

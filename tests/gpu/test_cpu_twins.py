@@ -266,3 +266,29 @@ def test_device_checks_read_float8_as_the_harness_does() -> None:
         close()
     assert any("float8" in what for _, what in results)
     assert [what for ok, what in results if not ok] == []
+
+
+def test_mpi_without_a_float16_datatype_moves_its_bits() -> None:
+    """Open MPI 4.1 (Debian's, on an H200 machine) has no float16 datatype: a float16 broadcast
+    failed with MPI_ERR_TYPE. The backend's probe finds that and moves float16 as its bits."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ccbench.backends import mpi
+
+    class NoFloat16Comm:
+        def Bcast(self, buf: np.ndarray, root: int) -> None:  # noqa: N802 (mpi4py's name)
+            if buf.dtype == np.float16:
+                raise RuntimeError("MPI_ERR_TYPE: invalid datatype")
+
+    fake = SimpleNamespace(_probed={}, comm=NoFloat16Comm(), MPI=SimpleNamespace(Exception=RuntimeError))
+    try:
+        mpi.MPIBackend._probe_datatype(fake, np.dtype(np.float16))   # type: ignore[arg-type]
+        mpi.MPIBackend._probe_datatype(fake, np.dtype(np.float32))   # type: ignore[arg-type]
+        half = np.arange(5, dtype=np.float16)
+        assert mpi._raw(half).dtype == np.uint16
+        assert mpi._raw(half).view(np.float16).tolist() == half.tolist()
+        assert mpi._raw(np.ones(2, np.float32)).dtype == np.float32
+    finally:
+        mpi._NO_DATATYPE.clear()
