@@ -311,6 +311,27 @@ def _note_spoken() -> None:
         note_spoken(os.getppid())
 
 
+def library_output_to_stderr() -> None:
+    """A rank's stdout carries only ccbench's table, CSV or JSON: the libraries it loads may
+    write log lines to file descriptor 1 (oneCCL's logger does), so fd 1 becomes a copy of
+    stderr and Python's sys.stdout keeps the original destination on a descriptor of its own."""
+    try:
+        sys.stdout.flush()
+        own = os.dup(sys.stdout.fileno())
+        os.dup2(sys.stderr.fileno(), 1)
+    except (OSError, ValueError, AttributeError):   # no real descriptors (embedded, captured)
+        return
+    sys.stdout = os.fdopen(own, "w", encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                           buffering=1 if os.isatty(own) else -1)
+
+
+def rank_python() -> list[str]:
+    """How to start a Python that runs ccbench's ranks: in safe-path mode (3.11+), so that a
+    `ccbench/` folder in the working directory (a checkout's parent) is not imported instead
+    of the installed package; PYTHONPATH is still honoured."""
+    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -319,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = bench_parser().parse_args(argv)
         config = config_from_args(args, argv)
         from ccbench.runner import run_benchmark
+
+        library_output_to_stderr()
 
         return run_benchmark(config)
     except UsageError as exc:

@@ -119,8 +119,8 @@ class TableWriter:
     """Rows appear as soon as both modes of a size are done. `full` (OSU's -f) adds, per mode,
     the smallest and the largest of the ranks' own median times: how far apart ranks were."""
 
-    def __init__(self, stream: TextIO = sys.stdout, full: bool = False) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None, full: bool = False) -> None:
+        self.stream = stream or sys.stdout     # looked up now: a rank may have replaced it
         self.full = full
         self.busbw_sum = 0.0
         self.busbw_count = 0

@@ -139,7 +139,9 @@ def with_backends(bench: list[str], names: list[str]) -> list[str]:
 def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None
                    ) -> tuple[list[list[str]], list[dict[str, str]]]:
     """The command line and extra environment of each process to start (pure, for tests)."""
-    python = [sys.executable, "-m", "ccbench", *bench]
+    from ccbench.cli import rank_python
+
+    python = [*rank_python(), "-m", "ccbench", *bench]
     if needs_mpi:
         if mpiexec is None:
             raise BackendUnavailable("an MPI backend was asked for but no mpiexec was found "
