@@ -325,6 +325,19 @@ def library_output_to_stderr() -> None:
                            buffering=1 if os.isatty(own) else -1)
 
 
+_PACKAGE_VAR = "CCBENCH_LAUNCHER_PACKAGE"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _note_other_package() -> None:
+    """A rank that imported another ccbench than its launcher did says so in one line."""
+    launcher = os.environ.get(_PACKAGE_VAR)
+    if launcher and launcher != _PACKAGE_DIR and not _quiet_rank():
+        print(f"ccbench: warning: the ranks import ccbench from {_PACKAGE_DIR}, the launcher "
+              f"from {launcher} (check PYTHONPATH and the working directory)", file=sys.stderr,
+              flush=True)
+
+
 def rank_python() -> list[str]:
     """How to start a Python that runs ccbench's ranks: in safe-path mode (3.11+), so that a
     `ccbench/` folder in the working directory (a checkout's parent) is not imported instead
@@ -336,7 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:
+            os.environ.setdefault(_PACKAGE_VAR, _PACKAGE_DIR)   # what its ranks should import
             return _run_subcommand(argv[0], argv[1:])
+        _note_other_package()
         args = bench_parser().parse_args(argv)
         config = config_from_args(args, argv)
         from ccbench.runner import run_benchmark

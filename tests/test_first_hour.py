@@ -157,3 +157,25 @@ def test_without_a_terminal_a_status_line_comes_at_a_steady_interval() -> None:
     assert len(status) >= 2         # the run lasts well over two intervals
     assert all(line.startswith("ccbench: ") and len(line) < 160 for line in status)
     assert not any("sizes done" in line for line in proc.stdout.splitlines())
+
+
+def test_ranks_import_the_installed_package_from_any_folder(tmp_path: Path) -> None:
+    """From a folder holding a `ccbench/` directory (a checkout's parent), the ranks still
+    import the package the launcher runs: they start in Python's safe-path mode."""
+    impostor = tmp_path / "ccbench"
+    impostor.mkdir()
+    (impostor / "__init__.py").write_text("raise ImportError('the working directory was "
+                                          "imported')\n")
+    proc = subprocess.run([PYTHON, "-P", "-m", "ccbench", "launch", "-n", "2", *QUICK],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "working directory was imported" not in proc.stderr
+    assert "allreduce" in proc.stdout
+
+
+def test_a_rank_that_imports_another_ccbench_says_so_in_one_line() -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "allreduce", "--backend", "nosuch"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CCBENCH_LAUNCHER_PACKAGE": "/elsewhere/ccbench"})
+    warnings = [line for line in proc.stderr.splitlines() if "/elsewhere/ccbench" in line]
+    assert len(warnings) == 1 and "the launcher from /elsewhere/ccbench" in warnings[0]
