@@ -60,6 +60,36 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        return parse_anywhere(self, list(sys.argv[1:] if args is None else args), namespace)
+
+
+def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str],
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+    """argparse with positionals anywhere among the options (`simulate model.json --ranks 16
+    allreduce`), through nested subcommands; a parser that takes the rest of the line as it
+    is (`launch ... COLLECTIVE ...`) parses as argparse does."""
+    namespace = namespace if namespace is not None else argparse.Namespace()
+    subcommands = next((a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction)), None)
+    if subcommands is None:
+        try:
+            return parser.parse_intermixed_args(argv, namespace)
+        except TypeError:           # argparse.REMAINDER or a positional in an exclusive group
+            return argparse.ArgumentParser.parse_args(parser, argv, namespace)
+    at = next((i for i, arg in enumerate(argv) if arg in subcommands.choices), None)
+    if at is None:                  # no subcommand named: argparse says what is missing
+        return argparse.ArgumentParser.parse_args(parser, argv, namespace)
+    required, subcommands.required = subcommands.required, False
+    try:
+        argparse.ArgumentParser.parse_args(parser, argv[:at], namespace)
+    finally:
+        subcommands.required = required
+    if subcommands.dest is not argparse.SUPPRESS:
+        setattr(namespace, subcommands.dest, argv[at])
+    return parse_anywhere(subcommands.choices[argv[at]], argv[at + 1:], namespace)
+
 
 def _quiet_rank() -> bool:
     """Only one rank speaks about bad input; the others just exit 2."""
@@ -287,7 +317,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
                        argv=list(argv), connect_timeout=connect_timeout)
 
 
-def _run_subcommand(name: str, argv: Sequence[str]) -> int:
+def parse_subcommand(name: str, argv: Sequence[str]) -> tuple[Any, argparse.Namespace]:
+    """The module of subcommand `name` and its parsed arguments (bad input: UsageError)."""
     try:
         module = importlib.import_module(f"ccbench.commands.{name}")
     except ModuleNotFoundError as exc:
@@ -297,7 +328,11 @@ def _run_subcommand(name: str, argv: Sequence[str]) -> int:
     parser = OneLineParser(prog="ccbench")
     subparsers = parser.add_subparsers(dest="command", required=True)
     module.register(subparsers)
-    args = parser.parse_args([name, *argv])
+    return module, parser.parse_args([name, *argv])
+
+
+def _run_subcommand(name: str, argv: Sequence[str]) -> int:
+    module, args = parse_subcommand(name, argv)
     return int(module.main(args))
 
 

@@ -100,9 +100,21 @@ def _collectives(name: str) -> list[str]:
         raise choices_error("collective", name, (*COLLECTIVES, "all")) from None
 
 
-def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
+def size_label(num_bytes: int) -> str:
+    """Every size of a column in one unit style: 1026K exactly, 2385960 as 2.275M (binary
+    units, four significant digits), bytes below 1 KiB."""
     from ccbench.sizes import format_size
 
+    exact = format_size(num_bytes)
+    if not exact.isdigit() or num_bytes < 1024:
+        return exact
+    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if num_bytes >= unit:
+            return f"{num_bytes / unit:.4g}{suffix}"
+    return exact
+
+
+def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
     print(f"# {out['collective']} {out['algorithm']} on {topology}, {ranks} ranks, "
           f"{fidelity}; {out['fit_choice']}; {out['fit_scope']}")
     for flag in out["flags"]:
@@ -115,7 +127,7 @@ def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
     head.append("flags")
     rows = [head]
     for r in out["rows"]:
-        line = [format_size(r["size_used"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}",
+        line = [size_label(r["size_used"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}",
                 f"{r['busbw_gbps']:.3f}"]
         if both:
             line += [f"{r['replay_time_us']:.2f}", f"{r['replay_busbw_gbps']:.3f}",
@@ -148,8 +160,6 @@ def _links(args: argparse.Namespace) -> LinkOverrides:
 
 
 def _print_trace(out: dict) -> None:
-    from ccbench.sizes import format_size
-
     print(f"# trace {out['trace']} ({out['kind']}, recorded at {out['recorded_world_size']} "
           f"ranks) on {out['topology']}, {out['world_size']} ranks, {out['fidelity']}")
     for coll, fit in out["fits"].items():
@@ -172,7 +182,7 @@ def _print_trace(out: dict) -> None:
             marks.append(str(legend.index(flag) + 1))
         bw = r["busbw_gbps"]
         rows.append([str(r["index"]), str(r["node_id"]), r["collective"], r["dtype"],
-                     format_size(r["size"]), group, r["algorithm"], f"{r['time_us']:.2f}",
+                     size_label(r["size"]), group, r["algorithm"], f"{r['time_us']:.2f}",
                      f"{bw:.3f}" if bw == bw else "-", ",".join(marks) or "-"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
@@ -187,7 +197,7 @@ def _print_trace(out: dict) -> None:
           f"ops back to back) at {world} ranks on {out['topology']}")
     for coll, entry in sorted(out["by_collective"].items(), key=lambda kv: -kv[1]["time_us"]):
         share = entry["time_us"] / out["total_us"] if out["total_us"] else 0.0
-        print(f"#   {coll}: {entry['ops']} ops, {format_size(entry['bytes'])}, "
+        print(f"#   {coll}: {entry['ops']} ops, {size_label(entry['bytes'])}, "
               f"{entry['time_us']:.1f} us ({share:.0%})")
     for skip in out["not_modelled"]:
         print(f"# not modelled ({skip['recorded_ops']} recorded ops): {skip['reason']}")
