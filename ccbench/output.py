@@ -30,11 +30,21 @@ __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder"
 _PEEK_BYTES = 1 << 16
 
 
+#: what --output writes: JSON lines (`.json` as nccl-tests' -J names it) or Parquet
+OUTPUT_SUFFIXES = (".jsonl", ".json", PARQUET_SUFFIX)
+
+
 def check_output_file(path: str) -> None:
-    """Refuse an --output that cannot take records, before anything runs: a missing folder, a
-    folder, a file we may not write, or a file that already holds something else."""
+    """Refuse an --output that cannot take records, before anything runs: a name whose suffix
+    names another format, a missing folder, a folder, a file we may not write, or a file that
+    already holds something else."""
     target = Path(path)
     where = f"--output {path!r}"
+    if not path.endswith(OUTPUT_SUFFIXES) and not target.is_dir():
+        suffix = repr("".join(target.suffixes[-2:])) if target.suffix else "a name without one"
+        raise UsageError(f"{where}: records are written as JSON lines or Parquet, not "
+                         f"{suffix} (valid suffixes: {', '.join(OUTPUT_SUFFIXES)}; for CSV "
+                         f"use --format csv > FILE.csv)")
     if path.endswith(PARQUET_SUFFIX) and not target.is_dir():
         if target.exists():
             read_parquet(target)       # a file that is not ccbench Parquet: refused now
