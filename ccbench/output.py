@@ -137,6 +137,7 @@ class TableWriter:
         self._pending: dict[tuple[object, ...], dict[bool, Record]] = {}
 
     def header(self, title: str) -> None:
+        self.busbw_sum, self.busbw_count = 0.0, 0       # the footer averages this table only
         spread = f" {'rank min':>10} {'rank max':>10}" if self.full else ""
         units = f" {'(us)':>10} {'(us)':>10}" if self.full else ""
         half = f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}{spread}"

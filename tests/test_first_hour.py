@@ -179,3 +179,20 @@ def test_a_rank_that_imports_another_ccbench_says_so_in_one_line() -> None:
                           env={**os.environ, "CCBENCH_LAUNCHER_PACKAGE": "/elsewhere/ccbench"})
     warnings = [line for line in proc.stderr.splitlines() if "/elsewhere/ccbench" in line]
     assert len(warnings) == 1 and "the launcher from /elsewhere/ccbench" in warnings[0]
+
+
+def test_each_table_has_a_footer_of_its_own_rows(tmp_path: Path) -> None:
+    """Two backends in one launch: two tables, each with the mean bus bandwidth of its own
+    records (it once came once, under the last table, averaging both backends)."""
+    out = tmp_path / "r.jsonl"
+    proc = _launch(["-n", "2", "allreduce", "--backend", "gloo,ring@gloo", "--sizes", "1K-4K",
+                    "--iters", "2", "--warmup", "1", "-q"], out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    footers = [float(line.split(":")[1]) for line in proc.stdout.splitlines()
+               if line.startswith("# Avg bus bandwidth")]
+    records = load_records(out)
+    backends = list(dict.fromkeys(r.backend for r in records))
+    assert len(backends) == 2 and len(footers) == 2, proc.stdout
+    for backend, footer in zip(backends, footers, strict=True):
+        own = [r.busbw_gbps for r in records if r.backend == backend]
+        assert footer == pytest.approx(sum(own) / len(own), rel=1e-4, abs=1e-6)
