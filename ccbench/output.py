@@ -25,7 +25,7 @@ from ccbench.records.table import (
 )
 
 __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
-           "check_writable_file", "make_writer"]
+           "check_writable_file", "main_job_output", "make_writer", "say_where_records_are"]
 
 _PEEK_BYTES = 1 << 16
 
@@ -70,6 +70,30 @@ def check_output_file(path: str) -> None:
         raise UsageError(f"{where} already holds something that is not ccbench records "
                          f"(first line {first[:40]!r}); records are only appended to an empty "
                          f"file or a ccbench results file")
+
+
+#: where the main job (`ccbench launch all ...`) keeps its records when no --output is given
+MAIN_JOB_FOLDER = "ccbench-results"
+
+
+def main_job_output(args: Any) -> str | None:
+    """The records file of the main job, every collective (`all`), when the command line names
+    none (--output, -O, nccl-tests' -J): ccbench-results/ccbench-<UTC time>-<id>.jsonl in the
+    working directory, its folder made now. Other runs print only, as before."""
+    if (args.collective or "").strip().lower() != "all" or args.output or args.json_output:
+        return None
+    import datetime
+    import uuid
+
+    os.makedirs(MAIN_JOB_FOLDER, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return os.path.join(MAIN_JOB_FOLDER, f"ccbench-{stamp}-{uuid.uuid4().hex[:6]}.jsonl")
+
+
+def say_where_records_are(path: str) -> None:
+    """The line that ends the main job: where its records are, and the report command."""
+    print(f"ccbench: records in {path}; figures and tables: ccbench report {path} -o "
+          f"{os.path.join(MAIN_JOB_FOLDER, 'report')}", file=sys.stderr, flush=True)
 
 
 def check_writable_file(path: str, flag: str = "-o") -> None:

@@ -196,3 +196,28 @@ def test_each_table_has_a_footer_of_its_own_rows(tmp_path: Path) -> None:
     for backend, footer in zip(backends, footers, strict=True):
         own = [r.busbw_gbps for r in records if r.backend == backend]
         assert footer == pytest.approx(sum(own) / len(own), rel=1e-4, abs=1e-6)
+
+
+def test_the_main_job_keeps_its_records_and_says_how_to_report(tmp_path: Path) -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", "all", *QUICK[1:]],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ccbench: records in ccbench-results/ccbench-"), last
+    path = last.split("records in ")[1].split(";")[0]
+    records = load_records(tmp_path / path)
+    assert len({r.collective for r in records}) == 7
+    report = last.split("figures and tables: ")[1].split()
+    assert report[:3] == ["ccbench", "report", path]
+    from ccbench.cli import parse_subcommand
+
+    parse_subcommand("report", report[2:])
+
+
+def test_a_named_output_is_the_only_file_the_main_job_writes(tmp_path: Path) -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", "all", *QUICK[1:],
+                           "-O", "mine.jsonl"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]
+    assert "records in" not in proc.stderr

@@ -174,8 +174,12 @@ def main(args: argparse.Namespace) -> int:
 
         backends, connect_timeout, trace_ranks = launch_plan(bench[1:])
         nprocs = args.nprocs if args.nprocs is not None else trace_ranks
-        output, fmt = None, "table"
+        output, fmt, saved = None, "table", None
     else:
+        from ccbench.output import main_job_output
+
+        saved = main_job_output(bench_parser().parse_args(bench))   # the main job keeps records
+        bench = [*bench, "--output", saved] if saved else bench
         config = config_from_args(bench_parser().parse_args(bench), bench)
         nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
         if config.root >= nprocs:
@@ -207,9 +211,13 @@ def main(args: argparse.Namespace) -> int:
                 return status
         return 0
 
-    if args.repeat == 1:
-        return launch({}, bench)
-    return _repeat(args.repeat, launch, bench, output, fmt)
+    status = launch({}, bench) if args.repeat == 1 else _repeat(args.repeat, launch, bench,
+                                                                 output, fmt)
+    if status == 0 and bench[0] != "replay" and saved:
+        from ccbench.output import say_where_records_are
+
+        say_where_records_are(saved)
+    return status
 
 
 def _repeat(repeats: int, launch: Callable[[dict[str, str], list[str]], int], bench: list[str],
