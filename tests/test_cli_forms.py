@@ -94,3 +94,16 @@ def test_the_documented_simulate_form_runs() -> None:
     assert proc.returncode == 0, proc.stderr
     sizes = [line.split()[0] for line in proc.stdout.splitlines() if line[:1] in " 0123456789"]
     assert sizes[:2] == ["1M", "2M"] and sizes[-1] == "1G"
+
+
+def test_an_empty_folder_names_every_results_format(tmp_path: Path) -> None:
+    proc = run_ccbench("report", str(tmp_path), "-o", str(tmp_path / "out"), timeout=120)
+    assert proc.returncode == 2
+    assert "*.jsonl, *.jsonl.gz, *.parquet" in proc.stderr
+
+
+def test_simulate_sizes_share_one_style() -> None:
+    from ccbench.commands.simulate import size_label
+
+    assert [size_label(n) for n in (8, 1026 * 1024, 2385960, 1 << 30)] == \
+        ["8", "1026K", "2.275M", "1G"]
