@@ -130,7 +130,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "starts")
     parser.add_argument("--inplace", action="store_true", help="only in-place")
     parser.add_argument("--outofplace", action="store_true", help="only out-of-place")
-    parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op")
+    parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op",
+                        help="per-op: time each call and wait for it (default); pipelined: "
+                             "time a batch of calls back to back, as nccl-tests' loop")
     for option in BENCH_OPTIONS:          # the same table makes the sweep file's keys
         option.add_to(parser)
     parser.add_argument("--full", action="store_true", default=False,
@@ -138,8 +140,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "(OSU -f); records always hold every statistic")
     parser.add_argument("--output", "-O", default=None,
                         help="append one JSON record per (case, size) to this file")
-    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                        help="stdout: an nccl-tests style table (default), JSON lines or CSV, "
+                             "one row per record")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar or status line; the results, notes and errors "
+                             "still print")
     # a switch of the nccl-cupy backend, not a method option of every backend (so not in
     # BENCH_OPTIONS, and not a sweep key)
     parser.add_argument("--cuda-graph", action="store_true",
@@ -148,9 +154,33 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_familiar_arguments(parser)
 
 
-def bench_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="ccbench", description="Measure collectives. Subcommands: "
-                           + ", ".join(SUBCOMMANDS), epilog=FAMILIAR_EPILOG,
+DESCRIPTION = """\
+Measure collectives: `ccbench COLLECTIVE [options]` in every rank (start ranks with
+`ccbench launch -n N`, mpiexec, srun or torchrun); `ccbench SUBCOMMAND ...` does the rest."""
+
+
+def subcommand_summaries() -> list[tuple[str, str]]:
+    """(name, one-line help) of every subcommand, from its own register()."""
+    out = []
+    for name in SUBCOMMANDS:
+        parser = OneLineParser(prog="ccbench")
+        subparsers = parser.add_subparsers(dest="command")
+        importlib.import_module(f"ccbench.commands.{name}").register(subparsers)
+        out += [(action.dest, action.help or "") for action in subparsers._choices_actions]
+    return out
+
+
+def _subcommand_list() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = [f"  {name:<{width}}  {summary}" for name, summary in subcommand_summaries()]
+    return "\n\nsubcommands (ccbench SUBCOMMAND --help says more):\n" + "\n".join(lines)
+
+
+def bench_parser(list_subcommands: bool = False) -> argparse.ArgumentParser:
+    """The benchmark's parser; `list_subcommands` (for --help) imports every subcommand to
+    describe each in one line."""
+    description = DESCRIPTION + (_subcommand_list() if list_subcommands else "")
+    parser = OneLineParser(prog="ccbench", description=description, epilog=FAMILIAR_EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_arguments(parser)
     parser.add_argument("--version", action="version", version=f"ccbench {__version__}")
@@ -387,7 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.setdefault(_PACKAGE_VAR, _PACKAGE_DIR)   # what its ranks should import
             return _run_subcommand(argv[0], argv[1:])
         _note_other_package()
-        args = bench_parser().parse_args(argv)
+        asks_help = any(arg in ("-h", "--help") for arg in argv)
+        args = bench_parser(list_subcommands=asks_help).parse_args(argv)
         config = config_from_args(args, argv)
         from ccbench.runner import run_benchmark
 

@@ -530,7 +530,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--force", action="store_true",
                         help="compare even when world size, dtype, timing mode ... differ")
-    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                        help="print a table, JSON lines or CSV (default table)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -44,7 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", default=None,
                         help="use the fits of this backend, library or backend/library "
                              "(mpi, 'Open MPI', 'mpi/Intel MPI')")
-    parser.add_argument("--fidelity", choices=("analytical", "replay", "both"), default="analytical")
+    parser.add_argument("--fidelity", choices=("analytical", "replay", "both"), default="analytical",
+                        help="closed-form cost, a replay of the schedule on the topology's links, "
+                             "or both side by side (default analytical)")
     parser.add_argument("--sharing", choices=("max-min", "equal"), default="max-min",
                         help="how concurrent transfers share a link in replay (default max-min)")
     parser.add_argument("--segments", type=int, default=1,
@@ -54,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--intra-bw", type=float, default=None, help="intra-host link GB/s")
     parser.add_argument("--intra-alpha-us", type=float, default=None, help="intra-host alpha, us")
     parser.add_argument("--hop-latency-us", type=float, default=0.0, help="per-hop latency, us")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="print a table or JSON (default table)")
     parser.add_argument("--output", "-o", default=None,
                         help="also append the predictions as result records (JSON lines)")
     parser.set_defaults(func=main)
