@@ -167,6 +167,10 @@ class TableWriter:
         half = f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}{spread}"
         width = len(half)
         print(f"#\n# {title}\n#", file=self.stream)
+        if self.full:
+            print("# rank min, rank max: the fastest and the slowest rank's own median time; "
+                  "time: the median of each call's\n# combined time (the slowest rank per call "
+                  "unless --combine), so time >= rank max with the default", file=self.stream)
         print(f"# {'':>10} {'':>11} {'':>8} {'':>6} {'':>4}   {'out-of-place':^{width}}   "
               f"{'in-place':^{width}}", file=self.stream)
         print(f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>6} {'root':>4}   {half}   "
@@ -248,9 +252,40 @@ class CsvWriter(JsonWriter):
         self.stream.flush()
 
 
+class OsuWriter(TableWriter):
+    """OSU's columns, for a run named by an OSU program (osu_allreduce ...): `# Size  Avg
+    Latency(us)`, with -f also Min, Max and Iterations. One statistic throughout, as OSU's:
+    each rank's own time per call (its median), averaged over the ranks, and the smallest and
+    largest of them, so min <= avg <= max. OSU measures out of place: in-place rows only for a
+    collective that has no other mode."""
+
+    def header(self, title: str) -> None:
+        print(f"# {title}\n# latency: each rank's median time per call; Avg over the ranks"
+              f"{', Min and Max of them' if self.full else ''}", file=self.stream)
+        extra = (f"{'Min Latency(us)':>18}{'Max Latency(us)':>18}{'Iterations':>12}"
+                 if self.full else "")
+        print(f"# {'Size':<10}{'Avg Latency(us)':>18}{extra}", file=self.stream, flush=True)
+
+    def add(self, record: Record, modes: tuple[bool, ...]) -> None:
+        if record.inplace and False in modes:
+            return
+        ranks = record.rank_median_us or [record.time_us["median"]]
+        extra = (f"{min(ranks):>18.2f}{max(ranks):>18.2f}{record.iterations:>12}"
+                 if self.full else "")
+        print(f"{record.size_used:<12}{sum(ranks) / len(ranks):>18.2f}{extra}",
+              file=self.stream, flush=True)
+
+    def footer(self, num_wrong: int | None) -> None:
+        if num_wrong:
+            print(f"# {num_wrong} wrong values: FAILED", file=self.stream, flush=True)
+
+
 def make_writer(fmt: str, full: bool = False) -> TableWriter:
-    """`full` changes the table only: JSON and CSV rows hold every statistic anyway."""
-    return {"table": TableWriter, "json": JsonWriter, "csv": CsvWriter}[fmt](full=full)
+    """`full` changes the tables only: JSON and CSV rows hold every statistic anyway. "osu" is
+    the table of a run named by an OSU program."""
+    writers: dict[str, type[TableWriter]] = {"table": TableWriter, "osu": OsuWriter,
+                                             "json": JsonWriter, "csv": CsvWriter}
+    return writers[fmt](full=full)
 
 
 def _is_terminal(stream: TextIO, variable: str) -> bool:
