@@ -139,7 +139,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the table also shows each rank's median, min and max over ranks "
                              "(OSU -f); records always hold every statistic")
     parser.add_argument("--output", "-O", default=None,
-                        help="append one JSON record per (case, size) to this file")
+                        help="append one record per (case, size) to this file: .jsonl or .json "
+                             "(JSON lines) or .parquet; without it, `launch all` keeps them in "
+                             "ccbench-results/")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
                         help="stdout: an nccl-tests style table (default), JSON lines or CSV, "
                              "one row per record")

@@ -1,5 +1,6 @@
-"""Every command form of the README's command table parses as written, with its positionals
-anywhere among the options, and the documented `simulate` form runs."""
+"""Every command form the documentation writes with placeholders (`ccbench simulate MODEL
+--ranks P ...`) parses as written, with its positionals anywhere among the options, and the
+documented `simulate` form runs."""
 
 from __future__ import annotations
 
@@ -14,31 +15,29 @@ from ccbench.cli import SUBCOMMANDS, bench_parser, parse_subcommand
 from ccbench.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
-# what the table's placeholders stand for in a command line that parses
+GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# what the placeholders stand for in a command line that parses
 PLACEHOLDERS = {"FILE": "sweep.yaml", "IN...": "a.jsonl b.jsonl", "OUT": "out.jsonl",
                 "RESULTS...": "r.jsonl", "RESULTS": "r.jsonl", "DIR": "out", "P": "16",
-                "T": "fat-tree", "COLLECTIVE": "allreduce", "...": "1M-1G", "BASE": "a.jsonl",
+                "T": "fat-tree", "COLLECTIVE": "allreduce", "...": "", "BASE": "a.jsonl",
                 "NEW": "b.jsonl", "TRACE": "traces/job", "A,B": "gloo,mpi",
-                "MODEL": "model.json"}
+                "MODEL": "model.json", "N": "2"}
+# forms whose prose leaves out a required option the sentence around them states
+SHORTHAND = {"ccbench export astra-sim MODEL --trace TRACE": ["-o", "out"],
+             "ccbench export astra-sim MODEL --trace TRACE --ranks P": ["-o", "out"]}
 
-# forms that leave out a required option the same table row states in its first form
-ROW_SHORTHAND = {"ccbench export astra-sim MODEL --trace TRACE": ["-o", "out"]}
 
-
-def readme_table_forms() -> list[str]:
-    """The `ccbench ...` code spans of the README's command table ("The rest of the suite"),
-    including the ones after a ` / ` that leave out the leading `ccbench`."""
-    text = (ROOT / "README.md").read_text()
+def documented_forms() -> list[str]:
+    """The `ccbench SUBCOMMAND ...` code spans of the guides that hold a placeholder (an
+    upper-case word or `...`): the command forms the documentation teaches."""
     forms = []
-    for line in text.splitlines():
-        if not line.startswith("| `"):
-            continue
-        first_cell = line.split(" | ")[0]
-        for span in re.findall(r"`([^`]+)`", first_cell):
+    for guide in GUIDES:
+        for span in re.findall(r"`(ccbench [^`]+)`", guide.read_text()):
             words = span.split()
-            if words[0] == "ccbench" or words[0] in SUBCOMMANDS:
-                forms.append(span if words[0] == "ccbench" else f"ccbench {span}")
-    return forms
+            if (len(words) > 1 and words[1] in SUBCOMMANDS
+                    and re.search(r"\b[A-Z]{1,}\b|\.\.\.", span)):
+                forms.append(span)
+    return sorted(set(forms))
 
 
 def concrete(form: str) -> list[str]:
@@ -49,14 +48,14 @@ def concrete(form: str) -> list[str]:
     return words
 
 
-def test_the_readme_has_a_command_table() -> None:
-    forms = readme_table_forms()
-    assert len(forms) >= 10 and any(f.startswith("ccbench simulate") for f in forms), forms
+def test_the_guides_teach_command_forms() -> None:
+    forms = documented_forms()
+    assert len(forms) >= 5 and any(f.startswith("ccbench simulate") for f in forms), forms
 
 
-@pytest.mark.parametrize("form", readme_table_forms())
+@pytest.mark.parametrize("form", documented_forms())
 def test_every_documented_form_parses(form: str) -> None:
-    argv = concrete(form) + ROW_SHORTHAND.get(form, [])
+    argv = concrete(form) + SHORTHAND.get(form, [])
     if argv[0] in SUBCOMMANDS:
         parse_subcommand(argv[0], argv[1:])
     else:
