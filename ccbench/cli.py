@@ -60,6 +60,36 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        return parse_anywhere(self, list(sys.argv[1:] if args is None else args), namespace)
+
+
+def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str],
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+    """argparse with positionals anywhere among the options (`simulate model.json --ranks 16
+    allreduce`), through nested subcommands; a parser that takes the rest of the line as it
+    is (`launch ... COLLECTIVE ...`) parses as argparse does."""
+    namespace = namespace if namespace is not None else argparse.Namespace()
+    subcommands = next((a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction)), None)
+    if subcommands is None:
+        try:
+            return parser.parse_intermixed_args(argv, namespace)
+        except TypeError:           # argparse.REMAINDER or a positional in an exclusive group
+            return argparse.ArgumentParser.parse_args(parser, argv, namespace)
+    at = next((i for i, arg in enumerate(argv) if arg in subcommands.choices), None)
+    if at is None:                  # no subcommand named: argparse says what is missing
+        return argparse.ArgumentParser.parse_args(parser, argv, namespace)
+    required, subcommands.required = subcommands.required, False
+    try:
+        argparse.ArgumentParser.parse_args(parser, argv[:at], namespace)
+    finally:
+        subcommands.required = required
+    if subcommands.dest is not argparse.SUPPRESS:
+        setattr(namespace, subcommands.dest, argv[at])
+    return parse_anywhere(subcommands.choices[argv[at]], argv[at + 1:], namespace)
+
 
 def _quiet_rank() -> bool:
     """Only one rank speaks about bad input; the others just exit 2."""
@@ -100,16 +130,24 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "starts")
     parser.add_argument("--inplace", action="store_true", help="only in-place")
     parser.add_argument("--outofplace", action="store_true", help="only out-of-place")
-    parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op")
+    parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op",
+                        help="per-op: time each call and wait for it (default); pipelined: "
+                             "time a batch of calls back to back, as nccl-tests' loop")
     for option in BENCH_OPTIONS:          # the same table makes the sweep file's keys
         option.add_to(parser)
     parser.add_argument("--full", action="store_true", default=False,
                         help="the table also shows each rank's median, min and max over ranks "
                              "(OSU -f); records always hold every statistic")
     parser.add_argument("--output", "-O", default=None,
-                        help="append one JSON record per (case, size) to this file")
-    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+                        help="append one record per (case, size) to this file: .jsonl or .json "
+                             "(JSON lines) or .parquet; without it, `launch all` keeps them in "
+                             "ccbench-results/")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                        help="stdout: an nccl-tests style table (default), JSON lines or CSV, "
+                             "one row per record")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar or status line; the results, notes and errors "
+                             "still print")
     # a switch of the nccl-cupy backend, not a method option of every backend (so not in
     # BENCH_OPTIONS, and not a sweep key)
     parser.add_argument("--cuda-graph", action="store_true",
@@ -118,9 +156,33 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_familiar_arguments(parser)
 
 
-def bench_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="ccbench", description="Measure collectives. Subcommands: "
-                           + ", ".join(SUBCOMMANDS), epilog=FAMILIAR_EPILOG,
+DESCRIPTION = """\
+Measure collectives: `ccbench COLLECTIVE [options]` in every rank (start ranks with
+`ccbench launch -n N`, mpiexec, srun or torchrun); `ccbench SUBCOMMAND ...` does the rest."""
+
+
+def subcommand_summaries() -> list[tuple[str, str]]:
+    """(name, one-line help) of every subcommand, from its own register()."""
+    out = []
+    for name in SUBCOMMANDS:
+        parser = OneLineParser(prog="ccbench")
+        subparsers = parser.add_subparsers(dest="command")
+        importlib.import_module(f"ccbench.commands.{name}").register(subparsers)
+        out += [(action.dest, action.help or "") for action in subparsers._choices_actions]
+    return out
+
+
+def _subcommand_list() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = [f"  {name:<{width}}  {summary}" for name, summary in subcommand_summaries()]
+    return "\n\nsubcommands (ccbench SUBCOMMAND --help says more):\n" + "\n".join(lines)
+
+
+def bench_parser(list_subcommands: bool = False) -> argparse.ArgumentParser:
+    """The benchmark's parser; `list_subcommands` (for --help) imports every subcommand to
+    describe each in one line."""
+    description = DESCRIPTION + (_subcommand_list() if list_subcommands else "")
+    parser = OneLineParser(prog="ccbench", description=description, epilog=FAMILIAR_EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_arguments(parser)
     parser.add_argument("--version", action="version", version=f"ccbench {__version__}")
@@ -287,7 +349,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
                        argv=list(argv), connect_timeout=connect_timeout)
 
 
-def _run_subcommand(name: str, argv: Sequence[str]) -> int:
+def parse_subcommand(name: str, argv: Sequence[str]) -> tuple[Any, argparse.Namespace]:
+    """The module of subcommand `name` and its parsed arguments (bad input: UsageError)."""
     try:
         module = importlib.import_module(f"ccbench.commands.{name}")
     except ModuleNotFoundError as exc:
@@ -297,7 +360,11 @@ def _run_subcommand(name: str, argv: Sequence[str]) -> int:
     parser = OneLineParser(prog="ccbench")
     subparsers = parser.add_subparsers(dest="command", required=True)
     module.register(subparsers)
-    args = parser.parse_args([name, *argv])
+    return module, parser.parse_args([name, *argv])
+
+
+def _run_subcommand(name: str, argv: Sequence[str]) -> int:
+    module, args = parse_subcommand(name, argv)
     return int(module.main(args))
 
 
@@ -311,14 +378,53 @@ def _note_spoken() -> None:
         note_spoken(os.getppid())
 
 
+def library_output_to_stderr() -> None:
+    """A rank's stdout carries only ccbench's table, CSV or JSON: the libraries it loads may
+    write log lines to file descriptor 1 (oneCCL's logger does), so fd 1 becomes a copy of
+    stderr and Python's sys.stdout keeps the original destination on a descriptor of its own."""
+    try:
+        sys.stdout.flush()
+        own = os.dup(sys.stdout.fileno())
+        os.dup2(sys.stderr.fileno(), 1)
+    except (OSError, ValueError, AttributeError):   # no real descriptors (embedded, captured)
+        return
+    sys.stdout = os.fdopen(own, "w", encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                           buffering=1 if os.isatty(own) else -1)
+
+
+_PACKAGE_VAR = "CCBENCH_LAUNCHER_PACKAGE"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _note_other_package() -> None:
+    """A rank that imported another ccbench than its launcher did says so in one line."""
+    launcher = os.environ.get(_PACKAGE_VAR)
+    if launcher and launcher != _PACKAGE_DIR and not _quiet_rank():
+        print(f"ccbench: warning: the ranks import ccbench from {_PACKAGE_DIR}, the launcher "
+              f"from {launcher} (check PYTHONPATH and the working directory)", file=sys.stderr,
+              flush=True)
+
+
+def rank_python() -> list[str]:
+    """How to start a Python that runs ccbench's ranks: in safe-path mode (3.11+), so that a
+    `ccbench/` folder in the working directory (a checkout's parent) is not imported instead
+    of the installed package; PYTHONPATH is still honoured."""
+    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:
+            os.environ.setdefault(_PACKAGE_VAR, _PACKAGE_DIR)   # what its ranks should import
             return _run_subcommand(argv[0], argv[1:])
-        args = bench_parser().parse_args(argv)
+        _note_other_package()
+        asks_help = any(arg in ("-h", "--help") for arg in argv)
+        args = bench_parser(list_subcommands=asks_help).parse_args(argv)
         config = config_from_args(args, argv)
         from ccbench.runner import run_benchmark
+
+        library_output_to_stderr()
 
         return run_benchmark(config)
     except UsageError as exc:

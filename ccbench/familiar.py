@@ -108,9 +108,12 @@ def resolve_familiar(args: argparse.Namespace) -> None:
     """Turn the familiar flags into ccbench's settings in `args`, in place; refuse any
     combination that could be read two ways. Fills the defaults of the options they alias."""
     factor = _factor(args)                  # first: a bare -f may have swallowed the collective
-    nccl_program = _resolve_collective(args)
+    tool = _resolve_collective(args)
+    if tool == "osu":                       # OSU's program: OSU's backend and columns
+        args.backend = args.backend or "mpi"
+        args.format = "osu" if args.format == "table" else args.format
     _resolve_sizes(args, factor)
-    _resolve_iterations(args, nccl_program)
+    _resolve_iterations(args, tool == "nccl-tests")
     _resolve_output(args)
     _resolve_combine(args)
     _resolve_single_device(args)
@@ -128,9 +131,10 @@ def resolve_familiar(args: argparse.Namespace) -> None:
             args.cuda_graph = True      # refused later unless the backend is nccl-cupy
 
 
-def _resolve_collective(args: argparse.Namespace) -> bool:
+def _resolve_collective(args: argparse.Namespace) -> str | None:
     """The collective from the positional, a program name or PARAM's --collective. Returns
-    whether it came from an nccl-tests program name (its -i would mean step bytes)."""
+    the tool whose program name it was ("nccl-tests": its -i would mean step bytes; "osu"),
+    None for ccbench's own names."""
     given, param = args.collective, args.param_collective
     if given is not None and param is not None:
         raise UsageError(f"two collectives given: {given!r} and --collective {param!r} (give "
@@ -142,12 +146,12 @@ def _resolve_collective(args: argparse.Namespace) -> bool:
     program = os.path.basename(text)
     if program in PROGRAMS:
         args.collective = PROGRAMS[program]
-        return program.endswith("_perf")
+        return "nccl-tests" if program.endswith("_perf") else "osu"
     if program in _NCCL_TESTS_ONLY:
         raise UsageError(f"nccl-tests' {program} has no ccbench counterpart (valid: "
                          f"{', '.join(PROGRAMS)})")
     args.collective = text
-    return False
+    return None
 
 
 def _given(*values: object) -> bool:

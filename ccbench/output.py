@@ -25,16 +25,26 @@ from ccbench.records.table import (
 )
 
 __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
-           "check_writable_file", "make_writer"]
+           "check_writable_file", "main_job_output", "make_writer", "say_where_records_are"]
 
 _PEEK_BYTES = 1 << 16
 
 
+#: what --output writes: JSON lines (`.json` as nccl-tests' -J names it) or Parquet
+OUTPUT_SUFFIXES = (".jsonl", ".json", PARQUET_SUFFIX)
+
+
 def check_output_file(path: str) -> None:
-    """Refuse an --output that cannot take records, before anything runs: a missing folder, a
-    folder, a file we may not write, or a file that already holds something else."""
+    """Refuse an --output that cannot take records, before anything runs: a name whose suffix
+    names another format, a missing folder, a folder, a file we may not write, or a file that
+    already holds something else."""
     target = Path(path)
     where = f"--output {path!r}"
+    if not path.endswith(OUTPUT_SUFFIXES) and not target.is_dir():
+        suffix = repr("".join(target.suffixes[-2:])) if target.suffix else "a name without one"
+        raise UsageError(f"{where}: records are written as JSON lines or Parquet, not "
+                         f"{suffix} (valid suffixes: {', '.join(OUTPUT_SUFFIXES)}; for CSV "
+                         f"use --format csv > FILE.csv)")
     if path.endswith(PARQUET_SUFFIX) and not target.is_dir():
         if target.exists():
             read_parquet(target)       # a file that is not ccbench Parquet: refused now
@@ -60,6 +70,30 @@ def check_output_file(path: str) -> None:
         raise UsageError(f"{where} already holds something that is not ccbench records "
                          f"(first line {first[:40]!r}); records are only appended to an empty "
                          f"file or a ccbench results file")
+
+
+#: where the main job (`ccbench launch all ...`) keeps its records when no --output is given
+MAIN_JOB_FOLDER = "ccbench-results"
+
+
+def main_job_output(args: Any) -> str | None:
+    """The records file of the main job, every collective (`all`), when the command line names
+    none (--output, -O, nccl-tests' -J): ccbench-results/ccbench-<UTC time>-<id>.jsonl in the
+    working directory, its folder made now. Other runs print only, as before."""
+    if (args.collective or "").strip().lower() != "all" or args.output or args.json_output:
+        return None
+    import datetime
+    import uuid
+
+    os.makedirs(MAIN_JOB_FOLDER, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return os.path.join(MAIN_JOB_FOLDER, f"ccbench-{stamp}-{uuid.uuid4().hex[:6]}.jsonl")
+
+
+def say_where_records_are(path: str) -> None:
+    """The line that ends the main job: where its records are, and the report command."""
+    print(f"ccbench: records in {path}; figures and tables: ccbench report {path} -o "
+          f"{os.path.join(MAIN_JOB_FOLDER, 'report')}", file=sys.stderr, flush=True)
 
 
 def check_writable_file(path: str, flag: str = "-o") -> None:
@@ -119,19 +153,24 @@ class TableWriter:
     """Rows appear as soon as both modes of a size are done. `full` (OSU's -f) adds, per mode,
     the smallest and the largest of the ranks' own median times: how far apart ranks were."""
 
-    def __init__(self, stream: TextIO = sys.stdout, full: bool = False) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None, full: bool = False) -> None:
+        self.stream = stream or sys.stdout     # looked up now: a rank may have replaced it
         self.full = full
         self.busbw_sum = 0.0
         self.busbw_count = 0
         self._pending: dict[tuple[object, ...], dict[bool, Record]] = {}
 
     def header(self, title: str) -> None:
+        self.busbw_sum, self.busbw_count = 0.0, 0       # the footer averages this table only
         spread = f" {'rank min':>10} {'rank max':>10}" if self.full else ""
         units = f" {'(us)':>10} {'(us)':>10}" if self.full else ""
         half = f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}{spread}"
         width = len(half)
         print(f"#\n# {title}\n#", file=self.stream)
+        if self.full:
+            print("# rank min, rank max: the fastest and the slowest rank's own median time; "
+                  "time: the median of each call's\n# combined time (the slowest rank per call "
+                  "unless --combine), so time >= rank max with the default", file=self.stream)
         print(f"# {'':>10} {'':>11} {'':>8} {'':>6} {'':>4}   {'out-of-place':^{width}}   "
               f"{'in-place':^{width}}", file=self.stream)
         print(f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>6} {'root':>4}   {half}   "
@@ -213,9 +252,40 @@ class CsvWriter(JsonWriter):
         self.stream.flush()
 
 
+class OsuWriter(TableWriter):
+    """OSU's columns, for a run named by an OSU program (osu_allreduce ...): `# Size  Avg
+    Latency(us)`, with -f also Min, Max and Iterations. One statistic throughout, as OSU's:
+    each rank's own time per call (its median), averaged over the ranks, and the smallest and
+    largest of them, so min <= avg <= max. OSU measures out of place: in-place rows only for a
+    collective that has no other mode."""
+
+    def header(self, title: str) -> None:
+        print(f"# {title}\n# latency: each rank's median time per call; Avg over the ranks"
+              f"{', Min and Max of them' if self.full else ''}", file=self.stream)
+        extra = (f"{'Min Latency(us)':>18}{'Max Latency(us)':>18}{'Iterations':>12}"
+                 if self.full else "")
+        print(f"# {'Size':<10}{'Avg Latency(us)':>18}{extra}", file=self.stream, flush=True)
+
+    def add(self, record: Record, modes: tuple[bool, ...]) -> None:
+        if record.inplace and False in modes:
+            return
+        ranks = record.rank_median_us or [record.time_us["median"]]
+        extra = (f"{min(ranks):>18.2f}{max(ranks):>18.2f}{record.iterations:>12}"
+                 if self.full else "")
+        print(f"{record.size_used:<12}{sum(ranks) / len(ranks):>18.2f}{extra}",
+              file=self.stream, flush=True)
+
+    def footer(self, num_wrong: int | None) -> None:
+        if num_wrong:
+            print(f"# {num_wrong} wrong values: FAILED", file=self.stream, flush=True)
+
+
 def make_writer(fmt: str, full: bool = False) -> TableWriter:
-    """`full` changes the table only: JSON and CSV rows hold every statistic anyway."""
-    return {"table": TableWriter, "json": JsonWriter, "csv": CsvWriter}[fmt](full=full)
+    """`full` changes the tables only: JSON and CSV rows hold every statistic anyway. "osu" is
+    the table of a run named by an OSU program."""
+    writers: dict[str, type[TableWriter]] = {"table": TableWriter, "osu": OsuWriter,
+                                             "json": JsonWriter, "csv": CsvWriter}
+    return writers[fmt](full=full)
 
 
 def _is_terminal(stream: TextIO, variable: str) -> bool:

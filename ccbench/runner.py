@@ -230,7 +230,6 @@ class _Run:
         finally:
             progress.close()
         if self.is_root:
-            self.writer.footer(self.wrong_total if config.method.check else None)
             if config.output:
                 finish_parquet(config.output)
         return 1 if self.wrong_total else 0
@@ -263,8 +262,12 @@ class _Run:
                     f"node(s)  launcher {info.launcher}  timing {config.method.timing}  "
                     f"iters {config.method.iters} warmup {config.method.warmup}  time "
                     f"{COMBINE_LABELS[config.method.combine]}")
+            wrong_before = self.wrong_total
             for collective, dtype, op in _cases(config):
                 self._run_group(backend, meta, watchdog, progress, collective, dtype, op)
+            if self.is_root:               # one footer per table: this backend's rows
+                self.writer.footer(self.wrong_total - wrong_before if config.method.check
+                                   else None)
         finally:
             watchdog.label = f"{name}: finalisation"
             with watchdog.waiting():

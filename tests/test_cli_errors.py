@@ -11,6 +11,8 @@ from conftest import PYTHON, run_ccbench
 
 CASES = {
     "unknown collective": (["allsum", "--sizes", "1K"], "unknown collective 'allsum'"),
+    "output named for CSV": (["allreduce", "-O", "x.csv"], "for CSV use --format csv"),
+    "output named for gzip": (["allreduce", "-O", "x.jsonl.gz"], "not '.jsonl.gz'"),
     "unknown backend": (["allreduce", "--backend", "foo"], "unknown backend 'foo'"),
     "unknown dtype": (["allreduce", "--dtype", "float8"], "unknown dtype 'float8'"),
     "unknown op": (["allreduce", "--op", "mean"], "unknown op 'mean'"),
@@ -127,12 +129,12 @@ def test_bad_input(name: str) -> None:
 FILE_CASES = {
     "output is a directory": (lambda d: ["allreduce", "--output", str(d)], "is a directory"),
     "output holds a CSV": (lambda d: ["allreduce", "--output", str(d / "table.csv")],
-                           "not ccbench records"),
+                           "not '.csv' (valid suffixes: .jsonl, .json, .parquet"),
     "output holds other JSON lines": (lambda d: ["allreduce", "--output", str(d / "other.jsonl")],
                                       "not ccbench records"),
     "launch output holds a CSV": (lambda d: ["launch", "-n", "2", "allreduce", "--backend", "gloo",
                                              "--output", str(d / "table.csv")],
-                                  "not ccbench records"),
+                                  "records are written as JSON lines or Parquet, not '.csv'"),
     "report into an existing file": (lambda d: ["report", "tests/fixtures/records-v1.jsonl", "-o",
                                                 str(d / "table.csv")], "is an existing file"),
 }

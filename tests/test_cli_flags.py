@@ -195,15 +195,32 @@ def test_nccl_tests_command_line_runs_at_2_ranks(tmp_path: Path) -> None:
 
 
 def test_osu_command_line_runs_at_2_ranks(tmp_path: Path) -> None:
-    """osu_allreduce's command line (small sizes) with the mean over ranks; -f adds the
-    spread over ranks to the table."""
+    """osu_allreduce's command line (small sizes) with the mean over ranks prints OSU's
+    columns; -f adds Min, Max (over ranks, of each rank's median) and Iterations."""
     out = tmp_path / "osu.jsonl"
     proc = run_ccbench("launch", "-n", "2", "osu_allreduce", "-m", "8:64", "-i", "12", "-x",
                        "2", "-f", "--combine", "mean", "-O", str(out), "--backend", "gloo",
                        timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "rank min" in proc.stdout and "rank max" in proc.stdout
+    header = "# Size         Avg Latency(us)   Min Latency(us)   Max Latency(us)  Iterations"
+    assert header in proc.stdout, proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines() if line[:1].isdigit()]
+    assert [int(row[0]) for row in rows] == [8, 16, 32, 64]
+    for _, avg, low, high, iterations in rows:      # one statistic: min <= avg <= max
+        assert float(low) <= float(avg) <= float(high) and iterations == "12"
     records = _records(out)
     assert sorted({r.size_asked for r in records}) == [8, 16, 32, 64]
     assert {(r.iterations, r.warmup) for r in records} == {(12, 2)}
     assert {r.method["combine"] for r in records} == {"mean over ranks"}
+
+
+def test_an_osu_program_defaults_to_mpi_and_osu_columns() -> None:
+    args = bench_parser().parse_args(["osu_allreduce", "-m", "8:64"])
+    resolve_familiar(args)
+    assert (args.backend, args.format) == ("mpi", "osu")
+    args = bench_parser().parse_args(["osu_allreduce", "--backend", "gloo", "--format", "csv"])
+    resolve_familiar(args)
+    assert (args.backend, args.format) == ("gloo", "csv")
+    args = bench_parser().parse_args(["all_reduce_perf"])
+    resolve_familiar(args)
+    assert (args.backend, args.format) == (None, "table")

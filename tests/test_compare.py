@@ -12,14 +12,12 @@ from conftest import run_ccbench
 from ccbench.commands.compare import (
     BETWEEN_RUN_THRESHOLD,
     WITHIN_RUN_THRESHOLD,
-    _t_quantile,
-    bootstrap_ratio,
     compare_cases,
     compare_records,
-    welch_ratio,
 )
 from ccbench.errors import UsageError
 from ccbench.records import Record, append_record, load_records, record_from_dict
+from ccbench.stats import bootstrap_ratio, t_quantile, welch_ratio
 
 FACTORS = {"allreduce": 1.0, "allgather": 0.5, "reduce-scatter": 0.5, "broadcast": 1.0,
            "alltoall": 0.5}
@@ -224,13 +222,13 @@ def test_refuses_different_rank_combinations() -> None:
 @pytest.mark.parametrize(("df", "table"), [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776),
                                            (10, 2.228), (30, 2.042)])
 def test_t_quantile_matches_the_table(df: int, table: float) -> None:
-    assert _t_quantile(0.975, df) == pytest.approx(table, rel=6e-3)
+    assert t_quantile(0.975, df) == pytest.approx(table, rel=6e-3)
 
 
 def test_welch_ratio_known_answer() -> None:
     shift = np.log(1.5)
     ratio, low, high = welch_ratio([0.0, 0.1, -0.1], [shift, shift + 0.1, shift - 0.1], 0.95)
-    half = _t_quantile(0.975, 4) * np.sqrt(2 * 0.01 / 3)     # equal variances: df = 4
+    half = t_quantile(0.975, 4) * np.sqrt(2 * 0.01 / 3)     # equal variances: df = 4
     assert ratio == pytest.approx(1.5)
     assert low == pytest.approx(1.5 * np.exp(-half)) and high == pytest.approx(1.5 * np.exp(half))
 
@@ -275,3 +273,22 @@ def test_a_case_wide_slowdown_is_found_where_sizes_alone_are_noise(tmp_path: Pat
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [line["level"] for line in lines] == ["size"] * len(SIZES) + ["case"]
     assert proc.returncode == 1 and lines[-1]["verdict"] == "regression"
+
+
+def test_a_row_shows_the_times_its_ratio_is_of(tmp_path: Path) -> None:
+    """With several runs a side the ratio is of the runs' medians' geometric means: the row's
+    two times are those, so new/base is the ratio shown, and the header names the statistic."""
+    base_runs = runs([1.0, 1.4, 3.0], seed=0)      # skewed: median and geometric mean differ
+    new_runs = runs([1.2, 1.5, 1.6], seed=10)
+    rows, _ = compare_records(base_runs, new_runs)
+    (row,) = rows
+    assert row.basis == "between-run"
+    assert row.new_us / row.base_us == pytest.approx(row.ratio, rel=1e-9)
+    for side, path in ((base_runs, tmp_path / "base.jsonl"), (new_runs, tmp_path / "new.jsonl")):
+        for rec in side:
+            append_record(path, rec)
+    proc = run_ccbench("compare", str(tmp_path / "base.jsonl"), str(tmp_path / "new.jsonl"))
+    assert "base us, new us: geometric mean of the runs' medians" in proc.stdout, proc.stdout
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("allreduce"))
+    base_us, new_us, ratio = (float(v) for v in line.split()[4:7])
+    assert new_us / base_us == pytest.approx(ratio, abs=2e-3)

@@ -157,3 +157,67 @@ def test_without_a_terminal_a_status_line_comes_at_a_steady_interval() -> None:
     assert len(status) >= 2         # the run lasts well over two intervals
     assert all(line.startswith("ccbench: ") and len(line) < 160 for line in status)
     assert not any("sizes done" in line for line in proc.stdout.splitlines())
+
+
+def test_ranks_import_the_installed_package_from_any_folder(tmp_path: Path) -> None:
+    """From a folder holding a `ccbench/` directory (a checkout's parent), the ranks still
+    import the package the launcher runs: they start in Python's safe-path mode."""
+    impostor = tmp_path / "ccbench"
+    impostor.mkdir()
+    (impostor / "__init__.py").write_text("raise ImportError('the working directory was "
+                                          "imported')\n")
+    proc = subprocess.run([PYTHON, "-P", "-m", "ccbench", "launch", "-n", "2", *QUICK],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "working directory was imported" not in proc.stderr
+    assert "allreduce" in proc.stdout
+
+
+def test_a_rank_that_imports_another_ccbench_says_so_in_one_line() -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "allreduce", "--backend", "nosuch"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CCBENCH_LAUNCHER_PACKAGE": "/elsewhere/ccbench"})
+    warnings = [line for line in proc.stderr.splitlines() if "/elsewhere/ccbench" in line]
+    assert len(warnings) == 1 and "the launcher from /elsewhere/ccbench" in warnings[0]
+
+
+def test_each_table_has_a_footer_of_its_own_rows(tmp_path: Path) -> None:
+    """Two backends in one launch: two tables, each with the mean bus bandwidth of its own
+    records (it once came once, under the last table, averaging both backends)."""
+    out = tmp_path / "r.jsonl"
+    proc = _launch(["-n", "2", "allreduce", "--backend", "gloo,ring@gloo", "--sizes", "1K-4K",
+                    "--iters", "2", "--warmup", "1", "-q"], out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    footers = [float(line.split(":")[1]) for line in proc.stdout.splitlines()
+               if line.startswith("# Avg bus bandwidth")]
+    records = load_records(out)
+    backends = list(dict.fromkeys(r.backend for r in records))
+    assert len(backends) == 2 and len(footers) == 2, proc.stdout
+    for backend, footer in zip(backends, footers, strict=True):
+        own = [r.busbw_gbps for r in records if r.backend == backend]
+        assert footer == pytest.approx(sum(own) / len(own), rel=1e-4, abs=1e-6)
+
+
+def test_the_main_job_keeps_its_records_and_says_how_to_report(tmp_path: Path) -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", "all", *QUICK[1:]],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ccbench: records in ccbench-results/ccbench-"), last
+    path = last.split("records in ")[1].split(";")[0]
+    records = load_records(tmp_path / path)
+    assert len({r.collective for r in records}) == 7
+    report = last.split("figures and tables: ")[1].split()
+    assert report[:3] == ["ccbench", "report", path]
+    from ccbench.cli import parse_subcommand
+
+    parse_subcommand("report", report[2:])
+
+
+def test_a_named_output_is_the_only_file_the_main_job_writes(tmp_path: Path) -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", "all", *QUICK[1:],
+                           "-O", "mine.jsonl"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]
+    assert "records in" not in proc.stderr

@@ -8,6 +8,7 @@ Skips when oneCCL is not installed, unless CI=true: there the library must be pr
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -324,3 +325,26 @@ def test_through_the_harness(tmp_path: Path) -> None:
     first = records[0]
     assert first["library"] == "oneCCL" and first["library_version"].startswith("20")
     assert first["backend"] == "oneccl"
+
+
+@needs_oneccl
+@pytest.mark.slow
+def test_csv_is_only_csv(tmp_path: Path) -> None:
+    """`--format csv` of a oneCCL run parses as CSV: no log line of the library reaches stdout,
+    and sendrecv (once a onecclGroupStart/End pair whose events the plugin waited on, warning
+    and logging an error per call) leaves no CCL_WARN or CCL_ERROR line on stderr either."""
+    if _REASON is not None:
+        pytest.fail(f"oneccl backend unavailable: {_REASON}")
+    pandas = pytest.importorskip("pandas")
+    proc = subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "2",
+                           "allreduce,sendrecv", "--backend", "oneccl", "--format", "csv",
+                           "--sizes", "1K-16K", "--iters", "5", "--warmup", "1", "-q",
+                           "--timeout", "60"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CCL_LOG_LEVEL": "warn"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "CCL_" not in proc.stdout, proc.stdout[:2000]
+    frame = pandas.read_csv(io.StringIO(proc.stdout))
+    assert sorted(set(frame["collective"])) == ["allreduce", "sendrecv"]
+    assert len(frame) == 5 * 2 + 5            # 1K-16K: allreduce in both modes, sendrecv once
+    assert "within group API" not in proc.stderr and "not completed event" not in proc.stderr

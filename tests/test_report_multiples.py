@@ -99,19 +99,15 @@ def test_few_lines_keep_one_panel_per_world_size() -> None:
 
 
 def test_a_series_missing_at_a_world_size_leaves_its_panel_out() -> None:
-    """Only Intel MPI measured at 3 ranks: that column has one panel, titled, with its size
-    ticks; gloo, absent from it, is still labelled on its first panel."""
+    """Only Intel MPI measured at 3 ranks, the others at 2: a column of one panel would be
+    mostly empty space, so 3 ranks has none (the title says so); every series is labelled."""
     frame = to_frame(records(("gloo", "mpi", "oneccl"), worlds=(2,))
                      + records(("mpi",), worlds=(3,)))
     fig = per_collective_figure(frame, "allreduce")
     panels = _panels(fig)
-    assert len(panels) == 3 * 2 + 2
-    three = [ax for ax in panels if "3 ranks" in ax.get_title()]
-    assert len(three) == 2
-    for ax in three:
-        assert ax.xaxis.get_label_text() == "size (bytes)"
-        assert all(label.get_visible() for label in ax.get_xticklabels())
-        assert not [line for line in ax.get_lines() if _is_grey(line)]   # no other series
+    assert len(panels) == 3 * 2
+    assert not [ax for ax in panels if "3 ranks" in ax.get_title()]
+    assert "3 ranks, measured by Intel MPI" in fig._suptitle.get_text()
     labels = sorted(ax.get_ylabel() for ax in panels if ax.get_ylabel())
     assert labels == sorted(LABELS[b] for b in ("gloo", "mpi", "oneccl"))
 
@@ -151,3 +147,25 @@ def test_legend_takes_one_row_when_it_fits() -> None:
     fig = overview_figure(to_frame(recs), "busbw")
     assert len(fig.legends[0].get_texts()) == 5
     assert fig.legends[0]._ncols == 5
+
+
+def test_a_world_size_of_one_series_gets_no_empty_column() -> None:
+    """3 ranks measured by Intel MPI alone, 2 and 4 by three libraries: no column of empty
+    panels for 3 ranks (the title says where it is), and the title wraps instead of
+    widening the figure."""
+    recs = records(["gloo", "mpi", "oneccl"]) + records(["mpi"], worlds=(3,))
+    fig = per_collective_figure(to_frame(recs), "allreduce")
+    titles = {ax.get_title() for ax in fig.axes if ax.get_visible()}
+    assert not any("3 ranks" in t for t in titles), titles
+    suptitle = fig._suptitle.get_text()
+    assert suptitle.splitlines()[-1].startswith("3 ranks, measured by Intel MPI")
+    columns = {round(ax.get_position().x0, 3) for ax in fig.axes if ax.get_visible()}
+    assert len(columns) == 4                      # busbw and time at 2 and 4 ranks
+
+
+def test_the_rank_spread_title_ends_its_phrase() -> None:
+    from ccbench.report.figures import rank_spread_figure
+
+    fig = rank_spread_figure(to_frame(records(["gloo", "mpi"])), 2)
+    first = fig._suptitle.get_text().splitlines()[0]
+    assert first.endswith("over the fastest rank's median"), first

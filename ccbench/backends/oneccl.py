@@ -51,11 +51,12 @@ def _tuning_defaults(ctx: RankContext) -> dict[str, str]:
 
     * all ranks on one node: CCL_ATL_SHM=1 (libfabric's shm provider between local ranks,
       instead of tcp over loopback);
+    * CCL_LOG_LEVEL=error: oneCCL warns, on its stdout, about every variable set here;
     * more busy threads than cores (each rank runs its main thread and one oneCCL worker that
       polls): CCL_YIELD=sched_yield, without which an 8-byte allreduce took 20-90 ms at 2-4
       ranks on 2 cores instead of 0.1-0.3 ms (docs/oneccl.md).
     """
-    out = {}
+    out = {"CCL_LOG_LEVEL": "error"}    # not a warning per setting made here
     if ctx.local_world_size == ctx.world_size:
         out["CCL_ATL_SHM"] = "1"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -205,19 +206,26 @@ class OneCCLBackend(Backend):
         raise ValueError(collective)
 
     def _sendrecv_call(self, send: Any, recv: Any) -> Callable[[], None]:
-        """onecclSend to rank+1 and onecclRecv from rank-1 in one group."""
+        """onecclSend to rank+1 and onecclRecv from rank-1, even ranks sending first and odd
+        ranks receiving first, so that every blocking send meets a posted receive.
+
+        Not a onecclGroupStart/End pair: the CPU plugin completes each C API call by waiting
+        on its event, which oneCCL does not support inside a group (a CCL_WARN line per call,
+        then a CCL_ERROR line per event it destroys uncompleted), and its group end runs the
+        grouped calls one after the other anyway. Without a group and in this order, a large
+        message cannot deadlock (all ranks sending first hangs from 8 KiB on)."""
         lib, comm, check = self.lib, self._handle, self._check
         dst, src = sendrecv_peers(self.ctx.rank, self.world)
         send_args = (_ptr(send), send.size, self._dtype(send), dst, comm, None)
         recv_args = (_ptr(recv), recv.size, self._dtype(recv), src, comm, None)
+        steps = [(lib.onecclSend, send_args, "onecclSend"),
+                 (lib.onecclRecv, recv_args, "onecclRecv")]
+        if self.ctx.rank % 2:
+            steps.reverse()
 
         def call() -> None:
-            check(lib.onecclGroupStart(), "onecclGroupStart")
-            try:
-                check(lib.onecclSend(*send_args), "onecclSend")
-                check(lib.onecclRecv(*recv_args), "onecclRecv")
-            finally:
-                check(lib.onecclGroupEnd(), "onecclGroupEnd")
+            for fn, args, what in steps:
+                check(fn(*args), what)
         return call
 
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:

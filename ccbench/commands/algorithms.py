@@ -57,11 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.add_argument("--segments", default="1", help="pipeline segments to try, e.g. 1,3 (default 1)")
     v.add_argument("--root", default="0,last", help="roots of broadcast/reduce: 0,last (default)")
     s = sub.add_parser("show", help="print one schedule, a step table per rank")
-    s.add_argument("algorithm")
-    s.add_argument("collective")
-    s.add_argument("--ranks", type=int, default=4)
-    s.add_argument("--root", type=int, default=0)
-    s.add_argument("--segments", type=int, default=1)
+    s.add_argument("algorithm", help="ring, tree, hypercube, ... (`algorithms list` names them)")
+    s.add_argument("collective", help="the collective whose schedule to show, e.g. allreduce")
+    s.add_argument("--ranks", type=int, default=4, help="rank count (default 4)")
+    s.add_argument("--root", type=int, default=0, help="root rank of a rooted collective (default 0)")
+    s.add_argument("--segments", type=int, default=1,
+                   help="pipeline segments per message (default 1)")
     sub.add_parser("list", help="algorithms and the collectives each has")
 
 

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--collective", default=None, help="only records of this collective")
     parser.add_argument("--validate", default=None, metavar="TRAIN:TEST",
                         help="e.g. 2,4:3 -- fit on world sizes 2 and 4 only, predict 3")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="print the fits as a table or as JSON (default table)")
     parser.set_defaults(func=main)
 
 

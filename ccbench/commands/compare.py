@@ -39,15 +39,15 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from statistics import NormalDist
 
 import numpy as np
 
 from ccbench.errors import UsageError
 from ccbench.records import CaseId, Record, load_records
+from ccbench.stats import boot_medians, bootstrap_ratio, percentile_interval, welch_ratio
 
-__all__ = ["CaseComparison", "Comparison", "compare_cases", "compare_records", "bootstrap_ratio",
-           "regressed", "register", "main", "BETWEEN_RUN_THRESHOLD", "WITHIN_RUN_THRESHOLD"]
+__all__ = ["CaseComparison", "Comparison", "compare_cases", "compare_records", "regressed",
+           "register", "main", "BETWEEN_RUN_THRESHOLD", "WITHIN_RUN_THRESHOLD"]
 
 # What a case is for compare: records pair when these agree (and the size).
 IDENTITY = ("collective", "backend", "algorithm", "transport", "inplace")
@@ -110,63 +110,6 @@ class CaseComparison:
     new_runs: int
     basis: str
     indicative: bool
-
-
-def _boot_medians(values: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """The median of `resamples` bootstrap resamples of values."""
-    return np.median(values[rng.integers(0, values.size, size=(resamples, values.size))], axis=1)
-
-
-def _interval(ratios: np.ndarray, confidence: float) -> tuple[float, float]:
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(ratios, [tail, 100.0 - tail])
-    return float(low), float(high)
-
-
-def bootstrap_ratio(base: Sequence[float], new: Sequence[float], *, resamples: int = 2000,
-                    confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """median(new)/median(base) and a percentile-bootstrap interval (resampling both sides)."""
-    b = np.asarray(base, dtype=np.float64)
-    n = np.asarray(new, dtype=np.float64)
-    if b.size == 0 or n.size == 0:
-        raise ValueError("no samples")
-    ratio = float(np.median(n) / np.median(b))
-    if b.size < 2 or n.size < 2:
-        return ratio, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    ratios = _boot_medians(n, resamples, rng) / _boot_medians(b, resamples, rng)
-    return (ratio, *_interval(ratios, confidence))
-
-
-def _t_quantile(p: float, df: float) -> float:
-    """Student's t quantile: exact for 1 and 2 degrees of freedom, the Cornish-Fisher
-    expansion above (for a 95 % interval within 0.2 % from 3 degrees of freedom on)."""
-    if df <= 1:
-        return math.tan(math.pi * (p - 0.5))
-    if df <= 2:
-        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    z = NormalDist().inv_cdf(p)
-    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3)
-            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z)
-            / (92160 * df ** 4))
-
-
-def welch_ratio(base_logs: Sequence[float], new_logs: Sequence[float], confidence: float
-                ) -> tuple[float, float, float]:
-    """exp(mean(new) - mean(base)) of log times, one value per run, with Welch's t interval.
-    Between runs there are only a few values a side, where a percentile bootstrap of their
-    medians is too narrow (3 identical gloo runs a side called 8.7 % of sizes changed on the
-    test machine; with this interval 2.8 %)."""
-    b, n = np.asarray(base_logs, dtype=np.float64), np.asarray(new_logs, dtype=np.float64)
-    diff = float(n.mean() - b.mean())
-    var_b, var_n = float(b.var(ddof=1)) / b.size, float(n.var(ddof=1)) / n.size
-    se = math.sqrt(var_b + var_n)
-    if se == 0.0:
-        return math.exp(diff), math.exp(diff), math.exp(diff)
-    df = (var_b + var_n) ** 2 / (var_b ** 2 / (b.size - 1) + var_n ** 2 / (n.size - 1))
-    half = _t_quantile(0.5 + confidence / 2, df) * se
-    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
 
 
 def _samples(record: Record) -> list[float]:
@@ -265,6 +208,18 @@ def _run_median(record: Record) -> float:
     return float(np.median(_samples(record)))
 
 
+#: the time of one side that a ratio of each basis divides, as the table's header names it
+STATISTIC = {"between-run": "geometric mean of the runs' medians",
+             "within-run": "median of every iteration"}
+
+
+def _side_time(records: list[Record], basis: str) -> float:
+    """The time of one side the ratio of `basis` is made of (so the row's ratio is new/base)."""
+    if basis == "between-run":
+        return math.exp(sum(math.log(_run_median(r)) for r in records) / len(records))
+    return float(np.median([t for r in records for t in _samples(r)]))
+
+
 def _ratio(base: list[Record], new: list[Record], resamples: int, confidence: float,
            seed: int) -> tuple[float, float, float, str]:
     """(ratio, low, high, basis): between runs when both sides have several, else pooled
@@ -344,8 +299,7 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float |
         out.append(Comparison(
             collective=collective, backend=backend, algorithm=algorithm, inplace=inplace,
             size=n[0].size_asked,
-            base_us=float(np.median([t for r in b for t in _samples(r)])),
-            new_us=float(np.median([t for r in n for t in _samples(r)])), ratio=ratio,
+            base_us=_side_time(b, basis), new_us=_side_time(n, basis), ratio=ratio,
             ci_low=low, ci_high=high, significant=significant, verdict=verdict,
             base_library=_library(b), new_library=_library(n), base_runs=len(b),
             new_runs=len(n), basis=basis, indicative=indicative))
@@ -377,12 +331,12 @@ def _case_ratio(pairs: list[Pair], resamples: int, confidence: float, seed: int
         pooled_n = np.asarray([t for r in n for t in _samples(r)])
         logs_b.append(math.log(float(np.median(pooled_b))))
         logs_n.append(math.log(float(np.median(pooled_n))))
-        boot_b.append(_boot_medians(pooled_b, resamples, rng))
-        boot_n.append(_boot_medians(pooled_n, resamples, rng))
+        boot_b.append(boot_medians(pooled_b, resamples, rng))
+        boot_n.append(boot_medians(pooled_n, resamples, rng))
     ratios = np.exp(np.mean(np.log(np.stack(boot_n, axis=1) / np.stack(boot_b, axis=1)),
                             axis=1))
     ratio = math.exp(sum(logs_n) / len(logs_n) - sum(logs_b) / len(logs_b))
-    return (ratio, *_interval(ratios, confidence), "within-run")
+    return (ratio, *percentile_interval(ratios, confidence), "within-run")
 
 
 def compare_cases(base: list[Record], new: list[Record], *, threshold: float | None = None,
@@ -466,9 +420,13 @@ def _print_table(rows: list[Comparison], cases: list[CaseComparison], note: str 
                  threshold: float | None, confidence: float, stream=sys.stdout) -> None:
     if note:
         print(f"# {note}", file=stream)
-    print(f"# ratio = median time NEW/BASE (several runs a side: geometric mean of the runs' "
-          f"medians); [{confidence:.0%} interval]; marked when significant and beyond the "
-          f"threshold", file=stream)
+    used = [basis for basis in STATISTIC if any(c.basis == basis for c in rows)]
+    mixed = len(used) > 1
+    statistic = " or ".join(STATISTIC[basis] + (" (one run on a side)" if mixed and
+                                                basis == "within-run" else "")
+                            for basis in used)
+    print(f"# base us, new us: {statistic}; ratio = new us / base us; [{confidence:.0%} "
+          f"interval]; marked when significant and beyond the threshold", file=stream)
     print(f"# {basis_note(rows, threshold)}", file=stream)
     head = (f"{'collective':<15}{'backend':<18}{'mode':<6}{'size':>6}{'base us':>12}"
             f"{'new us':>12}{'ratio':>8}  {'interval':<17}{'':<8}")
@@ -530,7 +488,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--force", action="store_true",
                         help="compare even when world size, dtype, timing mode ... differ")
-    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                        help="print a table, JSON lines or CSV (default table)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ _MPI_PAIRS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PM
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("doctor", help="which backends work here, and why not")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="print a table or JSON (default table)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -139,7 +139,9 @@ def with_backends(bench: list[str], names: list[str]) -> list[str]:
 def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None
                    ) -> tuple[list[list[str]], list[dict[str, str]]]:
     """The command line and extra environment of each process to start (pure, for tests)."""
-    python = [sys.executable, "-m", "ccbench", *bench]
+    from ccbench.cli import rank_python
+
+    python = [*rank_python(), "-m", "ccbench", *bench]
     if needs_mpi:
         if mpiexec is None:
             raise BackendUnavailable("an MPI backend was asked for but no mpiexec was found "
@@ -172,8 +174,12 @@ def main(args: argparse.Namespace) -> int:
 
         backends, connect_timeout, trace_ranks = launch_plan(bench[1:])
         nprocs = args.nprocs if args.nprocs is not None else trace_ranks
-        output, fmt = None, "table"
+        output, fmt, saved = None, "table", None
     else:
+        from ccbench.output import main_job_output
+
+        saved = main_job_output(bench_parser().parse_args(bench))   # the main job keeps records
+        bench = [*bench, "--output", saved] if saved else bench
         config = config_from_args(bench_parser().parse_args(bench), bench)
         nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
         if config.root >= nprocs:
@@ -205,9 +211,13 @@ def main(args: argparse.Namespace) -> int:
                 return status
         return 0
 
-    if args.repeat == 1:
-        return launch({}, bench)
-    return _repeat(args.repeat, launch, bench, output, fmt)
+    status = launch({}, bench) if args.repeat == 1 else _repeat(args.repeat, launch, bench,
+                                                                 output, fmt)
+    if status == 0 and bench[0] != "replay" and saved:
+        from ccbench.output import say_where_records_are
+
+        say_where_records_are(saved)
+    return status
 
 
 def _repeat(repeats: int, launch: Callable[[dict[str, str], list[str]], int], bench: list[str],

@@ -46,7 +46,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", "-O", default=None,
                         help="append one record per measured call to this file (JSON lines)")
     parser.add_argument("--summary", default=None, help="write the per-trace summary (JSON)")
-    parser.add_argument("--quiet", "-q", action="store_true")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar or status line (results still print)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -44,7 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", default=None,
                         help="use the fits of this backend, library or backend/library "
                              "(mpi, 'Open MPI', 'mpi/Intel MPI')")
-    parser.add_argument("--fidelity", choices=("analytical", "replay", "both"), default="analytical")
+    parser.add_argument("--fidelity", choices=("analytical", "replay", "both"), default="analytical",
+                        help="closed-form cost, a replay of the schedule on the topology's links, "
+                             "or both side by side (default analytical)")
     parser.add_argument("--sharing", choices=("max-min", "equal"), default="max-min",
                         help="how concurrent transfers share a link in replay (default max-min)")
     parser.add_argument("--segments", type=int, default=1,
@@ -54,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--intra-bw", type=float, default=None, help="intra-host link GB/s")
     parser.add_argument("--intra-alpha-us", type=float, default=None, help="intra-host alpha, us")
     parser.add_argument("--hop-latency-us", type=float, default=0.0, help="per-hop latency, us")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="print a table or JSON (default table)")
     parser.add_argument("--output", "-o", default=None,
                         help="also append the predictions as result records (JSON lines)")
     parser.set_defaults(func=main)
@@ -100,9 +103,21 @@ def _collectives(name: str) -> list[str]:
         raise choices_error("collective", name, (*COLLECTIVES, "all")) from None
 
 
-def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
+def size_label(num_bytes: int) -> str:
+    """Every size of a column in one unit style: 1026K exactly, 2385960 as 2.275M (binary
+    units, four significant digits), bytes below 1 KiB."""
     from ccbench.sizes import format_size
 
+    exact = format_size(num_bytes)
+    if not exact.isdigit() or num_bytes < 1024:
+        return exact
+    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if num_bytes >= unit:
+            return f"{num_bytes / unit:.4g}{suffix}"
+    return exact
+
+
+def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
     print(f"# {out['collective']} {out['algorithm']} on {topology}, {ranks} ranks, "
           f"{fidelity}; {out['fit_choice']}; {out['fit_scope']}")
     for flag in out["flags"]:
@@ -115,7 +130,7 @@ def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
     head.append("flags")
     rows = [head]
     for r in out["rows"]:
-        line = [format_size(r["size_used"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}",
+        line = [size_label(r["size_used"]), f"{r['time_us']:.2f}", f"{r['algbw_gbps']:.3f}",
                 f"{r['busbw_gbps']:.3f}"]
         if both:
             line += [f"{r['replay_time_us']:.2f}", f"{r['replay_busbw_gbps']:.3f}",
@@ -148,8 +163,6 @@ def _links(args: argparse.Namespace) -> LinkOverrides:
 
 
 def _print_trace(out: dict) -> None:
-    from ccbench.sizes import format_size
-
     print(f"# trace {out['trace']} ({out['kind']}, recorded at {out['recorded_world_size']} "
           f"ranks) on {out['topology']}, {out['world_size']} ranks, {out['fidelity']}")
     for coll, fit in out["fits"].items():
@@ -172,7 +185,7 @@ def _print_trace(out: dict) -> None:
             marks.append(str(legend.index(flag) + 1))
         bw = r["busbw_gbps"]
         rows.append([str(r["index"]), str(r["node_id"]), r["collective"], r["dtype"],
-                     format_size(r["size"]), group, r["algorithm"], f"{r['time_us']:.2f}",
+                     size_label(r["size"]), group, r["algorithm"], f"{r['time_us']:.2f}",
                      f"{bw:.3f}" if bw == bw else "-", ",".join(marks) or "-"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
@@ -187,7 +200,7 @@ def _print_trace(out: dict) -> None:
           f"ops back to back) at {world} ranks on {out['topology']}")
     for coll, entry in sorted(out["by_collective"].items(), key=lambda kv: -kv[1]["time_us"]):
         share = entry["time_us"] / out["total_us"] if out["total_us"] else 0.0
-        print(f"#   {coll}: {entry['ops']} ops, {format_size(entry['bytes'])}, "
+        print(f"#   {coll}: {entry['ops']} ops, {size_label(entry['bytes'])}, "
               f"{entry['time_us']:.1f} us ({share:.0%})")
     for skip in out["not_modelled"]:
         print(f"# not modelled ({skip['recorded_ops']} recorded ops): {skip['reason']}")

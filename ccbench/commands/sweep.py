@@ -32,11 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("words", nargs="+", metavar="FILE",
                         help="the sweep file; or `status FILE`")
     parser.add_argument("--slurm", action="store_true", help="submit a Slurm job array")
-    parser.add_argument("--partition", "-p", default=None)
-    parser.add_argument("--account", "-A", default=None)
+    parser.add_argument("--partition", "-p", default=None, help="Slurm partition (sbatch -p)")
+    parser.add_argument("--account", "-A", default=None, help="Slurm account (sbatch -A)")
     parser.add_argument("--time", "-t", default=None, help="Slurm time limit per array task")
-    parser.add_argument("--gpus-per-node", type=int, default=None)
-    parser.add_argument("--cpus-per-task", type=int, default=None)
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="GPUs each node of a task asks Slurm for")
+    parser.add_argument("--cpus-per-task", type=int, default=None,
+                        help="CPUs each rank asks Slurm for")
     parser.add_argument("--max-parallel", type=int, default=None,
                         help="array tasks running at once per array (sbatch --array ...%%K)")
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch scripts only")

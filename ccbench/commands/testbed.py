@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "testbed", help="emulated hosts on this machine (network namespaces, shaped links)",
         description="Emulated hosts on one machine: each a network and UTS namespace with its "
                     "own hostname, veth links into Linux bridges shaped with tbf. Needs root.")
-    parser.add_argument("action", choices=ACTIONS)
+    parser.add_argument("action", choices=ACTIONS, help="what to do with the emulated hosts")
     parser.add_argument("words", nargs="*",
                         help="exec: HOST -- COMMAND ...")
     parser.add_argument("--hosts", type=int, default=2, help="up: number of hosts (default 2)")
@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="up: switch | two-tier:LEAVES[:oversub=R] | dual-plane")
     parser.add_argument("--slurm", action="store_true",
                         help="up: also start slurmctld on h0 and slurmd on every host")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="status and measure: a table or JSON (default table)")
     parser.add_argument("--seconds", type=float, default=3.0, help="measure: seconds per test")
 
 

@@ -173,6 +173,6 @@ def load_records(*paths: str | os.PathLike[str], require: bool = False,
         where = ", ".join(map(str, paths))
         first = f"; first: {report.skipped[0]}" if report.skipped else ""
         raise UsageError(f"no ccbench records in {where} ({report.summary()}{first}; results "
-                         f"are *.jsonl or *.jsonl.gz files written by ccbench)")
+                         f"are {', '.join('*' + s for s in RESULT_SUFFIXES)} files written by ccbench)")
     report.warn(stream)
     return records

@@ -294,7 +294,7 @@ def rank_spread_figure(frame, world_size: int):
             bar.set_ticks([1, 1.5, 2, 3, 4], labels=["1", "1.5", "2", "3", "≥4"])
         fig.suptitle(f"Per-rank spread at {world_size} ranks"
                      f"{oversubscription(world_size, frame)} (straggler view): each row is a rank, "
-                     f"its median time over the fastest rank's\n{context_line(sub)}", fontsize=11.5)
+                     f"its median time over the fastest rank's median\n{context_line(sub)}", fontsize=11.5)
     return fig
 
 

@@ -66,7 +66,7 @@ def _draw_context(ax: Any, others: Any, value: str) -> None:
 def small_multiples_figure(frame: Any, collective: str) -> Any:
     """One row per series, one column per (metric, world size)."""
     sub = frame[frame["collective"] == collective]
-    worlds = figures._world_sizes(sub)
+    worlds, _ = shown_world_sizes(sub)
     entries = figures._legend_entries(sub)
     styles = figures._series_styles(sub)
     columns = [(metric, p) for metric in METRICS for p in worlds]
@@ -111,6 +111,17 @@ def small_multiples_figure(frame: Any, collective: str) -> Any:
     return fig
 
 
+def shown_world_sizes(sub: Any) -> tuple[list[int], list[int]]:
+    """(world sizes given a column, world sizes left out): a world size that only one series
+    measured while others have several would be a column of empty panels (the overview
+    figures show it); kept when every world size is that sparse."""
+    worlds = figures._world_sizes(sub)
+    series = sub.groupby("world_size")["series"].nunique()
+    shown = [p for p in worlds if series[p] > 1 or sub["series"].nunique() == 1]
+    shown = shown or worlds
+    return shown, [p for p in worlds if p not in shown]
+
+
 def _first_column_labels(axes: Any, entries: list[tuple[str, str, str]]) -> None:
     """A series missing from the first column is labelled on its first visible panel."""
     for i, (_, label, _) in enumerate(entries):
@@ -123,14 +134,19 @@ def _first_column_labels(axes: Any, entries: list[tuple[str, str, str]]) -> None
 def _suptitle(sub: Any, collective: str) -> str:
     modes = figures._unique(sub["inplace"])
     only = "" if len(modes) > 1 else (" (in-place)" if modes[0] else " (out-of-place)")
-    worlds = figures._world_sizes(sub)
+    worlds, left_out = shown_world_sizes(sub)
     over = [p for p in worlds if figures.oversubscription(p, sub)]
     # ", oversubscribed (4 ranks on 2 cores)" per world size -> one footnote for the stars
     inner = [figures.oversubscription(p, sub).partition("(")[2].rstrip(")") for p in over]
     star = f"; *oversubscribed: {', '.join(inner)}" if over else ""
+    lone = ""
+    if left_out:           # its own line: a long title widens the figure, not its panels
+        lone = "\n" + "; ".join(
+            f"{p} ranks, measured by {figures._legend_entries(sub[sub['world_size'] == p])[0][1]}"
+            f" only: in the overview figures" for p in left_out)
     return (f"{collective}{only}: bus bandwidth and time per operation against size, "
             f"one row per series{star}\n{figures.context_line(sub)}; "
-            "band p5-p95 of the iterations; grey: the other series")
+            f"band p5-p95 of the iterations; grey: the other series{lone}")
 
 
 def _legend_handles(sub: Any) -> list[Any]:
