@@ -41,11 +41,49 @@ def oversubscription_note(ranks: int, cores: int, what: str = "cores") -> str | 
 
 
 def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable); None where
-    /proc/meminfo does not say."""
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), less where this
+    process's cgroup (v2) allows less; None where /proc/meminfo does not say."""
     try:
         with open("/proc/meminfo", encoding="utf-8") as handle:
             fields = dict(line.split(":", 1) for line in handle)
-        return int(fields["MemAvailable"].split()[0]) * 1024
+        available = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return None
+    room = _cgroup_room()
+    return available if room is None else min(available, room)
+
+
+def _cgroup_room() -> int | None:
+    """Limit less usage of this process's memory cgroup (v2, else v1); None without one."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as handle:
+            lines = [line.strip().split(":", 2) for line in handle]
+    except OSError:
+        return None
+    for _, controllers, path in (parts for parts in lines if len(parts) == 3):
+        if controllers == "":
+            room = _room("/sys/fs/cgroup", path, "memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            room = _room("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes",
+                         "memory.usage_in_bytes")
+        else:
+            continue
+        if room is not None:
+            return room
+    return None
+
+
+def _room(mount: str, path: str, limit_file: str, usage_file: str) -> int | None:
+    # inside a container the cgroup's own folder is usually the mount itself
+    for folder in (f"{mount}{path.rstrip('/')}", mount):
+        try:
+            with open(f"{folder}/{limit_file}", encoding="utf-8") as handle:
+                limit = handle.read().strip()
+            with open(f"{folder}/{usage_file}", encoding="utf-8") as handle:
+                usage = int(handle.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:      # v1 writes "no limit" as ~2^63
+            return None
+        return max(0, int(limit) - usage)
+    return None

@@ -86,16 +86,20 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
     _arguments(parser)
     args = parser.parse_args(argv)
     backends, method = _validate(args)
-    trace = _load(args)             # bad traces: refused once, before any rank starts
+    from ccbench.trace.load import rank_files
+
+    # bad traces: refused once, before any rank starts; so is one that cannot be held by
+    # the launcher and each of the ranks, which all read it
+    trace = _load(args, readers=1 + len(rank_files(args.traces)[1]))
     from ccbench.control import CONNECT_TIMEOUT_S
 
     return backends, min(CONNECT_TIMEOUT_S, method.timeout), trace.world_size
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace, readers: int = 1) -> Any:
     from ccbench.trace import load_trace
 
-    trace = load_trace(args.traces)
+    trace = load_trace(args.traces, readers)
     if args.world_size is not None and args.world_size != trace.world_size:
         from ccbench.trace.scale import rescale
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ccbench.collectives import every
 from ccbench.errors import UsageError
+from ccbench.safeio import read_input
 
 __all__ = ["COLL_TYPES", "NODE_TYPES", "classes", "comm_coll_node", "read_trace", "write_trace",
            "encode_varint", "decode_varint", "node_attrs", "attr_value"]
@@ -211,33 +212,39 @@ def write_trace(path: str | os.PathLike[str], nodes: Iterable[Any], version: str
         handle.write(data)
 
 
-def _messages(data: bytes) -> Iterator[bytes]:
-    pos = 0
+def _messages(data: bytes) -> Iterator[memoryview]:
+    pos, view = 0, memoryview(data)
     while pos < len(data):
+        start = pos
         n, pos = decode_varint(data, pos)
         if pos + n > len(data):
             raise UsageError("truncated Chakra trace (message runs past the end)")
-        yield data[pos:pos + n]
+        if n == 0:       # no real node is empty; a file of zero bytes would be one per byte
+            raise UsageError(f"not a Chakra trace (an empty message at byte {start})")
+        yield view[pos:pos + n]
         pos += n
 
 
 def read_trace(path: str | os.PathLike[str]) -> tuple[Any, list[Any]]:
-    """(GlobalMetadata, [Node, ...]) of one .et file (gzip detected by magic bytes)."""
+    """(GlobalMetadata, [Node, ...]) of one .et file (gzip detected by magic bytes), read
+    within the input cap (ccbench.safeio)."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_input(path)
     except FileNotFoundError:
         raise UsageError(f"no such Chakra trace: {str(path)!r}") from None
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    msgs = list(_messages(data))
-    if not msgs:
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    messages = _messages(data)
+    first = next(messages, None)
+    if first is None:
         raise UsageError(f"{path}: empty Chakra trace (no GlobalMetadata)")
     cls = classes()
     gm = cls["GlobalMetadata"]()
-    gm.ParseFromString(msgs[0])
+    gm.ParseFromString(first)
+    if not gm.version:
+        raise UsageError(f"{path}: not a Chakra trace (its GlobalMetadata names no version)")
     nodes = []
-    for body in msgs[1:]:
+    for body in messages:
         node = cls["Node"]()
         node.ParseFromString(body)
         nodes.append(node)

@@ -14,12 +14,15 @@ from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm
 from ccbench.model.fit import SELECTION, GroupFit
 from ccbench.records import Record
+from ccbench.safeio import load_json
 
 SCHEMA = "ccbench.model"
 VERSION = 1
 UNITS = {"alpha": "seconds", "beta": "seconds per byte", "gamma": "seconds per byte",
          "size": "bytes (the nccl-tests S of the collective)", "time": "seconds",
          "bandwidth": "GB/s, 1 GB = 1e9 bytes"}
+
+_MODEL_CAP = 64 << 20      # a model of every backend and collective is tens of KiB
 
 __all__ = ["SCHEMA", "VERSION", "build_model", "load_model", "save_model", "select_fit"]
 
@@ -51,8 +54,7 @@ def save_model(model: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as handle:
-            model = json.load(handle)
+        model = load_json(path, cap=_MODEL_CAP)
     except FileNotFoundError:
         raise UsageError(f"no such model file: {str(path)!r}") from None
     except json.JSONDecodeError as exc:

@@ -19,16 +19,16 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TextIO
+from typing import TextIO
 
 from ccbench.errors import UsageError
 from ccbench.records.schema import BadRecord, Record, record_from_dict
+from ccbench.safeio import check_json_depth, open_lines
 
 __all__ = ["ReadReport", "Skipped", "iter_result_files", "read_records", "load_records",
            "RESULT_SUFFIXES"]
 
 RESULT_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
-_GZIP_MAGIC = b"\x1f\x8b"
 _SHOWN = 5            # skipped lines named one by one; the rest are counted
 
 
@@ -92,27 +92,22 @@ def _as_list(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]
     return list(paths)
 
 
-def _open(path: Path) -> IO[bytes]:
-    try:
-        with open(path, "rb") as probe:
-            magic = probe.read(2)
-        if magic == _GZIP_MAGIC:
-            return gzip.open(path, "rb")     # type: ignore[return-value]  # GzipFile is an IO[bytes]
-        return open(path, "rb")
-    except OSError as exc:
-        raise UsageError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-
-
 def _lines(path: Path, report: ReadReport) -> Iterator[tuple[int, bytes]]:
     number = 0
-    with _open(path) as handle:
-        try:
-            for number, raw in enumerate(handle, start=1):  # noqa: B007 -- used after the loop
-                yield number, raw
-        except (OSError, EOFError, zlib.error) as exc:    # gzip garbage or a truncated stream
+    try:
+        for number, raw in open_lines(path):                 # noqa: B007 -- used below
+            yield number, raw
+    except (EOFError, zlib.error) as exc:                   # gzip garbage or a truncated stream
+        report.skipped.append(Skipped(str(path), number + 1,
+                                      f"unreadable compressed data, rest of file "
+                                      f"skipped ({exc})"))
+    except OSError as exc:
+        if number or isinstance(exc, gzip.BadGzipFile):
             report.skipped.append(Skipped(str(path), number + 1,
                                           f"unreadable compressed data, rest of file "
                                           f"skipped ({exc})"))
+        else:
+            raise UsageError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def _parse(path: Path, number: int, raw: bytes, last: bool) -> Record:
@@ -120,6 +115,7 @@ def _parse(path: Path, number: int, raw: bytes, last: bool) -> Record:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRecord("not UTF-8 text") from None
+    check_json_depth(raw, str(path), first_line=number)
     try:
         data = json.loads(text)
     except json.JSONDecodeError:

@@ -149,12 +149,59 @@ def record_from_dict(data: Any) -> Record:
         if not _is(value, _HINTS[name]):
             raise BadRecord(f"field {name!r} is {_short(value)}, expected {_type_name(_HINTS[name])}")
     record = Record(**data)
-    if record.size_asked < 0 or record.size_used < 0 or record.world_size < 1:
-        raise BadRecord("negative size or world size below 1")
-    median = record.time_us.get("median")
-    if median is None or not math.isfinite(median):
-        raise BadRecord("time_us has no finite median")
+    problem = implausible(record)
+    if problem:
+        raise UsageError(f"{problem} (a damaged or forged record)")
     return record
+
+
+MAX_SIZE = 1 << 50                 # bytes: a PiB per collective is beyond any machine
+MAX_COUNT = 1 << 40                # iterations, elements, wrong elements
+MAX_RANKS = 1 << 24
+MAX_TIME_US = 1e12                 # 11.6 days for one operation
+
+
+def _out_of_range(name: str, value: float, low: float, high: float) -> str | None:
+    if low <= value <= high:       # False for NaN
+        return None
+    return f"{name} is {value!r}, outside {low:g} to {high:g}"
+
+
+def _bad_times(name: str, values: list[float], positive: bool = True) -> str | None:
+    """Times are finite microseconds, at most MAX_TIME_US, and positive (a spread: >= 0)."""
+    for value in values:
+        if not (math.isfinite(value) and (value > 0 if positive else value >= 0)
+                and value <= MAX_TIME_US):
+            kind = "positive" if positive else "non-negative"
+            return (f"{name} holds {value!r}: times are finite, {kind} and at most "
+                    f"{MAX_TIME_US:g} us")
+    return None
+
+
+def implausible(record: Record) -> str | None:
+    """What makes a well-typed record's values impossible (a time that is not a finite
+    positive number, a size or count out of range), or None."""
+    median = record.time_us.get("median")
+    if median is None:
+        return "time_us has no median"
+    checks = [
+        *(_out_of_range(name, getattr(record, name), 0, MAX_SIZE)
+          for name in ("size_asked", "size_used")),
+        *(_out_of_range(name, getattr(record, name), 0, MAX_COUNT)
+          for name in ("count", "iterations", "warmup")),
+        _out_of_range("world_size", record.world_size, 1, MAX_RANKS),
+        *(_out_of_range(name, getattr(record, name), 0, MAX_RANKS)
+          for name in ("nodes", "ranks_per_node")),
+        _out_of_range("root", record.root, -1, MAX_RANKS),
+        None if record.wrong is None else _out_of_range("wrong", record.wrong, 0, MAX_COUNT),
+        *(_out_of_range(name, getattr(record, name), 0, 1e9)          # GB/s
+          for name in ("algbw_gbps", "busbw_gbps")),
+        _bad_times("time_us median", [median]),
+        _bad_times("time_us", list(record.time_us.values()), positive=False),
+        _bad_times("samples_us", record.samples_us),
+        _bad_times("rank_median_us", record.rank_median_us),
+    ]
+    return next((problem for problem in checks if problem), None)
 
 
 def _short(value: Any) -> str:

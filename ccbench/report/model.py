@@ -19,14 +19,12 @@ def load(path: str) -> dict[str, Any]:
         pass
     else:
         return load_model(path)
-    import json
-
     from ccbench.errors import UsageError
+    from ccbench.safeio import load_json
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            model = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
+        model = load_json(path)
+    except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read model file {path!r}: {exc}") from None
     if not isinstance(model, dict) or "fits" not in model:
         raise UsageError(f"{path}: not a ccbench model file (no fits)")

@@ -19,6 +19,7 @@ from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
 from ccbench.collectives import get as get_collective
 from ccbench.errors import UsageError, choices_error
 from ccbench.records import CaseId
+from ccbench.safeio import load_yaml, read_input
 from ccbench.sizes import parse_sizes
 
 __all__ = ["SweepCase", "Sweep", "Task", "load_sweep", "sweep_from_dict", "check_slurm_options",
@@ -174,17 +175,22 @@ class Sweep:
 
 # -- loading and validation -------------------------------------------------------------------
 
+_SWEEP_CAP = 16 << 20       # a sweep file is a page of YAML
+
+
 def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     """Read and validate a sweep file; any problem is `<file>: <key>: ...` (UsageError)."""
     where = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input(path, cap=_SWEEP_CAP).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{where}: no such sweep file") from None
     except OSError as exc:
         raise UsageError(f"{where}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{where}: not a sweep file (not UTF-8 text)") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(where, text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""

@@ -24,10 +24,10 @@ __all__ = ["parse_chakra_et", "read_comm_groups"]
 
 def read_comm_groups(path: Path, world: int) -> dict[str, Group]:
     """ASTRA-sim's communicator-group file: {"<id>": [ranks], ...}."""
-    import json
+    from ccbench.safeio import load_json
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path)
     except (OSError, ValueError) as exc:
         raise TraceError(path, f"not a communicator-group file ({exc})") from None
     if not isinstance(data, dict):

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ccbench.safeio import check_json_depth, read_input
 from ccbench.trace.ops import CommOp, Group, TraceError
 
 __all__ = ["KNOWN_SCHEMAS", "parse_pytorch_et", "read_json"]
@@ -44,9 +45,11 @@ _PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_input(path)
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(path, f"cannot read the trace ({exc})") from None
+    check_json_depth(raw, str(path))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
