@@ -90,6 +90,9 @@ class SizeResult:
     batch_loop: str | None = None          # pipelined: what ran the N calls of a sample
 
 
+_STEADY = {"sum": 0, "prod": 1}     # x op x ... op x == x: in-place calls keep these values
+
+
 class _Buffers:
     """send/recv for one (case, size), with the in-place aliasing each collective needs."""
 
@@ -130,6 +133,20 @@ class _Buffers:
         for lo in chunks(count):
             hi = min(lo + CHUNK, count)
             backend.copy_from_numpy(backend.view(self.recv, lo, hi), self.sentinel[:hi - lo])
+
+    def hold_steady(self) -> None:
+        """In-place sums and products feed each result back as the next call's input, so the
+        values would grow by the world size (or double) every call: float16 overflows within
+        ~16 calls, float32 within ~130 (numpy's reductions then warn). Timed calls start from
+        the op's identity instead, which they keep; the check (reset()) uses the real inputs."""
+        identity = _STEADY.get(self.case.op or "")
+        if self.aliasing is None or identity is None:
+            return
+        backend, count = self.backend, self.lay.send_count
+        fill = np.full(min(CHUNK, count), identity, dtype=self.dtype)
+        for lo in chunks(count):
+            hi = min(lo + CHUNK, count)
+            backend.copy_from_numpy(backend.view(self.send, lo, hi), fill[:hi - lo])
 
     def reset(self) -> None:
         """Fresh inputs (in-place runs overwrite them) and sentinel outputs."""
@@ -258,6 +275,7 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
     key = f"m/{step}"
     watchdog.begin_step(step, case.label(size))
     bufs = _Buffers(backend, case, lay, rank)
+    bufs.hold_steady()
     warm, _ = _timed_samples(backend, case, bufs, method, watchdog, method.warmup)
     with watchdog.waiting():
         iterations = _agree_iterations(store, f"{key}/warm", warm, method, rank, world)

@@ -32,8 +32,9 @@ from ccbench.faults import MID_RUN_STEP, inject
 from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch, hosted_apart
 from ccbench.output import Progress, TableWriter, make_writer
-from ccbench.records import Record, append_record, cut_torn_tail
+from ccbench.records import Record, append_record
 from ccbench.records.table import finish_parquet, journal_path
+from ccbench.records.writer import torn_warning
 from ccbench.repeats import repeat_from_env
 from ccbench.sysinfo import available_memory, cpu_model, node_cores, oversubscription_note
 from ccbench.watchdog import Watchdog
@@ -207,7 +208,6 @@ class _Run:
         self.wrong_total = 0
         self.step = 0
         self.placement = _placement(config.device, info.local_world_size)
-        self.step_appended = 0
         self.watchdog: Watchdog | None = None
 
     def run(self, watchdog: Watchdog) -> int:
@@ -347,27 +347,15 @@ class _Run:
     def _append(self, record: Record) -> None:
         assert self.config.output is not None and self.watchdog is not None
         journal = journal_path(self.config.output)     # itself, unless it is .parquet
-        if self.step_appended == 0:
-            # a run killed mid-write left a last line without its newline: keep it aside in
-            # .torn and cut it, or the next record would be glued onto it
-            torn = cut_torn_tail(journal, aside=f"{journal}.torn")
-            if torn:
-                print(f"ccbench: warning: {journal}: its last line ({torn} bytes, no newline: a "
-                      f"run stopped while writing it) was moved to {journal}.torn before "
-                      "appending", file=sys.stderr, flush=True)
         try:
-            whole = os.path.getsize(journal)
-        except OSError:
-            whole = 0
-        try:
-            append_record(journal, record)
+            # a run killed mid-write left a last line without its newline: append_record
+            # keeps it aside in .torn and cuts it, or this record would be glued onto it
+            torn = append_record(journal, record)
         except OSError as exc:
-            # cut the part of this record that got written: the file keeps whole lines only
-            with contextlib.suppress(OSError):
-                os.truncate(journal, whole)
             self.watchdog.fail(f"cannot append to --output {self.config.output!r}: "
                                f"{exc.strerror or exc} (records of the sizes before are kept)")
-        self.step_appended += 1
+        if torn:
+            print(torn_warning(journal, torn), file=sys.stderr, flush=True)
 
 
 def run_benchmark(config: BenchConfig) -> int:

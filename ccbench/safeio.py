@@ -78,8 +78,9 @@ def _is_gzip(path: Path) -> bool:
         return probe.read(2) == _GZIP_MAGIC
 
 
-def _read_capped(handle: IO[bytes], cap: int, path: object, what: str) -> bytes:
-    parts, total = [], 0
+def _read_capped(handle: IO[bytes] | gzip.GzipFile, cap: int, path: object, what: str) -> bytes:
+    parts: list[bytes] = []
+    total = 0
     while True:
         chunk = handle.read(min(_CHUNK, cap + 1 - total))
         if not chunk:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from ccbench.errors import BackendUnavailable, RunFailure, UsageError
 from ccbench.harness import Case, Method, measure_size
 from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.record import Record, append_record
+from ccbench.records.writer import torn_warning
 from ccbench.stats import summarize
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
@@ -104,7 +106,13 @@ class _Rank:
             return f"{op.collective} of {op.size} B rounds to zero elements per rank"
         record = self._record(sub, op, case, result, note)
         if self.config.output:
-            append_record(self.config.output, record)
+            try:          # a torn last line is moved to .torn first, as the benchmark does
+                torn = append_record(self.config.output, record)
+            except OSError as exc:
+                self.watchdog.fail(f"cannot append to --output {self.config.output!r}: "
+                                   f"{exc.strerror or exc} (records before are kept)")
+            if torn:
+                print(torn_warning(self.config.output, torn), file=sys.stderr, flush=True)
         return OpResult(call=op.call, node_id=op.node_id, name=op.name,
                         collective=op.collective, size=op.size, group=list(op.group.ranks)
                         if op.group else [], time_us=result.time_us["median"],
