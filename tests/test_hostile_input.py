@@ -266,16 +266,17 @@ def test_trace_larger_than_memory_is_refused_up_front(tmp_path: Path) -> None:
 
 # -- YAML alias bombs -------------------------------------------------------------------------
 
-BOMB = "\n".join(['a0: &a0 ["1K"]'] + [
-    f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 10)])
+# nine levels of nine aliases (9^9 strings once expanded), anchored inside the key itself
+_LEVELS = ['&a0 ["1K"]'] + [f"&a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 9)] \
+    + [f"[{', '.join(['*a8'] * 9)}]"]
+BOMBS = {"sizes": f"sizes: [{', '.join(_LEVELS)}]",
+         "env": f"env: {{X: [{', '.join(_LEVELS)}]}}"}
 
 
-@pytest.mark.parametrize("where", ["sizes", "env"])
+@pytest.mark.parametrize("where", sorted(BOMBS))
 def test_yaml_alias_bomb_in_a_sweep_is_refused(tmp_path: Path, where: str) -> None:
-    value = "*a9" if where == "sizes" else "{X: *a9}"
     path = tmp_path / "bomb.yaml"
-    path.write_text(f"{BOMB}\nname: bomb\ncollectives: [allreduce]\nbackends: [gloo]\n"
-                    f"{where}: {value}\n")
+    path.write_text(f"name: bomb\ncollectives: [allreduce]\nbackends: [gloo]\n{BOMBS[where]}\n")
     with pytest.raises(UsageError, match=r"bomb.yaml: YAML aliases expand to more than 100,000"):
         load_sweep(path)
     line = _one_error_line(run_ccbench("sweep", str(path), "--dry-run", timeout=60))
