@@ -27,7 +27,7 @@ import numpy as np
 from ccbench.errors import UsageError
 
 __all__ = ["MAX_JSON_DEPTH", "MAX_LINE_BYTES", "MAX_YAML_NODES", "InputTooLarge",
-           "check_json_depth", "check_memory", "input_cap", "load_json", "load_yaml",
+           "check_json_depth", "check_memory", "input_cap", "json_too_deep", "load_json", "load_yaml",
            "open_lines", "read_input", "scaled_size", "size_text"]
 
 MAX_JSON_DEPTH = 100            # records need 3 levels, PyTorch execution traces about 8
@@ -142,23 +142,28 @@ def open_lines(path: Path, cap: int | None = None) -> Iterator[tuple[int, bytes]
             yield number, raw
 
 
-def check_json_depth(data: bytes, where: str, limit: int = MAX_JSON_DEPTH,
-                     first_line: int = 1) -> None:
-    """UsageError naming the line where JSON text nests deeper than `limit`, checked on the
+def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> int | None:
+    """The line (from 1) where JSON text nests deeper than `limit`, else None; checked on the
     bytes (strings removed, brackets counted) before a recursive decoder sees them."""
     if data.count(b"[") + data.count(b"{") <= limit:          # cannot be deeper: most lines
-        return
+        return None
     structure = _JSON_STRING.sub(b"", data).translate(None, _NOT_STRUCTURE)
     codes = np.frombuffer(structure, dtype=np.uint8)
     steps = np.zeros(len(codes), dtype=np.int32)
     steps[(codes == ord("[")) | (codes == ord("{"))] = 1
     steps[(codes == ord("]")) | (codes == ord("}"))] = -1
-    depth = np.cumsum(steps)
-    deep = np.flatnonzero(depth > limit)
-    if len(deep):
-        line = first_line + int(np.count_nonzero(codes[:deep[0]] == ord("\n")))
-        raise UsageError(f"{where}:{line}: JSON nested more than {limit} levels deep "
-                         f"(no ccbench input nests that deep)")
+    deep = np.flatnonzero(np.cumsum(steps) > limit)
+    if not len(deep):
+        return None
+    return 1 + int(np.count_nonzero(codes[:deep[0]] == ord("\n")))
+
+
+def check_json_depth(data: bytes, where: str, first_line: int = 1) -> None:
+    """UsageError `<where>:<line>: JSON nested more than ...` for text too deep to decode."""
+    line = json_too_deep(data)
+    if line is not None:
+        raise UsageError(f"{where}:{first_line - 1 + line}: JSON nested more than "
+                         f"{MAX_JSON_DEPTH} levels deep (no ccbench input nests that deep)")
 
 
 def load_json(path: str | os.PathLike[str], cap: int | None = None) -> Any:

@@ -61,6 +61,7 @@ def test_depth_check_names_the_line_and_ignores_brackets_in_strings() -> None:
     with pytest.raises(UsageError, match=r"^f:4: JSON nested more than 100 levels"):
         check_json_depth(text, "f")
     check_json_depth(b'["' + b"[" * 500 + b'"]', "f")        # all inside one string
+    check_json_depth(b'["\\"' + b"[" * 500 + b'"]', "f")    # an escaped quote inside it
     check_json_depth(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, "f")
 
 
@@ -156,6 +157,20 @@ def test_commands_refuse_impossible_records_with_one_line(tmp_path: Path, comman
     line = _one_error_line(run_ccbench(*argv))
     assert f"{path}:1: " in line and "(a damaged or forged record)" in line
     assert "inf" not in line.replace("info", "")
+
+
+def test_parquet_rows_are_validated_too(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    from dataclasses import replace
+
+    from ccbench.records import write_records
+
+    good = load_records(FIXTURE)
+    bad = replace(good[1], time_us={**good[1].time_us, "median": -1.0})
+    path = tmp_path / "r.parquet"
+    write_records(path, [good[0], bad])
+    with pytest.raises(UsageError, match=r"r.parquet: row 2: time_us median holds -1.0"):
+        read_records(path)
 
 
 def test_plausible_records_still_read() -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ccbench.errors import UsageError
 from ccbench.records.schema import Record, record_from_dict
+from ccbench.safeio import MAX_JSON_DEPTH, json_too_deep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -120,10 +121,17 @@ def read_parquet(path: str | os.PathLike[str]) -> list[Record]:
                          ) from None
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"{str(path)!r} is not a ccbench Parquet file ({exc})") from None
-    try:
-        return [record_from_dict(json.loads(text)) for text in frame["record"]]
-    except (ValueError, TypeError) as exc:           # BadRecord is a ValueError
-        raise UsageError(f"{str(path)!r}: a row is not a ccbench record ({exc})") from None
+    records = []
+    for row, text in enumerate(frame["record"], start=1):
+        try:
+            if json_too_deep(text.encode("utf-8")) is not None:
+                raise UsageError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+            records.append(record_from_dict(json.loads(text)))
+        except UsageError as exc:
+            raise UsageError(f"{path}: row {row}: {exc}") from None
+        except (ValueError, TypeError, AttributeError) as exc:   # BadRecord is a ValueError
+            raise UsageError(f"{str(path)!r}: a row is not a ccbench record ({exc})") from None
+    return records
 
 
 def journal_path(output: str | os.PathLike[str]) -> str:
