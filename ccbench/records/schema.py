@@ -159,6 +159,7 @@ MAX_SIZE = 1 << 50                 # bytes: a PiB per collective is beyond any m
 MAX_COUNT = 1 << 40                # iterations, elements, wrong elements
 MAX_RANKS = 1 << 24
 MAX_TIME_US = 1e12                 # 11.6 days for one operation
+MIN_TIME_US = 1e-6                 # a picosecond: ratios of two times stay finite
 
 
 def _out_of_range(name: str, value: float, low: float, high: float) -> str | None:
@@ -168,13 +169,12 @@ def _out_of_range(name: str, value: float, low: float, high: float) -> str | Non
 
 
 def _bad_times(name: str, values: list[float], positive: bool = True) -> str | None:
-    """Times are finite microseconds, at most MAX_TIME_US, and positive (a spread: >= 0)."""
+    """Times are finite microseconds up to MAX_TIME_US, at least MIN_TIME_US (a spread: 0)."""
     for value in values:
-        if not (math.isfinite(value) and (value > 0 if positive else value >= 0)
+        if not (math.isfinite(value) and (value >= MIN_TIME_US if positive else value >= 0)
                 and value <= MAX_TIME_US):
-            kind = "positive" if positive else "non-negative"
-            return (f"{name} holds {value!r}: times are finite, {kind} and at most "
-                    f"{MAX_TIME_US:g} us")
+            low = f"{MIN_TIME_US:g}" if positive else "0"
+            return f"{name} holds {value!r}: times are finite, {low} to {MAX_TIME_US:g} us"
     return None
 
 
