@@ -175,6 +175,16 @@ def test_parquet_rows_are_validated_too(tmp_path: Path) -> None:
         read_records(path)
 
 
+def test_report_draws_sizes_at_the_largest_accepted(tmp_path: Path) -> None:
+    """The boundary of the size check (2^50 bytes) is one matplotlib can draw."""
+    pytest.importorskip("matplotlib")
+    path = _records_with(tmp_path, "max", lambda r: r.update(
+        size_asked=(1 << 50) - r["size_used"], size_used=(1 << 50) - r["size_used"],
+        count=((1 << 50) - r["size_used"]) // 4))
+    done = run_ccbench("report", str(path), "-o", str(tmp_path / "fig"))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_plausible_records_still_read() -> None:
     assert len(load_records(FIXTURE, require=True)) == 2
 

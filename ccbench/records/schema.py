@@ -156,7 +156,7 @@ def record_from_dict(data: Any) -> Record:
 
 
 MAX_SIZE = 1 << 50                 # bytes: a PiB per collective is beyond any machine
-MAX_COUNT = 1 << 40                # iterations, elements, wrong elements
+MAX_COUNT = 1 << 40                # iterations, wrong elements
 MAX_RANKS = 1 << 24
 MAX_TIME_US = 1e12                 # 11.6 days for one operation
 MIN_TIME_US = 1e-6                 # a picosecond: ratios of two times stay finite
@@ -186,9 +186,9 @@ def implausible(record: Record) -> str | None:
         return "time_us has no median"
     checks = [
         *(_out_of_range(name, getattr(record, name), 0, MAX_SIZE)
-          for name in ("size_asked", "size_used")),
+          for name in ("size_asked", "size_used", "count")),
         *(_out_of_range(name, getattr(record, name), 0, MAX_COUNT)
-          for name in ("count", "iterations", "warmup")),
+          for name in ("iterations", "warmup")),
         _out_of_range("world_size", record.world_size, 1, MAX_RANKS),
         *(_out_of_range(name, getattr(record, name), 0, MAX_RANKS)
           for name in ("nodes", "ranks_per_node")),
