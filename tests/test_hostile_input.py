@@ -94,6 +94,18 @@ def test_json_nested_100000_deep_is_one_line(tmp_path: Path, command: str) -> No
     assert ("deep.jsonl:3:" in line) or ("rank0.json:1:" in line) or ("deep.json:1:" in line)
 
 
+def test_a_deep_process_group_table_inside_a_trace_is_ignored(tmp_path: Path) -> None:
+    """The process-group table is JSON inside a string of the trace: a deep one is skipped as
+    a malformed one is, never decoded."""
+    node = {"id": 1, "name": "## process_group:init ##", "ctrl_deps": 0,
+            "inputs": {"values": [DEEP], "shapes": [[]], "types": ["String"]},
+            "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}
+    (tmp_path / "rank0.json").write_text(json.dumps(
+        {"schema": "1.1.1-chakra.0.0.4", "pid": 1, "time": "x", "start_ts": 1, "nodes": [node]}))
+    trace = load_trace([tmp_path / "rank0.json"])            # no RecursionError
+    assert trace.world_size == 1 and [g.name for g in trace.groups] == ["world"]
+
+
 # -- impossible record values ---------------------------------------------------------------
 
 def _records_with(tmp_path: Path, name: str, change) -> Path:

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ccbench.safeio import check_json_depth, read_input
+from ccbench.safeio import check_json_depth, json_too_deep, read_input
 from ccbench.trace.ops import CommOp, Group, TraceError
 
 __all__ = ["KNOWN_SCHEMAS", "parse_pytorch_et", "read_json"]
@@ -181,7 +181,8 @@ def _pg_table(nodes: list[dict[str, Any]], world: int) -> dict[str, Group]:
             continue
         for value in node.get("inputs", {}).get("values", []):
             try:
-                entries = json.loads(value) if isinstance(value, str) else []
+                deep = isinstance(value, str) and json_too_deep(value.encode("utf-8"))
+                entries = json.loads(value) if isinstance(value, str) and not deep else []
             except json.JSONDecodeError:
                 continue
             for entry in entries if isinstance(entries, list) else []:
