@@ -90,7 +90,8 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
 
     # bad traces: refused once, before any rank starts; so is one that cannot be held by
     # the launcher and each of the ranks, which all read it
-    trace = _load(args, readers=1 + len(rank_files(args.traces)[1]))
+    ranks = args.world_size or len(rank_files(args.traces)[1])
+    trace = _load(args, readers=1 + ranks)
     from ccbench.control import CONNECT_TIMEOUT_S
 
     return backends, min(CONNECT_TIMEOUT_S, method.timeout), trace.world_size
