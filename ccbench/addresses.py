@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-__all__ = ["free_port", "published_address"]
+__all__ = ["free_port", "listen_address", "published_address"]
 
 
 def free_port(host: str = "") -> int:
@@ -64,3 +64,29 @@ def published_address(peer: str | None = None) -> str:
         pass
     candidates += _interface_addresses()
     return next((a for a in candidates if not _is_loopback(a)), "127.0.0.1")
+
+
+def listen_address(host: str, all_local: bool = False) -> str:
+    """Where a server for peers that reach it at `host` binds: loopback when every peer runs on
+    this host (`all_local`) or `host` is loopback, else the address `host` names (the interface
+    the peers come in on), never every interface. A name that resolves to loopback here only
+    (a Debian 127.0.1.1 hostname) in a run across hosts: the published address."""
+    if all_local:
+        return "127.0.0.1"
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return published_address()
+    if not _is_loopback(address):
+        return address
+    # loopback asked for by address or by name: the peers are here; a host name that
+    # resolves to loopback only here: the peers come in on the published address
+    return address if _is_ip(host) or host == "localhost" else published_address()
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -414,6 +414,9 @@ def rank_python() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from ccbench.lifeline import hold
+
+    hold()                             # a rank or case ends with the ccbench that started it
     try:
         if argv and argv[0] in SUBCOMMANDS:
             os.environ.setdefault(_PACKAGE_VAR, _PACKAGE_DIR)   # what its ranks should import

@@ -6,11 +6,27 @@ liveness. A rank whose connection drops without saying goodbye is marked dead,
 so the survivors can name it when a collective stops making progress.
 
 Wire format: one JSON object per line; bytes values travel as hex.
+
+Every connection proves, before anything else, that it knows the run's secret (made by whoever
+starts the store, handed to the ranks the way the store's address travels): the server opens
+with a challenge (a nonce), the client's hello answers HMAC(secret, nonce) and carries a nonce
+of its own, which the server answers the same way, so a rank also knows it reached its run's
+store and not whatever else listens on that port. A connection that does not prove it within
+HELLO_DEADLINE_S, sends a line longer than MAX_LINE_BYTES, or comes while MAX_CONNECTIONS are
+open is dropped with one warning line and changes nothing: it reads no key, sets none, and
+does not count as a rank (docs/security.md).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import json
+import math
+import os
+import re
+import secrets
 import socket
 import threading
 import time
@@ -21,7 +37,22 @@ from ccbench.arrivals import LATE_GRACE_S
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure
 
-__all__ = ["CONNECT_TIMEOUT_S", "ControlClient", "ControlServer", "StoreLost", "StoreTimeout"]
+__all__ = ["CONNECT_TIMEOUT_S", "MAX_LINE_BYTES", "SECRET_VAR", "ControlClient", "ControlServer",
+           "StoreLost", "StoreTimeout", "new_secret", "secret_from_env"]
+
+#: the run's secret, for ranks that learn the store's address from their environment
+SECRET_VAR = "CCBENCH_CONTROL_SECRET"
+#: the longest line either side accepts: the largest real value is oneCCL's 4 KiB unique id
+#: (8 KiB as hex); a rank's argv and a size's per-iteration times stay far below
+MAX_LINE_BYTES = 64 * 1024
+#: a connection must have proven the secret this long after it was accepted
+HELLO_DEADLINE_S = 5.0
+#: at most this many open connections per rank (main, watchdog, a reconnecting one), plus a few
+CONNECTIONS_PER_RANK = 4
+_SPARE_CONNECTIONS = 8
+_CHALLENGE_BYTES = 32
+_WARNINGS_SHOWN = 10                 # offenders named one line each; after that, one more line
+_ACCEPT_BACKOFF_S = 0.1
 
 CONNECT_TIMEOUT_S = 30.0
 # a `get` waits on the server up to its own timeout plus this, so that the watchdog, bounded by
@@ -51,10 +82,88 @@ class StoreTimeout(RunFailure):
     """A `get` for a key that no rank set in time."""
 
 
-class ControlServer:
-    """Threaded server; one handler thread per rank connection."""
+def new_secret() -> str:
+    """A fresh per-run secret (whoever starts the store makes one)."""
+    return secrets.token_hex(32)
 
-    def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
+
+def secret_from_env() -> str | None:
+    """The run's secret as a launcher handed it over (CCBENCH_CONTROL_SECRET), if it did."""
+    return os.environ.get(SECRET_VAR) or None
+
+
+def _proof(secret: str, side: str, nonce: str) -> str:
+    return hmac.new(secret.encode(), f"ccbench-control/{side}/{nonce}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+# the keys ranks set, by their first component; `dead/`, `unreachable/` and `byes/` are the
+# server's own (a connection that closes without a goodbye, or says one)
+_RANK_NAMESPACES = frozenset({"args", "hosts", "run_id", "m", "progress", "label", "left",
+                              "aborted", "end", "torch", "oneccl", "nccl-cupy", "trace"})
+_KEY_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,256}")
+_TIMES_KEY = re.compile(r"m/\d+/times/\d+")
+_WARM_KEY = re.compile(r"m/\d+/warm/\d+")
+_LONGEST_TIME_S = 86400.0
+_LONGEST_WAIT_S = 7 * 86400.0
+
+
+class BadRequest(ValueError):
+    """A request the store refuses: its answer says why, nothing is stored."""
+
+
+def _check_key(key: Any, setting: bool) -> str:
+    if not isinstance(key, str) or (key and not _KEY_PATTERN.fullmatch(key)):
+        raise BadRequest("bad key")
+    if setting and key.split("/", 1)[0] not in _RANK_NAMESPACES:
+        raise BadRequest(f"key {key!r} is not in a namespace ranks may set")
+    return key
+
+
+def _is_time(value: Any) -> bool:
+    """A measured time in seconds: finite, not negative (a device timer may read 0 for an
+    operation below its resolution), below a day."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and 0 <= value < _LONGEST_TIME_S
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_value(key: str, value: Any) -> None:
+    """What the harness's time keys must hold; the records are computed from them."""
+    if _TIMES_KEY.fullmatch(key):
+        if not (isinstance(value, dict) and isinstance(value.get("samples"), list)
+                and all(_is_time(v) for v in value["samples"])
+                and (value.get("wrong") is None or _is_count(value["wrong"]))
+                and (value.get("copy_us") is None or _is_time(value["copy_us"]))):
+            raise BadRequest(f"{key}: not a list of finite times")
+    elif _WARM_KEY.fullmatch(key) and not _is_time(value):
+        raise BadRequest(f"{key}: not a finite time")
+
+
+def _wait_seconds(value: Any) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not 0 <= value <= _LONGEST_WAIT_S:
+        raise BadRequest("bad timeout")
+    return float(value)
+
+
+class _Dropped(Exception):
+    """The peer broke the rules: its connection is closed with one warning line."""
+
+
+class ControlServer:
+    """Threaded server; one handler thread per connection, at most `max_connections` open.
+
+    `secret`: the run's secret (made here when not given: read `.secret`). `world_size`, where
+    known, sizes the connection limit."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | None = None,
+                 world_size: int = 0) -> None:
+        self.secret = secret or new_secret()
+        self.max_connections = CONNECTIONS_PER_RANK * max(world_size, 4) + _SPARE_CONNECTIONS
         self._data: dict[str, Any] = {}
         self._cond = threading.Condition()
         # ranks' main connections: how many are open, and each one that closed, in the order
@@ -62,6 +171,10 @@ class ControlServer:
         self.open_ranks = 0
         self.closed: list[tuple[int, bool]] = []
         self.arrived: set[int] = set()          # every rank whose main connection said hello
+        self.dropped = 0                        # connections dropped for breaking the rules
+        self._open = 0                          # every open connection, proven or not
+        self._warned = 0
+        self._closing = False
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.port: int = self._sock.getsockname()[1]
@@ -69,23 +182,71 @@ class ControlServer:
         self._thread.start()
 
     def _accept_loop(self) -> None:
-        while True:
+        while not self._closing:
             try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+                conn, peer = self._sock.accept()
+            except OSError as exc:
+                if self._closing or exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
+                                                      errno.ENOMEM):
+                    return
+                # out of descriptors: the connection waits in the backlog; keep serving
+                self._warn(f"cannot accept a connection ({exc.strerror}); retrying")
+                time.sleep(_ACCEPT_BACKOFF_S)
+                continue
+            with self._cond:
+                full = self._open >= self.max_connections
+                if not full:
+                    self._open += 1
+            if full:
+                self._drop(conn, peer, f"more than {self.max_connections} connections open")
+                continue
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        state: dict[str, Any] = {"rank": None, "bye": False, "silent": False}
-        _watch_peer(conn)
-        with conn, conn.makefile("rwb") as stream:
+    def _warn(self, why: str) -> None:
+        """One line on stderr per offender, for the first few; the rest are counted."""
+        with self._cond:
+            self._warned += 1
+            shown = self._warned
+        if shown <= _WARNINGS_SHOWN:
+            more = " (further ones are not reported)" if shown == _WARNINGS_SHOWN else ""
+            line = f"ccbench: warning: control store: {why}{more}\n"
             try:
-                self._serve_lines(stream, state)
-            except TimeoutError:
-                state["silent"] = True   # the kernel gave up: no ACK for PEER_SILENT_S
-            except (OSError, ValueError, KeyError, TypeError):
-                pass          # a broken or foreign connection loses only its own answers
+                os.write(2, line.encode())
+            except OSError:
+                pass
+
+    def _drop(self, conn: socket.socket, peer: Any, why: str) -> None:
+        with self._cond:
+            self.dropped += 1
+        self._warn(f"dropped a connection from {_peer_name(peer)}: {why}")
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
+        state: dict[str, Any] = {"rank": None, "bye": False, "silent": False, "proven": False,
+                                 "late": False}
+        # the whole hello within the deadline, however slowly its bytes come
+        deadline = threading.Timer(HELLO_DEADLINE_S, _end_unproven, args=(conn, state))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            with conn, conn.makefile("rwb") as stream:
+                try:
+                    self._serve_lines(conn, stream, state)
+                except _Dropped as why:
+                    late = state["late"] and not state["proven"]
+                    self._drop(conn, peer, f"no hello within {HELLO_DEADLINE_S:g} s" if late
+                               else str(why))
+                except TimeoutError:
+                    state["silent"] = True   # the kernel gave up: no ACK for PEER_SILENT_S
+                except (OSError, ValueError, KeyError, TypeError):
+                    pass      # a broken or foreign connection loses only its own answers
+        finally:
+            deadline.cancel()
+            with self._cond:
+                self._open -= 1
         if state["rank"] is None:
             return
         with self._cond:
@@ -102,42 +263,69 @@ class ControlServer:
         with self._cond:
             return self.open_ranks, list(self.closed), dict(self._data)
 
-    def _serve_lines(self, stream: Any, state: dict[str, Any]) -> None:
-        for line in stream:
-            request = json.loads(line)
-            command = request["cmd"]
-            if command == "hello":
-                # only a rank's main connection counts for liveness (not its watchdog's)
-                state["rank"] = int(request["rank"]) if request.get("track", True) else None
-                if state["rank"] is not None:
-                    with self._cond:
-                        self.open_ranks += 1
-                        self.arrived.add(state["rank"])
-                reply: dict[str, Any] = {"ok": True}
-            elif command == "bye":
+    def _serve_lines(self, conn: socket.socket, stream: Any, state: dict[str, Any]) -> None:
+        challenge = secrets.token_hex(_CHALLENGE_BYTES)
+        _write_line(stream, {"challenge": challenge})
+        self._hello(stream, _read_request(stream), challenge, state)
+        _watch_peer(conn)
+        while True:
+            request = _read_request(stream)
+            if request is None:
+                return
+            command = request.get("cmd")
+            if command == "bye":
                 state["bye"] = True
-                reply = {"ok": True}
+                reply: dict[str, Any] = {"ok": True}
                 with self._cond:      # rank 0 leaves only after every peer said bye
-                    key = f"byes/{request.get('rank', -1)}"
+                    key = f"byes/{state['claimed']}"
                     self._data[key] = int(self._data.get(key, 0)) + 1
             else:
-                reply = self._handle(command, request)
-            stream.write((json.dumps(reply) + "\n").encode())
-            stream.flush()
+                try:
+                    reply = self._handle(command, request)
+                except BadRequest as bad:
+                    reply = {"ok": False, "error": str(bad)}
+            _write_line(stream, reply)
 
-    def _handle(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
-        key = request.get("key", "")
+    def _hello(self, stream: Any, request: dict[str, Any] | None, challenge: str,
+               state: dict[str, Any]) -> None:
+        """The first line must prove the secret; only then is the connection a rank's."""
+        if request is None:
+            raise _Dropped("closed before its hello")
+        rank, proof, nonce = request.get("rank"), request.get("proof"), request.get("nonce")
+        if request.get("cmd") != "hello" or not isinstance(proof, str) \
+                or not hmac.compare_digest(proof, _proof(self.secret, "client", challenge)):
+            _write_line(stream, {"ok": False, "error": "authentication failed"})
+            raise _Dropped("it did not prove the run's secret")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < 1 << 24 \
+                or not isinstance(nonce, str) or len(nonce) > 2 * _CHALLENGE_BYTES:
+            _write_line(stream, {"ok": False, "error": "bad hello"})
+            raise _Dropped("a malformed hello")
+        state["proven"], state["claimed"] = True, rank
+        # only a rank's main connection counts for liveness (not its watchdog's)
+        if request.get("track", True):
+            state["rank"] = rank
+            with self._cond:
+                self.open_ranks += 1
+                self.arrived.add(rank)
+        _write_line(stream, {"ok": True, "proof": _proof(self.secret, "server", nonce)})
+
+    def _handle(self, command: Any, request: dict[str, Any]) -> dict[str, Any]:
+        key = _check_key(request.get("key", ""), setting=command in ("set", "add"))
         with self._cond:
             if command == "set":
-                self._data[key] = request["value"]
+                _check_value(key, request.get("value"))
+                self._data[key] = request.get("value")
                 self._cond.notify_all()
                 return {"ok": True}
             if command == "add":
-                self._data[key] = int(self._data.get(key, 0)) + int(request["value"])
+                amount = request.get("value")
+                if not isinstance(amount, int) or isinstance(amount, bool) or abs(amount) > 1 << 20:
+                    raise BadRequest("bad amount")
+                self._data[key] = int(self._data.get(key, 0)) + amount
                 self._cond.notify_all()
                 return {"ok": True, "value": self._data[key]}
             if command == "get":
-                deadline = time.monotonic() + float(request["timeout"])
+                deadline = time.monotonic() + _wait_seconds(request.get("timeout"))
                 while key not in self._data:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -149,10 +337,57 @@ class ControlServer:
             if command == "prefix":
                 return {"ok": True,
                         "value": {k: v for k, v in self._data.items() if k.startswith(key)}}
-        return {"ok": False, "error": f"unknown command {command!r}"}
+        return {"ok": False, "error": f"unknown command {str(command)[:32]!r}"}
 
     def close(self) -> None:
+        self._closing = True
         self._sock.close()
+
+
+def _end_unproven(conn: socket.socket, state: dict[str, Any]) -> None:
+    """The hello deadline passed: a connection that has not proven the secret is ended (its
+    handler then reads the end of the stream and drops it)."""
+    if not state["proven"]:
+        state["late"] = True
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _peer_name(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer) or "unknown"
+
+
+def _write_line(stream: Any, message: dict[str, Any]) -> None:
+    stream.write((json.dumps(message) + "\n").encode())
+    stream.flush()
+
+
+def _read_line(stream: Any, limit: int = MAX_LINE_BYTES) -> bytes:
+    """One line of at most `limit` bytes (b"" at the end of the stream); longer: _Dropped,
+    having read no more than `limit` bytes of it."""
+    line = stream.readline(limit + 1)
+    if len(line) > limit:
+        raise _Dropped(f"a line longer than {limit // 1024} KiB")
+    if line and not line.endswith(b"\n"):
+        raise _Dropped("a last line without its newline")
+    return bytes(line)
+
+
+def _read_request(stream: Any) -> dict[str, Any] | None:
+    line = _read_line(stream)
+    if not line:
+        return None
+    try:
+        request = json.loads(line)
+    except (ValueError, RecursionError):
+        raise _Dropped("a line that is not JSON (or nested too deep)") from None
+    if not isinstance(request, dict):
+        raise _Dropped("a line that is not a JSON object")
+    return request
 
 
 def _watch_peer(conn: socket.socket) -> None:
@@ -183,15 +418,68 @@ class ControlClient:
     def __init__(self, host: str, port: int, rank: int,
                  connect_timeout: float = CONNECT_TIMEOUT_S,
                  reply_timeout: float = DEFAULT_TIMEOUT_S, track: bool = True,
-                 rank0_state: Callable[[], str | None] | None = None) -> None:
+                 rank0_state: Callable[[], str | None] | None = None,
+                 secret: str | None = None) -> None:
         self.rank = rank
         self.address = (host, port)
         self.connect_timeout, self.reply_timeout = connect_timeout, reply_timeout
         self._lock = threading.Lock()
-        self._sock = _connect(host, port, connect_timeout, rank, rank0_state)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._stream = self._sock.makefile("rwb")
-        self._call({"cmd": "hello", "rank": rank, "track": track})
+        known = secret or secret_from_env()
+        if not known:
+            raise RunFailure(f"start-up: rank {rank} has no secret for the control store at "
+                             f"{host}:{port} ({SECRET_VAR} is not set; the launcher that "
+                             f"started the ranks hands it over)")
+        self._secret = known
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            self._sock = _connect(host, port, connect_timeout, rank, rank0_state,
+                                  deadline=deadline)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._stream = self._sock.makefile("rwb")
+            try:
+                self._hello(track)
+                return
+            except _TurnedAway:
+                self._stream.close()
+                self._sock.close()
+                if time.monotonic() + 0.2 > deadline:
+                    raise StoreLost(f"start-up: the control store at {self.where} closed every "
+                                    f"connection of rank {rank} before its hello (full?) for "
+                                    f"{connect_timeout:g} s; ranks that did not arrive: {rank}",
+                                    unresponsive=True) from None
+                time.sleep(0.2)
+
+    def _hello(self, track: bool) -> None:
+        """Answer the store's challenge, then check the store's answer to ours."""
+        self._sock.settimeout(max(HELLO_DEADLINE_S, 1.0))
+        try:
+            first = self._stream.readline(1024)
+        except OSError:
+            raise _TurnedAway from None
+        if not first:
+            raise _TurnedAway
+        try:
+            challenge = json.loads(first)["challenge"]
+            if not isinstance(challenge, str):
+                raise TypeError(challenge)
+        except (ValueError, KeyError, TypeError):
+            raise self._not_ours() from None
+        nonce = secrets.token_hex(_CHALLENGE_BYTES)
+        reply = self._exchange({"cmd": "hello", "rank": self.rank, "track": track,
+                                "proof": _proof(self._secret, "client", challenge),
+                                "nonce": nonce})
+        if not reply.get("ok"):
+            raise RunFailure(f"start-up: the control store at {self.where} refused rank "
+                             f"{self.rank}'s proof of the run's secret ({SECRET_VAR} differs "
+                             f"from the one the store was started with)")
+        proof = reply.get("proof")
+        if not isinstance(proof, str) or not hmac.compare_digest(
+                proof, _proof(self._secret, "server", nonce)):
+            raise self._not_ours()
+
+    def _not_ours(self) -> RunFailure:
+        return RunFailure(f"start-up: what listens at {self.where} is not this run's control "
+                          f"store (it did not prove the run's secret)")
 
     @property
     def where(self) -> str:
@@ -201,9 +489,9 @@ class ControlClient:
         """Another connection for the same rank (its watchdog), so a long blocking `get` on the
         main connection never delays liveness posts; it does not count for liveness."""
         return ControlClient(*self.address, self.rank, connect_timeout=self.connect_timeout,
-                             reply_timeout=self.reply_timeout, track=False)
+                             reply_timeout=self.reply_timeout, track=False, secret=self._secret)
 
-    def _call(self, request: dict[str, Any], wait: float = 0.0) -> Any:
+    def _exchange(self, request: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
         limit = self.reply_timeout + wait
         with self._lock:
             try:
@@ -220,6 +508,10 @@ class ControlClient:
         if not line:
             raise StoreLost(f"lost the control store at {self.where} (rank 0 exited)")
         reply = json.loads(line)
+        return reply if isinstance(reply, dict) else {"ok": False, "error": "not an object"}
+
+    def _call(self, request: dict[str, Any], wait: float = 0.0) -> Any:
+        reply = self._exchange(request, wait)
         if not reply["ok"]:
             if reply.get("error") == "timeout":
                 raise StoreTimeout(f"timed out after {float(request.get('timeout', 0)):g} s "
@@ -267,12 +559,18 @@ class ControlClient:
         self._sock.close()
 
 
+class _TurnedAway(Exception):
+    """The store closed the connection before its challenge (at its connection limit)."""
+
+
 def _connect(host: str, port: int, timeout: float, rank: int,
-             rank0_state: Callable[[], str | None] | None = None) -> socket.socket:
-    """Retry until rank 0's store listens, for at most `timeout` seconds. Where rank 0's
-    process can be seen (`rank0_state`: 'alive', 'stopped', 'gone' or None), a rank 0 that is
-    gone is reported at once, and one that still runs (a late start) gets LATE_GRACE_S more."""
-    deadline = time.monotonic() + timeout
+             rank0_state: Callable[[], str | None] | None = None,
+             deadline: float | None = None) -> socket.socket:
+    """Retry until rank 0's store listens, for at most `timeout` seconds (until `deadline`,
+    where given). Where rank 0's process can be seen (`rank0_state`: 'alive', 'stopped', 'gone'
+    or None), a rank 0 that is gone is reported at once, and one that still runs (a late
+    start) gets LATE_GRACE_S more."""
+    deadline = time.monotonic() + timeout if deadline is None else deadline
     extended = False
     while True:
         left = deadline - time.monotonic()

@@ -21,10 +21,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ccbench import procfs
-from ccbench.addresses import published_address
+from ccbench.addresses import listen_address, published_address
 from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
-from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer
+from ccbench.control import (
+    CONNECT_TIMEOUT_S,
+    ControlClient,
+    ControlServer,
+    new_secret,
+    secret_from_env,
+)
 from ccbench.errors import RunFailure, UsageError
 from ccbench.faults import UNREACHABLE_HOST, inject, planned
 from ccbench.guard import StartGuard
@@ -132,6 +138,7 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
     before any rank starts (the launcher's, under mpiexec), between connecting and MPI_Init."""
     server: ControlServer | None = None
     host, port = "127.0.0.1", 0
+    secret = secret_from_env()
     env = os.environ
     inject("before-connect", info.rank)
     if not (info.launcher == "mpiexec" and MPI_CONTROL_VAR in env):
@@ -140,17 +147,20 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
         host, _, port_text = env["CCBENCH_CONTROL"].rpartition(":")
         port = int(port_text)
         if info.rank == 0:
-            server = ControlServer("0.0.0.0", port)
+            server = ControlServer(listen_address(host), port, secret, info.world_size)
     elif info.launcher == "single":
-        server = ControlServer("127.0.0.1", 0)
-        port = server.port
+        server = ControlServer("127.0.0.1", 0, world_size=1)
+        port, secret = server.port, server.secret
     elif info.launcher == "srun":
-        host = expand_nodelist(env.get("SLURM_STEP_NODELIST", env.get("SLURM_NODELIST", "")))[0]
+        nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST", env.get("SLURM_NODELIST", "")))
+        # one node: every rank is here, the store on loopback
+        host = "127.0.0.1" if len(set(nodes)) == 1 else nodes[0]
         port = 20000 + (_env_int("SLURM_JOB_ID", 0) * 7 + _env_int("SLURM_STEP_ID", 0)) % 30000
+        secret = secret or _srun_without_secret(info)
         if info.rank == 0:
-            server = ControlServer("0.0.0.0", port)
+            server = ControlServer(listen_address(host), port, secret, info.world_size)
     elif info.launcher == "torchrun":
-        server, host, port = _via_torchrun_store(info, timeout)
+        server, host, port, secret = _via_torchrun_store(info, timeout)
     elif info.launcher == "mpiexec" and MPI_CONTROL_VAR in env:
         # the launcher's store: connect before MPI_Init, so that the store knows which ranks got
         # that far even when the mpiexec kills them all at once, during MPI_Init too
@@ -159,15 +169,30 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
         if host == UNREACHABLE_HOST:     # that fault is the address: it happens at connecting
             inject("start-up", info.rank)
         client = ControlClient(host, int(port_text), info.rank,
-                               connect_timeout=connect_timeout, reply_timeout=timeout)
+                               connect_timeout=connect_timeout, reply_timeout=timeout,
+                               secret=secret)
         inject("start-up", info.rank)
         _mpi_init(info, timeout)
         return client, None
     elif info.launcher == "mpiexec":
-        server, host, port = _via_mpi(info, timeout)
+        server, host, port, secret = _via_mpi(info, timeout)
     return ControlClient(_fault_host(info, host), port, info.rank,
                          connect_timeout=connect_timeout, reply_timeout=timeout,
-                         rank0_state=_rank0_state(info)), server
+                         rank0_state=_rank0_state(info), secret=secret), server
+
+
+_SRUN_FALLBACK_NOTE = ("ccbench: warning: srun: CCBENCH_CONTROL_SECRET is not set, so the "
+                       "control store cannot tell this run's ranks from anyone else who reaches "
+                       "its port; export one before srun (docs/security.md)")
+
+
+def _srun_without_secret(info: LaunchInfo) -> str:
+    """srun hands over nothing but the environment: without a secret in it, every rank can
+    only derive the same public one from the job (said once, by rank 0)."""
+    if info.rank == 0:
+        print(_SRUN_FALLBACK_NOTE, file=sys.stderr, flush=True)
+    return f"unauthenticated/{os.environ.get('SLURM_JOB_ID', '')}/" \
+        f"{os.environ.get('SLURM_STEP_ID', '')}"
 
 
 def _fault_host(info: LaunchInfo, host: str) -> str:
@@ -187,30 +212,32 @@ def _rank0_state(info: LaunchInfo) -> Callable[[], str | None] | None:
     return state
 
 
-def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:
+def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int, str]:
     """MPI_Init and the broadcast of the address hold the interpreter (no watchdog thread can
     run) and wait for every rank: a guard process ends this rank if they do not finish.
     Under a bare mpiexec (not `ccbench launch`, which keeps the ranks alive to speak), the
-    store runs in a process of its own (ccbench.storehost), which outlives the ranks."""
+    store runs in a process of its own (ccbench.storehost), which outlives the ranks. Rank 0
+    makes the run's secret and sends it to the others with the address, over MPI."""
     server: ControlServer | None = None
     port = 0
+    all_local = info.local_world_size == info.world_size
+    bound = "127.0.0.1" if all_local else published_address()
+    secret = new_secret() if info.rank == 0 else ""
     if info.rank == 0:
         if hosted_apart():
             # every rank on this host: the store host can watch them all (ccbench.rankexits)
-            port = start_store_host("mpiexec", info.world_size
-                                    if info.local_world_size == info.world_size else 0)
+            port = start_store_host("mpiexec", bound, secret, info.world_size,
+                                    watch=all_local)
         else:
-            server = ControlServer("0.0.0.0", 0)
+            server = ControlServer(bound, 0, secret, info.world_size)
             port = server.port
     with StartGuard("MPI start-up (MPI_Init)", timeout, info.rank, info.world_size,
-                    all_local=info.local_world_size == info.world_size):
+                    all_local=all_local):
         from mpi4py import MPI
 
-        address = (published_address(), port) if info.rank == 0 else None
-        host, port = MPI.COMM_WORLD.bcast(address, root=0)
-    if info.rank == 0:
-        host = "127.0.0.1"
-    return server, host, port
+        address = (bound, port, secret) if info.rank == 0 else None
+        host, port, secret = MPI.COMM_WORLD.bcast(address, root=0)
+    return server, host, port, secret
 
 
 def _mpi_init(info: LaunchInfo, timeout: float) -> None:
@@ -229,7 +256,10 @@ def hosted_apart() -> bool:
     return LAUNCHER_PID_VAR not in os.environ or MPI_CONTROL_VAR in os.environ
 
 
-def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, str, int]:
+def _via_torchrun_store(info: LaunchInfo, timeout: float
+                        ) -> tuple[ControlServer | None, str, int, str]:
+    """Rank 0 publishes the store's address and the run's secret in torchrun's rendezvous
+    store (which anyone who reaches it can read: torch's store has no authentication)."""
     import datetime
 
     from torch.distributed import TCPStore
@@ -248,11 +278,14 @@ def _via_torchrun_store(info: LaunchInfo, timeout: float) -> tuple[ControlServer
     key = "ccbench/control/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") \
         + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if info.rank == 0:
-        server = ControlServer("0.0.0.0", 0)
-        store.set(key, f"{published_address(master)}:{server.port}")
-        return server, "127.0.0.1", server.port
+        all_local = info.local_world_size == info.world_size
+        bound = "127.0.0.1" if all_local else published_address(master)
+        server = ControlServer(bound, 0, world_size=info.world_size)
+        store.set(key + "/secret", server.secret)
+        store.set(key, f"{bound}:{server.port}")
+        return server, bound, server.port, server.secret
     host, _, port = store.get(key).decode().rpartition(":")
-    return None, host, int(port)
+    return None, host, int(port), store.get(key + "/secret").decode()
 
 
 @contextlib.contextmanager

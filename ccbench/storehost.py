@@ -48,9 +48,11 @@ def note_spoken(proxy: int) -> None:
         pass                     # no store host (not a bare mpiexec run, or it never started)
 
 
-def start_store_host(launcher: str, world_size: int = 0) -> int:
-    """Fork the store host; returns its port. Call before MPI_Init and before any thread.
-    With `world_size` (every rank on this host), it also watches the rank processes."""
+def start_store_host(launcher: str, host: str, secret: str, world_size: int,
+                     watch: bool = False) -> int:
+    """Fork the store host, listening on `host` for the run of `secret`; returns its port.
+    Call before MPI_Init and before any thread. With `watch` (every rank on this host), it
+    also watches the rank processes."""
     proxy = os.getppid()
     read_fd, write_fd = os.pipe()
     child = os.fork()
@@ -68,11 +70,11 @@ def start_store_host(launcher: str, world_size: int = 0) -> int:
         spoken = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         spoken.bind(_spoken_address(proxy))
         spoken.setblocking(False)
-        server = ControlServer("0.0.0.0", 0)
-        exits = RankExits(proxy, world_size).start() if world_size else None
+        server = ControlServer(host, 0, secret, world_size)
+        exits = RankExits(proxy, world_size).start() if watch else None
         os.write(write_fd, str(server.port).encode())
         os.close(write_fd)
-        _serve(server, launcher, world_size, exits, spoken)
+        _serve(server, launcher, world_size if watch else 0, exits, spoken)
     except BaseException:  # noqa: BLE001  nothing of the rank's may run in this process
         status = 1
     finally:

@@ -26,9 +26,10 @@ from typing import IO
 
 from ccbench.addresses import free_port
 from ccbench.arrivals import LAUNCHER_PID_VAR
-from ccbench.control import ControlServer
+from ccbench.control import SECRET_VAR, ControlServer, new_secret
 from ccbench.errors import BackendUnavailable, UsageError
 from ccbench.launchers import MPI_CONTROL_VAR
+from ccbench.lifeline import lifeline_env
 from ccbench.rankexits import RankExits
 from ccbench.storehost import LABEL_KEY, unexplained_end
 from ccbench.sysinfo import available_memory, usable_cores
@@ -151,12 +152,14 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
         if _is_open_mpi(mpiexec) and nprocs > usable_cores():
             flags.append("--oversubscribe")  # Open MPI refuses more ranks than cores without it
         return [[mpiexec, *flags, "-n", str(nprocs), *python]], \
-            [{LAUNCHER_PID_VAR: str(os.getpid())}]
+            [{LAUNCHER_PID_VAR: str(os.getpid()), **lifeline_env()}]
     control = f"127.0.0.1:{free_port('127.0.0.1')}"
-    # the launcher's pid tells each rank that all were started together (ccbench.arrivals)
+    # the launcher's pid tells each rank that all were started together (ccbench.arrivals);
+    # the secret, that a connection to rank 0's store is one of them (ccbench.control)
+    secret = new_secret()
     envs = [{"RANK": str(r), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(r),
-             "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control,
-             LAUNCHER_PID_VAR: str(os.getpid())}
+             "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control, SECRET_VAR: secret,
+             LAUNCHER_PID_VAR: str(os.getpid()), **lifeline_env()}
             for r in range(nprocs)]
     return [python for _ in range(nprocs)], envs
 
@@ -263,8 +266,9 @@ def _run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | No
     # under mpiexec the control store lives here, not in rank 0: an mpiexec that ends every rank
     # when one dies (MPICH's on a signal even with -disable-auto-cleanup, Open MPI's on any
     # failure) leaves no rank to say which one it was, but this process saw their connections
-    store = ControlServer("127.0.0.1", 0)
-    envs = [{**e, MPI_CONTROL_VAR: f"127.0.0.1:{store.port}"} for e in envs]
+    store = ControlServer("127.0.0.1", 0, world_size=nprocs)
+    envs = [{**e, MPI_CONTROL_VAR: f"127.0.0.1:{store.port}", SECRET_VAR: store.secret}
+            for e in envs]
     try:
         return Supervisor(commands, envs, connect_timeout, store=store, world_size=nprocs).run()
     finally:
@@ -354,13 +358,15 @@ class Supervisor:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.first_failed: int | None = None
         self.group = 0
+        self.interrupted: int | None = None  # the signal that asked this launch to stop
+        self._interrupted_at: float | None = None
+        self._error_before_interruption = False
         self.error_seen = threading.Event()
         self._print_lock = threading.Lock()
         self._readers: list[threading.Thread] = []
 
     def run(self) -> int:
-        previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGINT,
-                                                                       signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
         try:
             self._start()
             codes = self._watch()
@@ -370,6 +376,11 @@ class Supervisor:
                 signal.signal(sig, handler)
         for reader in self._readers:
             reader.join(timeout=5)
+        if self.interrupted is not None:
+            if not self._error_before_interruption:
+                print(f"ccbench: error: {_interruption(self.interrupted)}", file=sys.stderr,
+                      flush=True)
+            return 128 + self.interrupted
         status = _combined_status(codes)
         if status != 0 and not self.error_seen.is_set():
             print(f"ccbench: error: {self._why(codes)}", file=sys.stderr, flush=True)
@@ -408,7 +419,9 @@ class Supervisor:
             if said_at is None and self.error_seen.is_set():
                 said_at = now
             if ((said_at is not None and now - said_at > _KILL_GRACE_S)
-                    or (failed_at is not None and now - failed_at > self.silent_grace)):
+                    or (failed_at is not None and now - failed_at > self.silent_grace)
+                    or (self._interrupted_at is not None
+                        and now - self._interrupted_at > _KILL_GRACE_S)):
                 self.ended_here = True
                 self._kill_group()
             time.sleep(0.05)
@@ -425,6 +438,11 @@ class Supervisor:
                 pass
 
     def _forward(self, signum: int, _frame: object) -> None:
+        """Ctrl-C, SIGTERM, a closed terminal: the ranks get the same signal, and this
+        launcher names the interruption (the ranks' own lines about it are not passed on)."""
+        if self.interrupted is None:
+            self.interrupted, self._interrupted_at = signum, time.monotonic()
+            self._error_before_interruption = self.error_seen.is_set()
         if self.group:
             try:
                 os.killpg(self.group, signum)
@@ -451,6 +469,8 @@ class Supervisor:
     def _emit(self, text: bytes) -> None:
         out = []
         for line in text.splitlines(keepends=True):
+            if self.interrupted is not None and line.startswith(b"ccbench:"):
+                continue                      # the launcher names the interruption itself
             if line.startswith(_ERROR):
                 if self.error_seen.is_set():
                     continue                  # a consequence of the first; that one said why
@@ -512,6 +532,18 @@ class Supervisor:
         line = unexplained_end(closed, data, "mpiexec", self.world_size, set(self.store.arrived),
                                exits)
         return line.removeprefix(_ERROR.decode()).strip() if line else None
+
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _interruption(signum: int) -> str:
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+        return f"interrupted ({name}); the ranks were stopped"
+    if signum == signal.SIGHUP:
+        return f"the terminal went away ({name}); the ranks were stopped"
+    return f"terminated ({name}); the ranks were stopped"
 
 
 def _ended(code: int) -> str:
