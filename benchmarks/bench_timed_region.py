@@ -89,10 +89,10 @@ def _rank_main(args: argparse.Namespace) -> None:
     else:
         rank = args.rank
     from ccbench.backends.base import RankContext
-    from ccbench.control import ControlClient, ControlServer
+    from ccbench.control import ControlClient, ControlServer, secret_from_env
     from ccbench.watchdog import Watchdog
 
-    server = ControlServer("127.0.0.1", args.port) if rank == 0 else None
+    server = ControlServer("127.0.0.1", args.port, secret_from_env()) if rank == 0 else None
     store = ControlClient("127.0.0.1", args.port, rank)
     watchdog = Watchdog(store, rank, 2, 600.0)        # running, as in a ccbench rank
     watchdog.start()
@@ -242,7 +242,10 @@ def _launch(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
           "--port", port, "--out", str(folder), "--blocks", str(args.blocks), "--samples",
           str(args.samples), "--pipelined-samples", str(args.pipelined_samples),
           "--sizes", ",".join(map(str, args.sizes))]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    from ccbench.control import SECRET_VAR, new_secret
+
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+           SECRET_VAR: new_secret()}                  # shared by the two ranks' store
     env.pop("I_MPI_WAIT_MODE", None)              # busy polling, as IMB and OSU run
     if args.backend == "mpi":
         mpiexec = Path(sys.executable).parent / "mpiexec"

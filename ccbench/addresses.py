@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-__all__ = ["free_port", "listen_address", "published_address"]
+__all__ = ["free_port", "listen_address", "loopback_interface", "published_address"]
 
 
 def free_port(host: str = "") -> int:
@@ -23,8 +23,8 @@ def _is_loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
 
 
-def _interface_addresses() -> list[str]:
-    """IPv4 addresses of this network namespace's interfaces (SIOCGIFADDR), loopback last."""
+def _interfaces() -> list[tuple[str, str]]:
+    """(name, IPv4 address) of this network namespace's interfaces (SIOCGIFADDR)."""
     found = []
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _, name in socket.if_nameindex():
@@ -33,8 +33,18 @@ def _interface_addresses() -> list[str]:
                                      struct.pack("256s", name.encode()[:15]))
             except OSError:                                   # no IPv4 address
                 continue
-            found.append(socket.inet_ntoa(packed[20:24]))
-    return sorted(found, key=_is_loopback)
+            found.append((name, socket.inet_ntoa(packed[20:24])))
+    return found
+
+
+def _interface_addresses() -> list[str]:
+    """IPv4 addresses of this network namespace's interfaces, loopback last."""
+    return sorted((address for _, address in _interfaces()), key=_is_loopback)
+
+
+def loopback_interface() -> str | None:
+    """The name of the interface that carries 127.0.0.1 ('lo' on Linux), if any."""
+    return next((name for name, address in _interfaces() if address == "127.0.0.1"), None)
 
 
 def published_address(peer: str | None = None) -> str:

@@ -26,6 +26,7 @@ from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.control import (
     CONNECT_TIMEOUT_S,
+    SECRET_VAR,
     ControlClient,
     ControlServer,
     new_secret,
@@ -146,6 +147,11 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
     if info.launcher == "local":
         host, _, port_text = env["CCBENCH_CONTROL"].rpartition(":")
         port = int(port_text)
+        if secret is None:
+            raise UsageError(f"CCBENCH_CONTROL is set but {SECRET_VAR} is not: ranks started "
+                             f"by hand need the same secret in each rank's environment, e.g. "
+                             f"{SECRET_VAR}=$(python -c 'import secrets; "
+                             f"print(secrets.token_hex(32))') (`ccbench launch` sets both)")
         if info.rank == 0:
             server = ControlServer(listen_address(host), port, secret, info.world_size)
     elif info.launcher == "single":

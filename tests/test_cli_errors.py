@@ -200,7 +200,7 @@ def test_ranks_with_different_arguments(tmp_path: Path) -> None:
     procs = []
     for rank, sizes in ((0, "1K"), (1, "2K")):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "CCBENCH_CONTROL": f"127.0.0.1:{port}"}
+               "CCBENCH_CONTROL": f"127.0.0.1:{port}", "CCBENCH_CONTROL_SECRET": "by-hand"}
         procs.append(subprocess.Popen(
             [PYTHON, "-m", "ccbench", "allreduce", "--backend", "gloo", "--sizes", sizes, "-q"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

@@ -268,7 +268,7 @@ def test_stopped_rank_0_is_named_and_does_not_blame_others_once_continued(tmp_pa
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "CCBENCH_CONTROL": f"127.0.0.1:{port}"}
+               "CCBENCH_CONTROL": f"127.0.0.1:{port}", "CCBENCH_CONTROL_SECRET": "by-hand"}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ccbench", "allreduce", "--backend", "gloo", "--sizes",
              "1K-4M", "--min-time", "0.4", "--timeout", str(TIMEOUT_S), "-q", "--output",
@@ -465,11 +465,11 @@ def _supervise_fake_mpiexec(script: str, timeout: float, capfd: pytest.CaptureFi
     the launcher as under a real mpiexec: (exit status, the error lines, the ranks that
     connected to the store)."""
     from ccbench.commands.launch import Supervisor
-    from ccbench.control import ControlServer
+    from ccbench.control import SECRET_VAR, ControlServer
     from ccbench.launchers import MPI_CONTROL_VAR
 
     store = ControlServer("127.0.0.1", 0)
-    env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}",
+    env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}", SECRET_VAR: store.secret,
            "PYTHONPATH": os.pathsep.join(sys.path)}
     try:
         status = Supervisor([[sys.executable, "-c", script]], [env], timeout, store=store,

@@ -207,7 +207,8 @@ def launch(world: int, env: dict[str, str] | None = None,
         procs = [subprocess.Popen([sys.executable, __file__, "worker", str(r), str(world),
                                    str(server.port)], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, **(env or {})})
+                                  env={**os.environ, **(env or {}),
+                                       "CCBENCH_CONTROL_SECRET": server.secret})
                  for r in range(world)]
         outs = []
         deadline = time.monotonic() + timeout

@@ -7,10 +7,11 @@ import functools
 import importlib.util
 import itertools
 import os
+import socket
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ccbench.addresses import free_port, published_address
+from ccbench.addresses import loopback_interface, published_address
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
@@ -34,6 +35,15 @@ def intra_op_threads(ranks_on_node: int) -> int:
     if pinned < cores:
         return pinned
     return max(1, cores // max(1, ranks_on_node))
+
+
+def _listen_where_the_ranks_are(multi_host: bool) -> None:
+    """gloo listens on the interface GLOO_SOCKET_IFNAME names, else on the address the host
+    name resolves to: a run on this host keeps it on loopback (the user's setting stands)."""
+    if not multi_host and "GLOO_SOCKET_IFNAME" not in os.environ:
+        name = loopback_interface()
+        if name:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 TORCH_TIMED_CALL = ("torch.distributed's function with its arguments bound up front "
@@ -61,8 +71,15 @@ class TorchDistBackend(Backend):
         # the library's own timeout stays above ccbench's, so the watchdog speaks first
         timeout = datetime.timedelta(seconds=ctx.options.timeout + 30)
         if not dist.is_initialized():
-            dist.init_process_group(self.process_group_backend, init_method=self._init_method(),
-                                    rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
+            if ctx.launcher == "torchrun":
+                dist.init_process_group(self.process_group_backend, init_method="env://",
+                                        rank=ctx.rank, world_size=ctx.world_size,
+                                        timeout=timeout)
+            else:
+                _listen_where_the_ranks_are(ctx.options.multi_host)
+                dist.init_process_group(self.process_group_backend, store=self._store(timeout),
+                                        rank=ctx.rank, world_size=ctx.world_size,
+                                        timeout=timeout)
         self.group: Any = None       # a sub-communicator (trace replay); None: every rank
         self._allgather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
@@ -71,18 +88,26 @@ class TorchDistBackend(Backend):
     def _device(self) -> Any:
         return self.torch.device("cpu")
 
-    def _init_method(self) -> str:
-        """torchrun's env:// when it is there, else a port that rank 0 publishes in the store."""
-        if self.ctx.launcher == "torchrun":
-            return "env://"
+    def _store(self, timeout: datetime.timedelta) -> Any:
+        """torch's rendezvous store, hosted by rank 0 on a socket bound where the ranks are
+        (loopback for a run on this host, the published address across hosts: torch's own
+        binds every interface), its address published in the control store."""
         # one key per process group of the run: a later backend (gloo after ring@gloo, which
         # destroyed the group) must not read the address of the previous one
         key = f"torch/{self.process_group_backend}/address/{next(_GROUPS)}"
         if self.ctx.rank == 0:
             host = published_address() if self.ctx.options.multi_host else "127.0.0.1"
-            self.ctx.store.set(key, f"{host}:{free_port()}")
-        address = self.ctx.store.get(key, timeout=self.ctx.options.timeout)
-        return f"tcp://{address}"
+            listener = socket.create_server((host, 0), backlog=1024)
+            port = listener.getsockname()[1]
+            store = self.dist.TCPStore(host, port, self.ctx.world_size, is_master=True,
+                                       timeout=timeout, wait_for_workers=False,
+                                       master_listen_fd=listener.detach())
+            self.ctx.store.set(key, f"{host}:{port}")
+            return store
+        host, _, port_text = str(self.ctx.store.get(key, timeout=self.ctx.options.timeout)
+                                 ).rpartition(":")
+        return self.dist.TCPStore(host, int(port_text), self.ctx.world_size, is_master=False,
+                                  timeout=timeout)
 
     # -- the timed call ---------------------------------------------------------------------
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int

@@ -9,7 +9,9 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from ccbench.control import SECRET_VAR, new_secret
 from ccbench.errors import UsageError
+from ccbench.lifeline import lifeline_env
 from ccbench.records import cut_torn_tail
 from ccbench.sweep.plan import build_case_command, case_environment, case_label, plan_runs
 from ccbench.sweep.spec import Sweep
@@ -25,29 +27,53 @@ from ccbench.sweep.state import (
 
 __all__ = ["run_task", "run_local"]
 
+class _Interrupted(Exception):
+    """A signal asked the sweep to stop (Ctrl-C, SIGTERM, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOP_GRACE_S = 15
+
+
 def _run_with_timeout(argv: list[str], env: dict[str, str], timeout: float,
                       log: Callable[[str], None]) -> int:
-    """Run one case in its own process group; kill the group at the deadline."""
+    """Run one case in its own process group; kill the group at the deadline. Interrupted,
+    the case is stopped too (the same signal, then SIGKILL), the interruption named, and the
+    sweep exits 128 + the signal. Killed outright, the case goes with it (ccbench.lifeline)."""
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
 
-    def forward(signum: int, _frame: object) -> None:
-        _kill_group(proc, signum)
-        raise SystemExit(128 + signum)
+    def interrupt(signum: int, _frame: object) -> None:
+        raise _Interrupted(signum)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    previous = {sig: signal.signal(sig, interrupt) for sig in _STOPPING}
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         log(f"ccbench sweep: case ran past case_timeout {timeout:g} s; stopping it")
-        _kill_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait(timeout=15)
+        _stop_case(proc, signal.SIGTERM)
         return 124
+    except _Interrupted as stop:
+        name = signal.Signals(stop.signum).name
+        what = "interrupted" if stop.signum == signal.SIGINT else "terminated"
+        log(f"ccbench sweep: {what} ({name}); stopping the running case")
+        _stop_case(proc, stop.signum)
+        raise SystemExit(128 + stop.signum) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_case(proc: subprocess.Popen[bytes], signum: int) -> None:
+    _kill_group(proc, signum)
+    try:
+        proc.wait(timeout=_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait(timeout=_STOP_GRACE_S)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -74,6 +100,8 @@ def run_task(sweep: Sweep, task_id: int, where: str,
         log(f"ccbench sweep {sweep.name}: task {task_id}: {len(task.cases)} cases, "
             f"{skipped} complete, {len(runs)} runs to do")
         env = case_environment(sweep)
+        if where == "local":          # the case ends with this sweep (ccbench.lifeline)
+            env = {**env, **lifeline_env()}
         marker = current_case_file(sweep, task_id)
         for run in runs:
             label = " + ".join(case_label(case) for case in run.cases)
@@ -81,7 +109,10 @@ def run_task(sweep: Sweep, task_id: int, where: str,
             log(f"ccbench sweep: {label}: {len(run.sizes)} sizes: {shlex.join(argv)}")
             write_current_cases(sweep, task_id, run.cases)
             started = time.monotonic()
-            status = _run_with_timeout(argv, env, sweep.case_timeout, log)
+            # each case's ranks prove they belong to it (ccbench.control); srun hands them
+            # nothing but the environment
+            status = _run_with_timeout(argv, {**env, SECRET_VAR: new_secret()},
+                                       sweep.case_timeout, log)
             cut_torn_tail(output)
             log(f"ccbench sweep: {label}: exit {status} after {time.monotonic() - started:.1f} s")
             if status != 0:

@@ -43,7 +43,7 @@ def make_backend(cls: Any = None) -> tuple[Any, Callable[[], None]]:
     if cls is None:
         cls = NCCLBackend if NCCLBackend.unavailable_reason() is None else RCCLBackend
     server = ControlServer("127.0.0.1", 0)
-    store = ControlClient("127.0.0.1", server.port, 0, connect_timeout=30)
+    store = ControlClient("127.0.0.1", server.port, 0, connect_timeout=30, secret=server.secret)
     ctx = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="single",
                       store=store, hostname="localhost", device="cuda",
                       options={"timeout": 120, "multi_host": False})
