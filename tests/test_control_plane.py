@@ -1,0 +1,539 @@
+"""The control plane keeps everyone outside the run out (docs/security.md): it listens where the
+ranks are, every connection proves the run's secret before it reads or changes anything, a
+peer cannot make the store hold unbounded memory or connections, and the ranks never outlive
+the ccbench process that started them.
+
+The numbers the tests measure (memory around a long line, seconds for the ranks to end after
+their launcher was killed) are printed (`pytest -s`); bounds are generous waits, not timings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import MPIEXEC, have_mpi
+
+from ccbench import procfs
+from ccbench.control import (
+    HELLO_DEADLINE_S,
+    MAX_LINE_BYTES,
+    SECRET_VAR,
+    ControlClient,
+    ControlServer,
+)
+from ccbench.errors import RunFailure
+from ccbench.faults import tagged_processes
+from ccbench.records import load_records
+
+ROOT = Path(__file__).resolve().parent.parent
+GONE_BOUND_S = 60          # how long a test waits for processes that should end within seconds
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _socket_inodes(pids: list[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    return inodes
+
+
+def _address(hex_address: str) -> str:
+    raw = bytes.fromhex(hex_address)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def listening(pids: list[int]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state that one of `pids` holds."""
+    inodes = _socket_inodes(pids)
+    found = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/net/{table}") as handle:
+            for line in handle.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    host, port = fields[1].split(":")
+                    found.add((_address(host), int(port, 16)))
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _wait_gone(tag: str, bound: float = GONE_BOUND_S) -> tuple[float, list[int]]:
+    """Seconds until no process of `tag` is left (at most `bound`), and what is left then."""
+    started = time.monotonic()
+    while time.monotonic() - started < bound:
+        left = tagged_processes(tag)
+        if not left:
+            return time.monotonic() - started, []
+        time.sleep(0.1)
+    return time.monotonic() - started, tagged_processes(tag)
+
+
+def _kill_tagged(tag: str) -> None:
+    for pid in tagged_processes(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _ranks(tag: str, rank_var: str = "RANK") -> dict[int, int]:
+    """rank -> pid of the rank processes of `tag` (the first of each: not the MPI_Init guard)."""
+    found: dict[int, int] = {}
+    for pid in sorted(tagged_processes(tag)):
+        env = procfs.environ(pid)
+        if env is not None and rank_var.encode() in env:
+            found.setdefault(int(env[rank_var.encode()]), pid)
+    return found
+
+
+def _wait_for(condition: object, bound: float, what: str) -> None:
+    started = time.monotonic()
+    while time.monotonic() - started < bound:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {bound:g} s")
+
+
+@pytest.fixture
+def server() -> Iterator[ControlServer]:
+    store = ControlServer("127.0.0.1", 0, world_size=2)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+class Raw:
+    """A client that speaks the wire format without the secret."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.stream = self.sock.makefile("rwb")
+
+    def line(self) -> bytes:
+        try:
+            return bytes(self.stream.readline())
+        except OSError:
+            return b""
+
+    def send(self, message: dict[str, object]) -> None:
+        try:
+            self.stream.write((json.dumps(message) + "\n").encode())
+            self.stream.flush()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        except OSError:
+            pass                       # the store has already closed it
+        self.sock.close()
+
+
+# -- authentication --------------------------------------------------------------------------
+def test_an_unproven_connection_reads_nothing_changes_nothing_and_is_no_rank(
+        server: ControlServer) -> None:
+    rank0 = ControlClient("127.0.0.1", server.port, 0, secret=server.secret)
+    rank0.set("args/0", {"argv": ["allreduce"]})
+    rank0.set("m/1/times/0", {"samples": [1e-5, 2e-5], "wrong": 0, "copy_us": None})
+    before = server.snapshot()
+    attempts: list[dict[str, object]] = [
+        {"cmd": "prefix", "key": ""},
+        {"cmd": "set", "key": "m/1/times/1", "value": {"samples": [5.0], "wrong": 7}},
+        {"cmd": "set", "key": "aborted", "value": 1},
+        {"cmd": "set", "key": "dead/1", "value": 1},
+        {"cmd": "hello", "rank": 1, "proof": "0" * 64, "nonce": "ab"},
+    ]
+    for attempt in attempts:
+        raw = Raw(server.port)
+        assert json.loads(raw.line())["challenge"]
+        raw.send(attempt)
+        answers = [raw.line(), raw.line()]
+        raw.close()
+        assert answers[0] in (b"", b'{"ok": false, "error": "authentication failed"}\n'), answers
+        assert answers[1] == b"", answers                  # and then the connection is closed
+    # a foreign hello then a close without a goodbye: no rank arrived, none died
+    raw = Raw(server.port)
+    raw.line()
+    raw.send({"cmd": "hello", "rank": 1, "track": True})
+    raw.close()
+    _wait_for(lambda: server.dropped >= len(attempts) + 1, 30, "the foreign connections dropped")
+    assert server.snapshot() == before
+    assert server.arrived == {0} and server.open_ranks == 1
+    assert rank0.prefix("") == before[2]
+    rank0.close()
+
+
+def test_a_rank_with_another_secret_is_refused(server: ControlServer) -> None:
+    with pytest.raises(RunFailure, match="refused rank 1's proof"):
+        ControlClient("127.0.0.1", server.port, 1, secret="not the run's secret")
+    assert server.arrived == set()
+
+
+def test_a_rank_does_not_trust_a_store_that_cannot_prove_the_secret() -> None:
+    """Whatever else listens on the store's port (a port taken in a race) is not believed."""
+    with socket.create_server(("127.0.0.1", 0)) as impostor:
+        port = impostor.getsockname()[1]
+        import threading
+
+        def answer() -> None:
+            conn, _ = impostor.accept()
+            with conn, conn.makefile("rwb") as stream:
+                stream.write(b'{"challenge": "abc"}\n')
+                stream.flush()
+                stream.readline()
+                stream.write(b'{"ok": true, "proof": "0"}\n')
+                stream.flush()
+                stream.readline()
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(RunFailure, match="not this run's control store"):
+            ControlClient("127.0.0.1", port, 1, secret="s", connect_timeout=10)
+
+
+def test_values_are_checked_before_they_are_stored(server: ControlServer) -> None:
+    rank = ControlClient("127.0.0.1", server.port, 0, secret=server.secret)
+    before = server.snapshot()[2]
+    bad = [("m/2/times/1", {"samples": [float("nan")], "wrong": 0}),
+           ("m/2/times/1", {"samples": [float("inf")], "wrong": 0}),
+           ("m/2/times/1", {"samples": [-1.0], "wrong": 0}),
+           ("m/2/times/1", {"samples": ["5"], "wrong": 0}),
+           ("m/2/times/1", {"samples": [1e-5], "wrong": -3}),
+           ("m/2/warm/1", 1e308 * 10),
+           ("dead/1", 1), ("byes/1", 1), ("unreachable/1", 8), ("elsewhere/1", 1)]
+    for key, value in bad:
+        with pytest.raises(RunFailure, match="control store"):
+            rank.set(key, value)
+    with pytest.raises(RunFailure, match="bad amount"):
+        rank.add("end/count", 10**9)
+    assert server.snapshot()[2] == before
+    rank.set("m/2/times/0", {"samples": [0.0, 3e-6], "wrong": 0, "copy_us": 1.5})
+    rank.close()
+
+
+# -- bounds ----------------------------------------------------------------------------------
+_STORE_PROCESS = """
+import resource, sys
+limit = int(sys.argv[1])
+if limit:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+from ccbench.control import ControlServer
+server = ControlServer("127.0.0.1", 0, world_size=2)
+print(server.port, server.secret, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def store_process(request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[str], int,
+                                                                     str]]:
+    limit = getattr(request, "param", 0)
+    proc = subprocess.Popen([sys.executable, "-c", _STORE_PROCESS, str(limit)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    port, secret = proc.stdout.readline().split()
+    try:
+        yield proc, int(port), secret
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def _memory_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(value.split()[0])
+    return fields
+
+
+def test_a_long_line_is_dropped_with_bounded_memory(
+        store_process: tuple[subprocess.Popen[str], int, str]) -> None:
+    proc, port, secret = store_process
+    rank = ControlClient("127.0.0.1", port, 0, secret=secret)
+    rank.set("args/0", {"argv": ["x"]})
+    before = _memory_kib(proc.pid)
+    raw = Raw(port)
+    raw.line()
+    chunk = b"x" * (1 << 20)
+    sent = 0
+    try:
+        for _ in range(10):                       # 10 MiB, no newline
+            raw.sock.sendall(chunk)
+            sent += len(chunk)
+    except OSError:
+        pass                                      # dropped before the end: as it should be
+    assert raw.line() == b""
+    raw.close()
+    after = _memory_kib(proc.pid)
+    print(f"\nstore process: VmRSS {before['VmRSS']} KiB before, {after['VmRSS']} KiB after, "
+          f"peak {after['VmHWM']} KiB; {sent >> 20} MiB of the line accepted by the socket")
+    assert after["VmHWM"] - before["VmRSS"] < 8 * 1024, (before, after)
+    assert rank.get("args/0", 5) == {"argv": ["x"]}         # the store serves on
+    rank.close()
+    proc.kill()
+    err = proc.communicate()[1]
+    assert f"a line longer than {MAX_LINE_BYTES // 1024} KiB" in err, err
+
+
+@pytest.mark.parametrize("store_process", [32], indirect=True)
+def test_many_connections_and_no_descriptors_left_do_not_stop_the_store(
+        store_process: tuple[subprocess.Popen[str], int, str]) -> None:
+    """At 32 descriptors, 300 connections: the excess is dropped, accept() runs out of
+    descriptors (EMFILE) and keeps going; a rank connected before is served throughout, and
+    a rank connects once the flood has gone."""
+    proc, port, secret = store_process
+    rank = ControlClient("127.0.0.1", port, 0, secret=secret)
+    rank.set("args/0", 1)
+    flood = []
+    for _ in range(300):
+        try:
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            break
+    assert rank.peek("args/0") == 1
+    for sock in flood:
+        sock.close()
+    late = ControlClient("127.0.0.1", port, 1, secret=secret, connect_timeout=60)
+    late.set("args/1", 2)
+    assert rank.prefix("args/") == {"args/0": 1, "args/1": 2}
+    late.close()
+    rank.close()
+    proc.kill()
+    err = proc.communicate()[1]
+    warnings = [line for line in err.splitlines() if line.startswith("ccbench: warning:")]
+    assert warnings and len(warnings) <= 10, err      # one line each, the first ten
+    assert "Traceback" not in err, err
+
+
+def test_a_connection_that_does_not_say_hello_is_closed(server: ControlServer) -> None:
+    silent = Raw(server.port)
+    silent.line()
+    slow = Raw(server.port)
+    slow.line()
+    started = time.monotonic()
+    closed = False
+    while time.monotonic() - started < 6 * HELLO_DEADLINE_S:   # a byte every half second
+        try:
+            slow.sock.sendall(b"{")
+        except OSError:
+            closed = True
+            break
+        time.sleep(0.5)
+    assert closed, "a hello sent a byte at a time kept its connection"
+    assert silent.line() == b""
+    _wait_for(lambda: server.dropped >= 2, 30, "both dropped")
+    assert server.snapshot() == (0, [], {})
+
+
+# -- whole runs ------------------------------------------------------------------------------
+def _launch(tag: str, bench: list[str], **popen: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ccbench", "launch", "-n", "2", *bench],
+                            env={**os.environ, "CCBENCH_FAULT_TAG": tag,
+                                 "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            **popen)  # type: ignore[call-overload]
+
+
+LONG = ["allreduce", "--sizes", "1K", "--iters", "100000", "--warmup", "1", "-q"]
+
+
+@pytest.mark.slow
+def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
+    tag = f"ccbench-listen-{uuid.uuid4().hex[:8]}"
+    proc = _launch(tag, ["allreduce", "--backend", "gloo", "--sizes", "1K-1M", "--iters", "30",
+                         "--warmup", "2", "-q", "--output", str(tmp_path / "r.jsonl")])
+    seen: set[tuple[str, int]] = set()
+    try:
+        while proc.poll() is None:
+            seen |= listening(tagged_processes(tag))
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        _kill_tagged(tag)
+    assert proc.returncode == 0, err
+    print(f"\nlistening during the run: {sorted(seen)}")
+    # the control store, torch's rendezvous store and gloo's listener
+    assert len({port for _, port in seen}) >= 3, seen
+    assert all(_is_loopback(address) for address, _ in seen), seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,how", [("gloo", signal.SIGKILL), ("gloo", signal.SIGHUP),
+                                         ("mpi", signal.SIGKILL)])
+def test_ranks_end_when_their_launcher_is_killed(backend: str, how: signal.Signals) -> None:
+    if backend == "mpi" and not have_mpi():
+        pytest.skip("needs mpiexec beside python")
+    tag = f"ccbench-orphan-{uuid.uuid4().hex[:8]}"
+    rank_var = "PMI_RANK" if backend == "mpi" else "RANK"
+    launcher = _launch(tag, [*LONG, "--backend", backend])
+    try:
+        _wait_for(lambda: len(_ranks(tag, rank_var)) == 2, 120, "both ranks started")
+        time.sleep(5)                      # connected and measuring
+        assert launcher.poll() is None, launcher.communicate()[1]
+        killed = time.monotonic()
+        os.kill(launcher.pid, how)
+        launcher.wait(timeout=60)
+        _, left = _wait_gone(tag)
+        took = time.monotonic() - killed
+    finally:
+        _kill_tagged(tag)
+    print(f"\n{backend}: the ranks ended {took:.1f} s after {how.name} of the launcher")
+    assert not left, f"still running {GONE_BOUND_S} s after the launcher's {how.name}: {left}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_launch_is_named_as_an_interruption() -> None:
+    tag = f"ccbench-sigint-{uuid.uuid4().hex[:8]}"
+    launcher = _launch(tag, [*LONG, "--backend", "gloo"])
+    try:
+        _wait_for(lambda: len(_ranks(tag)) == 2, 120, "both ranks started")
+        time.sleep(5)
+        os.kill(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=120)
+        _, left = _wait_gone(tag)
+    finally:
+        _kill_tagged(tag)
+    errors = [line for line in err.splitlines() if line.startswith("ccbench: error:")]
+    assert errors == ["ccbench: error: interrupted (SIGINT); the ranks were stopped"], err
+    assert launcher.returncode == 130 and not left
+
+
+_SWEEP = """\
+name: held
+backends: [gloo]
+sizes: 1K
+ranks_per_node: [2]
+modes: [out-of-place]
+iters: 100000
+warmup: 1
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_the_running_case_ends_with_its_sweep(tmp_path: Path, how: signal.Signals) -> None:
+    (tmp_path / "held.yaml").write_text(_SWEEP)
+    tag = f"ccbench-sweep-{uuid.uuid4().hex[:8]}"
+    sweep = subprocess.Popen([sys.executable, "-m", "ccbench", "sweep", "held.yaml"],
+                             cwd=tmp_path, env={**os.environ, "CCBENCH_FAULT_TAG": tag,
+                                                "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: len(_ranks(tag)) == 2, 120, "both ranks of the case started")
+        time.sleep(5)
+        killed = time.monotonic()
+        os.kill(sweep.pid, how)
+        out, err = sweep.communicate(timeout=120)
+        _, left = _wait_gone(tag)
+        took = time.monotonic() - killed
+    finally:
+        _kill_tagged(tag)
+    print(f"\nsweep {how.name}: its case ended {took:.1f} s after the sweep did")
+    assert not left, f"the case still runs {GONE_BOUND_S} s after the sweep's {how.name}"
+    if how == signal.SIGTERM:
+        assert sweep.returncode == 128 + signal.SIGTERM, out + err
+        assert "ccbench sweep: terminated (SIGTERM); stopping the running case" in out, out
+        assert "(dead)" not in err, err
+
+
+@pytest.mark.slow
+def test_a_foreign_hello_does_not_hold_a_bare_mpiexec_run(tmp_path: Path) -> None:
+    """Under a bare mpiexec the store lives in a process of its own, which ends when the
+    ranks' connections have: a foreign connection that says hello (without the secret) and
+    closes must neither count as a rank nor keep that process, and so mpiexec, alive."""
+    if not have_mpi():
+        pytest.skip("needs mpiexec beside python")
+    tag = f"ccbench-foreign-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "r.jsonl"
+    started = time.monotonic()
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "ccbench", "allreduce",
+                             "--backend", "mpi", "--sizes", "1K-64K", "--iters", "200",
+                             "--warmup", "2", "-q", "--output", str(out)],
+                            env={**os.environ, "CCBENCH_FAULT_TAG": tag,
+                                 "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        port = _wait_store_host(tag)
+        raw = Raw(port)
+        raw.line()
+        raw.send({"cmd": "hello", "rank": 1, "track": True})
+        raw.close()
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_tagged(tag)
+    took = time.monotonic() - started
+    print(f"\nbare mpiexec with a foreign hello: exit {proc.returncode} after {took:.1f} s")
+    assert proc.returncode == 0, err
+    assert len(load_records(out)) == 14              # 7 sizes, out-of-place and in-place
+    assert [line for line in err.splitlines() if line.startswith("ccbench: error")] == [], err
+
+
+def _wait_store_host(tag: str) -> int:
+    """The port of the store host (the process rank 0 forked into a session of its own)."""
+    found: list[int] = []
+
+    def look() -> bool:
+        for pid in tagged_processes(tag):
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    fields = handle.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[3]) == pid:                         # a session leader
+                ports = [port for _, port in listening([pid])]
+                if ports:
+                    found.append(ports[0])
+                    return True
+        return False
+
+    _wait_for(look, 120, "the store host listening")
+    return found[0]
+
+
+def test_the_secret_is_not_written_to_records_or_logs(tmp_path: Path) -> None:
+    """The secret travels in the ranks' environment; nothing copies it out."""
+    from ccbench.runner import _environment
+
+    os.environ[SECRET_VAR] = "do-not-copy-me"
+    try:
+        assert "do-not-copy-me" not in json.dumps(_environment())
+    finally:
+        del os.environ[SECRET_VAR]
