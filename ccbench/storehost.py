@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import sys
 import time
 from typing import Any
@@ -68,6 +69,8 @@ def start_store_host(launcher: str, host: str, secret: str, world_size: int,
         os.close(read_fd)
         os.setsid()
         spoken = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        # the kernel attaches each sender's uid: another user's datagram must not silence it
+        spoken.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         spoken.bind(_spoken_address(proxy))
         spoken.setblocking(False)
         server = ControlServer(host, 0, secret, world_size)
@@ -94,16 +97,27 @@ def _serve(server: ControlServer, launcher: str, world_size: int, exits: RankExi
         if exits is not None:
             exits.settle()
             exits.stop()
-        try:
-            if spoken.recv(64):
-                return                        # a rank said why before it could connect
-        except OSError:
-            pass
+        if _spoken_by_us(spoken):
+            return                            # a rank said why before it could connect
         line = unexplained_end(closed, data, launcher, world_size or None, set(server.arrived),
                                exits.snapshot() if exits is not None else None)
         if line:
             os.write(sys.stderr.fileno(), (line + "\n").encode())
         return
+
+
+def _spoken_by_us(spoken: socket.socket) -> bool:
+    """Whether a process of this user said a rank has spoken (an abstract socket has no
+    permissions: anyone on the host can send to it)."""
+    while True:
+        try:
+            _, ancillary, _, _ = spoken.recvmsg(64, socket.CMSG_SPACE(12))
+        except OSError:
+            return False
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS \
+                    and struct.unpack("3i", data[:12])[1] == os.getuid():
+                return True
 
 
 def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str,

@@ -537,3 +537,42 @@ def test_the_secret_is_not_written_to_records_or_logs(tmp_path: Path) -> None:
         assert "do-not-copy-me" not in json.dumps(_environment())
     finally:
         del os.environ[SECRET_VAR]
+
+
+def test_only_this_users_processes_can_silence_the_store_host() -> None:
+    """The store host of a bare mpiexec stays silent when a rank says it has spoken, over an
+    abstract socket anyone on the host can send to: another user's datagram does not count."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to send as another user")
+    from ccbench.storehost import _spoken_address, _spoken_by_us, note_spoken
+
+    proxy = 900000 + os.getpid() % 1000
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as spoken:
+        spoken.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        spoken.bind(_spoken_address(proxy))
+        spoken.setblocking(False)
+        child = os.fork()
+        if child == 0:
+            try:
+                os.setuid(65534)
+                note_spoken(proxy)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        assert not _spoken_by_us(spoken)
+        note_spoken(proxy)
+        assert _spoken_by_us(spoken)
+
+
+def test_a_server_binds_where_its_peers_reach_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccbench import addresses
+
+    monkeypatch.setattr(addresses, "published_address", lambda peer=None: "192.0.2.9")
+    assert addresses.listen_address("10.1.2.3", all_local=True) == "127.0.0.1"
+    assert addresses.listen_address("127.0.0.1") == "127.0.0.1"
+    assert addresses.listen_address("localhost") == "127.0.0.1"
+    monkeypatch.setattr(addresses.socket, "gethostbyname",
+                        lambda name: {"node7": "10.1.2.3", "debian": "127.0.1.1"}[name])
+    assert addresses.listen_address("node7") == "10.1.2.3"
+    # a host name that resolves to loopback only here, in a run across hosts
+    assert addresses.listen_address("debian") == "192.0.2.9"
