@@ -12,9 +12,9 @@ starts the store, handed to the ranks the way the store's address travels): the 
 with a challenge (a nonce), the client's hello answers HMAC(secret, nonce) and carries a nonce
 of its own, which the server answers the same way, so a rank also knows it reached its run's
 store and not whatever else listens on that port. A connection that does not prove it within
-HELLO_DEADLINE_S, sends a line longer than MAX_LINE_BYTES, or comes while MAX_CONNECTIONS are
-open is dropped with one warning line and changes nothing: it reads no key, sets none, and
-does not count as a rank (docs/security.md).
+HELLO_DEADLINE_S, sends a line longer than MAX_LINE_BYTES before that, or comes while the
+store's connection limit is reached is dropped with one warning line and changes nothing: it
+reads no key, sets none, and does not count as a rank (docs/security.md).
 """
 
 from __future__ import annotations
@@ -37,14 +37,19 @@ from ccbench.arrivals import LATE_GRACE_S
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure
 
-__all__ = ["CONNECT_TIMEOUT_S", "MAX_LINE_BYTES", "SECRET_VAR", "ControlClient", "ControlServer",
-           "StoreLost", "StoreTimeout", "new_secret", "secret_from_env"]
+__all__ = ["CONNECT_TIMEOUT_S", "MAX_LINE_BYTES", "MAX_RANK_LINE_BYTES", "SECRET_VAR",
+           "ControlClient", "ControlServer", "StoreLost", "StoreTimeout", "new_secret",
+           "secret_from_env"]
 
 #: the run's secret, for ranks that learn the store's address from their environment
 SECRET_VAR = "CCBENCH_CONTROL_SECRET"
-#: the longest line either side accepts: the largest real value is oneCCL's 4 KiB unique id
-#: (8 KiB as hex); a rank's argv and a size's per-iteration times stay far below
+#: the longest line a connection may send before it has proven the secret (a hello is a few
+#: hundred bytes; oneCCL's 4 KiB unique id, 8 KiB as hex, is the largest value of fixed size)
 MAX_LINE_BYTES = 64 * 1024
+#: the longest line from a proven rank: a size's per-iteration times are about 24 bytes each,
+#: 2.4 MB at the default --max-iters 100000 (ranks are trusted to send what the run needs; this
+#: only keeps a broken one from growing the store without end)
+MAX_RANK_LINE_BYTES = 1 << 30
 #: a connection must have proven the secret this long after it was accepted
 HELLO_DEADLINE_S = 5.0
 #: at most this many open connections per rank (main, watchdog, a reconnecting one), plus a few
@@ -269,7 +274,7 @@ class ControlServer:
         self._hello(stream, _read_request(stream), challenge, state)
         _watch_peer(conn)
         while True:
-            request = _read_request(stream)
+            request = _read_request(stream, MAX_RANK_LINE_BYTES)
             if request is None:
                 return
             command = request.get("cmd")
@@ -366,19 +371,23 @@ def _write_line(stream: Any, message: dict[str, Any]) -> None:
     stream.flush()
 
 
-def _read_line(stream: Any, limit: int = MAX_LINE_BYTES) -> bytes:
+def _read_line(stream: Any, limit: int) -> bytes:
     """One line of at most `limit` bytes (b"" at the end of the stream); longer: _Dropped,
     having read no more than `limit` bytes of it."""
     line = stream.readline(limit + 1)
     if len(line) > limit:
-        raise _Dropped(f"a line longer than {limit // 1024} KiB")
+        raise _Dropped(f"a line longer than {_in_units(limit)}")
     if line and not line.endswith(b"\n"):
         raise _Dropped("a last line without its newline")
     return bytes(line)
 
 
-def _read_request(stream: Any) -> dict[str, Any] | None:
-    line = _read_line(stream)
+def _in_units(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def _read_request(stream: Any, limit: int = MAX_LINE_BYTES) -> dict[str, Any] | None:
+    line = _read_line(stream, limit)
     if not line:
         return None
     try:

@@ -239,6 +239,10 @@ def test_values_are_checked_before_they_are_stored(server: ControlServer) -> Non
         rank.add("end/count", 10**9)
     assert server.snapshot()[2] == before
     rank.set("m/2/times/0", {"samples": [0.0, 3e-6], "wrong": 0, "copy_us": 1.5})
+    # a proven rank's largest real value: a size's times at the default --max-iters (2.4 MB)
+    many = {"samples": [1.2345678901234567e-05] * 100000, "wrong": 0, "copy_us": None}
+    rank.set("m/3/times/0", many)
+    assert rank.get("m/3/times/0", 5) == many
     rank.close()
 
 
