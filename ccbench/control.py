@@ -187,6 +187,7 @@ class ControlServer:
         self._thread.start()
 
     def _accept_loop(self) -> None:
+        starved = False
         while not self._closing:
             try:
                 conn, peer = self._sock.accept()
@@ -194,10 +195,14 @@ class ControlServer:
                 if self._closing or exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
                                                       errno.ENOMEM):
                     return
-                # out of descriptors: the connection waits in the backlog; keep serving
-                self._warn(f"cannot accept a connection ({exc.strerror}); retrying")
+                # out of descriptors: the connection waits in the backlog; keep serving (one
+                # line for each time it runs out)
+                if not starved:
+                    self._warn(f"cannot accept a connection ({exc.strerror}); retrying")
+                starved = True
                 time.sleep(_ACCEPT_BACKOFF_S)
                 continue
+            starved = False
             with self._cond:
                 full = self._open >= self.max_connections
                 if not full:

@@ -315,12 +315,12 @@ def test_a_long_line_is_dropped_with_bounded_memory(
     assert f"a line longer than {MAX_LINE_BYTES // 1024} KiB" in err, err
 
 
-@pytest.mark.parametrize("store_process", [32], indirect=True)
-def test_many_connections_and_no_descriptors_left_do_not_stop_the_store(
+@pytest.mark.parametrize("store_process", [16], indirect=True)
+def test_no_descriptors_left_does_not_stop_the_store(
         store_process: tuple[subprocess.Popen[str], int, str]) -> None:
-    """At 32 descriptors, 300 connections: the excess is dropped, accept() runs out of
-    descriptors (EMFILE) and keeps going; a rank connected before is served throughout, and
-    a rank connects once the flood has gone."""
+    """At 16 descriptors, 300 connections: accept() runs out of descriptors (EMFILE) and keeps
+    going; a rank connected before is served throughout, and a rank connects once the flood
+    has gone."""
     proc, port, secret = store_process
     rank = ControlClient("127.0.0.1", port, 0, secret=secret)
     rank.set("args/0", 1)
@@ -341,8 +341,20 @@ def test_many_connections_and_no_descriptors_left_do_not_stop_the_store(
     proc.kill()
     err = proc.communicate()[1]
     warnings = [line for line in err.splitlines() if line.startswith("ccbench: warning:")]
-    assert warnings and len(warnings) <= 10, err      # one line each, the first ten
+    assert "cannot accept a connection (Too many open files); retrying" in warnings[0], err
+    assert len(warnings) <= 10, err                   # one line each, the first ten
     assert "Traceback" not in err, err
+
+
+def test_connections_beyond_the_limit_are_dropped_at_once(server: ControlServer) -> None:
+    rank = ControlClient("127.0.0.1", server.port, 0, secret=server.secret)
+    flood = [Raw(server.port) for _ in range(3 * server.max_connections)]
+    challenged = sum(1 for raw in flood if raw.line())
+    assert 0 < challenged <= server.max_connections - 1      # the rank holds one
+    assert rank.prefix("") == {}
+    for raw in flood:
+        raw.close()
+    rank.close()
 
 
 def test_a_connection_that_does_not_say_hello_is_closed(server: ControlServer) -> None:
