@@ -492,7 +492,8 @@ def test_the_running_case_ends_with_its_sweep(tmp_path: Path, how: signal.Signal
 def test_a_foreign_hello_does_not_hold_a_bare_mpiexec_run(tmp_path: Path) -> None:
     """Under a bare mpiexec the store lives in a process of its own, which ends when the
     ranks' connections have: a foreign connection that says hello (without the secret) and
-    closes must neither count as a rank nor keep that process, and so mpiexec, alive."""
+    closes must neither count as a rank nor keep that process, and so mpiexec, alive; forged
+    times and a forged death change no record."""
     if not have_mpi():
         pytest.skip("needs mpiexec beside python")
     tag = f"ccbench-foreign-{uuid.uuid4().hex[:8]}"
@@ -506,10 +507,15 @@ def test_a_foreign_hello_does_not_hold_a_bare_mpiexec_run(tmp_path: Path) -> Non
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         port = _wait_store_host(tag)
-        raw = Raw(port)
-        raw.line()
-        raw.send({"cmd": "hello", "rank": 1, "track": True})
-        raw.close()
+        forgeries: list[dict[str, object]] = [
+            {"cmd": "set", "key": f"m/{step}/times/1", "value": {"samples": [5.0] * 200,
+                                                                 "wrong": 7}}
+            for step in range(1, 15)]
+        for attempt in [*forgeries, {"cmd": "set", "key": "dead/1", "value": 1},
+                        {"cmd": "hello", "rank": 1, "track": True}]:
+            raw = Raw(port)
+            raw.send(attempt)                 # at once, as to a store that asks for nothing
+            raw.close()
         _, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -518,7 +524,9 @@ def test_a_foreign_hello_does_not_hold_a_bare_mpiexec_run(tmp_path: Path) -> Non
     took = time.monotonic() - started
     print(f"\nbare mpiexec with a foreign hello: exit {proc.returncode} after {took:.1f} s")
     assert proc.returncode == 0, err
-    assert len(load_records(out)) == 14              # 7 sizes, out-of-place and in-place
+    records = load_records(out)
+    assert len(records) == 14                         # 7 sizes, out-of-place and in-place
+    assert all(r.wrong == 0 and r.time_us["max"] < 1e6 for r in records), records
     assert [line for line in err.splitlines() if line.startswith("ccbench: error")] == [], err
 
 
@@ -533,7 +541,10 @@ def _wait_store_host(tag: str) -> int:
                     fields = handle.read().rpartition(")")[2].split()
             except OSError:
                 continue
-            if int(fields[3]) == pid:                         # a session leader
+            env = procfs.environ(pid) or {}
+            # a session leader carrying rank 0's environment (hydra's proxy leads a session
+            # of its own too, but carries no rank)
+            if int(fields[3]) == pid and env.get(b"PMI_RANK") == b"0":
                 ports = [port for _, port in listening([pid])]
                 if ports:
                     found.append(ports[0])
