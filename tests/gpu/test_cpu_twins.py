@@ -35,7 +35,8 @@ def _run_local(world: int, flags: list[str], bench: list[str], env: dict[str, st
         rank_env = {**os.environ, **env}
         if world > 1:
             rank_env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                            LOCAL_WORLD_SIZE=str(world), CCBENCH_CONTROL=control)
+                            LOCAL_WORLD_SIZE=str(world), CCBENCH_CONTROL=control,
+                            CCBENCH_CONTROL_SECRET="cpu-twin")
         procs.append(subprocess.Popen([PYTHON, DRIVER, *flags, "--", *bench], env=rank_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
