@@ -102,7 +102,7 @@ class MPIBackend(Backend):
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
         self._probed: dict[tuple[str, str], str | None] = {}
-        self.version = MPI.Get_library_version().strip()
+        self.version = MPI.Get_library_version().replace("\x00", "").strip()  # Open MPI 4.1: NUL-ended
         self._libmpi = loaded_libmpi()
 
     @classmethod

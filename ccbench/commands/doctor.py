@@ -98,7 +98,7 @@ def _mpi() -> dict[str, Any]:
     except (ImportError, RuntimeError) as exc:
         out.update(found=False, reason=f"mpi4py cannot load an MPI library: {exc}")
         return out
-    version = MPI.Get_library_version().strip()
+    version = MPI.Get_library_version().replace("\x00", "").strip()
     major, minor = MPI.Get_version()
     out.update(library=version.splitlines()[0] if version else "", standard=f"{major}.{minor}",
                initialized=bool(MPI.Is_initialized()))
