@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.backends.base import Backend, BackendFactory, BoundBackend, RankContext
+from ccbench.backends.base import Backend, BackendFactory, RankContext, Support
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
 from ccbench.collectives import get as get_collective
 from ccbench.errors import RunFailure, UsageError, choices_error
@@ -126,7 +126,7 @@ def algorithm_backend_class(name: str, device: str = "cpu") -> AlgorithmSpec:
                          transport_factory=backend_class(transport, device))
 
 
-class AlgorithmBackend(BoundBackend):
+class AlgorithmBackend(Backend):
     """ccbench's collectives run algorithms/ schedules over a wrapped backend's messages."""
 
     def __init__(self, ctx: RankContext, spec: AlgorithmSpec, inner: Backend) -> None:
@@ -185,13 +185,19 @@ class AlgorithmBackend(BoundBackend):
                     f"not reduced)")
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    def supports(self, collective: str) -> Support:
+        """The algorithm's schedules are the table: a collective it has no schedule for is
+        not offered."""
         from algorithms import REGISTRY, supported
 
         family = self.spec.family
-        if (family, collective) not in REGISTRY:
-            return (f"unsupported by {family}: no {collective} schedule "
-                    f"(has: {', '.join(supported(family))})")
+        if (family, collective) in REGISTRY:
+            return Support(True)
+        return Support(False, f"unsupported by {family}: no {collective} schedule "
+                              f"(has: {', '.join(supported(family))})")
+
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None
+                         ) -> str | None:
         from algorithms.kernels import DTYPE_NAMES
 
         if dtype.name not in (*DTYPE_NAMES, *_MOVED_ONLY):
@@ -256,7 +262,8 @@ class AlgorithmBackend(BoundBackend):
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
              ) -> Callable[[], None]:
         """The executor's run with the arrays resolved once (never the wrapped backend's own
-        collective: that would time the library instead of the schedule)."""
+        collective: that would time the library instead of the schedule). One builder for
+        every collective: the schedule (`supports`) is what differs."""
         arr = self.buffers.array
         r, dtype = arr(recv), self._dtype_name(recv)
         if collective == "broadcast":

@@ -38,9 +38,6 @@ class GlooBackend(TorchDistBackend):
                     f"floating-point types only)")
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
-        return self.refuses(dtype, op)
-
     def info(self) -> dict[str, Any]:
         return {"library": "gloo", "library_version": f"torch {self.torch.__version__}",
                 "device": "cpu", "env": self._env("GLOO_", "TORCH_", "OMP_"),

@@ -158,7 +158,8 @@ class NCCLBackend(TorchDistBackend):
                     f"through torch's NCCL group as bytes and does not reduce it)")
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None
+                         ) -> str | None:
         refused = self.refuses(dtype, op)
         if refused:
             return refused

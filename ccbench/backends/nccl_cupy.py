@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ccbench.backends.base import Batch, BoundBackend, RankContext, starmap_batch
+from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
@@ -102,7 +102,7 @@ def unique_id_from_store(value: str | list[int]) -> bytes | tuple[int, ...]:
     return tuple(int(b) for b in value)
 
 
-class NCCLCupyBackend(BoundBackend):
+class NCCLCupyBackend(Backend):
     """NCCL through cupy.cuda.nccl.NcclCommunicator on CuPy device buffers."""
 
     name = "nccl-cupy"
@@ -170,7 +170,8 @@ class NCCLCupyBackend(BoundBackend):
                     f"type; its NCCL binding takes {', '.join(NCCL_TYPE_NAMES)})")
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None
+                         ) -> str | None:
         refused = self.refuses(dtype, op)
         if refused:
             return refused
@@ -192,29 +193,37 @@ class NCCLCupyBackend(BoundBackend):
 
     def _call(self, collective: str, send: DeviceBuffer, recv: DeviceBuffer, op: str | None,
               root: int) -> Callable[[], Any]:
-        """The NCCL call for one operation on these buffers, every argument resolved."""
-        comm, stream, kind = self.comm, self._stream_ptr, self._type(recv)
-        if collective == "allreduce":
-            return functools.partial(comm.allReduce, send.ptr, recv.ptr, recv.size, kind,
-                                     self._ops[op or "sum"], stream)
-        if collective == "broadcast":
-            return functools.partial(comm.broadcast, recv.ptr, recv.ptr, recv.size, kind, root,
-                                     stream)
-        if collective == "allgather":
-            return functools.partial(comm.allGather, send.ptr, recv.ptr, send.size, kind, stream)
-        if collective == "reduce-scatter":
-            return functools.partial(comm.reduceScatter, send.ptr, recv.ptr, recv.size, kind,
-                                     self._ops[op or "sum"], stream)
-        if collective == "sendrecv":
-            return self._sendrecv_call(send, recv)
-        if collective == "reduce":
-            return functools.partial(comm.reduce, send.ptr, recv.ptr, recv.size, kind,
-                                     self._ops[op or "sum"], root, stream)
-        if collective == "alltoall":
-            return self._alltoall_call(send, recv)
-        raise ValueError(collective)
+        """The NCCL call for one operation on these buffers, every argument resolved (the
+        builder's, uncaptured)."""
+        return Backend.bind(self, collective, send, recv, op, root)
 
-    def _alltoall_call(self, send: DeviceBuffer, recv: DeviceBuffer) -> Callable[[], None]:
+    def _allreduce(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                   ) -> Callable[[], Any]:
+        return functools.partial(self.comm.allReduce, send.ptr, recv.ptr, recv.size,
+                                 self._type(recv), self._ops[op], self._stream_ptr)
+
+    def _broadcast(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                   ) -> Callable[[], Any]:
+        return functools.partial(self.comm.broadcast, recv.ptr, recv.ptr, recv.size,
+                                 self._type(recv), root, self._stream_ptr)
+
+    def _allgather(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                   ) -> Callable[[], Any]:
+        return functools.partial(self.comm.allGather, send.ptr, recv.ptr, send.size,
+                                 self._type(recv), self._stream_ptr)
+
+    def _reduce_scatter(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                        ) -> Callable[[], Any]:
+        return functools.partial(self.comm.reduceScatter, send.ptr, recv.ptr, recv.size,
+                                 self._type(recv), self._ops[op], self._stream_ptr)
+
+    def _reduce(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                ) -> Callable[[], Any]:
+        return functools.partial(self.comm.reduce, send.ptr, recv.ptr, recv.size,
+                                 self._type(recv), self._ops[op], root, self._stream_ptr)
+
+    def _alltoall(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                  ) -> Callable[[], None]:
         nccl, comm, stream, kind = self.nccl, self.comm, self._stream_ptr, self._type(recv)
         world = self.ctx.world_size
         block = recv.size // world
@@ -236,7 +245,8 @@ class NCCLCupyBackend(BoundBackend):
                 nccl.groupEnd()
         return alltoall
 
-    def _sendrecv_call(self, send: DeviceBuffer, recv: DeviceBuffer) -> Callable[[], None]:
+    def _sendrecv(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                  ) -> Callable[[], None]:
         """ncclSend to rank+1 and ncclRecv from rank-1 in one group, as nccl-tests."""
         nccl, comm, stream, kind = self.nccl, self.comm, self._stream_ptr, self._type(recv)
         dst, src = sendrecv_peers(self.ctx.rank, self.ctx.world_size)
@@ -249,6 +259,10 @@ class NCCLCupyBackend(BoundBackend):
             finally:
                 nccl.groupEnd()
         return sendrecv
+
+    builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
+                "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
+                "sendrecv": _sendrecv}
 
     def _scratch_for(self, buf: DeviceBuffer) -> DeviceBuffer:
         key = (buf.size, buf.array.itemsize)

@@ -140,9 +140,6 @@ class OneCCLBackend(Backend):
                 return f"unsupported by oneccl: {op} on {dtype.name} ({broken})"
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
-        return self.refuses(dtype, op)
-
     @property
     def transport(self) -> str:
         return f"oneccl/{os.environ.get('CCL_ATL_TRANSPORT', 'ofi')}"
@@ -177,34 +174,33 @@ class OneCCLBackend(Backend):
                 check(rc, what)
         return call
 
-    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
-             ) -> Callable[[], None]:
-        lib, comm = self.lib, self._handle
-        if collective == "broadcast":
-            return self._call(lib.onecclBroadcast, "onecclBroadcast", _ptr(recv), _ptr(recv),
-                              recv.size, self._dtype(recv), root, comm, None)
-        if collective == "allreduce":
-            return self._call(lib.onecclAllReduce, "onecclAllReduce", _ptr(send), _ptr(recv),
-                              recv.size, self._dtype(recv), self._op(op or "sum"), comm, None)
-        if collective == "allgather":
-            return self._call(lib.onecclAllGather, "onecclAllGather", _ptr(send), _ptr(recv),
-                              send.size, self._dtype(recv), comm, None)
-        if collective == "reduce-scatter":
-            return self._call(lib.onecclReduceScatter, "onecclReduceScatter", _ptr(send),
-                              _ptr(recv), recv.size, self._dtype(recv), self._op(op or "sum"),
-                              comm, None)
-        if collective == "sendrecv":
-            return self._sendrecv_call(send, recv)
-        if collective == "reduce":
-            return self._call(lib.onecclReduce, "onecclReduce", _ptr(send), _ptr(recv),
-                              recv.size, self._dtype(recv), self._op(op or "sum"), root, comm,
-                              None)
-        if collective == "alltoall":
-            return self._call(lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
-                              send.size // self.world, self._dtype(recv), comm, None)
-        raise ValueError(collective)
+    # -- the collectives: one C call each, every argument resolved once ----------------
+    def _broadcast(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclBroadcast, "onecclBroadcast", _ptr(recv), _ptr(recv),
+                          recv.size, self._dtype(recv), root, self._handle, None)
 
-    def _sendrecv_call(self, send: Any, recv: Any) -> Callable[[], None]:
+    def _allreduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclAllReduce, "onecclAllReduce", _ptr(send), _ptr(recv),
+                          recv.size, self._dtype(recv), self._op(op), self._handle, None)
+
+    def _allgather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclAllGather, "onecclAllGather", _ptr(send), _ptr(recv),
+                          send.size, self._dtype(recv), self._handle, None)
+
+    def _reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclReduceScatter, "onecclReduceScatter", _ptr(send),
+                          _ptr(recv), recv.size, self._dtype(recv), self._op(op), self._handle,
+                          None)
+
+    def _reduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclReduce, "onecclReduce", _ptr(send), _ptr(recv),
+                          recv.size, self._dtype(recv), self._op(op), root, self._handle, None)
+
+    def _alltoall(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
+                          send.size // self.world, self._dtype(recv), self._handle, None)
+
+    def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
         """onecclSend to rank+1 and onecclRecv from rank-1 in one group."""
         lib, comm, check = self.lib, self._handle, self._check
         dst, src = sendrecv_peers(self.ctx.rank, self.world)
@@ -220,30 +216,9 @@ class OneCCLBackend(Backend):
                 check(lib.onecclGroupEnd(), "onecclGroupEnd")
         return call
 
-    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        self.bind(collective, send, recv, op, root)()
-
-    # -- collectives -----------------------------------------------------------------
-    def broadcast(self, buf: Any, root: int) -> None:
-        self.bind("broadcast", buf, buf, None, root)()
-
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        self.bind("allreduce", send, recv, op, 0)()
-
-    def allgather(self, send: Any, recv: Any) -> None:
-        self.bind("allgather", send, recv, None, 0)()
-
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        self.bind("reduce-scatter", send, recv, op, 0)()
-
-    def alltoall(self, send: Any, recv: Any) -> None:
-        self.bind("alltoall", send, recv, None, 0)()
-
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self.bind("reduce", send, recv, op, root)()
-
-    def sendrecv(self, send: Any, recv: Any) -> None:
-        self.bind("sendrecv", send, recv, None, 0)()
+    builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
+                "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
+                "sendrecv": _sendrecv}
 
     # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:

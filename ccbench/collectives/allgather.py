@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ccbench.collectives.spec import Collective, Layout
@@ -27,15 +25,12 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return moved(index // block, index % block, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.allgather(send, recv)
-
 
 ALLGATHER = Collective(
     name="allgather", aliases=("all_gather", "all-gather"), reduces=False, rooted=False,
     busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.send_count,
     inplace="send-in-recv", inputs=_inputs, expected=_expected, result_on="all",
-    input_on="all", method="allgather", call=_call, chakra="ALL_GATHER",
+    input_on="all", chakra="ALL_GATHER",
     astra="all-gather-implementation",
     comm_size=lambda size, p: size // p,          # Chakra's comm_size is the shard: the input
     size_meaning="sendcount x n x elsize", schedule_unit="block")

@@ -3,20 +3,13 @@ busbw factor 2(n-1)/n."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ccbench.collectives.spec import Collective, whole_buffer
 from ccbench.collectives.values import reducing_inputs, whole_reduction
-
-
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.allreduce(send, recv, op)
-
 
 ALLREDUCE = Collective(
     name="allreduce", aliases=("all_reduce", "all-reduce"), reduces=True, rooted=False,
     busbw=lambda n: 2.0 * (n - 1) / n, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction, result_on="all",
     input_on="all",
-    method="allreduce", call=_call, chakra="ALL_REDUCE", astra="all-reduce-implementation",
+    chakra="ALL_REDUCE", astra="all-reduce-implementation",
     comm_size=lambda size, p: size, size_meaning="count x elsize")

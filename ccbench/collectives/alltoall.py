@@ -3,8 +3,6 @@ rank sends), busbw factor (n-1)/n."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ccbench.collectives.spec import Collective, Layout
@@ -27,14 +25,11 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return moved(index // block, rank * block + index % block, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.alltoall(send, recv)
-
 
 ALLTOALL = Collective(
     name="alltoall", aliases=("all_to_all", "all-to-all"), reduces=False, rooted=False,
     busbw=lambda n: (n - 1) / n, counts=_counts,
     block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=_inputs,
-    expected=_expected, result_on="all", input_on="all", method="alltoall", call=_call,
+    expected=_expected, result_on="all", input_on="all",
     chakra="ALL_TO_ALL", astra="all-to-all-implementation", comm_size=lambda size, p: size,
     size_meaning="count x n x elsize", schedule_unit="block")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ccbench.collectives.spec import Collective, Layout, whole_buffer
@@ -15,14 +13,10 @@ def _root_values(lay: Layout, op: str | None, rank: int, root: int, index: np.nd
     return moved(root, index, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.broadcast(recv, root)
-
 
 BROADCAST = Collective(
     name="broadcast", aliases=("bcast",), reduces=False, rooted=True,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="one-buffer", inputs=_root_values, expected=_root_values,
-    result_on="all", input_on="root", method="broadcast", call=_call,
-    chakra="BROADCAST", astra=None, comm_size=lambda size, p: size,
+    result_on="all", input_on="root", chakra="BROADCAST", astra=None, comm_size=lambda size, p: size,
     size_meaning="count x elsize")

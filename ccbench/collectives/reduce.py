@@ -4,21 +4,14 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ccbench.collectives.spec import Collective, whole_buffer
 from ccbench.collectives.values import reducing_inputs, whole_reduction
-
-
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.reduce(send, recv, op, root)
-
 
 REDUCE = Collective(
     name="reduce", aliases=(), reduces=True, rooted=True,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction, result_on="root",
     input_on="all",
-    method="reduce", call=_call, chakra="REDUCE",
+    chakra="REDUCE",
     astra=None,         # ASTRA-sim's system file has no reduce implementation to choose
     comm_size=lambda size, p: size, size_meaning="count x elsize")

@@ -3,8 +3,6 @@ S = recvcount x n x elsize (the whole input), busbw factor (n-1)/n."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ccbench.collectives.spec import Collective, Layout
@@ -21,14 +19,11 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return reduced(op or "sum", rank * max(lay.block, 1) + index, lay.world_size, dtype)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.reduce_scatter(send, recv, op)
-
 
 REDUCE_SCATTER = Collective(
     name="reduce-scatter", aliases=("reduce_scatter", "reducescatter"), reduces=True,
     rooted=False, busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.recv_count,
     inplace="recv-in-send", inputs=reducing_inputs, expected=_expected, result_on="all",
-    input_on="all", method="reduce_scatter", call=_call, chakra="REDUCE_SCATTER",
+    input_on="all", chakra="REDUCE_SCATTER",
     astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
     size_meaning="recvcount x n x elsize", schedule_unit="block")

@@ -4,8 +4,6 @@ and receiving into one buffer at once would race."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ccbench.collectives.spec import Collective, Layout, whole_buffer
@@ -27,14 +25,10 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return moved(peers(rank, lay.world_size)[1], index, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.sendrecv(send, recv)
-
 
 SENDRECV = Collective(
     name="sendrecv", aliases=("send_recv", "send-recv"), reduces=False, rooted=False,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="never", inputs=_inputs, expected=_expected, result_on="all", input_on="all",
-    method="sendrecv", call=_call,
     chakra=None,        # Chakra's CollectiveCommType has no send-receive (only p2p nodes)
     astra=None, comm_size=lambda size, p: size, size_meaning="count x elsize")

@@ -2,8 +2,8 @@
 
 Every rule that differs between collectives lives in its `Collective`: how a size S maps to
 element counts, the busbw factor, how the in-place case aliases the buffers, the exact inputs
-and expected outputs of validation, whether it reduces or has a root, how a backend is
-called, and what the models and exporters call it. Callers ask the registry
+and expected outputs of validation, whether it reduces or has a root, and what the models
+and exporters call it (each backend binds it by name: `Backend.builders`). Callers ask the registry
 (`ccbench.collectives.get`) instead of branching on the name.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -56,8 +56,6 @@ Counts = Callable[[int, int, int], tuple[int, int, int, int]]
 #: (layout, op, rank, root, element indices, dtype) -> int64 values (the dtype bounds them:
 #: no negatives in uint8, float8 sums within 8)
 Values = Callable[[Layout, "str | None", int, int, np.ndarray, np.dtype], np.ndarray]
-#: (backend, send, recv, op, root) -> None: the backend's call of this collective
-Call = Callable[[Any, Any, Any, str, int], None]
 
 
 def whole_buffer(size: int, elsize: int, world_size: int) -> tuple[int, int, int, int]:
@@ -92,9 +90,6 @@ class Collective:
     #: the ranks whose send buffer holds inputs: "all", or only the "root" (the others'
     #: buffers start as the sentinel, so a broadcast that does not arrive shows)
     input_on: Literal["all", "root"]
-    #: the backend method that runs it (Backend.<method>)
-    method: str
-    call: Call
     #: Chakra's CollectiveCommType name (None: Chakra cannot express it)
     chakra: str | None
     #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
