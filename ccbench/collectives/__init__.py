@@ -13,8 +13,9 @@ S follows nccl-tests (docs/design/method.md):
 | reduce         | count x elsize             | 1            |
 | sendrecv       | count x elsize             | 1            |
 
-Adding a collective: one module here defining its `Collective`, one line in `_ALL`, and its
-call in each backend (docs/design/architecture.md).
+Adding a collective: one module here defining its `Collective` (sizes, validation, cost
+formulas, other tools' names, trace rules), one line in `_ALL`, and a builder in the
+`builders` table of each backend whose library has it (docs/design/architecture.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,21 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 
 from __future__ import annotations
 
+from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import Collective, whole_buffer
 from ccbench.collectives.values import reducing_inputs, whole_reduction
+
+
+def _reduce_binomial(p: int) -> Coefficients:
+    rounds = lg(p)
+    return Coefficients(rounds, rounds, rounds)
+
+
+def _reduce_ring(p: int) -> Coefficients:
+    # ring reduce-scatter ((p-1) steps of n/p, each reduced), then the p-1 finished blocks to
+    # the root, one message each under the single-port model (algorithms/ring.ring_reduce)
+    return Coefficients(2 * (p - 1), 2 * frac(p), frac(p))
+
 
 REDUCE = Collective(
     name="reduce", aliases=(), reduces=True, rooted=True,
@@ -14,4 +27,7 @@ REDUCE = Collective(
     input_on="all",
     chakra="REDUCE",
     astra=None,         # ASTRA-sim's system file has no reduce implementation to choose
-    comm_size=lambda size, p: size, size_meaning="count x elsize")
+    comm_size=lambda size, p: size, size_meaning="count x elsize",
+    costs={"tree": _reduce_binomial, "ring": _reduce_ring},
+    cost_aliases={"hypercube": "tree", "binomial": "tree"},
+    programs=("reduce_perf", "osu_reduce"), mpi="MPI_Reduce", c10d=("c10d::reduce_",))
