@@ -184,10 +184,20 @@ class LoopbackBackend(Backend):
         arrays = self._exchange(send)
         self._deliver(recv, arrays[(self.ctx.rank - 1) % self.ctx.world_size])
 
+    def _gather(self, send: Any, recv: Any, op: str, root: int) -> None:
+        arrays = self._exchange(send)
+        if self.ctx.rank == root:
+            self._deliver(recv, np.concatenate(arrays))
+
+    def _scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
+        part, rank = recv.size, self.ctx.rank
+        self._deliver(recv, self._exchange(send)[root][rank * part:(rank + 1) * part])
+
     builders = {name: _bound(method) for name, method in (
         ("broadcast", _broadcast), ("allreduce", _allreduce), ("allgather", _allgather),
         ("reduce-scatter", _reduce_scatter), ("alltoall", _alltoall),
-        ("reduce", _reduce_to_root), ("sendrecv", _sendrecv))}
+        ("reduce", _reduce_to_root), ("sendrecv", _sendrecv), ("gather", _gather),
+        ("scatter", _scatter))}
 
     def barrier(self) -> None:
         self.world.barrier()

@@ -97,7 +97,7 @@ CASES = {
     "PARAM collective twice": (["allreduce", "--collective", "all_gather"],
                                "two collectives given"),
     "no collective": (["--b", "8"], "a collective is needed"),
-    "nccl-tests program without counterpart": (["gather_perf"], "nccl-tests' gather_perf has"),
+    "nccl-tests program without counterpart": (["hypercube_perf"], "nccl-tests' hypercube_perf has"),
     "launch -n twice before the collective": (["launch", "-n", "2", "-n", "20", "allreduce"],
                                               "-n given twice before the benchmark (2 and 20)"),
     "launch --repeat 0": (["launch", "-n", "2", "--repeat", "0", "allreduce", "--backend", "gloo"],

@@ -199,9 +199,25 @@ class MPIBackend(Backend):
         return functools.partial(self.comm.Reduce_scatter_block, self._typed(send),
                                  self._typed(recv), self._ops[op])
 
+    def _gather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._gather_now, send, recv, root)
+        if self.comm.Get_rank() != root:           # recvbuf matters at the root alone
+            return functools.partial(self.comm.Gather, self._typed(send), None, root)
+        sendbuf = self.MPI.IN_PLACE if spans_overlap(send, recv) else self._typed(send)
+        return functools.partial(self.comm.Gather, sendbuf, self._typed(recv), root)
+
+    def _scatter(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._scatter_now, send, recv, root)
+        if self.comm.Get_rank() != root:           # sendbuf matters at the root alone
+            return functools.partial(self.comm.Scatter, None, self._typed(recv), root)
+        recvbuf = self.MPI.IN_PLACE if spans_overlap(send, recv) else self._typed(recv)
+        return functools.partial(self.comm.Scatter, self._typed(send), recvbuf, root)
+
     builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
                 "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
-                "sendrecv": _sendrecv}
+                "sendrecv": _sendrecv, "gather": _gather, "scatter": _scatter}
 
     def bind_batch(self, collective: str, send: Any, recv: Any, op: str | None, root: int
                    ) -> Batch:
@@ -284,6 +300,27 @@ class MPIBackend(Backend):
         b = self.buffers
         dst, src = sendrecv_peers(self.comm.Get_rank(), self.comm.Get_size())
         self.comm.Sendrecv(_raw(b.stage_in(send)), dst, 0, _raw(b.wire(recv)), src, 0)
+        b.stage_out(recv)
+
+    def _gather_now(self, send: Any, recv: Any, root: int) -> None:
+        b, is_root = self.buffers, self.comm.Get_rank() == root
+        data = _raw(b.stage_in(send))             # a view's mirror aliases: in place stays
+        if not is_root:
+            self.comm.Gather(data, None, root=root)
+            return
+        sendbuf = self.MPI.IN_PLACE if spans_overlap(send, recv) else data
+        self.comm.Gather(sendbuf, _raw(b.wire(recv)), root=root)
+        b.stage_out(recv)
+
+    def _scatter_now(self, send: Any, recv: Any, root: int) -> None:
+        b, is_root = self.buffers, self.comm.Get_rank() == root
+        if not is_root:
+            self.comm.Scatter(None, _raw(b.wire(recv)), root=root)
+        elif spans_overlap(send, recv):           # my block already sits in the input
+            self.comm.Scatter(_raw(b.stage_in(send)), self.MPI.IN_PLACE, root=root)
+            return
+        else:
+            self.comm.Scatter(_raw(b.stage_in(send)), _raw(b.wire(recv)), root=root)
         b.stage_out(recv)
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:

@@ -130,9 +130,28 @@ class TorchDistBackend(Backend):
     def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
         return functools.partial(self._send_and_receive, send, recv)
 
+    def _gather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        """The root's blocks are views of its receive buffer: torch fills them in place."""
+        me = self.ctx.rank if self.group is None else self.dist.get_rank(self.group)
+        blocks = list(recv.split(send.numel())) if me == root else None
+        if self.group is None:
+            return functools.partial(self.dist.gather, send, blocks, root)
+        return functools.partial(self.dist.gather, send, blocks, group=self.group,
+                                 group_dst=root)
+
+    def _scatter(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        """The root's blocks are views of its send buffer."""
+        me = self.ctx.rank if self.group is None else self.dist.get_rank(self.group)
+        blocks = list(send.split(recv.numel())) if me == root else None
+        if self.group is None:
+            return functools.partial(self.dist.scatter, recv, blocks, root)
+        return functools.partial(self.dist.scatter, recv, blocks, group=self.group,
+                                 group_src=root)
+
     builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
                 "reduce-scatter": _reduce_scatter_call, "alltoall": _alltoall,
-                "reduce": _reduce, "sendrecv": _sendrecv}
+                "reduce": _reduce, "sendrecv": _sendrecv, "gather": _gather,
+                "scatter": _scatter}
 
     def local_copy(self, collective: str, send: Any, recv: Any) -> Callable[[], Any] | None:
         """The copy the timed call makes besides the library call (torch has no out-of-place
