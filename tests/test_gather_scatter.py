@@ -102,3 +102,20 @@ def test_backends_without_them_say_why() -> None:
                        "1K", "--iters", "1", "--warmup", "0", "-q")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "unsupported by ring: no scatter schedule" in proc.stdout
+
+
+@pytest.mark.parametrize("module, cls, collective, words", [
+    ("oneccl", "OneCCLBackend", "gather", "no onecclGather"),
+    ("oneccl", "OneCCLBackend", "scatter", "no header giving its signature"),
+    ("nccl_cupy", "NCCLCupyBackend", "gather", "CuPy's NCCL binding has no gather"),
+])
+def test_libraries_without_them_say_why(module: str, cls: str, collective: str,
+                                        words: str) -> None:
+    import importlib
+
+    backend_type = getattr(importlib.import_module(f"ccbench.backends.{module}"), cls)
+    backend = backend_type.__new__(backend_type)      # the tables only: no communicator
+    support = backend.supports(collective)
+    assert not support and words in support.reason
+    assert support.reason.startswith(f"unsupported by {backend_type.name}: ")
+    assert backend.supports("allreduce")

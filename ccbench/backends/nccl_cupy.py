@@ -263,6 +263,8 @@ class NCCLCupyBackend(Backend):
     builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
                 "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
                 "sendrecv": _sendrecv}
+    lacks = {name: f"CuPy's NCCL binding has no {name} call (nccl-tests composes it from "
+                   f"ncclSend/ncclRecv; ccbench does not, here)" for name in ("gather", "scatter")}
 
     def _scratch_for(self, buf: DeviceBuffer) -> DeviceBuffer:
         key = (buf.size, buf.array.itemsize)

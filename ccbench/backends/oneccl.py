@@ -219,6 +219,9 @@ class OneCCLBackend(Backend):
     builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
                 "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
                 "sendrecv": _sendrecv}
+    lacks = {"gather": "oneCCL's C API has no gather (libccl exports no onecclGather)",
+             "scatter": "libccl exports onecclScatter, but the install (scripts/install-oneccl.sh) "
+                        "has no header giving its signature, so ccbench does not call it"}
 
     # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
