@@ -58,7 +58,7 @@ CASES = {
                               "--max-iters 2 is below --iters 5"),
     "empty backend item": (["allreduce", "--backend", "gloo,"], "malformed --backend 'gloo,'"),
     "nccl-algo with gloo": (["allreduce", "--backend", "gloo", "--nccl-algo", "Ring"],
-                            "--nccl-algo 'Ring' only applies to the nccl, rccl and nccl-cupy backends"),
+                            "--nccl-algo 'Ring' only applies to the nccl, nccl-cupy and rccl backends"),
     "cuda-graph with gloo": (["allreduce", "--backend", "gloo", "--cuda-graph"],
                              "--cuda-graph only applies to backend nccl-cupy"),
     "abbreviated option": (["allreduce", "--time", "1"], "unrecognized arguments: --time"),

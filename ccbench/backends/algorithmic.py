@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ccbench.backends import transports
 from ccbench.backends.base import Backend, BackendFactory, RankContext, Support
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
 from ccbench.collectives import get as get_collective
@@ -42,8 +43,9 @@ from ccbench.errors import RunFailure, UsageError, choices_error
 __all__ = ["TRANSPORTS", "AlgorithmBackend", "AlgorithmSpec", "algorithm_backend_class",
            "algorithm_names", "parse_name"]
 
-#: backends whose point-to-point messages carry the algorithms (checked in parse_name)
-TRANSPORTS: tuple[str, ...] = ("mpi", "gloo", "oneccl", "nccl", "nccl-cupy")
+#: backends whose point-to-point messages carry the algorithms (checked in parse_name): those
+#: that say so (`Backend.carries_algorithms`)
+TRANSPORTS: tuple[str, ...] = transports()
 _MAX_SEGMENTS = 64
 _DEFAULT_PIPELINE_CHUNK = 512 << 10            # broadcast and trees
 _PIPELINED = frozenset({"broadcast"})
@@ -108,6 +110,9 @@ class AlgorithmSpec:
 
     def refuses(self, dtype: np.dtype, op: str | None) -> str | None:
         return AlgorithmBackend.refuses(dtype, op)
+
+    def probe_version(self) -> str | None:
+        return self.transport_factory.probe_version()
 
     def __call__(self, ctx: RankContext) -> AlgorithmBackend:
         return AlgorithmBackend(ctx, self, self.transport_factory(ctx))

@@ -60,6 +60,8 @@ class BackendFactory(Protocol):
 
     def refuses(self, dtype: np.dtype, op: str | None) -> str | None: ...
 
+    def probe_version(self) -> str | None: ...
+
     def __call__(self, ctx: RankContext) -> Backend: ...
 
 
@@ -73,6 +75,19 @@ class Backend(ABC):
     needs_mpi_launcher: ClassVar[bool] = False
     #: the algorithm recorded for this backend's collectives ("native": the library's choice)
     algorithm: str = "native"
+    #: where its buffers live when --device is auto (cpu, or cuda for the device libraries)
+    default_device: ClassVar[str] = "cpu"
+    #: the BackendOptions fields it reads beyond the common ones (nccl_algo, cuda_graph ...):
+    #: their flags apply to it alone
+    reads_options: ClassVar[frozenset[str]] = frozenset()
+    #: its point-to-point messages carry the algorithms/ schedules (`<algorithm>@<name>`)
+    carries_algorithms: ClassVar[bool] = False
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        """The library's version for `ccbench doctor`, without a communicator or a device
+        (None: it cannot say before it runs)."""
+        return None
 
     @classmethod
     @abstractmethod

@@ -16,6 +16,16 @@ if TYPE_CHECKING:
 class GlooBackend(TorchDistBackend):
     name = "gloo"
     process_group_backend = "gloo"
+    carries_algorithms = True
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"torch {version('torch')}"
+        except PackageNotFoundError:
+            return None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

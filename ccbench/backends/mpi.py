@@ -77,6 +77,17 @@ def _raw(buf: Any) -> Any:
 class MPIBackend(Backend):
     name = "mpi"
     needs_mpi_launcher = True
+    carries_algorithms = True
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        """The first line of MPI_Get_library_version (callable before MPI_Init)."""
+        if cls.unavailable_reason() is not None:
+            return None
+        from mpi4py import MPI
+
+        version = MPI.Get_library_version().strip()
+        return version.splitlines()[0] if version else None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

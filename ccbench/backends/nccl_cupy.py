@@ -106,6 +106,9 @@ class NCCLCupyBackend(Backend):
     """NCCL through cupy.cuda.nccl.NcclCommunicator on CuPy device buffers."""
 
     name = "nccl-cupy"
+    default_device = "cuda"
+    reads_options = frozenset({"nccl_algo", "nccl_proto", "cuda_graph"})
+    carries_algorithms = True
     env_prefixes: ClassVar[tuple[str, ...]] = ("NCCL_", "CUDA_VISIBLE_DEVICES",
                                                "CUDA_DEVICE_MAX_CONNECTIONS", "CUPY_")
 

@@ -73,6 +73,14 @@ def _ptr(buf: np.ndarray) -> int:
 
 class OneCCLBackend(Backend):
     name = "oneccl"
+    carries_algorithms = True
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        try:
+            return load().version
+        except Exception:  # noqa: BLE001  (a probe never raises; unavailable_reason says why)
+            return None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
