@@ -99,17 +99,6 @@ def _quiet_rank() -> bool:
     return False
 
 
-def _default_backend() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return "rccl" if getattr(torch.version, "hip", None) else "nccl"
-    except ImportError:
-        pass
-    return "gloo"
-
-
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collective", nargs="?", default=None,
                         help=f"{', '.join(COLLECTIVES)}, a comma list, or all; also an nccl-tests "
@@ -198,11 +187,10 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
 
 
-_NCCL_BACKENDS = ("nccl", "rccl", "nccl-cupy")
-
-
 def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
     """Contradictions that would otherwise be accepted silently."""
+    from ccbench.backends import reading
+
     if args.backend is not None and any(not part.strip() for part in args.backend.split(",")):
         raise UsageError(f"malformed --backend {args.backend!r}: empty item (valid: a comma "
                          f"list such as gloo,mpi)")
@@ -211,13 +199,16 @@ def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
                          f"--max-iters >= --iters)")
     if args.root < 0:
         raise UsageError(f"--root must be >= 0, got {args.root}")
-    for flag, value in (("--nccl-algo", args.nccl_algo), ("--nccl-proto", args.nccl_proto)):
-        if value and not any(b.split("@")[-1] in _NCCL_BACKENDS for b in backends):
-            raise UsageError(f"{flag} {value!r} only applies to the nccl, rccl and nccl-cupy "
-                             f"backends, not {', '.join(backends)}")
-    if args.cuda_graph and "nccl-cupy" not in backends:
+    for flag, value, option in (("--nccl-algo", args.nccl_algo, "nccl_algo"),
+                                ("--nccl-proto", args.nccl_proto, "nccl_proto")):
+        readers = reading(option)
+        if value and not any(b.split("@")[-1] in readers for b in backends):
+            raise UsageError(f"{flag} {value!r} only applies to the {', '.join(readers[:-1])} "
+                             f"and {readers[-1]} backends, not {', '.join(backends)}")
+    readers = reading("cuda_graph")
+    if args.cuda_graph and not set(readers) & set(backends):
         flag = f"-G {args.cudagraph} (CUDA graphs)" if args.cudagraph else "--cuda-graph"
-        raise UsageError(f"{flag} only applies to backend nccl-cupy, not "
+        raise UsageError(f"{flag} only applies to backend {', '.join(readers)}, not "
                          f"{', '.join(backends)}")
 
 
@@ -288,7 +279,7 @@ def _apply_environment(args: argparse.Namespace) -> None:
 
 def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> BenchConfig
     """Validate every argument before any rank starts (bad input: exit 2)."""
-    from ccbench.backends import parse_backends
+    from ccbench.backends import default_backend, default_device, parse_backends
     from ccbench.backends.mpi import set_thread_level
     from ccbench.runner import BenchConfig
 
@@ -297,7 +288,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     set_thread_level(args.mpi_thread_level)     # before anything imports mpi4py.MPI
 
     collectives = parse_collectives(args.collective)
-    backends = parse_backends(args.backend or _default_backend())
+    backends = parse_backends(args.backend or default_backend())
     if not backends:
         raise UsageError("empty --backend")
     sizes = parse_sizes(args.sizes)
@@ -333,7 +324,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     device = args.device
     if device == "auto":
         # a GPU backend without a GPU is the backend's own "unavailable" line, said later
-        device = "cuda" if any(b.split("@")[-1] in _NCCL_BACKENDS for b in backends) else "cpu"
+        device = default_device(backends)
     else:
         _check_device(device)
     _check_supported(args, collectives, backends, dtypes, ops, device)

@@ -102,10 +102,11 @@ def _proof(secret: str, side: str, nonce: str) -> str:
                     hashlib.sha256).hexdigest()
 
 
-# the keys ranks set, by their first component; `dead/`, `unreachable/` and `byes/` are the
-# server's own (a connection that closes without a goodbye, or says one)
+# the keys ranks set, by their first component (`lib/`: a library's own rendezvous values, e.g.
+# a unique id); `dead/`, `unreachable/` and `byes/` are the server's own (a connection that
+# closes without a goodbye, or says one)
 _RANK_NAMESPACES = frozenset({"args", "hosts", "run_id", "m", "progress", "label", "left",
-                              "aborted", "end", "torch", "oneccl", "nccl-cupy", "trace"})
+                              "aborted", "end", "torch", "lib", "trace"})
 _KEY_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,256}")
 _TIMES_KEY = re.compile(r"m/\d+/times/\d+")
 _WARM_KEY = re.compile(r"m/\d+/warm/\d+")

@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from ccbench.backends import MPI_SUITE_BACKEND
 from ccbench.bench_options import GivenStore, given
+from ccbench.collectives import every
 from ccbench.errors import UsageError
 
 __all__ = ["COMBINE_LABELS", "PROGRAMS", "add_familiar_arguments", "resolve_familiar"]
@@ -33,13 +35,7 @@ COMBINE_LABELS = {"max": "max over ranks", "mean": "mean over ranks", "min": "mi
 _NCCL_AVERAGE = {0: "rank0", 1: "mean", 2: "min", 3: "max"}     # nccl-tests -a numbering
 
 #: program names of nccl-tests and OSU, so that their command line runs with ccbench in front
-PROGRAMS = {
-    "all_reduce_perf": "allreduce", "all_gather_perf": "allgather", "broadcast_perf": "broadcast",
-    "reduce_scatter_perf": "reduce-scatter", "alltoall_perf": "alltoall", "reduce_perf": "reduce",
-    "sendrecv_perf": "sendrecv",
-    "osu_allreduce": "allreduce", "osu_allgather": "allgather", "osu_bcast": "broadcast",
-    "osu_reduce_scatter": "reduce-scatter", "osu_alltoall": "alltoall", "osu_reduce": "reduce",
-}
+PROGRAMS = {program: c.name for c in every() for program in c.programs}
 _NCCL_TESTS_ONLY = ("gather_perf", "scatter_perf", "hypercube_perf")
 
 DEFAULT_LOW, DEFAULT_HIGH = "1K", "16M"      # ccbench's default --sizes 1K-16M
@@ -110,7 +106,7 @@ def resolve_familiar(args: argparse.Namespace) -> None:
     factor = _factor(args)                  # first: a bare -f may have swallowed the collective
     tool = _resolve_collective(args)
     if tool == "osu":                       # OSU's program: OSU's backend and columns
-        args.backend = args.backend or "mpi"
+        args.backend = args.backend or MPI_SUITE_BACKEND
         args.format = "osu" if args.format == "table" else args.format
     _resolve_sizes(args, factor)
     _resolve_iterations(args, tool == "nccl-tests")

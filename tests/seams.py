@@ -7,6 +7,7 @@ rank times run for real at any world size in milliseconds."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -116,6 +117,13 @@ class ThreadWorld:
         return results
 
 
+def _bound(run: Callable[..., None]) -> Callable[..., Callable[[], None]]:
+    """A builder (`Backend.builders`) that binds the arguments of one of the methods below."""
+    def build(backend: Any, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return functools.partial(run, backend, send, recv, op, root)
+    return build
+
+
 class LoopbackBackend(Backend):
     """Collectives over a ThreadWorld. `corrupt` adds 1 to the first element this rank
     receives (a wrong result the validation must catch)."""
@@ -147,34 +155,49 @@ class LoopbackBackend(Backend):
             _REDUCE[op](out, other, out=out)
         return out
 
-    def broadcast(self, buf: Any, root: int) -> None:
-        self._deliver(buf, self._exchange(buf)[root])
+    def _broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._deliver(recv, self._exchange(recv)[root])
 
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+    def _allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
         self._deliver(recv, self._reduce(self._exchange(send), op))
 
-    def allgather(self, send: Any, recv: Any) -> None:
+    def _allgather(self, send: Any, recv: Any, op: str, root: int) -> None:
         self._deliver(recv, np.concatenate(self._exchange(send)))
 
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+    def _reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
         total = self._reduce(self._exchange(send), op)
         part = recv.size
         self._deliver(recv, total[self.ctx.rank * part:(self.ctx.rank + 1) * part])
 
-    def alltoall(self, send: Any, recv: Any) -> None:
+    def _alltoall(self, send: Any, recv: Any, op: str, root: int) -> None:
         arrays = self._exchange(send)
         part = recv.size // self.ctx.world_size
         rank = self.ctx.rank
         self._deliver(recv, np.concatenate([a[rank * part:(rank + 1) * part] for a in arrays]))
 
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+    def _reduce_to_root(self, send: Any, recv: Any, op: str, root: int) -> None:
         total = self._reduce(self._exchange(send), op)
         if self.ctx.rank == root:
             self._deliver(recv, total)
 
-    def sendrecv(self, send: Any, recv: Any) -> None:
+    def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> None:
         arrays = self._exchange(send)
         self._deliver(recv, arrays[(self.ctx.rank - 1) % self.ctx.world_size])
+
+    def _gather(self, send: Any, recv: Any, op: str, root: int) -> None:
+        arrays = self._exchange(send)
+        if self.ctx.rank == root:
+            self._deliver(recv, np.concatenate(arrays))
+
+    def _scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
+        part, rank = recv.size, self.ctx.rank
+        self._deliver(recv, self._exchange(send)[root][rank * part:(rank + 1) * part])
+
+    builders = {name: _bound(method) for name, method in (
+        ("broadcast", _broadcast), ("allreduce", _allreduce), ("allgather", _allgather),
+        ("reduce-scatter", _reduce_scatter), ("alltoall", _alltoall),
+        ("reduce", _reduce_to_root), ("sendrecv", _sendrecv), ("gather", _gather),
+        ("scatter", _scatter))}
 
     def barrier(self) -> None:
         self.world.barrier()

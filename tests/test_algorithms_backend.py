@@ -29,7 +29,7 @@ def test_names_parse() -> None:
 
 @pytest.mark.parametrize("name,match", [
     ("foo@mpi", r"unknown algorithm 'foo' \(valid: ring, tree"),
-    ("ring@rccl", r"unknown transport 'rccl' \(valid: mpi, gloo, oneccl, nccl, nccl-cupy\)"),
+    ("ring@rccl", r"unknown transport 'rccl' \(valid: gloo, mpi, oneccl, nccl, nccl-cupy\)"),
     ("ring:abc@mpi", "malformed size"),
     ("@mpi", "malformed algorithm backend"),
     ("ring@", "malformed algorithm backend"),

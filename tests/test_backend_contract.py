@@ -1,6 +1,6 @@
 """The contract every registered backend keeps: a Backend subclass under its registry name whose
 unavailable_reason() answers None or a reason without raising; and every available CPU backend
-runs every collective x dtype x op at world size 1 (mpi under mpiexec -n 1) with no wrong
+runs every collective it has a builder for x dtype x op at world size 1 (mpi under mpiexec -n 1) with no wrong
 element."""
 
 from __future__ import annotations
@@ -89,4 +89,5 @@ def test_world_size_one_run_is_exact(name: str, tmp_path: Path) -> None:
     assert all(r.wrong == 0 for r in records), [r for r in records if r.wrong]
     assert {r.backend for r in records} == {name}
     assert {r.world_size for r in records} == {1}
-    assert {r.collective for r in records} == set(COLLECTIVES)
+    assert {r.collective for r in records} == {c for c in COLLECTIVES if c in cls.builders}
+    assert {r.collective for r in records} >= {"allreduce", "broadcast", "sendrecv"}

@@ -125,9 +125,9 @@ def test_broken_backends_are_reported_not_fatal(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(REGISTRY, "missing", "ccbench.backends.no_such_module:Nothing")
     monkeypatch.setitem(REGISTRY, "raising", f"{__name__}:RaisingBackend")
     monkeypatch.setitem(sys.modules, __name__, sys.modules[__name__])
-    missing = doctor._backend("missing", "library", {})
+    missing = doctor._backend("missing", "library")
     assert missing["available"] is False and "no_such_module" in missing["reason"]
-    raising = doctor._backend("raising", "library", {})
+    raising = doctor._backend("raising", "library")
     assert raising["available"] is False
     assert "probe raised RuntimeError: probe exploded" in raising["reason"]
 

@@ -157,7 +157,8 @@ def worker(rank: int, world: int, port: int) -> int:
     # a library error becomes a RunFailure that carries oneCCL's own message
     from ccbench.errors import RunFailure
     try:
-        backend.broadcast(np.zeros(4, np.float32), world + 3)
+        buf = np.zeros(4, np.float32)
+        backend.run("broadcast", buf, buf, None, world + 3)
         wrong.append("broadcast from a root outside the communicator did not fail")
     except RunFailure as exc:
         if "onecclBroadcast failed" not in str(exc) or "root" not in str(exc):

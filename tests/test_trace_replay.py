@@ -60,8 +60,9 @@ def test_ops_beyond_the_five_replayed_or_skipped_with_reason(traces4: Path,
     ops = json.loads(summary.read_text())["backends"][0]["ops"]
     by_name = {op["collective"]: op for op in ops}
     assert by_name["barrier"]["time_us"] > 0 and by_name["sendrecv"]["wrong"] == 0
-    assert by_name["reduce"]["wrong"] == 0        # a collective of the registry: measured
-    for name in ("broadcast", "allgather", "barrier", "sendrecv", "reduce"):
+    for name in ("reduce", "gather", "scatter"):  # collectives of the registry: measured
+        assert by_name[name]["wrong"] == 0, name
+    for name in ("broadcast", "allgather", "barrier", "sendrecv", "reduce", "gather", "scatter"):
         assert by_name[name]["time_us"] is not None, name
     for name, op in by_name.items():
         assert (op["time_us"] is not None) != bool(op["reason"]), name

@@ -90,11 +90,10 @@ def test_replay_equals_formula_without_contention_and_is_slower_with_it(traces4:
 
 def test_ops_without_a_formula_are_listed_not_invented(traces4: Path) -> None:
     out = simulate_trace(MODEL, load_trace([traces4 / "p2p"]), 8, "switch:8")
-    assert [r["collective"] for r in out["ops"]] == ["broadcast", "reduce", "barrier",
-                                                     "allgather"]
+    assert [r["collective"] for r in out["ops"]] == ["broadcast", "reduce", "gather",
+                                                     "scatter", "barrier", "allgather"]
     reasons = {s["reason"] for s in out["not_modelled"]}
-    assert reasons == {"gather: no cost formula", "scatter: no cost formula",
-                       "send: point-to-point ops are not modelled"}
+    assert reasons == {"send: point-to-point ops are not modelled"}
 
 
 def test_cli_table_and_json_at_1024_ranks(traces4: Path, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ccbench.collectives import COLLECTIVES, OPS, REDUCING, layout
+from ccbench.collectives import COLLECTIVES, OPS, REDUCING, get, layout
 from ccbench.dtypes import DTYPES, avg_scales
 from ccbench.validation import count_wrong, expected_output, make_input
 
@@ -20,8 +20,10 @@ def reference(collective: str, inputs: list[np.ndarray], op: str | None, rank: i
         return reduce[op](stacked, axis=0)
     if collective == "reduce-scatter":
         return reduce[op](stacked, axis=0)[rank * block:(rank + 1) * block]
-    if collective == "allgather":
+    if collective in ("allgather", "gather"):       # gather: what the root must hold
         return stacked.reshape(-1)
+    if collective == "scatter":
+        return stacked[root, rank * block:(rank + 1) * block]
     if collective == "sendrecv":                   # from rank-1
         return stacked[(rank - 1) % len(inputs)]
     return np.concatenate([stacked[s, rank * block:(rank + 1) * block] for s in range(len(inputs))])
@@ -46,8 +48,8 @@ def test_expected_matches_reference(collective: str, dtype: str, world: int) -> 
             assert count_wrong(got, lay, op, rank, root) == 0
             broken = got.copy()
             broken.view(RAW[np_dtype.itemsize])[-1] ^= 1      # one bit off: one wrong value
-            # a reduce's non-roots have no defined result: nothing there is compared
-            defined = collective != "reduce" or rank == root
+            # a reduce's or gather's non-roots have no defined result: nothing is compared
+            defined = get(collective).checked(rank, root)
             assert count_wrong(broken, lay, op, rank, root) == int(defined)
 
 

@@ -51,6 +51,43 @@ def backend_class(name: str, device: str = "cpu") -> BackendFactory:
 
 
 DEFAULT_ALGORITHM_TRANSPORT = "mpi"
+#: the backend that runs where no device library is available (and sweeps' default)
+HOST_BACKEND = "gloo"
+#: the backend the MPI benchmark suites measure: OSU's program names (osu_*) run on it
+MPI_SUITE_BACKEND = "mpi"
+#: without --backend, the first of these that is available here runs, else HOST_BACKEND
+_DEVICE_DEFAULTS = ("nccl", "rccl")
+
+
+def _registered(name: str) -> type[Backend]:
+    factory = backend_class(name)
+    if not (isinstance(factory, type) and issubclass(factory, Backend)):
+        raise TypeError(f"{name} is not a registered backend class")
+    return factory
+
+
+def default_backend() -> str:
+    """NCCL (RCCL on a ROCm build) where torch sees a device, else gloo."""
+    for name in _DEVICE_DEFAULTS:
+        if _registered(name).unavailable_reason() is None:
+            return name
+    return HOST_BACKEND
+
+
+def default_device(names: list[str]) -> str:
+    """cuda when a backend (or an algorithm's transport) keeps its buffers there, else cpu."""
+    devices = {_registered(name.rpartition("@")[2]).default_device for name in names}
+    return "cuda" if "cuda" in devices else "cpu"
+
+
+def reading(option: str) -> list[str]:
+    """The backends that read a BackendOptions field of their own (nccl_algo, cuda_graph)."""
+    return [name for name in REGISTRY if option in _registered(name).reads_options]
+
+
+def transports() -> tuple[str, ...]:
+    """The backends whose point-to-point messages carry the algorithms/ schedules."""
+    return tuple(name for name in REGISTRY if _registered(name).carries_algorithms)
 
 
 def canonical_backend(name: str) -> str:

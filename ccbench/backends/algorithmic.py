@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.backends.base import Backend, BackendFactory, BoundBackend, RankContext
+from ccbench.backends import transports
+from ccbench.backends.base import Backend, BackendFactory, RankContext, Support
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
 from ccbench.collectives import get as get_collective
 from ccbench.errors import RunFailure, UsageError, choices_error
@@ -42,8 +43,9 @@ from ccbench.errors import RunFailure, UsageError, choices_error
 __all__ = ["TRANSPORTS", "AlgorithmBackend", "AlgorithmSpec", "algorithm_backend_class",
            "algorithm_names", "parse_name"]
 
-#: backends whose point-to-point messages carry the algorithms (checked in parse_name)
-TRANSPORTS: tuple[str, ...] = ("mpi", "gloo", "oneccl", "nccl", "nccl-cupy")
+#: backends whose point-to-point messages carry the algorithms (checked in parse_name): those
+#: that say so (`Backend.carries_algorithms`)
+TRANSPORTS: tuple[str, ...] = transports()
 _MAX_SEGMENTS = 64
 _DEFAULT_PIPELINE_CHUNK = 512 << 10            # broadcast and trees
 _PIPELINED = frozenset({"broadcast"})
@@ -109,6 +111,9 @@ class AlgorithmSpec:
     def refuses(self, dtype: np.dtype, op: str | None) -> str | None:
         return AlgorithmBackend.refuses(dtype, op)
 
+    def probe_version(self) -> str | None:
+        return self.transport_factory.probe_version()
+
     def __call__(self, ctx: RankContext) -> AlgorithmBackend:
         return AlgorithmBackend(ctx, self, self.transport_factory(ctx))
 
@@ -126,7 +131,7 @@ def algorithm_backend_class(name: str, device: str = "cpu") -> AlgorithmSpec:
                          transport_factory=backend_class(transport, device))
 
 
-class AlgorithmBackend(BoundBackend):
+class AlgorithmBackend(Backend):
     """ccbench's collectives run algorithms/ schedules over a wrapped backend's messages."""
 
     def __init__(self, ctx: RankContext, spec: AlgorithmSpec, inner: Backend) -> None:
@@ -185,13 +190,19 @@ class AlgorithmBackend(BoundBackend):
                     f"not reduced)")
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    def supports(self, collective: str) -> Support:
+        """The algorithm's schedules are the table: a collective it has no schedule for is
+        not offered."""
         from algorithms import REGISTRY, supported
 
         family = self.spec.family
-        if (family, collective) not in REGISTRY:
-            return (f"unsupported by {family}: no {collective} schedule "
-                    f"(has: {', '.join(supported(family))})")
+        if (family, collective) in REGISTRY:
+            return Support(True)
+        return Support(False, f"unsupported by {family}: no {collective} schedule "
+                              f"(has: {', '.join(supported(family))})")
+
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None
+                         ) -> str | None:
         from algorithms.kernels import DTYPE_NAMES
 
         if dtype.name not in (*DTYPE_NAMES, *_MOVED_ONLY):
@@ -256,7 +267,8 @@ class AlgorithmBackend(BoundBackend):
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
              ) -> Callable[[], None]:
         """The executor's run with the arrays resolved once (never the wrapped backend's own
-        collective: that would time the library instead of the schedule)."""
+        collective: that would time the library instead of the schedule). One builder for
+        every collective: the schedule (`supports`) is what differs."""
         arr = self.buffers.array
         r, dtype = arr(recv), self._dtype_name(recv)
         if collective == "broadcast":

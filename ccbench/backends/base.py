@@ -10,10 +10,9 @@ and reduce-scatter, a `view` of it) as send and receive buffer: the collective's
 
 from __future__ import annotations
 
-import functools
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -21,13 +20,14 @@ import numpy as np
 
 from ccbench.backends.buffers import BufferPolicy, HostBuffers
 from ccbench.backends.options import BackendOptions
-from ccbench.collectives import get as get_collective
+from ccbench.errors import RunFailure
 
 if TYPE_CHECKING:
     from algorithms.transport import Transport
     from ccbench.control import ControlClient
 
-__all__ = ["Backend", "BackendFactory", "BackendOptions", "HostBuffers", "RankContext"]
+__all__ = ["Backend", "BackendFactory", "BackendOptions", "Builder", "HostBuffers", "RankContext",
+           "Support", "in_sequence"]
 
 
 @dataclass(kw_only=True)
@@ -60,6 +60,8 @@ class BackendFactory(Protocol):
 
     def refuses(self, dtype: np.dtype, op: str | None) -> str | None: ...
 
+    def probe_version(self) -> str | None: ...
+
     def __call__(self, ctx: RankContext) -> Backend: ...
 
 
@@ -73,6 +75,19 @@ class Backend(ABC):
     needs_mpi_launcher: ClassVar[bool] = False
     #: the algorithm recorded for this backend's collectives ("native": the library's choice)
     algorithm: str = "native"
+    #: where its buffers live when --device is auto (cpu, or cuda for the device libraries)
+    default_device: ClassVar[str] = "cpu"
+    #: the BackendOptions fields it reads beyond the common ones (nccl_algo, cuda_graph ...):
+    #: their flags apply to it alone
+    reads_options: ClassVar[frozenset[str]] = frozenset()
+    #: its point-to-point messages carry the algorithms/ schedules (`<algorithm>@<name>`)
+    carries_algorithms: ClassVar[bool] = False
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        """The library's version for `ccbench doctor`, without a communicator or a device
+        (None: it cannot say before it runs)."""
+        return None
 
     @classmethod
     @abstractmethod
@@ -95,6 +110,11 @@ class Backend(ABC):
 
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         """None if (collective, dtype, op) can run, else a short reason."""
+        support = self.supports(collective)
+        return support.reason if not support else self.unsupported_case(collective, dtype, op)
+
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+        """Why this supported collective cannot run `op` on `dtype` here (None: it can)."""
         return self.refuses(dtype, op)
 
     @property
@@ -118,29 +138,20 @@ class Backend(ABC):
     def view(self, buf: Any, start: int, stop: int) -> Any:
         return self.buffers.view(buf, start, stop)
 
-    # -- collectives (op is one of sum, max, min, prod, avg) ------------------------
-    @abstractmethod
-    def broadcast(self, buf: Any, root: int) -> None: ...
+    # -- collectives: one table of builders -----------------------------------------
+    #: collective name -> builder(backend, send, recv, op, root) -> the call the timed loop
+    #: makes (op is one of sum, max, min, prod, avg; "sum" where the collective has none).
+    #: A collective without a builder is not offered; `lacks` may say why.
+    builders: ClassVar[Mapping[str, Builder]] = {}
+    #: collective name -> why this library cannot run it (what `supports` says)
+    lacks: ClassVar[Mapping[str, str]] = {}
 
-    @abstractmethod
-    def allreduce(self, send: Any, recv: Any, op: str) -> None: ...
-
-    @abstractmethod
-    def allgather(self, send: Any, recv: Any) -> None: ...
-
-    @abstractmethod
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None: ...
-
-    @abstractmethod
-    def alltoall(self, send: Any, recv: Any) -> None: ...
-
-    @abstractmethod
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        """The reduction lands in the root's recv; the others' recv is undefined afterwards."""
-
-    @abstractmethod
-    def sendrecv(self, send: Any, recv: Any) -> None:
-        """send goes to rank+1 while recv takes rank-1's (ccbench.collectives.sendrecv.peers)."""
+    def supports(self, collective: str) -> Support:
+        """Whether this backend runs `collective`, and if not, why (truthy when it does)."""
+        if collective in self.builders:
+            return Support(True)
+        why = self.lacks.get(collective) or f"{self.name} binds no {collective}"
+        return Support(False, f"unsupported by {self.name}: {why}")
 
     # -- point to point (the transports of algorithms/) ------------------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
@@ -172,9 +183,12 @@ class Backend(ABC):
     def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
              ) -> Callable[[], None]:
         """The call the timed loop makes, with every argument resolved once up front, so the
-        loop measures the library and not Python dispatch. Backends may return the library's
-        own bound function."""
-        return functools.partial(self.run, collective, send, recv, op, root)
+        loop measures the library and not Python dispatch: this backend's builder of the
+        collective (often the library's own function with its arguments bound)."""
+        builder = self.builders.get(collective)
+        if builder is None:
+            raise RunFailure(self.supports(collective).reason)
+        return builder(self, send, recv, op or "sum", root)
 
     def bind_batch(self, collective: str, send: Any, recv: Any, op: str | None, root: int
                    ) -> Batch:
@@ -188,42 +202,31 @@ class Backend(ABC):
         return None
 
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        """Dispatch by collective name (the harness's one call site): the registry says which
-        method runs it and with which arguments."""
-        get_collective(collective).call(self, send, recv, op or "sum", root)
-
-
-class BoundBackend(Backend):
-    """A backend whose collectives are all its `bind()`: every method runs the bound call (the
-    algorithm backends, and NCCL through CuPy, where bind builds the call, graph or group)."""
-
-    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
+        """One call of `collective` (validation and warm-up; the timed loops use `bind`)."""
         self.bind(collective, send, recv, op, root)()
 
-    @abstractmethod
-    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
-             ) -> Callable[[], None]: ...
 
-    def broadcast(self, buf: Any, root: int) -> None:
-        self.run("broadcast", buf, buf, None, root)
+@dataclass(frozen=True, slots=True)
+class Support:
+    """A backend's answer to `supports(collective)`: truthy when it runs it, else the reason."""
 
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        self.run("allreduce", send, recv, op, 0)
+    ok: bool
+    reason: str = ""
 
-    def allgather(self, send: Any, recv: Any) -> None:
-        self.run("allgather", send, recv, None, 0)
+    def __bool__(self) -> bool:
+        return self.ok
 
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        self.run("reduce-scatter", send, recv, op, 0)
 
-    def alltoall(self, send: Any, recv: Any) -> None:
-        self.run("alltoall", send, recv, None, 0)
+#: (backend, send, recv, op, root) -> the bound call of one collective on those buffers
+Builder = Callable[[Any, Any, Any, str, int], Callable[[], None]]
 
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self.run("reduce", send, recv, op, root)
 
-    def sendrecv(self, send: Any, recv: Any) -> None:
-        self.run("sendrecv", send, recv, None, 0)
+def in_sequence(*calls: Callable[[], object]) -> Callable[[], None]:
+    """One call that makes `calls` in order (a local copy, then the library's collective)."""
+    def call() -> None:
+        for step in calls:
+            step()
+    return call
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,16 @@ if TYPE_CHECKING:
 class GlooBackend(TorchDistBackend):
     name = "gloo"
     process_group_backend = "gloo"
+    carries_algorithms = True
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"torch {version('torch')}"
+        except PackageNotFoundError:
+            return None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -37,9 +47,6 @@ class GlooBackend(TorchDistBackend):
             return (f"unsupported by gloo: avg on {dtype.name} (torch's gloo averages "
                     f"floating-point types only)")
         return None
-
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
-        return self.refuses(dtype, op)
 
     def info(self) -> dict[str, Any]:
         return {"library": "gloo", "library_version": f"torch {self.torch.__version__}",

@@ -67,6 +67,12 @@ def _library_name(version: str) -> str:
 _NO_DATATYPE: set[str] = set()
 
 
+def _apart_on_host(send: Any, recv: Any) -> bool:
+    """Two numpy buffers that share no memory (MPI's own call takes them as they are)."""
+    host = isinstance(send, np.ndarray) and isinstance(recv, np.ndarray)
+    return host and not np.may_share_memory(send, recv)
+
+
 def _raw(buf: Any) -> Any:
     """bfloat16 and float8 have no MPI datatype, nor float16 in some libraries; moving them
     needs none: send their bit patterns (device buffers already store them so)."""
@@ -79,6 +85,17 @@ def _raw(buf: Any) -> Any:
 class MPIBackend(Backend):
     name = "mpi"
     needs_mpi_launcher = True
+    carries_algorithms = True
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        """The first line of MPI_Get_library_version (callable before MPI_Init)."""
+        if cls.unavailable_reason() is not None:
+            return None
+        from mpi4py import MPI
+
+        version = MPI.Get_library_version().strip()
+        return version.splitlines()[0] if version else None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -113,7 +130,8 @@ class MPIBackend(Backend):
             return f"unsupported by mpi: MPI has no {dtype.name} datatype to reduce"
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None
+                         ) -> str | None:
         if op is None:
             self._probe_datatype(dtype)
             return None
@@ -172,33 +190,68 @@ class MPIBackend(Backend):
         # [buffer, datatype]: mpi4py derives the count itself, per peer where the call wants it
         return raw if datatype is None else [raw, datatype]
 
-    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
-             ) -> Callable[[], None]:
-        """mpi4py's own bound call with explicit counts and datatypes (no ccbench frame)."""
-        if not self.buffers.direct:               # staging copies belong to every call
-            return super().bind(collective, send, recv, op, root)
-        comm, in_place = self.comm, self.MPI.IN_PLACE
-        if collective == "allreduce":
-            return functools.partial(comm.Allreduce, in_place if send is recv else self._typed(send),
-                                     self._typed(recv), self._ops[op or "sum"])
-        if collective == "broadcast":
-            return functools.partial(comm.Bcast, self._typed(recv), root)
-        if collective == "alltoall" and send is not recv:
-            return functools.partial(comm.Alltoall, self._typed(send), self._typed(recv))
-        if collective == "sendrecv":
-            dst, src = sendrecv_peers(self.comm.Get_rank(), self.comm.Get_size())
-            return functools.partial(comm.Sendrecv, self._typed(send), dst, 0,
-                                     self._typed(recv), src, 0)
-        if collective == "reduce":
-            sendbuf, recvbuf = self._reduce_buffers(send, recv, root)
-            return functools.partial(comm.Reduce, sendbuf, recvbuf, self._ops[op or "sum"], root)
-        host = isinstance(send, np.ndarray) and isinstance(recv, np.ndarray)
-        if collective == "allgather" and host and not np.may_share_memory(send, recv):
-            return functools.partial(comm.Allgather, self._typed(send), self._typed(recv))
-        if collective == "reduce-scatter" and host and not np.may_share_memory(send, recv):
-            return functools.partial(comm.Reduce_scatter_block, self._typed(send),
-                                     self._typed(recv), self._ops[op or "sum"])
-        return super().bind(collective, send, recv, op, root)
+    # -- the collectives: mpi4py's own call with explicit counts and datatypes, bound up front
+    # where MPI is handed the buffers themselves; else (staging copies, in-place layouts
+    # MPI cannot express) the general method below, whose copies belong to every call
+    def _allreduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._allreduce_now, send, recv, op)
+        sendbuf = self.MPI.IN_PLACE if send is recv else self._typed(send)
+        return functools.partial(self.comm.Allreduce, sendbuf, self._typed(recv), self._ops[op])
+
+    def _broadcast(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._broadcast_now, recv, root)
+        return functools.partial(self.comm.Bcast, self._typed(recv), root)
+
+    def _alltoall(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct or send is recv:
+            return functools.partial(self._alltoall_now, send, recv)
+        return functools.partial(self.comm.Alltoall, self._typed(send), self._typed(recv))
+
+    def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._sendrecv_now, send, recv)
+        dst, src = sendrecv_peers(self.comm.Get_rank(), self.comm.Get_size())
+        return functools.partial(self.comm.Sendrecv, self._typed(send), dst, 0,
+                                 self._typed(recv), src, 0)
+
+    def _reduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._reduce_now, send, recv, op, root)
+        sendbuf, recvbuf = self._reduce_buffers(send, recv, root)
+        return functools.partial(self.comm.Reduce, sendbuf, recvbuf, self._ops[op], root)
+
+    def _allgather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not (self.buffers.direct and _apart_on_host(send, recv)):
+            return functools.partial(self._allgather_now, send, recv)
+        return functools.partial(self.comm.Allgather, self._typed(send), self._typed(recv))
+
+    def _reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not (self.buffers.direct and _apart_on_host(send, recv)):
+            return functools.partial(self._reduce_scatter_now, send, recv, op)
+        return functools.partial(self.comm.Reduce_scatter_block, self._typed(send),
+                                 self._typed(recv), self._ops[op])
+
+    def _gather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._gather_now, send, recv, root)
+        if self.comm.Get_rank() != root:           # recvbuf matters at the root alone
+            return functools.partial(self.comm.Gather, self._typed(send), None, root)
+        sendbuf = self.MPI.IN_PLACE if spans_overlap(send, recv) else self._typed(send)
+        return functools.partial(self.comm.Gather, sendbuf, self._typed(recv), root)
+
+    def _scatter(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if not self.buffers.direct:
+            return functools.partial(self._scatter_now, send, recv, root)
+        if self.comm.Get_rank() != root:           # sendbuf matters at the root alone
+            return functools.partial(self.comm.Scatter, None, self._typed(recv), root)
+        recvbuf = self.MPI.IN_PLACE if spans_overlap(send, recv) else self._typed(recv)
+        return functools.partial(self.comm.Scatter, self._typed(send), recvbuf, root)
+
+    builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
+                "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
+                "sendrecv": _sendrecv, "gather": _gather, "scatter": _scatter}
 
     def bind_batch(self, collective: str, send: Any, recv: Any, op: str | None, root: int
                    ) -> Batch:
@@ -221,20 +274,20 @@ class MPIBackend(Backend):
             return (self.MPI.IN_PLACE, self._typed(recv)) if is_root else (self._typed(send), None)
         return self._typed(send), self._typed(recv) if is_root else None
 
-    def broadcast(self, buf: Any, root: int) -> None:
+    def _broadcast_now(self, buf: Any, root: int) -> None:
         b, is_root = self.buffers, self.comm.Get_rank() == root
         self.comm.Bcast(_raw(b.stage_in(buf) if is_root else b.wire(buf)), root=root)
         if not is_root:
             b.stage_out(buf)
 
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
+    def _allreduce_now(self, send: Any, recv: Any, op: str) -> None:
         b = self.buffers
         data = b.stage_in(send)                   # in place: send is recv, one mirror
         self.comm.Allreduce(self.MPI.IN_PLACE if send is recv else data, b.wire(recv),
                             op=self._ops[op])
         b.stage_out(recv)
 
-    def allgather(self, send: Any, recv: Any) -> None:
+    def _allgather_now(self, send: Any, recv: Any) -> None:
         b = self.buffers
         data = b.stage_in(send)                   # a view's mirror aliases: in place stays
         if spans_overlap(send, recv):             # my shard already sits in the output
@@ -243,7 +296,7 @@ class MPIBackend(Backend):
             self.comm.Allgather(_raw(data), _raw(b.wire(recv)))
         b.stage_out(recv)
 
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
+    def _reduce_scatter_now(self, send: Any, recv: Any, op: str) -> None:
         b = self.buffers
         data = b.stage_in(send)
         if spans_overlap(send, recv):
@@ -259,13 +312,13 @@ class MPIBackend(Backend):
             self.comm.Reduce_scatter_block(data, b.wire(recv), op=self._ops[op])
         b.stage_out(recv)
 
-    def alltoall(self, send: Any, recv: Any) -> None:
+    def _alltoall_now(self, send: Any, recv: Any) -> None:
         b = self.buffers
         data = b.stage_in(send)
         self.comm.Alltoall(self.MPI.IN_PLACE if send is recv else _raw(data), _raw(b.wire(recv)))
         b.stage_out(recv)
 
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+    def _reduce_now(self, send: Any, recv: Any, op: str, root: int) -> None:
         b, is_root = self.buffers, self.comm.Get_rank() == root
         data = b.stage_in(send)                   # in place: send is recv, one mirror
         if send is recv:
@@ -277,10 +330,31 @@ class MPIBackend(Backend):
         if is_root:
             b.stage_out(recv)
 
-    def sendrecv(self, send: Any, recv: Any) -> None:
+    def _sendrecv_now(self, send: Any, recv: Any) -> None:
         b = self.buffers
         dst, src = sendrecv_peers(self.comm.Get_rank(), self.comm.Get_size())
         self.comm.Sendrecv(_raw(b.stage_in(send)), dst, 0, _raw(b.wire(recv)), src, 0)
+        b.stage_out(recv)
+
+    def _gather_now(self, send: Any, recv: Any, root: int) -> None:
+        b, is_root = self.buffers, self.comm.Get_rank() == root
+        data = _raw(b.stage_in(send))             # a view's mirror aliases: in place stays
+        if not is_root:
+            self.comm.Gather(data, None, root=root)
+            return
+        sendbuf = self.MPI.IN_PLACE if spans_overlap(send, recv) else data
+        self.comm.Gather(sendbuf, _raw(b.wire(recv)), root=root)
+        b.stage_out(recv)
+
+    def _scatter_now(self, send: Any, recv: Any, root: int) -> None:
+        b, is_root = self.buffers, self.comm.Get_rank() == root
+        if not is_root:
+            self.comm.Scatter(None, _raw(b.wire(recv)), root=root)
+        elif spans_overlap(send, recv):           # my block already sits in the input
+            self.comm.Scatter(_raw(b.stage_in(send)), self.MPI.IN_PLACE, root=root)
+            return
+        else:
+            self.comm.Scatter(_raw(b.stage_in(send)), _raw(b.wire(recv)), root=root)
         b.stage_out(recv)
 
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:

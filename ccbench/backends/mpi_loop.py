@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ccbench.backends.base import Batch
+from ccbench.collectives import get as get_collective
 
 C_LOOP = ("the MPI function called N times from a compiled C loop, the clock read in C "
           "around the N calls")
@@ -157,21 +158,20 @@ def batch_call(mpi: Any, libmpi: str, comm: Any, collective: str, send: Any, rec
     args: tuple[Any, ...]
     in_place = send is recv
     if collective == "allreduce":
-        fn, loop = lib.MPI_Allreduce, loops.loop_allreduce
+        loop = loops.loop_allreduce
         args = (ptr(None if in_place else send), ptr(recv), ctypes.c_int(recv.size),
                 datatype(recv), h(op), c_comm)
     elif collective == "broadcast":
-        fn, loop = lib.MPI_Bcast, loops.loop_bcast
+        loop = loops.loop_bcast
         args = (ptr(recv), ctypes.c_int(recv.size), datatype(recv), ctypes.c_int(root), c_comm)
     elif collective in ("allgather", "alltoall") and not in_place and not _aliased(send, recv):
-        fn = lib.MPI_Allgather if collective == "allgather" else lib.MPI_Alltoall
         loop = loops.loop_gather
         per_peer = recv.size // comm.Get_size()
         send_count = send.size if collective == "allgather" else per_peer
         args = (ptr(send), ctypes.c_int(send_count), datatype(send), ptr(recv),
                 ctypes.c_int(per_peer), datatype(recv), c_comm)
     elif collective == "reduce":
-        fn, loop = lib.MPI_Reduce, loops.loop_reduce
+        loop = loops.loop_reduce
         is_root = comm.Get_rank() == root
         if in_place:                  # the root reduces into its buffer; the others read theirs
             sendbuf, recvbuf = (ptr(None), ptr(recv)) if is_root else (ptr(send), no_buffer)
@@ -180,10 +180,11 @@ def batch_call(mpi: Any, libmpi: str, comm: Any, collective: str, send: Any, rec
         args = (sendbuf, recvbuf, ctypes.c_int(recv.size), datatype(recv), h(op),
                 ctypes.c_int(root), c_comm)
     elif collective == "reduce-scatter" and not _aliased(send, recv):
-        fn, loop = lib.MPI_Reduce_scatter_block, loops.loop_reduce_scatter_block
+        loop = loops.loop_reduce_scatter_block
         args = (ptr(send), ptr(recv), ctypes.c_int(recv.size), datatype(recv), h(op), c_comm)
     else:
         return None
+    fn = getattr(lib, str(get_collective(collective).mpi))     # MPI_Allreduce ...
     address = ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
     loop.restype = ctypes.c_int
     bound = functools.partial(loop, address, *args)

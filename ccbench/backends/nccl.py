@@ -85,6 +85,9 @@ class NCCLBackend(TorchDistBackend):
 
     name = "nccl"
     process_group_backend = "nccl"
+    default_device = "cuda"
+    reads_options = frozenset({"nccl_algo", "nccl_proto"})
+    carries_algorithms = True
     #: what results call the library
     library: ClassVar[str] = "nccl"
     #: variables that steer the library, copied into every record
@@ -158,7 +161,8 @@ class NCCLBackend(TorchDistBackend):
                     f"through torch's NCCL group as bytes and does not reduce it)")
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None
+                         ) -> str | None:
         refused = self.refuses(dtype, op)
         if refused:
             return refused
@@ -244,6 +248,7 @@ class RCCLBackend(NCCLBackend):
 
     name = "rccl"
     library = "rccl"
+    carries_algorithms = False       # ring@rccl has not been run on a ROCm device
     env_prefixes = ("NCCL_", "RCCL_", "TORCH_NCCL_", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                     "CUDA_VISIBLE_DEVICES", "HSA_")
 

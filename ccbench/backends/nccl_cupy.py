@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ccbench.backends.base import Batch, BoundBackend, RankContext, starmap_batch
+from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
@@ -102,10 +102,13 @@ def unique_id_from_store(value: str | list[int]) -> bytes | tuple[int, ...]:
     return tuple(int(b) for b in value)
 
 
-class NCCLCupyBackend(BoundBackend):
+class NCCLCupyBackend(Backend):
     """NCCL through cupy.cuda.nccl.NcclCommunicator on CuPy device buffers."""
 
     name = "nccl-cupy"
+    default_device = "cuda"
+    reads_options = frozenset({"nccl_algo", "nccl_proto", "cuda_graph"})
+    carries_algorithms = True
     env_prefixes: ClassVar[tuple[str, ...]] = ("NCCL_", "CUDA_VISIBLE_DEVICES",
                                                "CUDA_DEVICE_MAX_CONNECTIONS", "CUPY_")
 
@@ -157,7 +160,7 @@ class NCCLCupyBackend(BoundBackend):
         """ncclGetUniqueId on rank 0, read by the others from the control store, in the form
         the binding gave it and its NcclCommunicator takes: bytes since CuPy 14, a tuple of
         128 signed chars before."""
-        key = f"nccl-cupy/unique-id/{next(_COMMS)}"
+        key = f"lib/nccl-cupy/unique-id/{next(_COMMS)}"
         if self.ctx.rank == 0:
             self.ctx.store.set(key, unique_id_to_store(self.nccl.get_unique_id()))
         return unique_id_from_store(self.ctx.store.get(key, timeout=self.ctx.options.timeout))
@@ -170,7 +173,8 @@ class NCCLCupyBackend(BoundBackend):
                     f"type; its NCCL binding takes {', '.join(NCCL_TYPE_NAMES)})")
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
+    def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None
+                         ) -> str | None:
         refused = self.refuses(dtype, op)
         if refused:
             return refused
@@ -192,29 +196,37 @@ class NCCLCupyBackend(BoundBackend):
 
     def _call(self, collective: str, send: DeviceBuffer, recv: DeviceBuffer, op: str | None,
               root: int) -> Callable[[], Any]:
-        """The NCCL call for one operation on these buffers, every argument resolved."""
-        comm, stream, kind = self.comm, self._stream_ptr, self._type(recv)
-        if collective == "allreduce":
-            return functools.partial(comm.allReduce, send.ptr, recv.ptr, recv.size, kind,
-                                     self._ops[op or "sum"], stream)
-        if collective == "broadcast":
-            return functools.partial(comm.broadcast, recv.ptr, recv.ptr, recv.size, kind, root,
-                                     stream)
-        if collective == "allgather":
-            return functools.partial(comm.allGather, send.ptr, recv.ptr, send.size, kind, stream)
-        if collective == "reduce-scatter":
-            return functools.partial(comm.reduceScatter, send.ptr, recv.ptr, recv.size, kind,
-                                     self._ops[op or "sum"], stream)
-        if collective == "sendrecv":
-            return self._sendrecv_call(send, recv)
-        if collective == "reduce":
-            return functools.partial(comm.reduce, send.ptr, recv.ptr, recv.size, kind,
-                                     self._ops[op or "sum"], root, stream)
-        if collective == "alltoall":
-            return self._alltoall_call(send, recv)
-        raise ValueError(collective)
+        """The NCCL call for one operation on these buffers, every argument resolved (the
+        builder's, uncaptured)."""
+        return Backend.bind(self, collective, send, recv, op, root)
 
-    def _alltoall_call(self, send: DeviceBuffer, recv: DeviceBuffer) -> Callable[[], None]:
+    def _allreduce(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                   ) -> Callable[[], Any]:
+        return functools.partial(self.comm.allReduce, send.ptr, recv.ptr, recv.size,
+                                 self._type(recv), self._ops[op], self._stream_ptr)
+
+    def _broadcast(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                   ) -> Callable[[], Any]:
+        return functools.partial(self.comm.broadcast, recv.ptr, recv.ptr, recv.size,
+                                 self._type(recv), root, self._stream_ptr)
+
+    def _allgather(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                   ) -> Callable[[], Any]:
+        return functools.partial(self.comm.allGather, send.ptr, recv.ptr, send.size,
+                                 self._type(recv), self._stream_ptr)
+
+    def _reduce_scatter(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                        ) -> Callable[[], Any]:
+        return functools.partial(self.comm.reduceScatter, send.ptr, recv.ptr, recv.size,
+                                 self._type(recv), self._ops[op], self._stream_ptr)
+
+    def _reduce(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                ) -> Callable[[], Any]:
+        return functools.partial(self.comm.reduce, send.ptr, recv.ptr, recv.size,
+                                 self._type(recv), self._ops[op], root, self._stream_ptr)
+
+    def _alltoall(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                  ) -> Callable[[], None]:
         nccl, comm, stream, kind = self.nccl, self.comm, self._stream_ptr, self._type(recv)
         world = self.ctx.world_size
         block = recv.size // world
@@ -236,7 +248,8 @@ class NCCLCupyBackend(BoundBackend):
                 nccl.groupEnd()
         return alltoall
 
-    def _sendrecv_call(self, send: DeviceBuffer, recv: DeviceBuffer) -> Callable[[], None]:
+    def _sendrecv(self, send: DeviceBuffer, recv: DeviceBuffer, op: str, root: int
+                  ) -> Callable[[], None]:
         """ncclSend to rank+1 and ncclRecv from rank-1 in one group, as nccl-tests."""
         nccl, comm, stream, kind = self.nccl, self.comm, self._stream_ptr, self._type(recv)
         dst, src = sendrecv_peers(self.ctx.rank, self.ctx.world_size)
@@ -249,6 +262,12 @@ class NCCLCupyBackend(BoundBackend):
             finally:
                 nccl.groupEnd()
         return sendrecv
+
+    builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
+                "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
+                "sendrecv": _sendrecv}
+    lacks = {name: f"CuPy's NCCL binding has no {name} call (nccl-tests composes it from "
+                   f"ncclSend/ncclRecv; ccbench does not, here)" for name in ("gather", "scatter")}
 
     def _scratch_for(self, buf: DeviceBuffer) -> DeviceBuffer:
         key = (buf.size, buf.array.itemsize)

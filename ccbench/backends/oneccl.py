@@ -74,6 +74,14 @@ def _ptr(buf: np.ndarray) -> int:
 
 class OneCCLBackend(Backend):
     name = "oneccl"
+    carries_algorithms = True
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        try:
+            return load().version
+        except Exception:  # noqa: BLE001  (a probe never raises; unavailable_reason says why)
+            return None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -102,7 +110,7 @@ class OneCCLBackend(Backend):
         self.comm = ctypes.c_void_p()
         self._destroyed = False
         timeout = ctx.options.timeout
-        key = f"oneccl/unique-id/{next(_generation)}"
+        key = f"lib/oneccl/unique-id/{next(_generation)}"
         if self.rank == 0:
             uid = UniqueId()
             self._check(self.lib.onecclGetUniqueId(ctypes.byref(uid)), "onecclGetUniqueId")
@@ -141,9 +149,6 @@ class OneCCLBackend(Backend):
                 return f"unsupported by oneccl: {op} on {dtype.name} ({broken})"
         return None
 
-    def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
-        return self.refuses(dtype, op)
-
     @property
     def transport(self) -> str:
         return f"oneccl/{os.environ.get('CCL_ATL_TRANSPORT', 'ofi')}"
@@ -178,34 +183,33 @@ class OneCCLBackend(Backend):
                 check(rc, what)
         return call
 
-    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
-             ) -> Callable[[], None]:
-        lib, comm = self.lib, self._handle
-        if collective == "broadcast":
-            return self._call(lib.onecclBroadcast, "onecclBroadcast", _ptr(recv), _ptr(recv),
-                              recv.size, self._dtype(recv), root, comm, None)
-        if collective == "allreduce":
-            return self._call(lib.onecclAllReduce, "onecclAllReduce", _ptr(send), _ptr(recv),
-                              recv.size, self._dtype(recv), self._op(op or "sum"), comm, None)
-        if collective == "allgather":
-            return self._call(lib.onecclAllGather, "onecclAllGather", _ptr(send), _ptr(recv),
-                              send.size, self._dtype(recv), comm, None)
-        if collective == "reduce-scatter":
-            return self._call(lib.onecclReduceScatter, "onecclReduceScatter", _ptr(send),
-                              _ptr(recv), recv.size, self._dtype(recv), self._op(op or "sum"),
-                              comm, None)
-        if collective == "sendrecv":
-            return self._sendrecv_call(send, recv)
-        if collective == "reduce":
-            return self._call(lib.onecclReduce, "onecclReduce", _ptr(send), _ptr(recv),
-                              recv.size, self._dtype(recv), self._op(op or "sum"), root, comm,
-                              None)
-        if collective == "alltoall":
-            return self._call(lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
-                              send.size // self.world, self._dtype(recv), comm, None)
-        raise ValueError(collective)
+    # -- the collectives: one C call each, every argument resolved once ----------------
+    def _broadcast(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclBroadcast, "onecclBroadcast", _ptr(recv), _ptr(recv),
+                          recv.size, self._dtype(recv), root, self._handle, None)
 
-    def _sendrecv_call(self, send: Any, recv: Any) -> Callable[[], None]:
+    def _allreduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclAllReduce, "onecclAllReduce", _ptr(send), _ptr(recv),
+                          recv.size, self._dtype(recv), self._op(op), self._handle, None)
+
+    def _allgather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclAllGather, "onecclAllGather", _ptr(send), _ptr(recv),
+                          send.size, self._dtype(recv), self._handle, None)
+
+    def _reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclReduceScatter, "onecclReduceScatter", _ptr(send),
+                          _ptr(recv), recv.size, self._dtype(recv), self._op(op), self._handle,
+                          None)
+
+    def _reduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclReduce, "onecclReduce", _ptr(send), _ptr(recv),
+                          recv.size, self._dtype(recv), self._op(op), root, self._handle, None)
+
+    def _alltoall(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return self._call(self.lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
+                          send.size // self.world, self._dtype(recv), self._handle, None)
+
+    def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
         """onecclSend to rank+1 and onecclRecv from rank-1, even ranks sending first and odd
         ranks receiving first, so that every blocking send meets a posted receive.
 
@@ -228,30 +232,12 @@ class OneCCLBackend(Backend):
                 check(fn(*args), what)
         return call
 
-    def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        self.bind(collective, send, recv, op, root)()
-
-    # -- collectives -----------------------------------------------------------------
-    def broadcast(self, buf: Any, root: int) -> None:
-        self.bind("broadcast", buf, buf, None, root)()
-
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        self.bind("allreduce", send, recv, op, 0)()
-
-    def allgather(self, send: Any, recv: Any) -> None:
-        self.bind("allgather", send, recv, None, 0)()
-
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        self.bind("reduce-scatter", send, recv, op, 0)()
-
-    def alltoall(self, send: Any, recv: Any) -> None:
-        self.bind("alltoall", send, recv, None, 0)()
-
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self.bind("reduce", send, recv, op, root)()
-
-    def sendrecv(self, send: Any, recv: Any) -> None:
-        self.bind("sendrecv", send, recv, None, 0)()
+    builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
+                "reduce-scatter": _reduce_scatter, "alltoall": _alltoall, "reduce": _reduce,
+                "sendrecv": _sendrecv}
+    lacks = {"gather": "oneCCL's C API has no gather (libccl exports no onecclGather)",
+             "scatter": "libccl exports onecclScatter, but the install (scripts/install-oneccl.sh) "
+                        "has no header giving its signature, so ccbench does not call it"}
 
     # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ccbench.addresses import loopback_interface, published_address
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, RankContext, in_sequence
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.sysinfo import node_cores, usable_cores
@@ -81,7 +81,7 @@ class TorchDistBackend(Backend):
                                         rank=ctx.rank, world_size=ctx.world_size,
                                         timeout=timeout)
         self.group: Any = None       # a sub-communicator (trace replay); None: every rank
-        self._allgather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
                                 or dist.reduce_scatter_tensor)
 
@@ -109,27 +109,74 @@ class TorchDistBackend(Backend):
         return self.dist.TCPStore(host, int(port_text), self.ctx.world_size, is_master=False,
                                   timeout=timeout)
 
-    # -- the timed call ---------------------------------------------------------------------
-    def bind(self, collective: str, send: Any, recv: Any, op: str | None, root: int
-             ) -> Callable[[], None]:
-        """torch.distributed's own function with its arguments bound (no ccbench frame)."""
-        dist = self.dist
-        reduce_op = self._ops[op or "sum"]
-        if self.group is not None:   # a sub-communicator: the methods pass group= through
-            return super().bind(collective, send, recv, op, root)
-        if collective == "allreduce" and send is recv:
-            return functools.partial(dist.all_reduce, recv, reduce_op)
-        if collective == "broadcast":
-            return functools.partial(dist.broadcast, recv, root)
-        if collective == "allgather":
-            return functools.partial(self._allgather, recv, send)
-        if collective == "reduce-scatter":
-            return functools.partial(self._reduce_scatter, recv, send, reduce_op)
-        if collective == "alltoall" and send is not recv:
-            return functools.partial(dist.all_to_all_single, recv, send)
-        if collective == "reduce" and send is recv:
-            return functools.partial(dist.reduce, recv, root, reduce_op)
-        return super().bind(collective, send, recv, op, root)
+    # -- the collectives: torch.distributed's own functions with their arguments bound -------
+    def _in_group(self) -> dict[str, Any]:
+        """The keyword a sub-communicator's call takes (trace replay); none on every rank."""
+        return {} if self.group is None else {"group": self.group}
+
+    def _broadcast(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if self.group is None:
+            return functools.partial(self.dist.broadcast, recv, root)
+        return functools.partial(self.dist.broadcast, recv, group=self.group, group_src=root)
+
+    def _allreduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        call = functools.partial(self.dist.all_reduce, recv, self._ops[op], **self._in_group())
+        if send is recv:
+            return call
+        return in_sequence(functools.partial(recv.copy_, send), call)   # no out-of-place one
+
+    def _allgather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return functools.partial(self._all_gather, recv, send, **self._in_group())
+
+    def _reduce_scatter_call(self, send: Any, recv: Any, op: str, root: int
+                             ) -> Callable[[], None]:
+        return functools.partial(self._reduce_scatter, recv, send, self._ops[op],
+                                 **self._in_group())
+
+    def _alltoall(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if send is not recv:
+            return functools.partial(self.dist.all_to_all_single, recv, send, **self._in_group())
+        all_to_all, group = self.dist.all_to_all_single, self._in_group()
+
+        def in_place() -> None:                  # all_to_all_single cannot alias its buffers
+            all_to_all(recv, send.clone(), **group)
+        return in_place
+
+    def _reduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        if self.group is None:
+            call = functools.partial(self.dist.reduce, recv, root, self._ops[op])
+        else:
+            call = functools.partial(self.dist.reduce, recv, op=self._ops[op], group=self.group,
+                                     group_dst=root)
+        if send is recv:
+            return call
+        return in_sequence(functools.partial(recv.copy_, send), call)   # in place only
+
+    def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        return functools.partial(self._send_and_receive, send, recv)
+
+    def _gather(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        """The root's blocks are views of its receive buffer: torch fills them in place."""
+        me = self.ctx.rank if self.group is None else self.dist.get_rank(self.group)
+        blocks = list(recv.split(send.numel())) if me == root else None
+        if self.group is None:
+            return functools.partial(self.dist.gather, send, blocks, root)
+        return functools.partial(self.dist.gather, send, blocks, group=self.group,
+                                 group_dst=root)
+
+    def _scatter(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        """The root's blocks are views of its send buffer."""
+        me = self.ctx.rank if self.group is None else self.dist.get_rank(self.group)
+        blocks = list(send.split(recv.numel())) if me == root else None
+        if self.group is None:
+            return functools.partial(self.dist.scatter, recv, blocks, root)
+        return functools.partial(self.dist.scatter, recv, blocks, group=self.group,
+                                 group_src=root)
+
+    builders = {"broadcast": _broadcast, "allreduce": _allreduce, "allgather": _allgather,
+                "reduce-scatter": _reduce_scatter_call, "alltoall": _alltoall,
+                "reduce": _reduce, "sendrecv": _sendrecv, "gather": _gather,
+                "scatter": _scatter}
 
     def local_copy(self, collective: str, send: Any, recv: Any) -> Callable[[], Any] | None:
         """The copy the timed call makes besides the library call (torch has no out-of-place
@@ -141,38 +188,7 @@ class TorchDistBackend(Backend):
             return send.clone
         return None
 
-    # -- collectives --------------------------------------------------------------------
-    def broadcast(self, buf: Any, root: int) -> None:
-        if self.group is None:
-            self.dist.broadcast(buf, src=root)
-        else:
-            self.dist.broadcast(buf, group=self.group, group_src=root)
-
-    def allreduce(self, send: Any, recv: Any, op: str) -> None:
-        if send is not recv:                 # torch has no out-of-place allreduce: copy first
-            recv.copy_(send)
-        self.dist.all_reduce(recv, op=self._ops[op], group=self.group)
-
-    def allgather(self, send: Any, recv: Any) -> None:
-        self._allgather(recv, send, group=self.group)
-
-    def reduce_scatter(self, send: Any, recv: Any, op: str) -> None:
-        self._reduce_scatter(recv, send, op=self._ops[op], group=self.group)
-
-    def alltoall(self, send: Any, recv: Any) -> None:
-        if send is recv:
-            send = send.clone()              # all_to_all_single cannot alias its buffers
-        self.dist.all_to_all_single(recv, send, group=self.group)
-
-    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        if send is not recv:                 # torch's reduce works in place only: copy first
-            recv.copy_(send)
-        if self.group is None:
-            self.dist.reduce(recv, dst=root, op=self._ops[op])
-        else:
-            self.dist.reduce(recv, op=self._ops[op], group=self.group, group_dst=root)
-
-    def sendrecv(self, send: Any, recv: Any) -> None:
+    def _send_and_receive(self, send: Any, recv: Any) -> None:
         world = self.ctx.world_size if self.group is None else self.dist.get_world_size(self.group)
         if world == 1:                       # a rank cannot message itself here: nccl-tests'
             recv.copy_(send)                 # one-rank sendrecv is a local copy too

@@ -12,9 +12,12 @@ S follows nccl-tests (docs/design/method.md):
 | alltoall       | count x n x elsize         | (n-1)/n      |
 | reduce         | count x elsize             | 1            |
 | sendrecv       | count x elsize             | 1            |
+| gather         | sendcount x n x elsize     | (n-1)/n      |
+| scatter        | recvcount x n x elsize     | (n-1)/n      |
 
-Adding a collective: one module here defining its `Collective`, one line in `_ALL`, and its
-call in each backend (docs/design/architecture.md).
+Adding a collective: one module here defining its `Collective` (sizes, validation, cost
+formulas, other tools' names, trace rules), one line in `_ALL`, and a builder in the
+`builders` table of each backend whose library has it (docs/design/architecture.md).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from ccbench.collectives.allgather import ALLGATHER
 from ccbench.collectives.allreduce import ALLREDUCE
 from ccbench.collectives.alltoall import ALLTOALL
 from ccbench.collectives.broadcast import BROADCAST
+from ccbench.collectives.gather import GATHER
 from ccbench.collectives.reduce import REDUCE
 from ccbench.collectives.reduce_scatter import REDUCE_SCATTER
+from ccbench.collectives.scatter import SCATTER
 from ccbench.collectives.sendrecv import SENDRECV
 from ccbench.collectives.spec import Collective, Layout
 from ccbench.errors import UsageError, choices_error
@@ -36,7 +41,7 @@ __all__ = [
 
 #: every collective, in the order `all` runs them
 _ALL: tuple[Collective, ...] = (BROADCAST, ALLREDUCE, ALLGATHER, REDUCE_SCATTER, ALLTOALL,
-                                REDUCE, SENDRECV)
+                                REDUCE, SENDRECV, GATHER, SCATTER)
 _BY_NAME: dict[str, Collective] = {c.name: c for c in _ALL}
 
 COLLECTIVES: tuple[str, ...] = tuple(_BY_NAME)

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
 from ccbench.collectives.spec import Collective, Layout
 from ccbench.collectives.values import moved
 
@@ -27,15 +26,33 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return moved(index // block, index % block, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.allgather(send, recv)
+
+def _ag_ring(p: int) -> Coefficients:
+    return Coefficients(p - 1, frac(p), 0.0)
+
+
+def _ag_recdbl(p: int) -> Coefficients:
+    if is_pow2(p):
+        return Coefficients(lg(p), frac(p), 0.0)
+    return Coefficients(2 * lg(p), frac(p) + 1.0, 0.0)   # MPICH: extra steps, extra data
+
+
+def _ag_bruck(p: int) -> Coefficients:
+    return Coefficients(lg(p), frac(p), 0.0)
 
 
 ALLGATHER = Collective(
     name="allgather", aliases=("all_gather", "all-gather"), reduces=False, rooted=False,
     busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.send_count,
     inplace="send-in-recv", inputs=_inputs, expected=_expected, result_on="all",
-    input_on="all", method="allgather", call=_call, chakra="ALL_GATHER",
+    input_on="all", chakra="ALL_GATHER",
     astra="all-gather-implementation",
     comm_size=lambda size, p: size // p,          # Chakra's comm_size is the shard: the input
-    size_meaning="sendcount x n x elsize", schedule_unit="block")
+    size_meaning="sendcount x n x elsize", schedule_unit="block",
+    costs={"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
+    cost_aliases={"hypercube": "bruck", "direct": "ring"},
+    programs=("all_gather_perf", "osu_allgather"), mpi="MPI_Allgather",
+    c10d=("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_into_tensor_coalesced_",
+          "c10d::allgather_coalesced_"),
+    trace_size=lambda in_bytes, out_bytes, p: out_bytes,
+    trace_resize=lambda in_bytes, out_bytes, old, new: (in_bytes, in_bytes * new))

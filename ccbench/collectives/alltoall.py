@@ -3,10 +3,9 @@ rank sends), busbw factor (n-1)/n."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import Collective, Layout
 from ccbench.collectives.values import moved
 
@@ -27,14 +26,38 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return moved(index // block, rank * block + index % block, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.alltoall(send, recv)
+
+def _a2a_pairwise(p: int) -> Coefficients:
+    return Coefficients(p - 1, frac(p), 0.0)     # n = total a rank sends; (p-1)/p leaves it
+
+
+def _a2a_direct(p: int) -> Coefficients:
+    # every message posted at once (gloo, MPI Isend/Irecv + waitall): one latency, and the
+    # p-1 messages share the rank's link, so it still carries (p-1)/p of n; where they also
+    # share links beyond it (an oversubscribed spine), only the replay sees the difference
+    # from pairwise
+    return Coefficients(1.0, frac(p), 0.0)
+
+
+def _a2a_bruck(p: int) -> Coefficients:
+    return Coefficients(lg(p), lg(p) / 2, 0.0)
+
+
+def _resized(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int, int]:
+    """Each block kept: p blocks each way at the new group size."""
+    total = in_bytes // old * new
+    return total, total
 
 
 ALLTOALL = Collective(
     name="alltoall", aliases=("all_to_all", "all-to-all"), reduces=False, rooted=False,
     busbw=lambda n: (n - 1) / n, counts=_counts,
     block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=_inputs,
-    expected=_expected, result_on="all", input_on="all", method="alltoall", call=_call,
+    expected=_expected, result_on="all", input_on="all",
     chakra="ALL_TO_ALL", astra="all-to-all-implementation", comm_size=lambda size, p: size,
-    size_meaning="count x n x elsize", schedule_unit="block")
+    size_meaning="count x n x elsize", schedule_unit="block",
+    costs={"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
+    cost_aliases={"hypercube": "bruck", "ring": "pairwise"},
+    programs=("alltoall_perf", "osu_alltoall"), mpi="MPI_Alltoall",
+    c10d=("c10d::alltoall_base_", "c10d::alltoall_"),
+    trace_resize=_resized)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import Collective, Layout, whole_buffer
 from ccbench.collectives.values import moved
 
@@ -15,14 +14,26 @@ def _root_values(lay: Layout, op: str | None, rank: int, root: int, index: np.nd
     return moved(root, index, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.broadcast(recv, root)
+
+def _bc_binomial(p: int) -> Coefficients:
+    rounds = lg(p)
+    return Coefficients(rounds, rounds, 0.0)
+
+
+def _bc_scatter_ag(p: int) -> Coefficients:
+    return Coefficients(lg(p) + p - 1, 2 * frac(p), 0.0)
+
+
+def _bc_ring(p: int) -> Coefficients:            # chain, one message per hop, unpipelined
+    return Coefficients(p - 1, p - 1, 0.0)
 
 
 BROADCAST = Collective(
     name="broadcast", aliases=("bcast",), reduces=False, rooted=True,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="one-buffer", inputs=_root_values, expected=_root_values,
-    result_on="all", input_on="root", method="broadcast", call=_call,
-    chakra="BROADCAST", astra=None, comm_size=lambda size, p: size,
-    size_meaning="count x elsize")
+    result_on="all", input_on="root", chakra="BROADCAST", astra=None, comm_size=lambda size, p: size,
+    size_meaning="count x elsize",
+    costs={"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},
+    cost_aliases={"hypercube": "tree", "chain": "ring"},
+    programs=("broadcast_perf", "osu_bcast"), mpi="MPI_Bcast", c10d=("c10d::broadcast_",))

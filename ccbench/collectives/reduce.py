@@ -4,14 +4,20 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import Collective, whole_buffer
 from ccbench.collectives.values import reducing_inputs, whole_reduction
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.reduce(send, recv, op, root)
+def _reduce_binomial(p: int) -> Coefficients:
+    rounds = lg(p)
+    return Coefficients(rounds, rounds, rounds)
+
+
+def _reduce_ring(p: int) -> Coefficients:
+    # ring reduce-scatter ((p-1) steps of n/p, each reduced), then the p-1 finished blocks to
+    # the root, one message each under the single-port model (algorithms/ring.ring_reduce)
+    return Coefficients(2 * (p - 1), 2 * frac(p), frac(p))
 
 
 REDUCE = Collective(
@@ -19,6 +25,9 @@ REDUCE = Collective(
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction, result_on="root",
     input_on="all",
-    method="reduce", call=_call, chakra="REDUCE",
+    chakra="REDUCE",
     astra=None,         # ASTRA-sim's system file has no reduce implementation to choose
-    comm_size=lambda size, p: size, size_meaning="count x elsize")
+    comm_size=lambda size, p: size, size_meaning="count x elsize",
+    costs={"tree": _reduce_binomial, "ring": _reduce_ring},
+    cost_aliases={"hypercube": "tree", "binomial": "tree"},
+    programs=("reduce_perf", "osu_reduce"), mpi="MPI_Reduce", c10d=("c10d::reduce_",))

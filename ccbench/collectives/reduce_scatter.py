@@ -3,10 +3,11 @@ S = recvcount x n x elsize (the whole input), busbw factor (n-1)/n."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
 
 import numpy as np
 
+from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
 from ccbench.collectives.spec import Collective, Layout
 from ccbench.collectives.values import reduced, reducing_inputs
 
@@ -21,14 +22,28 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return reduced(op or "sum", rank * max(lay.block, 1) + index, lay.world_size, dtype)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.reduce_scatter(send, recv, op)
+
+def _rs_ring(p: int) -> Coefficients:
+    return Coefficients(p - 1, frac(p), frac(p))
+
+
+def _rs_rechalv(p: int) -> Coefficients:
+    if is_pow2(p):
+        return Coefficients(lg(p), frac(p), frac(p))
+    rounds = math.floor(math.log2(p))
+    return Coefficients(rounds + 1, frac(p) + 1.0, frac(p) + 1.0)
 
 
 REDUCE_SCATTER = Collective(
     name="reduce-scatter", aliases=("reduce_scatter", "reducescatter"), reduces=True,
     rooted=False, busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.recv_count,
     inplace="recv-in-send", inputs=reducing_inputs, expected=_expected, result_on="all",
-    input_on="all", method="reduce_scatter", call=_call, chakra="REDUCE_SCATTER",
+    input_on="all", chakra="REDUCE_SCATTER",
     astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
-    size_meaning="recvcount x n x elsize", schedule_unit="block")
+    size_meaning="recvcount x n x elsize", schedule_unit="block",
+    costs={"ring": _rs_ring, "recursive-halving": _rs_rechalv},
+    cost_aliases={"hypercube": "recursive-halving", "pairwise": "ring"},
+    programs=("reduce_scatter_perf", "osu_reduce_scatter"), mpi="MPI_Reduce_scatter_block",
+    c10d=("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
+          "c10d::reduce_scatter_tensor_coalesced_"),
+    trace_resize=lambda in_bytes, out_bytes, old, new: (out_bytes * new, out_bytes))

@@ -4,10 +4,9 @@ and receiving into one buffer at once would race."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ccbench.collectives.cost_terms import Coefficients
 from ccbench.collectives.spec import Collective, Layout, whole_buffer
 from ccbench.collectives.values import moved
 
@@ -27,14 +26,18 @@ def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarr
     return moved(peers(rank, lay.world_size)[1], index, lay.world_size)
 
 
-def _call(backend: Any, send: Any, recv: Any, op: str, root: int) -> None:
-    backend.sendrecv(send, recv)
+
+def _sendrecv(p: int) -> Coefficients:
+    # one message of n to rank+1 while one of n arrives from rank-1 (full duplex links)
+    return Coefficients(1.0, 1.0, 0.0)
 
 
 SENDRECV = Collective(
     name="sendrecv", aliases=("send_recv", "send-recv"), reduces=False, rooted=False,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="never", inputs=_inputs, expected=_expected, result_on="all", input_on="all",
-    method="sendrecv", call=_call,
     chakra=None,        # Chakra's CollectiveCommType has no send-receive (only p2p nodes)
-    astra=None, comm_size=lambda size, p: size, size_meaning="count x elsize")
+    astra=None, comm_size=lambda size, p: size, size_meaning="count x elsize",
+    costs={"direct": _sendrecv},
+    cost_aliases={"direct": "direct", "pairwise": "direct", "ring": "direct"},
+    programs=("sendrecv_perf",), mpi="MPI_Sendrecv")

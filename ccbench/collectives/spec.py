@@ -2,18 +2,20 @@
 
 Every rule that differs between collectives lives in its `Collective`: how a size S maps to
 element counts, the busbw factor, how the in-place case aliases the buffers, the exact inputs
-and expected outputs of validation, whether it reduces or has a root, how a backend is
-called, and what the models and exporters call it. Callers ask the registry
+and expected outputs of validation, whether it reduces or has a root, and what the models
+and exporters call it (each backend binds it by name: `Backend.builders`). Callers ask the registry
 (`ccbench.collectives.get`) instead of branching on the name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
+
+from ccbench.collectives.cost_terms import CostFormula
 
 __all__ = ["Collective", "InPlace", "Layout"]
 
@@ -56,14 +58,22 @@ Counts = Callable[[int, int, int], tuple[int, int, int, int]]
 #: (layout, op, rank, root, element indices, dtype) -> int64 values (the dtype bounds them:
 #: no negatives in uint8, float8 sums within 8)
 Values = Callable[[Layout, "str | None", int, int, np.ndarray, np.dtype], np.ndarray]
-#: (backend, send, recv, op, root) -> None: the backend's call of this collective
-Call = Callable[[Any, Any, Any, str, int], None]
 
 
 def whole_buffer(size: int, elsize: int, world_size: int) -> tuple[int, int, int, int]:
     """S = count x elsize, the same count sent and received (allreduce, broadcast, reduce)."""
     count = size // elsize
     return count, count, count, count * elsize
+
+
+def _input_bytes(in_bytes: int, out_bytes: int, group_size: int) -> int:
+    """A trace op's S where it is the input: the whole buffer (allreduce, broadcast ...)."""
+    return in_bytes
+
+
+def _bytes_kept(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int, int]:
+    """A whole buffer per rank does not change with the group size."""
+    return in_bytes, out_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +102,6 @@ class Collective:
     #: the ranks whose send buffer holds inputs: "all", or only the "root" (the others'
     #: buffers start as the sentinel, so a broadcast that does not arrive shows)
     input_on: Literal["all", "root"]
-    #: the backend method that runs it (Backend.<method>)
-    method: str
-    call: Call
     #: Chakra's CollectiveCommType name (None: Chakra cannot express it)
     chakra: str | None
     #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
@@ -106,6 +113,21 @@ class Collective:
     #: what one unit of an algorithms/ schedule is at size S: "block", one rank's shard (S/p;
     #: allgather, reduce-scatter, alltoall), or "buffer", the whole buffer (S)
     schedule_unit: Literal["block", "buffer"] = "buffer"
+    #: its cost formulas (ccbench.model.costs): algorithm key -> p -> Coefficients
+    costs: Mapping[str, CostFormula] = field(default_factory=dict)
+    #: other names of those algorithms (records, algorithms/ registry) -> the formula key
+    cost_aliases: Mapping[str, str] = field(default_factory=dict)
+    #: the nccl-tests and OSU programs that measure it (`ccbench all_reduce_perf -b 8 ...`)
+    programs: tuple[str, ...] = ()
+    #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
+    mpi: str | None = None
+    #: PyTorch's c10d dispatcher ops that run it, as PyTorch execution traces name them
+    c10d: tuple[str, ...] = ()
+    #: a trace op's S from (input bytes, output bytes, group size) (ccbench.trace.ops)
+    trace_size: Callable[[int, int, int], int] = _input_bytes
+    #: a trace op's (input bytes, output bytes) when its group goes from `old` to `new` ranks,
+    #: each rank's share kept (ccbench.trace.scale)
+    trace_resize: Callable[[int, int, int, int], tuple[int, int]] = _bytes_kept
 
     def unit_bytes(self, size: float, world_size: int) -> float:
         """Bytes of one schedule unit at the nccl-tests size S (the replay's block size)."""

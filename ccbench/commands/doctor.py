@@ -26,7 +26,7 @@ from ccbench import __version__
 from ccbench.sysinfo import cpu_model
 
 if TYPE_CHECKING:
-    from ccbench.backends import BackendFactory
+    pass
 
 __all__ = ["collect", "main", "register", "render_table"]
 
@@ -210,7 +210,7 @@ def _backend_names() -> list[tuple[str, str]]:
     return names
 
 
-def _backend(name: str, kind: str, libraries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _backend(name: str, kind: str) -> dict[str, Any]:
     from ccbench.backends import backend_class
     from ccbench.errors import UsageError
 
@@ -226,8 +226,7 @@ def _backend(name: str, kind: str, libraries: dict[str, dict[str, Any]]) -> dict
         row.update(available=False, reason=f"availability probe raised {_first_line(exc)}")
         return row
     row.update(available=reason is None, reason=reason)
-    row["version"] = _backend_version(name.rpartition("@")[2], cls, libraries) \
-        if reason is None else None
+    row["version"] = cls.probe_version() if reason is None else None
     return row
 
 
@@ -241,18 +240,6 @@ def _device_buffers_row(libraries: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "reason": reason, "version": f"cupy {cupy.get('version')}" if reason is None else None}
 
 
-def _backend_version(name: str, cls: BackendFactory, libraries: dict[str, dict[str, Any]]) -> str | None:
-    torch, mpi, oneccl = libraries["torch"], libraries["mpi"], libraries["oneccl"]
-    if name == "gloo":
-        return f"torch {torch.get('version')}"
-    if name == "mpi":
-        return mpi.get("library")
-    if name == "oneccl":
-        return oneccl.get("version")
-    probe = getattr(cls, "probe_version", None)
-    return probe() if callable(probe) else None
-
-
 def collect() -> dict[str, Any]:
     """The whole report as plain data (what --format json prints)."""
     _no_mpi_init()
@@ -261,7 +248,7 @@ def collect() -> dict[str, Any]:
     import numpy
 
     libraries["numpy"] = {"found": True, "version": numpy.__version__}
-    backends = [_backend(name, kind, libraries) for name, kind in _backend_names()]
+    backends = [_backend(name, kind) for name, kind in _backend_names()]
     backends.append(_device_buffers_row(libraries))
     return {
         "ccbench": __version__,

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from ccbench.backends import HOST_BACKEND
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import UsageError
 
@@ -24,7 +25,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("traces", nargs="+",
                         help="PyTorch execution traces (rank<r>.json, one per rank, or their "
                              "folder) or Chakra traces (<prefix>.<r>.et[.gz])")
-    parser.add_argument("--backend", "-B", default="gloo",
+    parser.add_argument("--backend", "-B", default=HOST_BACKEND,
                         help="comma list: gloo, mpi, oneccl, <algorithm>@mpi ... (default gloo)")
     parser.add_argument("--iters", "-n", type=int, default=5,
                         help="timed iterations per call (default 5)")

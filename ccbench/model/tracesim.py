@@ -33,7 +33,7 @@ import numpy as np
 
 from ccbench.collectives import busbw_factor
 from ccbench.errors import UsageError
-from ccbench.model.costs import coefficients, predict_time
+from ccbench.model.costs import FORMULAS, coefficients, predict_time
 from ccbench.model.modelfile import default_algorithm, select_fit
 from ccbench.model.replay import replay_collective, replay_rounds
 from ccbench.model.rounds import Round, RoundProgram, round_program
@@ -48,8 +48,6 @@ __all__ = ["TraceOp", "parse_algorithms", "plan_trace", "simulate_trace", "TRACE
 TRACE_FIDELITIES = ("analytical", "replay")
 #: collectives priced with another collective's formula, and how
 _STAND_IN = {"barrier": ("allreduce", "barrier: a zero-byte allreduce (latency steps only)")}
-#: extracted collectives with no cost formula
-_NO_FORMULA = {"gather", "scatter", "alltoallv", "send", "recv"}
 
 
 @dataclass(kw_only=True)
@@ -100,8 +98,8 @@ def _skip_reason(op: CommOp, old: int, ranks: int) -> str:
         return f"{op.collective}: point-to-point ops are not modelled"
     if op.collective == "alltoallv" and ranks != old:
         return "alltoallv: per-peer splits are not rescaled"
-    if op.collective in _NO_FORMULA:
-        return f"{op.collective}: no cost formula"
+    if op.collective not in FORMULAS and op.collective not in _STAND_IN:
+        return f"{op.collective}: no cost formula"      # the registry's (Collective.costs)
     return ""
 
 

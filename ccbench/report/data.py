@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from ccbench.collectives import COLLECTIVES
 from ccbench.records import CaseId, Record
 from ccbench.stats import summarize
 
@@ -18,7 +19,8 @@ __all__ = ["series_label", "colour_key", "to_frame", "library_versions", "key_nu
 # its own series, or only the latest run.
 RUN_VIEWS = ("pooled", "each", "latest")
 
-COLLECTIVE_ORDER = ("allreduce", "allgather", "reduce-scatter", "broadcast", "alltoall", "reduce")
+#: the order figures and tables show collectives in: the registry's
+COLLECTIVE_ORDER = COLLECTIVES
 _DISPLAY = {"gloo": "gloo", "oneccl": "oneCCL", "nccl": "NCCL", "rccl": "RCCL"}
 
 

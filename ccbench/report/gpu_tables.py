@@ -172,8 +172,11 @@ def render(steps: Steps) -> str:
     band = steps.get("bandwidth-w1")
     out += ["## Bandwidth of every collective (step `bandwidth of every collective`)", ""]
     out += [_about(band), "", *bandwidth_table(band), ""] if band else ["(no bandwidth-w1 records)", ""]
-    pairs = [(f"{n}-w1", f"algorithms-{n}-w1") for n in ("nccl", "nccl-cupy")]
-    pairs += [(f"mpi-cupy-{b}-per-op", f"algorithms-mpi-cupy-{b}") for b in ("host-staging", "cuda-aware")]
+    # check.sh names each algorithms step after the library step it runs beside:
+    # algorithms-<library>-w1 beside <library>-w1, algorithms-mpi-cupy-<buffers> beside
+    # mpi-cupy-<buffers>-per-op
+    pairs = [(name.removeprefix("algorithms-") + ("" if name.endswith("-w1") else "-per-op"), name)
+             for name in sorted(steps) if name.startswith("algorithms-")]
     for native, algorithms in pairs:
         if algorithms not in steps:
             continue

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ccbench.backends import HOST_BACKEND
 from ccbench.bench_options import BENCH_OPTIONS, option_named
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
 from ccbench.collectives import get as get_collective
@@ -347,7 +348,7 @@ def sweep_from_dict(data: Mapping[str, Any], where: str = "sweep",
     sweep = Sweep(
         name=name,
         collectives=collectives,
-        backends=_check_backends(check, data.get("backends", "gloo")),
+        backends=_check_backends(check, data.get("backends", HOST_BACKEND)),
         dtypes=dtypes,
         ops=check.choices("ops", data.get("ops", "sum"), OPS),
         sizes=sizes,

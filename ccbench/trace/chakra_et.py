@@ -13,9 +13,11 @@ allows, else as bytes (int8), and say so in their notes.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
+from ccbench.collectives import every
 from ccbench.errors import UsageError
 from ccbench.trace.ops import CommOp, Group, TraceError
 
@@ -41,8 +43,19 @@ def read_comm_groups(path: Path, world: int) -> dict[str, Group]:
         groups[str(name)] = Group(str(name), tuple(sorted(ranks)))
     return groups
 
-_COLL = {0: "allreduce", 1: "reduce", 2: "allgather", 3: "gather", 4: "scatter", 5: "broadcast",
-         6: "alltoall", 7: "reduce-scatter", 8: "reduce-scatter", 9: "barrier"}
+#: Chakra's collective types ccbench replays without measuring them
+_TRACE_ONLY = {"GATHER": "gather", "SCATTER": "scatter", "REDUCE_SCATTER_BLOCK": "reduce-scatter",
+               "BARRIER": "barrier"}
+
+
+@functools.cache
+def _collectives() -> dict[int, str]:
+    """comm_type code -> ccbench's collective: the registry's Chakra names (`Collective.chakra`),
+    then the trace-only ones."""
+    from ccbench.model.chakra import COLL_TYPES
+
+    named = {**_TRACE_ONLY, **{c.chakra: c.name for c in every() if c.chakra is not None}}
+    return {code: named[name] for name, code in COLL_TYPES.items()}
 _SEND, _RECV, _COLL_NODE = 5, 6, 7
 
 
@@ -51,9 +64,9 @@ def _op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path) -> 
     node_id = int(node.id)
     if node.type == _COLL_NODE:
         code = attrs.get("comm_type")
-        if code not in _COLL:
+        if code not in _collectives():
             raise TraceError(path, f"unknown comm_type {code!r} (valid: 0-9)", node_id)
-        collective = _COLL[int(code)]
+        collective = _collectives()[int(code)]
     else:
         collective = "send" if node.type == _SEND else "recv"
     elsize = 4 if size % 4 == 0 else 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ccbench.collectives import COLLECTIVES
+from ccbench.collectives import COLLECTIVES, get
 from ccbench.errors import UsageError
 
 __all__ = ["MEASURED", "REPLAYABLE", "CommOp", "Group", "Trace", "TraceError"]
@@ -70,8 +70,8 @@ class CommOp:
         """The nccl-tests S of the op in bytes (ccbench.collectives; the whole buffer, except
         send/recv: the message, and alltoallv: what this rank sends)."""
         n = self.group.size if self.group else 1
-        if self.collective == "allgather":
-            return self.out_bytes
+        if self.collective in MEASURED:
+            return get(self.collective).trace_size(self.in_bytes, self.out_bytes, n)
         if self.collective == "gather":
             return self.in_bytes * n
         if self.collective == "scatter":

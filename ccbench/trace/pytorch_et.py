@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ccbench.collectives import every
 from ccbench.safeio import check_json_depth, json_too_deep, read_input
 from ccbench.trace.ops import CommOp, Group, TraceError
 
@@ -26,19 +27,14 @@ _DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16",
            "c10::BFloat16": "bfloat16", "int": "int32", "signed char": "int8",
            "long int": "int64", "unsigned char": "uint8", "bool": "bool", "short int": "int16"}
 
-# c10d op -> (collective, how its arguments are laid out)
-_OPS: dict[str, str] = {
-    "c10d::allreduce_": "allreduce", "c10d::allreduce_coalesced_": "allreduce",
-    "c10d::allgather_": "allgather", "c10d::_allgather_base_": "allgather",
-    "c10d::allgather_into_tensor_coalesced_": "allgather",
-    "c10d::allgather_coalesced_": "allgather",
-    "c10d::reduce_scatter_": "reduce-scatter", "c10d::_reduce_scatter_base_": "reduce-scatter",
-    "c10d::reduce_scatter_tensor_coalesced_": "reduce-scatter",
-    "c10d::alltoall_base_": "alltoall", "c10d::alltoall_": "alltoall",
-    "c10d::broadcast_": "broadcast", "c10d::reduce_": "reduce", "c10d::gather_": "gather",
-    "c10d::scatter_": "scatter", "c10d::barrier": "barrier", "c10d::monitored_barrier_": "barrier",
-    "c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv",
+# c10d op -> collective: the registry's (`Collective.c10d`), and the ops ccbench replays
+# without measuring them
+_TRACE_ONLY: dict[str, str] = {
+    "c10d::gather_": "gather", "c10d::scatter_": "scatter", "c10d::barrier": "barrier",
+    "c10d::monitored_barrier_": "barrier", "c10d::send": "send", "c10d::recv_": "recv",
+    "c10d::recv_any_source_": "recv",
 }
+_OPS: dict[str, str] = {**_TRACE_ONLY, **{op: c.name for c in every() for op in c.c10d}}
 _ROOT_ARG = {"c10d::broadcast_": 2, "c10d::reduce_": 3, "c10d::gather_": 3, "c10d::scatter_": 3}
 _PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
 

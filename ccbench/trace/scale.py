@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from ccbench.collectives import get
 from ccbench.errors import UsageError
 from ccbench.trace.groups import match_calls
-from ccbench.trace.ops import CommOp, Group, Trace
+from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 
 __all__ = ["rescale", "resize_op", "retile_group"]
 
@@ -56,12 +57,9 @@ def retile_group(group: Group, old_world: int, new_world: int, rank: int) -> Gro
 def resize_op(op: CommOp, old: int, new: int) -> CommOp:
     """Per-rank bytes kept; the whole-buffer side follows the new group size."""
     out = dataclasses.replace(op, notes=list(op.notes))
-    if op.collective == "allgather":
-        out.out_bytes = op.in_bytes * new
-    elif op.collective == "reduce-scatter":
-        out.in_bytes = op.out_bytes * new
-    elif op.collective == "alltoall":
-        out.in_bytes = out.out_bytes = op.in_bytes // old * new
+    if op.collective in MEASURED:
+        out.in_bytes, out.out_bytes = get(op.collective).trace_resize(op.in_bytes, op.out_bytes,
+                                                                      old, new)
     elif op.collective == "gather":
         out.out_bytes = op.in_bytes * new if op.out_bytes else 0
     elif op.collective == "scatter":

@@ -71,7 +71,7 @@ def check_synchronize_waits(backend: Any) -> list[tuple[bool, str]]:
     for _ in range(2):                                   # the first one warms up
         backend.barrier()
         start = time.perf_counter()
-        backend.allreduce(send, recv, "sum")
+        backend.run("allreduce", send, recv, "sum", 0)
         launched = time.perf_counter() - start
         event = torch.cuda.Event()
         event.record()

@@ -1,0 +1,55 @@
+"""gather: the root gets every rank's block, in rank order (nccl-tests' gather_perf). S =
+sendcount x n x elsize (the gathered output), busbw factor (n-1)/n. Only the root's output is
+defined, so only the root's is checked."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ccbench.collectives.cost_terms import Coefficients, frac, lg
+from ccbench.collectives.spec import Collective, Layout
+from ccbench.collectives.values import moved
+
+
+def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
+    block = size // (elsize * n)
+    return block * n, block, block * n, block * n * elsize
+
+
+def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+            dtype: np.dtype) -> np.ndarray:
+    return moved(rank, index, lay.world_size)
+
+
+def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+              dtype: np.dtype) -> np.ndarray:
+    block = max(lay.block, 1)
+    return moved(index // block, index % block, lay.world_size)
+
+
+def _binomial(p: int) -> Coefficients:
+    # lg p rounds; the root's link carries the (p-1)/p of n that is not its own
+    return Coefficients(lg(p), frac(p), 0.0)
+
+
+def _direct(p: int) -> Coefficients:
+    # the root receives from the p-1 others one message each (single port)
+    return Coefficients(p - 1, frac(p), 0.0)
+
+
+def _resized(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int, int]:
+    """Each rank's block kept; the root's output (the others have none) is p blocks."""
+    return in_bytes, in_bytes * new if out_bytes else 0
+
+
+GATHER = Collective(
+    name="gather", aliases=(), reduces=False, rooted=True,
+    busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.send_count,
+    inplace="send-in-recv", inputs=_inputs, expected=_expected, result_on="root",
+    input_on="all", chakra="GATHER",
+    astra=None,         # ASTRA-sim's system file has no gather implementation to choose
+    comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block
+    size_meaning="sendcount x n x elsize", schedule_unit="block",
+    costs={"tree": _binomial, "direct": _direct}, cost_aliases={"linear": "direct"},
+    programs=("gather_perf", "osu_gather"), mpi="MPI_Gather", c10d=("c10d::gather_",),
+    trace_size=lambda in_bytes, out_bytes, p: in_bytes * p, trace_resize=_resized)

@@ -1,0 +1,54 @@
+"""scatter: rank r gets block r of the root's buffer (nccl-tests' scatter_perf). S =
+recvcount x n x elsize (the root's whole input), busbw factor (n-1)/n. Only the root's send
+buffer holds inputs, so a block that does not arrive shows as the sentinel."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ccbench.collectives.cost_terms import Coefficients, frac, lg
+from ccbench.collectives.spec import Collective, Layout
+from ccbench.collectives.values import moved
+
+
+def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
+    block = size // (elsize * n)
+    return block * n, block * n, block, block * n * elsize
+
+
+def _root_values(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+                 dtype: np.dtype) -> np.ndarray:
+    return moved(root, index, lay.world_size)
+
+
+def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+              dtype: np.dtype) -> np.ndarray:
+    return moved(root, rank * max(lay.block, 1) + index, lay.world_size)
+
+
+def _binomial(p: int) -> Coefficients:
+    # lg p rounds; the root's link carries the (p-1)/p of n that is not its own
+    return Coefficients(lg(p), frac(p), 0.0)
+
+
+def _direct(p: int) -> Coefficients:
+    # the root sends the p-1 others one message each (single port)
+    return Coefficients(p - 1, frac(p), 0.0)
+
+
+def _resized(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int, int]:
+    """Each rank's block kept; the root's input (the others have none) is p blocks."""
+    return out_bytes * new if in_bytes else 0, out_bytes
+
+
+SCATTER = Collective(
+    name="scatter", aliases=(), reduces=False, rooted=True,
+    busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.recv_count,
+    inplace="recv-in-send", inputs=_root_values, expected=_expected, result_on="all",
+    input_on="root", chakra="SCATTER",
+    astra=None,         # ASTRA-sim's system file has no scatter implementation to choose
+    comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block
+    size_meaning="recvcount x n x elsize", schedule_unit="block",
+    costs={"tree": _binomial, "direct": _direct}, cost_aliases={"linear": "direct"},
+    programs=("scatter_perf", "osu_scatter"), mpi="MPI_Scatter", c10d=("c10d::scatter_",),
+    trace_size=lambda in_bytes, out_bytes, p: out_bytes * p, trace_resize=_resized)

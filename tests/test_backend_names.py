@@ -1,0 +1,59 @@
+"""A backend is one module under ccbench/backends/ that owns what it can do (availability,
+version, default device, the options it reads, whether it carries the algorithms): no other
+module names a backend in a string literal, except the short list below, each with its
+reason. Checked on the source, every string constant."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from ccbench.backends import REGISTRY
+
+ROOT = Path(__file__).resolve().parent.parent / "ccbench"
+
+#: module (relative to ccbench/) -> why it may name backends
+ALLOWED = {
+    "report/data.py": "report/ may not import backends/ (import contract); it labels series by "
+                      "the backend and library each record names",
+    "report/style.py": "colours keyed by the library a record names, as report/data.py",
+    "report/traces.py": "colours keyed by the library a record names, as report/data.py",
+    "model/library_algorithms.py": "model/ may not import backends/ (import contract); it "
+                                   "prices a library's documented algorithm by the backend a "
+                                   "record names",
+    "commands/doctor.py": "its libraries table reports the libraries (torch's gloo and NCCL, "
+                          "MPI, oneCCL) themselves, beside the backends' own probes",
+}
+
+_NAMED = re.compile(r"^(?:[\w:.-]+@)?(" + "|".join(map(re.escape, REGISTRY)) + r")$")
+
+
+def _literals(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and _NAMED.match(node.value)]
+
+
+def test_no_backend_name_outside_backends() -> None:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith("backends/") or relative in ALLOWED:
+            continue
+        hits = _literals(path)
+        if hits:
+            found[relative] = hits
+    assert not found, f"backend names outside ccbench/backends/: {found}"
+
+
+def test_the_allow_list_is_short_and_still_needed() -> None:
+    assert len(ALLOWED) <= 5
+    for relative in ALLOWED:
+        assert _literals(ROOT / relative), f"{relative} names no backend any more: drop it"
+
+
+def test_the_check_sees_a_name() -> None:
+    assert _NAMED.match("gloo") and _NAMED.match("ring@mpi") and _NAMED.match("nccl-cupy")
+    assert not _NAMED.match("global") and not _NAMED.match("mpiexec")
