@@ -44,6 +44,12 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=None,
                         help="replay at this many ranks (data-parallel sizes kept per rank, "
                              "groups re-tiled)")
+    parser.add_argument("--group", action="append", default=[], metavar="NODE=RANKS",
+                        help="settle an op's process group: NODE_ID=0,2 (that node id on each "
+                             "listed rank) or RANK:NODE_ID=0,2; repeatable")
+    parser.add_argument("--groups-file", default=None,
+                        help="JSON {\"NODE\": [ranks], \"RANK:NODE\": [ranks]}: --group "
+                             "entries from a file")
     parser.add_argument("--output", "-O", default=None,
                         help="append one record per measured call to this file (JSON lines)")
     parser.add_argument("--summary", default=None, help="write the per-trace summary (JSON)")
@@ -100,8 +106,9 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
 
 def _load(args: argparse.Namespace, readers: int = 1) -> Any:
     from ccbench.trace import load_trace
+    from ccbench.trace.named import parse_group_settings
 
-    trace = load_trace(args.traces, readers)
+    trace = load_trace(args.traces, readers, parse_group_settings(args.group, args.groups_file))
     if args.world_size is not None and args.world_size != trace.world_size:
         from ccbench.trace.scale import rescale
 

@@ -90,6 +90,11 @@ def _op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path) -> 
     return op
 
 
+def collective_on_world(op: CommOp) -> bool:
+    """A collective (send and recv name their peer, not a group)."""
+    return op.collective not in ("send", "recv")
+
+
 def parse_chakra_et(path: Path, rank: int, world: int,
                     groups: dict[str, Group] | None = None) -> tuple[list[CommOp], str, list[str]]:
     """(this rank's comm ops in file order, the schema version, pg names seen); an op whose
@@ -113,6 +118,9 @@ def parse_chakra_et(path: Path, rank: int, world: int,
         attrs = node_attrs(node)
         op = _op(node, attrs, rank, len(ops), path)
         pg = str(attrs.get("pg_name") or "")
+        if (not pg or pg == "0") and collective_on_world(op):
+            # the module's rule, as ASTRA-sim reads it: no pg_name is the whole world
+            op.group, op.group_source = Group("world", tuple(range(world))), "named"
         if pg and pg != "0":
             pg_names.append(pg)
             if groups is not None:
@@ -124,6 +132,6 @@ def parse_chakra_et(path: Path, rank: int, world: int,
                     raise TraceError(path, f"rank {rank} runs an op on group {pg} "
                                            f"{list(groups[pg].ranks)}, which it is not in",
                                      int(node.id))
-                op.group, op.group_source = groups[pg], "trace"
+                op.group, op.group_source = groups[pg], "named"
         ops.append(op)
     return ops, version, pg_names

@@ -5,8 +5,11 @@ sequence of calls on that group. NCCL traces name the group of each op; gloo tra
 so the group is found here: the ranks are walked forward together and each op is matched with
 the ops its group's other members have next, trying the candidate groups (those the trace
 declares, that contain the rank and whose size the op's buffers divide by) smallest first.
-Where several assignments are consistent the first is kept (op.group_source = "inferred");
-where none is, the ranks' sequences disagree and the trace is refused.
+An op whose group the trace (or a capture file, or the user) names keeps it
+(op.group_source = "named"); one matched to the only group that fitted is "inferred"; one
+where another group was ready as well is "ambiguous": the first consistent assignment is
+kept, and the op says so. Where no assignment is consistent, the ranks' sequences disagree
+and the trace is refused.
 """
 
 from __future__ import annotations
@@ -68,6 +71,21 @@ def _same_call(a: CommOp, b: CommOp) -> bool:
 
 def _signature(op: CommOp) -> tuple[object, ...]:
     return (op.collective, op.dtype, op.size, op.root)
+
+
+def _call_key(op: CommOp) -> tuple[object, ...]:
+    """What the ops of one call share (as _same_call)."""
+    variable = op.collective in ("alltoallv", "gather", "scatter", "barrier")
+    return (op.collective, op.dtype, op.root, None if variable else op.size)
+
+
+def _other_fit(op: CommOp, chosen: Group, groups: list[Group],
+               keys: list[set[tuple[object, ...]]]) -> bool:
+    """Another group fits the op, and each of its members has an op of the same kind: the
+    trace alone cannot tell which group the call ran on."""
+    key = _call_key(op)
+    return any(g != chosen and op.rank in g.ranks and _divides(op, g) is None
+               and all(key in keys[m] for m in g.ranks) for g in groups)
 
 
 class _Matcher:
@@ -137,6 +155,7 @@ class _Matcher:
         total = sum(len(o) for o in self.ops)
         done = 0
         path: list[tuple[Group, tuple[int, ...]]] = []
+        self.alternatives: list[bool] = []     # per call of path: another group was ready too
         stack = [self._moves(pos)]
         deepest = (0, list(pos))
         steps = 0
@@ -150,11 +169,14 @@ class _Matcher:
                 if not path:
                     self._disagree(deepest[1])
                 group, members = path.pop()
+                self.alternatives.pop()
                 self._apply(pos, group, members, -1)
                 done -= len(members)
                 continue
             group, members = moves.pop(0)
             path.append((group, members))
+            self.alternatives.append(any(g != group and set(m) & set(members)
+                                         for g, m in moves))
             self._apply(pos, group, members, +1)
             done += len(members)
             if done > deepest[0]:
@@ -175,15 +197,18 @@ class _Matcher:
 def match_calls(ops: list[list[CommOp]], groups: list[Group]) -> int:
     """Give every op its group and call number (in place); returns the number of calls.
     `groups` starts with the world group."""
-    path = _Matcher(ops, groups).run()
+    matcher = _Matcher(ops, groups)
+    path = matcher.run()
+    keys = [{_call_key(op) for op in rank_ops} for rank_ops in ops]
     pos = [0] * len(ops)
     for call, (group, members) in enumerate(path):
         for m in members:
             op = ops[m][pos[m]]
             pos[m] += 1
             if op.group is None:
-                choices = len([g for g in groups if m in g.ranks and _divides(op, g) is None])
-                op.group_source = "inferred" if choices > 1 else "only"
+                unsure = matcher.alternatives[call] or (
+                    op.collective not in ("send", "recv") and _other_fit(op, group, groups, keys))
+                op.group_source = "ambiguous" if unsure else "inferred"
                 op.group = group
             if not op.out_bytes and op.in_bytes:      # one side given (Chakra): the other
                 if op.collective == "allgather":

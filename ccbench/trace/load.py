@@ -77,6 +77,7 @@ def rank_files(paths: list[str | os.PathLike[str]]) -> tuple[str, list[Path]]:
 
 
 def _merge_groups(declared: list[dict[str, Group]], world: int, path: Path) -> list[Group]:
+    """The world first, then every other group once (by its ranks)."""
     world_group = Group("world", tuple(range(world)))
     groups = [world_group]
     for table in declared:
@@ -84,15 +85,53 @@ def _merge_groups(declared: list[dict[str, Group]], world: int, path: Path) -> l
             if any(r >= world for r in group.ranks):
                 raise TraceError(path, f"process group {group.name} has ranks {list(group.ranks)} "
                                        f"outside a world of {world}")
-            if group.ranks != world_group.ranks and group not in groups \
-                    and all(g.ranks != group.ranks for g in groups):
+            if all(g.ranks != group.ranks for g in groups):
                 groups.append(group)
     return groups
 
 
-def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1) -> Trace:
+def _canonical_groups(ops: list[list[CommOp]], groups: list[Group]) -> None:
+    """An op's named group becomes the one group of those ranks (the world: "world"), so that
+    a group named in one place (pg_name "0", a capture file) is the group the replay splits."""
+    by_ranks = {g.ranks: g for g in groups}
+    for op in (op for rank_ops in ops for op in rank_ops):
+        if op.group is not None:
+            op.group = by_ranks[op.group.ranks]
+
+
+def _captured(path: Path, rank: int, rank_ops: list[CommOp], world: int) -> int:
+    """Settle this rank's ops from the capture file beside its trace, if there is one."""
+    from ccbench.trace.capture import capture_file
+    from ccbench.trace.named import apply_capture, read_capture
+
+    beside = capture_file(path.parent, rank)
+    if not beside.is_file():
+        return 0
+    return apply_capture(rank_ops, read_capture(beside), world, beside)
+
+
+def _notes(trace: Trace, captured: int) -> None:
+    ops = trace.all_ops()
+    if captured:
+        trace.notes.append(f"{captured} of {len(ops)} ops settled from the capture files beside "
+                           f"the trace (group, reduction, root, splits)")
+    calls = {op.call for op in ops if op.group_source == "ambiguous"}
+    if calls:
+        trace.notes.append(
+            f"{len(calls)} calls' process groups are ambiguous (the trace does not name them "
+            f"and more than one group fits; group_source 'ambiguous' on each): record the job "
+            f"under `python -m ccbench.trace.capture` or settle them with --group NODE=RANKS")
+    assumed = [op for op in ops if op.reduce_op and not op.op_source]
+    if assumed:
+        trace.notes.append(f"{len({op.call for op in assumed})} reducing calls do not say their "
+                           f"reduction in the trace: taken as sum (a capture file says)")
+
+
+def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1,
+               group_settings: dict[str, list[int]] | None = None) -> Trace:
     """Parse, match across ranks and check a trace; TraceError (exit 2) on bad input.
-    `readers`: processes of this machine that will hold it at once (replay: each rank)."""
+    `readers`: processes of this machine that will hold it at once (replay: each rank);
+    `group_settings` ({"[RANK:]NODE": ranks}, from --group) name ops' groups."""
     kind, files = rank_files(paths)
     world = len(files)
     need = _MEMORY_PER_BYTE[kind] * sum(scaled_size(p) for p in files)
@@ -101,6 +140,7 @@ def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1) -> Trace:
     ops: list[list[CommOp]] = []
     declared: list[dict[str, Group]] = []
     schema = ""
+    captured = 0
     comm_groups: dict[str, Group] | None = None
     beside = files[0].parent / "comm_groups.json"
     if kind == "chakra-et" and beside.is_file():
@@ -114,17 +154,25 @@ def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1) -> Trace:
                                        "trace: record with torch.profiler.ExecutionTraceObserver")
             rank_ops, table, schema = parse_pytorch_et(path, rank, world, data)
             declared.append(table)
+            captured += _captured(path, rank, rank_ops, world)
         else:
             rank_ops, schema, _ = parse_chakra_et(path, rank, world, comm_groups)
         ops.append(rank_ops)
+    if not any(ops):
+        raise TraceError(files[0], f"no communication ops in the trace ({world} rank files): "
+                                   f"nothing to replay")
+    if group_settings:
+        from ccbench.trace.named import apply_user_groups
+
+        apply_user_groups(ops, group_settings)
+    declared.append({op.group.name: op.group for rank_ops in ops for op in rank_ops
+                     if op.group is not None})
     groups = _merge_groups(declared, world, files[0])
+    _canonical_groups(ops, groups)
     trace = Trace(kind=kind, paths=[str(p) for p in files], world_size=world, ops=ops,
                   groups=groups, schema=schema)
     match_calls(ops, groups)
     used = {op.group for op in trace.all_ops() if op.group is not None}
     trace.groups = [g for g in groups if g in used] or groups[:1]
-    if any(op.group_source == "inferred" for op in trace.all_ops()):
-        trace.notes.append("the trace does not name each op's process group (gloo): groups "
-                           "were matched across ranks (an op first takes the group the same "
-                           "op ran on before, else the smallest consistent one)")
+    _notes(trace, captured)
     return trace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ccbench.collectives import COLLECTIVES, get
+from ccbench.collectives import COLLECTIVES, REDUCING, get
 from ccbench.errors import UsageError
 
 __all__ = ["MEASURED", "REPLAYABLE", "CommOp", "Group", "Trace", "TraceError"]
@@ -54,11 +54,14 @@ class CommOp:
     root: int | None = None        # group-local root of rooted collectives
     peer: int | None = None        # peer rank of send / recv
     op: str | None = None          # reduction, when the trace says ("sum" is assumed otherwise)
+    op_source: str = ""            # named: the trace or a capture file says; "": assumed
     async_op: bool = False
     in_splits: tuple[int, ...] = ()    # alltoallv: elements sent to each group rank
     out_splits: tuple[int, ...] = ()
     group: Group | None = None     # None until matched (ccbench.trace.groups)
-    group_source: str = ""         # trace (recorded) | only (one group fits) | inferred
+    # named: the trace, a capture file or the user names it; inferred: matched across ranks,
+    # the only group that fits; ambiguous: matched, but another group fitted as well
+    group_source: str = ""
     call: int = -1                 # which matched call across ranks (ops of one call share it)
     start_us: float | None = None  # when the trace has timings
     dur_us: float | None = None
@@ -79,6 +82,11 @@ class CommOp:
         if self.collective == "recv":
             return self.out_bytes or self.in_bytes
         return self.in_bytes
+
+    @property
+    def reduce_op(self) -> str | None:
+        """The reduction of a reducing op: the one named, else sum (assumed; see op_source)."""
+        return (self.op or "sum") if self.collective in REDUCING else None
 
     def describe(self) -> str:
         group = f" on {list(self.group.ranks)}" if self.group else ""

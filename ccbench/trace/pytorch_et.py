@@ -220,7 +220,7 @@ def parse_pytorch_et(path: Path, rank: int, world: int, data: dict[str, Any] | N
                 if child.get("name") == "record_param_comms":
                     group = _group_of(_param_comms(child), groups)
                     if group is not None:
-                        op.group, op.group_source = group, "trace"
+                        op.group, op.group_source = group, "named"
             start, dur = _attr(node, "ts"), _attr(node, "dur")
             if isinstance(start, (int, float)) and isinstance(dur, (int, float)):
                 op.start_us, op.dur_us = float(start), float(dur)

@@ -25,7 +25,7 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
-from ccbench.collectives import REDUCING, layout
+from ccbench.collectives import busbw_factor, layout
 from ccbench.control import ControlClient
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
@@ -34,6 +34,7 @@ from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.record import Record, append_record
 from ccbench.records.writer import torn_warning
 from ccbench.stats import summarize
+from ccbench.trace.extra import _SAME_WIDTH, EXTRA, ExtraCall, element_type, prepare
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
@@ -41,8 +42,6 @@ from ccbench.watchdog import Watchdog
 
 __all__ = ["ReplayConfig", "replay_rank"]
 
-# element types the harness does not offer, measured as one of the same width (same bytes)
-_SAME_WIDTH = {"int64": "float64", "uint8": "int8", "bool": "int8", "int16": "float16"}
 _STEP_BASE = 10_000_000          # step numbers: backend index x this + call number
 
 
@@ -69,7 +68,7 @@ def _case(op: CommOp) -> tuple[Case, str]:
             raise UsageError(f"{op.source}, node {op.node_id}: element type {dtype!r} has no "
                              f"ccbench dtype of the same width (valid: {', '.join(DTYPES)})")
         dtype, note = _SAME_WIDTH[dtype], f"{op.dtype} measured as {_SAME_WIDTH[dtype]}"
-    reduce_op = (op.op or "sum") if op.collective in REDUCING else None
+    reduce_op = op.reduce_op
     # c10d's allreduce_, broadcast_ and reduce_ work in place; the _base_ variants do not
     inplace = op.collective in ("allreduce", "broadcast", "reduce")
     return Case(op.collective, dtype, reduce_op, inplace, op.root or 0), note
@@ -117,12 +116,33 @@ class _Rank:
                         collective=op.collective, size=op.size, group=list(op.group.ranks)
                         if op.group else [], time_us=result.time_us["median"],
                         busbw_gbps=result.busbw_gbps, original_us=op.dur_us, wrong=result.wrong,
-                        extra={"size_used": result.layout.size_used, "note": note})
+                        extra={"size_used": result.layout.size_used, **self._trace_tag(op, note)})
+
+    def _trace_tag(self, op: CommOp, note: str) -> dict[str, Any]:
+        """method.trace of a record: which call of which trace, and how sure its facts are."""
+        group = sorted((op.rank, op.peer)) if op.collective in ("send", "recv") \
+            and op.peer is not None else list(op.group.ranks) if op.group else None
+        return {"file": op.source, "node_id": op.node_id, "name": op.name, "call": op.call,
+                "index": op.index, "group": group,
+                "group_source": op.group_source,
+                "reduce_op_source": ("named" if op.op_source else "assumed")
+                if op.reduce_op else None,
+                "in_splits": list(op.in_splits) or None, "out_splits": list(op.out_splits) or None,
+                "trace_world_size": self.trace.world_size, "trace_dtype": op.dtype,
+                "note": note, "original_us": op.dur_us, "start_us": op.start_us}
 
     def _record(self, sub: Backend, op: CommOp, case: Case, result: Any, note: str) -> Record:
+        lay = result.layout
+        return self._make_record(sub, op, case, note, size_used=lay.size_used, count=lay.count,
+                                 time_us=result.time_us, samples_us=result.samples_us,
+                                 rank_median_us=result.rank_median_us,
+                                 algbw_gbps=result.algbw_gbps, busbw_gbps=result.busbw_gbps,
+                                 wrong=result.wrong, iterations=result.iterations)
+
+    def _make_record(self, sub: Backend, op: CommOp, case: Case, note: str, **measured: Any
+                     ) -> Record:
         meta = sub.info()
         method = self.config.method
-        lay = result.layout
         return Record(
             run_id=self.run_id,
             timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -132,21 +152,11 @@ class _Rank:
             dtype=case.dtype, op=case.op, inplace=case.inplace, timing=method.timing,
             world_size=sub.ctx.world_size, nodes=len(self.hosts),
             ranks_per_node=max(1, self.info.world_size // max(1, len(self.hosts))),
-            hosts=self.hosts, root=case.root, size_asked=op.size, size_used=lay.size_used,
-            count=lay.count, iterations=result.iterations, warmup=method.warmup,
-            time_us=result.time_us, samples_us=result.samples_us,
-            rank_median_us=result.rank_median_us, algbw_gbps=result.algbw_gbps,
-            busbw_gbps=result.busbw_gbps, wrong=result.wrong,
+            hosts=self.hosts, root=case.root, size_asked=op.size, warmup=method.warmup,
             method={"timing": method.timing, "check": method.check, "combine": "max over ranks",
                     "launcher": self.info.launcher, "timeout_s": method.timeout,
-                    "trace": {"file": op.source, "node_id": op.node_id, "name": op.name,
-                              "call": op.call, "index": op.index,
-                              "group": list(op.group.ranks) if op.group else None,
-                              "group_source": op.group_source,
-                              "trace_world_size": self.trace.world_size,
-                              "trace_dtype": op.dtype, "note": note,
-                              "original_us": op.dur_us, "start_us": op.start_us}},
-            environment={"backend": meta.get("env", {})})
+                    "trace": self._trace_tag(op, note)},
+            environment={"backend": meta.get("env", {})}, **measured)
 
     def _time_loop(self, sub: Backend, op: CommOp, step: int, body: Any) -> list[float]:
         method = self.config.method
@@ -163,43 +173,52 @@ class _Rank:
         return samples
 
     def _measure_extra(self, sub: Backend, op: CommOp, step: int) -> OpResult | str | None:
-        """barrier on its group; send/recv between the pair, validated bit for bit."""
+        """barrier, send/recv and alltoallv on their group (ccbench.trace.extra), timed as
+        the harness times (warm-up, timed iterations, max over the call's ranks) and checked
+        bit for bit; the call's first rank writes its record."""
+        call = prepare(sub, op, self.info.rank, self.config.method.timeout)
+        if isinstance(call, str):
+            return call
         key = f"trace/x/{step}"
-        wrong = 0
-        if op.collective == "barrier":
-            samples = self._time_loop(sub, op, step, sub.barrier)
-            members = op.group.ranks if op.group else (self.info.rank,)
-        elif op.collective in ("send", "recv") and op.peer is not None and op.peer >= 0:
-            dtype = numpy_dtype(_SAME_WIDTH.get(op.dtype, op.dtype)
-                                if op.dtype not in DTYPES else op.dtype)
-            count = op.size // dtype.itemsize
-            pattern = (np.arange(count) % 7).astype(dtype)
-            buf = sub.alloc(count, dtype)
-            if op.collective == "send":
-                sub.copy_from_numpy(buf, pattern)
-                samples = self._time_loop(sub, op, step, lambda: sub.send(buf, op.peer))
-            else:
-                samples = self._time_loop(sub, op, step, lambda: sub.recv(buf, op.peer))
-                got = sub.to_numpy(buf)
-                wrong = int(np.count_nonzero(got.view(np.uint8) != pattern.view(np.uint8)))
-            members = tuple(sorted((self.info.rank, op.peer)))
-        else:
-            return (f"{op.collective}: not replayed (ccbench replays "
-                    f"{', '.join(sorted(MEASURED))}, barrier and send/recv)")
+        samples = self._time_loop(sub, op, step, call.run)
+        wrong = call.check() if self.config.method.check else 0
         self.store.set(f"{key}/{self.info.rank}", {"samples": samples, "wrong": wrong})
-        if self.info.rank != members[0]:
+        if self.info.rank != call.members[0]:
             return None
         with self.watchdog.waiting():
             per_rank = [self.store.get(f"{key}/{r}", self.config.method.timeout)
-                        for r in members]
-        matrix = np.asarray([p["samples"] for p in per_rank]).max(axis=0) * 1e6
-        total_wrong = sum(int(p["wrong"]) for p in per_rank)
-        self.wrong += total_wrong
-        return OpResult(call=op.call, node_id=op.node_id, name=op.name,
-                        collective="sendrecv" if op.collective in ("send", "recv")
-                        else op.collective, size=op.size, group=list(members),
-                        time_us=summarize(matrix.tolist())["median"], original_us=op.dur_us,
-                        wrong=total_wrong)
+                        for r in call.members]
+        return self._extra_result(sub, op, call, per_rank)
+
+    def _extra_result(self, sub: Backend, op: CommOp, call: ExtraCall,
+                      per_rank: list[dict[str, Any]]) -> OpResult:
+        by_rank = np.asarray([p["samples"] for p in per_rank]) * 1e6
+        samples = by_rank.max(axis=0)
+        total_wrong = sum(int(p["wrong"]) for p in per_rank) if self.config.method.check \
+            else None
+        self.wrong += total_wrong or 0
+        collective = "sendrecv" if op.collective in ("send", "recv") else op.collective
+        time_us = summarize(samples.tolist())
+        median_s = time_us["median"] * 1e-6
+        algbw = op.size / median_s / 1e9 if median_s > 0 else 0.0
+        factor = busbw_factor("alltoall", len(call.members)) if collective == "alltoallv" \
+            else 1.0 if collective == "sendrecv" else 0.0
+        dtype = element_type(op.dtype)
+        case = Case(collective, dtype.name if op.collective != "barrier" else "uint8", None,
+                    False, 0)
+        record = self._make_record(
+            sub, op, case, "", size_used=op.size, count=call.count,
+            time_us=time_us, samples_us=samples.tolist(),
+            rank_median_us=[float(np.median(row)) for row in by_rank],
+            algbw_gbps=algbw, busbw_gbps=algbw * factor, wrong=total_wrong,
+            iterations=self.config.method.iters)
+        record.world_size = len(call.members)
+        if self.config.output:
+            append_record(self.config.output, record)
+        return OpResult(call=op.call, node_id=op.node_id, name=op.name, collective=collective,
+                        size=op.size, group=list(call.members), time_us=time_us["median"],
+                        busbw_gbps=algbw * factor, original_us=op.dur_us, wrong=total_wrong,
+                        extra=self._trace_tag(op, ""))
 
     def per_op(self, number: int, subs: dict[Group, Backend | str]) -> None:
         for op in self.ops:
@@ -220,6 +239,7 @@ class _Rank:
                                    group=list(op.group.ranks) if op.group else [],
                                    reason=outcome)
             if isinstance(outcome, OpResult):
+                outcome.group_source, outcome.reduce_op = op.group_source, op.reduce_op
                 self.store.set(f"trace/{number}/op/{op.call}", outcome.to_dict())
 
     # -- the sequence ---------------------------------------------------------------------
@@ -241,14 +261,12 @@ class _Rank:
                 cache[key] = (sub.bind(case.collective, send, recv, case.op, case.root),
                               send, recv)
             return cache[key][0]
-        if op.collective == "barrier":
-            return sub.barrier
-        if op.collective in ("send", "recv") and op.peer is not None and op.peer >= 0:
-            buf = sub.alloc(max(1, op.size), np.dtype(np.int8))
-            cache[("p2p", op.call)] = buf
-            peer = op.peer
-            return (lambda: sub.send(buf, peer)) if op.collective == "send" \
-                else (lambda: sub.recv(buf, peer))
+        if op.collective in EXTRA:
+            call = prepare(sub, op, self.info.rank, self.config.method.timeout)
+            if isinstance(call, str):
+                return None
+            cache[("extra", op.call)] = call            # keeps its buffers alive
+            return call.run
         return None
 
     def _gaps(self) -> list[float]:

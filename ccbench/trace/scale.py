@@ -96,7 +96,6 @@ def rescale(trace: Trace, world: int) -> Trace:
             assert op.group is not None and isinstance(group, Group)
             new = resize_op(op, op.group.size, group.size)
             new.rank, new.index, new.group, new.call = rank, len(mine), group, -1
-            new.group_source = "rescaled"
             mine.append(new)
         ops.append(mine)
     groups = sorted({op.group for rank_ops in ops for op in rank_ops if op.group},

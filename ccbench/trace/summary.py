@@ -27,6 +27,8 @@ class OpResult:
     original_us: float | None = None
     wrong: int | None = None
     reason: str = ""
+    group_source: str = ""        # named | inferred | ambiguous (ccbench.trace.groups)
+    reduce_op: str | None = None  # the reduction replayed (reducing calls)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,140 @@
+"""The calls of a trace that are not collectives of ccbench's registry: barrier, send/recv
+and the uneven all-to-all (all_to_all_single with split sizes, all_to_all of a tensor list).
+
+`prepare(sub, op, rank, timeout)` gives, for one rank of the call, the call to time and the
+check that counts wrong bytes afterwards (bit for bit against what the peers sent), or the
+reason the backend cannot run it:
+
+- barrier: the backend's barrier on the group;
+- send/recv: the backend's own point-to-point messages, else (an <algorithm>@<transport>
+  backend) its transport's, else refused;
+- alltoallv: torch.distributed's all_to_all_single with split sizes (gloo, nccl), MPI's
+  Alltoallv (mpi); refused for oneCCL (ccbench binds its NCCL-style C API, whose all-to-all
+  takes one count for every peer) and for the algorithm backends (no uneven schedule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ccbench.backends.base import Backend
+from ccbench.dtypes import DTYPES, numpy_dtype
+from ccbench.trace.ops import CommOp
+
+__all__ = ["EXTRA", "ExtraCall", "prepare"]
+
+#: the calls this module runs
+EXTRA = frozenset({"barrier", "send", "recv", "alltoallv"})
+# element types the harness does not offer, measured as one of the same width (same bytes)
+_SAME_WIDTH = {"int64": "float64", "uint8": "int8", "bool": "int8", "int16": "float16"}
+
+
+@dataclass
+class ExtraCall:
+    run: Callable[[], Any]
+    check: Callable[[], int]          # wrong bytes on this rank (0 where nothing arrives)
+    members: tuple[int, ...]          # global ranks of the call
+    count: int                        # elements this rank sends (or receives: recv)
+
+
+def element_type(dtype: str) -> np.dtype:
+    return numpy_dtype(dtype if dtype in DTYPES else _SAME_WIDTH.get(dtype, "int8"))
+
+
+def _pattern(src: int, dst: int, count: int, dtype: np.dtype) -> np.ndarray:
+    """What `src` sends `dst`: small integers, exact in every element type."""
+    return ((np.arange(count) + 3 * src + 5 * dst) % 61).astype(dtype)
+
+
+def _wrong(got: np.ndarray, want: np.ndarray) -> int:
+    return int(np.count_nonzero(got.view(np.uint8) != want.view(np.uint8)))
+
+
+def _point_to_point(sub: Backend, timeout: float) -> tuple[Any, Any] | str:
+    if type(sub).send is not Backend.send:
+        return sub.send, sub.recv
+    transport = getattr(sub, "_transport", None)
+    if transport is not None:
+        return ((lambda buf, peer: transport.isend(buf, peer, 0).wait(timeout)),
+                (lambda buf, peer: transport.irecv(buf, peer, 0).wait(timeout)))
+    return f"{sub.name}: no point-to-point messages, and no transport to carry them"
+
+
+def _p2p(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str:
+    if op.peer is None or op.peer < 0:
+        return f"{op.collective} from any source: the peer is not in the trace"
+    pair = _point_to_point(sub, timeout)
+    if isinstance(pair, str):
+        return pair
+    send, recv = pair
+    dtype = element_type(op.dtype)
+    count = op.size // dtype.itemsize
+    src, dst = (rank, op.peer) if op.collective == "send" else (op.peer, rank)
+    want = _pattern(src, dst, count, dtype)
+    buf = sub.alloc(count, dtype)
+    peer = op.peer
+    if op.collective == "send":
+        sub.copy_from_numpy(buf, want)
+        return ExtraCall(lambda: send(buf, peer), lambda: 0, tuple(sorted((rank, peer))), count)
+    return ExtraCall(lambda: recv(buf, peer), lambda: _wrong(sub.to_numpy(buf), want),
+                     tuple(sorted((rank, peer))), count)
+
+
+def _offsets(splits: tuple[int, ...]) -> list[int]:
+    return [int(x) for x in np.concatenate(([0], np.cumsum(splits)[:-1]))] if splits else []
+
+
+def _alltoallv_call(sub: Backend) -> Callable[[Any, Any, list[int], list[int]], None] | str:
+    if hasattr(sub, "_transport") or hasattr(sub, "inner"):
+        return f"{sub.name}: ccbench's algorithm schedules have no uneven all-to-all"
+    if hasattr(sub, "dist"):
+        dist, group = sub.dist, getattr(sub, "group", None)       # type: ignore[attr-defined]
+        return lambda send, recv, s_in, s_out: dist.all_to_all_single(
+            recv, send, s_out, s_in, group=group)
+    if hasattr(sub, "comm") and hasattr(sub, "MPI"):
+        comm = sub.comm                                           # type: ignore[attr-defined]
+
+        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
+            comm.Alltoallv([send, (s_in, _offsets(tuple(s_in)))],
+                           [recv, (s_out, _offsets(tuple(s_out)))])
+        return alltoallv
+    if hasattr(sub, "lib") and hasattr(sub, "ccl"):
+        return (f"{sub.name}: ccbench binds oneCCL's NCCL-style C API, whose all-to-all takes "
+                f"one count for every peer (no all-to-allv)")
+    return f"{sub.name}: no uneven all-to-all"
+
+
+def _alltoallv(sub: Backend, op: CommOp, rank: int) -> ExtraCall | str:
+    assert op.group is not None
+    call = _alltoallv_call(sub)
+    if isinstance(call, str):
+        return call
+    if len(op.in_splits) != op.group.size or len(op.out_splits) != op.group.size:
+        return f"alltoallv: the trace gives no split sizes for a group of {op.group.size}"
+    dtype = element_type(op.dtype)
+    s_in, s_out = list(op.in_splits), list(op.out_splits)
+    send, recv = sub.alloc(sum(s_in), dtype), sub.alloc(sum(s_out), dtype)
+    members = op.group.ranks
+    sub.copy_from_numpy(send, np.concatenate([_pattern(rank, peer, n, dtype)
+                                              for peer, n in zip(members, s_in, strict=True)]))
+    want = np.concatenate([_pattern(peer, rank, n, dtype)
+                           for peer, n in zip(members, s_out, strict=True)])
+    return ExtraCall(lambda: call(send, recv, s_in, s_out),
+                     lambda: _wrong(sub.to_numpy(recv), want), members, sum(s_in))
+
+
+def prepare(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str:
+    """This rank's part of one call of the trace outside the registry, or why not."""
+    if op.collective == "barrier":
+        members = op.group.ranks if op.group else (rank,)
+        return ExtraCall(sub.barrier, lambda: 0, members, 0)
+    if op.collective in ("send", "recv"):
+        return _p2p(sub, op, rank, timeout)
+    if op.collective == "alltoallv":
+        return _alltoallv(sub, op, rank)
+    return f"{op.collective}: not replayed (ccbench replays its registry's collectives, " \
+           f"barrier, send/recv and alltoallv)"
