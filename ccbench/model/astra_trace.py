@@ -50,11 +50,24 @@ from ccbench.trace.ops import Trace
 __all__ = ["export_astra_trace"]
 
 
-def _delay_node(node_id: int, name: str, micros: int) -> Any:
-    """A compute node ASTRA-sim replays for `micros` (it has no model of this op)."""
+def _astra_collective(row: dict[str, Any]) -> str:
+    """The collective ASTRA-sim runs for a priced row: an uneven all-to-all as the even
+    all-to-all simulate --trace priced (ccbench.model.tracesim.even_stand_in)."""
+    return "alltoall" if row["collective"] == "alltoallv" else row["collective"]
+
+
+def _delay_node(node_id: int, name: str, micros: int, row: dict[str, Any], pg: str | None
+                ) -> Any:
+    """A compute node ASTRA-sim replays for `micros` (it has no model of this op). Its
+    ccbench_* attributes say which op it stands for, so that ccbench reads the export back
+    as the communication it is (ccbench.trace.chakra_et); ASTRA-sim reads none of them."""
     node = classes()["Node"](id=node_id, name=name, type=NODE_TYPES["COMP_NODE"],
                              duration_micros=micros)
     node.attr.append(_attr("is_cpu_op", False))
+    node.attr.append(_attr("ccbench_collective", str(row["collective"])))
+    node.attr.append(_attr("ccbench_size", int(row["size"])))
+    if pg is not None:
+        node.attr.append(_attr("ccbench_pg_name", pg))
     return node
 
 
@@ -110,7 +123,7 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
     reducing_bw: set[float] = set()
     native = []
     for row in rows:
-        coll = row["collective"]
+        coll = _astra_collective(row)
         if coll not in _ASTRA_KEYS:
             native.append(False)
             continue
@@ -161,15 +174,15 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
             row, op = rows[j], ops[j]
             deps = [len(nodes) - 1] if nodes else []
             name = f"{row['collective']}:{row['size']}B:node{row['node_id']}"
+            pg = str(pg_of[j, q]) if op.shape != "world" else None
             if native[j]:
-                comm = astra_comm_size(row["collective"], row["size"], op.group_size)
-                pg = str(pg_of[j, q]) if op.shape != "world" else None
-                node = comm_coll_node(len(nodes), name, row["collective"], comm,
+                comm = astra_comm_size(_astra_collective(row), row["size"], op.group_size)
+                node = comm_coll_node(len(nodes), name, _astra_collective(row), comm,
                                       pg_name=pg, involved_dim=[True])
                 expected += row["time_us"]
             else:
                 micros = max(1, round(row["time_us"]))
-                node = _delay_node(len(nodes), f"ccbench-predicted:{name}", micros)
+                node = _delay_node(len(nodes), f"ccbench-predicted:{name}", micros, row, pg)
                 expected += micros
             # ASTRA-sim's feeder orders nodes by data_deps only; a comm op may otherwise
             # run beside a compute node. Chakra readers that follow ctrl_deps see the same.

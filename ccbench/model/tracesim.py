@@ -24,6 +24,7 @@ rank) and the set of recorded ranks running it say everything about the new scal
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,10 @@ __all__ = ["TraceOp", "parse_algorithms", "plan_trace", "simulate_trace", "TRACE
 
 TRACE_FIDELITIES = ("analytical", "replay")
 #: collectives priced with another collective's formula, and how
-_STAND_IN = {"barrier": ("allreduce", "barrier: a zero-byte allreduce (latency steps only)")}
+_STAND_IN = {"barrier": ("allreduce", "barrier: a zero-byte allreduce (latency steps only)"),
+             "alltoallv": ("alltoall", "alltoallv: priced as the even all-to-all of its largest "
+                                       "per-peer block (the exchange that sets a direct "
+                                       "all-to-all's time)")}
 
 
 @dataclass(kw_only=True)
@@ -96,8 +100,6 @@ def _skip_reason(op: CommOp, old: int, ranks: int) -> str:
     then the collectives without a cost formula."""
     if op.collective in ("send", "recv") or op.group is None:
         return f"{op.collective}: point-to-point ops are not modelled"
-    if op.collective == "alltoallv" and ranks != old:
-        return "alltoallv: per-peer splits are not rescaled"
     if op.collective not in FORMULAS and op.collective not in _STAND_IN:
         return f"{op.collective}: no cost formula"      # the registry's (Collective.costs)
     return ""
@@ -134,7 +136,7 @@ def plan_trace(trace: Trace, ranks: int) -> tuple[list[TraceOp], dict[str, int]]
             skipped[why] = skipped.get(why, 0) + len(members)
             continue
         assert first.group is not None and isinstance(group, Group)
-        new = resize_op(first, first.group.size, group.size)
+        new = resize_op(even_stand_in(first, members), first.group.size, group.size)
         new.group = group
         shape, stride = _shape(group, ranks)
         key = (first.collective, first.dtype, new.size, first.root, shape, group.size, stride)
@@ -158,6 +160,18 @@ def plan_trace(trace: Trace, ranks: int) -> tuple[list[TraceOp], dict[str, int]]
         active = np.isin(table % old, step.recorded_ranks).any(axis=1)
         step.table = table[active]
     return ops, skipped
+
+
+def even_stand_in(op: CommOp, members: list[CommOp]) -> CommOp:
+    """An uneven all-to-all as the even one of its largest per-peer block, over every member
+    of the call (sent or received): its size then rescales as an all-to-all's (the block per
+    peer kept). Other ops as they are."""
+    if op.collective != "alltoallv" or op.group is None:
+        return op
+    block = max((s for o in members for s in (*o.in_splits, *o.out_splits)), default=0)
+    whole = block * max(op.elsize, 1) * op.group.size
+    return dataclasses.replace(op, collective="alltoall", in_bytes=whole, out_bytes=whole,
+                               in_splits=(), out_splits=(), notes=list(op.notes))
 
 
 class _Tiled:

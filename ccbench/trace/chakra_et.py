@@ -56,7 +56,24 @@ def _collectives() -> dict[int, str]:
 
     named = {**_TRACE_ONLY, **{c.chakra: c.name for c in every() if c.chakra is not None}}
     return {code: named[name] for name, code in COLL_TYPES.items()}
-_SEND, _RECV, _COLL_NODE = 5, 6, 7
+
+
+_COMP_NODE, _SEND, _RECV, _COLL_NODE = 4, 5, 6, 7
+
+
+def _predicted_op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path
+                  ) -> CommOp:
+    """A compute node of ccbench's own ASTRA-sim export standing for an op ASTRA-sim has no
+    implementation of (broadcast, reduce, barrier): read back as that op."""
+    collective = str(attrs["ccbench_collective"])
+    size = 0 if collective == "barrier" else int(attrs.get("ccbench_size", 0) or 0)
+    elsize = 4 if size % 4 == 0 else 1
+    return CommOp(rank=rank, index=index, node_id=int(node.id), name=node.name,
+                  collective=collective, dtype="float32" if elsize == 4 else "int8",
+                  elsize=elsize, in_bytes=size, out_bytes=size, source=str(path),
+                  root=0 if collective in ("broadcast", "reduce") else None,
+                  notes=["element type not in the trace", "ccbench's stand-in for an op "
+                         "ASTRA-sim does not implement"])
 
 
 def _op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path) -> CommOp:
@@ -113,10 +130,14 @@ def parse_chakra_et(path: Path, rank: int, world: int,
     ops: list[CommOp] = []
     pg_names: list[str] = []
     for node in nodes:
-        if node.type not in (_SEND, _RECV, _COLL_NODE):
+        attrs = node_attrs(node) if node.type in (_SEND, _RECV, _COLL_NODE, _COMP_NODE) else {}
+        if node.type == _COMP_NODE and "ccbench_collective" in attrs:
+            op = _predicted_op(node, attrs, rank, len(ops), path)
+            attrs = {"pg_name": attrs.get("ccbench_pg_name")}
+        elif node.type in (_SEND, _RECV, _COLL_NODE):
+            op = _op(node, attrs, rank, len(ops), path)
+        else:
             continue
-        attrs = node_attrs(node)
-        op = _op(node, attrs, rank, len(ops), path)
         pg = str(attrs.get("pg_name") or "")
         if (not pg or pg == "0") and collective_on_world(op):
             # the module's rule, as ASTRA-sim reads it: no pg_name is the whole world

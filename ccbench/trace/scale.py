@@ -86,8 +86,8 @@ def rescale(trace: Trace, world: int) -> Trace:
                 group = retile_group(op.group, old, world, rank)
                 if isinstance(group, str):
                     reason = f"{op.collective} on {list(op.group.ranks)}: {group}"
-                elif op.collective == "alltoallv":
-                    reason = "alltoallv: per-peer splits are not rescaled"
+                elif op.collective == "alltoallv" and group.size != op.group.size:
+                    reason = "alltoallv: per-peer splits are not rescaled to another group size"
                 elif op.root is not None and op.root >= group.size:
                     reason = f"{op.collective} root {op.root} outside a group of {group.size}"
             if reason:
