@@ -149,3 +149,92 @@ def test_replay_matches_the_job_call_for_call(job: Path, tmp_path: Path, backend
             continue
         assert _replayed(mine) == want, name          # every call, one record each
         assert all(op["group_source"] == "named" for op in ops)
+
+
+def _with_param_comms(job: Path, tmp_path: Path) -> Path:
+    """The job's trace as an NCCL trace has it: a record_param_comms child under each c10d
+    op naming its process group (pg_name from the trace's own process-group table)."""
+    folder = tmp_path / "named"
+    folder.mkdir()
+    for rank in range(4):
+        data = json.loads((job / f"rank{rank}.json").read_text())
+        table = next(n for n in data["nodes"] if n["name"] == "## process_group:init ##")
+        groups = json.loads(table["inputs"]["values"][0])
+        pg_of = {tuple(g["ranks"]) or tuple(range(4)): g["pg_name"] for g in groups}
+        calls = json.loads((job / "calls" / f"rank{rank}.json").read_text())
+        comm = [n for n in data["nodes"] if n["name"].startswith("c10d::")]
+        next_id = 1 + max(int(n["id"]) for n in data["nodes"])
+        for node, call in zip(comm, calls, strict=True):
+            group = tuple(range(4)) if call["op"] in ("send", "recv") else tuple(call["group"])
+            data["nodes"].append({"id": next_id, "name": "record_param_comms",
+                                  "ctrl_deps": node["id"], "inputs": {"values": [],
+                                                                      "types": []},
+                                  "attrs": [{"name": "pg_name", "type": "string",
+                                             "value": pg_of[group]}]})
+            next_id += 1
+        (folder / f"rank{rank}.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_named_groups_keep_world_ops_on_the_world(job: Path, tmp_path: Path) -> None:
+    """pg_name '0' is the world: its ops stay on the group the replay splits as the world."""
+    trace = load_trace([_with_param_comms(job, tmp_path)])
+    world = trace.groups[0]
+    assert world.ranks == (0, 1, 2, 3)
+    assert all(op.group_source == "named" for op in trace.all_ops() if op.peer is None)
+    on_world = [op for op in trace.all_ops() if op.group == world]
+    assert {op.collective for op in on_world} >= {"alltoallv", "broadcast", "reduce-scatter",
+                                                  "barrier"}
+    assert all(op.group in trace.groups for op in trace.all_ops())
+    assert 1 + max(op.call for op in trace.all_ops()) == 10
+
+
+def test_no_communication_is_refused(job: Path, tmp_path: Path) -> None:
+    for rank in range(4):
+        data = json.loads((job / f"rank{rank}.json").read_text())
+        data["nodes"] = [n for n in data["nodes"] if not n["name"].startswith("c10d::")]
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(data))
+    done = run_ccbench("replay", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"ccbench: error: {tmp_path / 'rank0.json'}: no communication ops in the trace "
+        f"(4 rank files): nothing to replay"]
+
+
+def test_uneven_all_to_all_costed_exported_and_read_back(job: Path, tmp_path: Path) -> None:
+    """simulate --trace prices the MoE dispatch (as the even all-to-all of its largest
+    block), the ASTRA-sim export carries it, and the export read back holds every op."""
+    from ccbench.model.astra_trace import export_astra_trace
+    from ccbench.model.synthetic import known_model
+    from ccbench.model.tracesim import simulate_trace
+
+    model = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
+    trace = load_trace([job])
+    out = simulate_trace(model, trace, 1024, "fat-tree:1024")
+    rows = {row["collective"]: row for row in out["ops"]}
+    block = max(max(op.in_splits + op.out_splits) for op in trace.all_ops()
+                if op.collective == "alltoallv")
+    assert rows["alltoallv"]["size"] == block * 4 * 1024 and rows["alltoallv"]["group_size"] \
+        == 1024
+    assert any("largest per-peer block" in f for f in rows["alltoallv"]["flags"])
+    man = export_astra_trace(model, trace, tmp_path, 64, "switch:64")
+    back = load_trace([tmp_path])
+    assert {op.collective for op in back.all_ops()} >= {"alltoall", "broadcast", "barrier"}
+    assert simulate_trace(model, back, 64, "switch:64")["total_us"] == pytest.approx(
+        man["workload"]["simulate_total_us"], rel=0.005)
+
+
+def test_export_agrees_with_the_astra_sim_binary(job: Path, tmp_path: Path) -> None:
+    from conftest import missing_prerequisite
+
+    from ccbench.model.astra import astra_bin_dir, run_astra
+    from ccbench.model.astra_trace import export_astra_trace
+    from ccbench.model.synthetic import known_model
+    from ccbench.model.tracesim import simulate_trace
+
+    if not (astra_bin_dir() / "AstraSim_Analytical_Congestion_Unaware").is_file():
+        missing_prerequisite(f"ASTRA-sim binary not found in {astra_bin_dir()}")
+    model = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
+    man = export_astra_trace(model, load_trace([job]), tmp_path, 64, "switch:64")
+    on_export = simulate_trace(model, load_trace([tmp_path]), 64, "switch:64")["total_us"]
+    assert run_astra(man) * 1e6 == pytest.approx(on_export, rel=0.01)
