@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,16 +347,21 @@ class _Run:
 
     def _append(self, record: Record) -> None:
         assert self.config.output is not None and self.watchdog is not None
-        journal = journal_path(self.config.output)     # itself, unless it is .parquet
-        try:
-            # a run killed mid-write left a last line without its newline: append_record
-            # keeps it aside in .torn and cuts it, or this record would be glued onto it
-            torn = append_record(journal, record)
-        except OSError as exc:
-            self.watchdog.fail(f"cannot append to --output {self.config.output!r}: "
-                               f"{exc.strerror or exc} (records of the sizes before are kept)")
-        if torn:
-            print(torn_warning(journal, torn), file=sys.stderr, flush=True)
+        append_output(self.config.output, record, self.watchdog)
+
+
+def append_output(output: str, record: Record, watchdog: Watchdog) -> None:
+    """Append one record to --output, for the benchmark and the replay alike: whole lines
+    only (ccbench.records.writer: a torn last line moved to .torn first, with a warning) and
+    a failed write ends the run in one line naming the file."""
+    journal = journal_path(output)     # itself, unless it is .parquet
+    try:
+        torn = append_record(journal, record)
+    except OSError as exc:
+        watchdog.fail(f"cannot append to --output {output!r}: "
+                      f"{exc.strerror or exc} (records before are kept)")
+    if torn:
+        print(torn_warning(journal, torn), file=sys.stderr, flush=True)
 
 
 def run_benchmark(config: BenchConfig) -> int:
@@ -370,8 +376,22 @@ def run_benchmark(config: BenchConfig) -> int:
                          f"(valid: 0 to {info.world_size - 1})")
     check_measurable(config, info.world_size)
     repeat = repeat_from_env()
-    timeout = config.method.timeout
-    store, server = connect_control(info, timeout, config.connect_timeout)
+
+    def body(store: ControlClient, watchdog: Watchdog) -> int:
+        _check_memory(config, info)
+        return _Run(config, info, store, repeat).run(watchdog)
+
+    return rank_lifecycle(info, config.method.timeout, config.connect_timeout,
+                          config.argv or [], body)
+
+
+def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, argv: list[str],
+                   body: Callable[[ControlClient, Watchdog], int]) -> int:
+    """One rank's life around `body` (the benchmark's runs, or a trace's replay): connect to
+    the control store, start the watchdog, wait for late ranks and agree on the arguments,
+    run the body, meet at the end (a step of its own, with its fault point), close, and arm
+    the exit alarm. Returns the body's exit status."""
+    store, server = connect_control(info, timeout, connect_timeout)
     watchdog = Watchdog(store, info.rank, info.world_size, timeout)
     apart = info.launcher == "mpiexec" and hosted_apart()
     watchdog.post_labels = apart
@@ -381,12 +401,10 @@ def run_benchmark(config: BenchConfig) -> int:
     try:
         # the others connect within the connect timeout or say why not; rank 0 waits for late
         # ranks (ccbench.arrivals) and decides, the others wait for its verdict a little longer
-        limit = start_limit(config.connect_timeout) + 5
+        limit = start_limit(connect_timeout) + 5
         with watchdog.waiting(limit=limit + (5 if info.rank else 0)):
-            _agree_on_arguments(store, info, config.argv or [], limit, watchdog,
-                                config.connect_timeout)
-        _check_memory(config, info)
-        status = _Run(config, info, store, repeat).run(watchdog)
+            _agree_on_arguments(store, info, argv, limit, watchdog, connect_timeout)
+        status = body(store, watchdog)
         # a step of its own, and reaching the closing barrier counts as its one op: a rank that
         # never gets there is behind the others' posted progress and named (with the store
         # outside rank 0 nothing else would tell a stopped rank 0 from a slow one)

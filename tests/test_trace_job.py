@@ -149,6 +149,24 @@ def test_replay_matches_the_job_call_for_call(job: Path, tmp_path: Path, backend
             continue
         assert _replayed(mine) == want, name          # every call, one record each
         assert all(op["group_source"] == "named" for op in ops)
+    _same_numbers_as_the_report(records, data)
+
+
+def _same_numbers_as_the_report(records: list[Any], data: dict[str, Any]) -> None:
+    """The summary's per-backend time and speed-up are those report's figures draw."""
+    from ccbench.report.traces import breakdown, latest_runs, timeline
+
+    runs = next(iter(latest_runs(records).values()))
+    _, per = breakdown(runs)
+    for backend in data["backends"]:
+        name, summary = backend["backend"], backend["summary"]
+        assert sum(per[name].values()) == pytest.approx(summary["total_time_us"], rel=1e-9)
+        assert max(s["end"] for s in timeline(runs[name])) == pytest.approx(
+            summary["schedule_us"], rel=1e-9)
+    for entry in data["speedups"]:
+        totals = {b: sum(t.values()) for b, t in per.items()}
+        assert entry["times"] == pytest.approx(totals[entry["other"]] / totals[entry["fastest"]])
+        assert entry["statistic"] == "sum of per-call medians"
 
 
 def _with_param_comms(job: Path, tmp_path: Path) -> Path:

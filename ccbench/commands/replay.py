@@ -120,7 +120,13 @@ def _load(args: argparse.Namespace, readers: int = 1) -> Any:
 
 
 def _report(config: Any, collected: list[dict[str, Any]]) -> None:
-    from ccbench.trace.summary import format_summary, summarize_results
+    from ccbench.trace.summary import (
+        SPEEDUP_STATISTIC,
+        format_summary,
+        sequence_median,
+        speedups,
+        summarize_results,
+    )
 
     trace = config.trace
     out: dict[str, Any] = {"trace": trace.paths, "kind": trace.kind, "schema": trace.schema,
@@ -130,27 +136,28 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
           f"{1 + max((op.call for op in trace.all_ops()), default=-1)} calls")
     for note in trace.notes:
         print(f"# note: {note}")
-    totals = []
+    totals: dict[str, float] = {}
     for item in collected:
         meta = item["meta"] or {}
         summary = summarize_results(item["results"])
         summary["sequence_us"] = item["sequence_us"]
+        summary["sequence_median_us"] = sequence_median(item["sequence_us"])
         name = f"{meta.get('backend')} ({meta.get('library')} {meta.get('library_version')})"
         for line in format_summary(name, summary):
             print(line)
-        if item["sequence_us"]:
-            seq = sorted(item["sequence_us"])[len(item["sequence_us"]) // 2]
-            print(f"#   whole sequence ({config.sequence}), median of {len(item['sequence_us'])} "
-                  f"passes: {seq:.1f} us")
-            totals.append((seq, meta.get("backend")))
+        if summary["sequence_median_us"] is not None:
+            print(f"#   whole sequence ({config.sequence}), measured: median of "
+                  f"{len(item['sequence_us'])} passes, each the slowest rank's: "
+                  f"{summary['sequence_median_us']:.1f} us")
+        totals[str(meta.get("backend"))] = summary["total_time_us"]
         out["backends"].append({**meta, "summary": summary,
                                 "ops": [r.to_dict() for r in item["results"]]})
-    if len(totals) > 1:
-        totals.sort()
-        best, best_name = totals[0]
-        for seq, other in totals[1:]:
-            print(f"# {best_name} replays this trace {seq / best:.2f}x faster than {other} "
-                  f"({best:.1f} vs {seq:.1f} us per pass)")
+    out["speedups"] = [{"fastest": fast, "other": other, "times": ratio,
+                        "statistic": SPEEDUP_STATISTIC}
+                       for fast, other, ratio in speedups(totals)]
+    for fast, other, ratio in speedups(totals):
+        print(f"# {fast} replays this trace {ratio:.2f}x faster than {other} "
+              f"({SPEEDUP_STATISTIC}: {totals[fast]:.1f} vs {totals[other]:.1f} us)")
     if config.summary:
         with open(config.summary, "w", encoding="utf-8") as handle:
             json.dump(out, handle, indent=1)

@@ -95,7 +95,8 @@ def _describe(dist: Any, name: str, bound: dict[str, Any]) -> dict[str, Any]:
                    "all_gather_into_tensor": "output_tensor", "reduce_scatter": "output",
                    "reduce_scatter_tensor": "output", "all_to_all_single": "output",
                    "all_to_all": "output_tensor_list"}
-    sent, got = bound.get(tensors_in.get(name, "")), bound.get(tensors_out.get(name, ""))
+    sent: Any = bound.get(tensors_in.get(name, ""))
+    got: Any = bound.get(tensors_out.get(name, ""))
     entry["dtype"] = _dtype(sent, got)
     entry["in_bytes"], entry["out_bytes"] = _nbytes(sent), _nbytes(got)
     if name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import datetime
 import socket
-import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,10 @@ from ccbench.collectives import busbw_factor, layout
 from ccbench.control import ControlClient
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.faults import inject
 from ccbench.harness import Case, Method, measure_size
-from ccbench.launchers import LaunchInfo, connect_control, detect_launch
-from ccbench.record import Record, append_record
-from ccbench.records.writer import torn_warning
+from ccbench.launchers import LaunchInfo, detect_launch
+from ccbench.record import Record
 from ccbench.stats import summarize
 from ccbench.trace.extra import _SAME_WIDTH, EXTRA, ExtraCall, element_type, prepare
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
@@ -104,19 +104,18 @@ class _Rank:
         if result is None:
             return f"{op.collective} of {op.size} B rounds to zero elements per rank"
         record = self._record(sub, op, case, result, note)
-        if self.config.output:
-            try:          # a torn last line is moved to .torn first, as the benchmark does
-                torn = append_record(self.config.output, record)
-            except OSError as exc:
-                self.watchdog.fail(f"cannot append to --output {self.config.output!r}: "
-                                   f"{exc.strerror or exc} (records before are kept)")
-            if torn:
-                print(torn_warning(self.config.output, torn), file=sys.stderr, flush=True)
+        self._append(record)
         return OpResult(call=op.call, node_id=op.node_id, name=op.name,
                         collective=op.collective, size=op.size, group=list(op.group.ranks)
                         if op.group else [], time_us=result.time_us["median"],
                         busbw_gbps=result.busbw_gbps, original_us=op.dur_us, wrong=result.wrong,
                         extra={"size_used": result.layout.size_used, **self._trace_tag(op, note)})
+
+    def _append(self, record: Record) -> None:
+        from ccbench.runner import append_output
+
+        if self.config.output:
+            append_output(self.config.output, record, self.watchdog)
 
     def _trace_tag(self, op: CommOp, note: str) -> dict[str, Any]:
         """method.trace of a record: which call of which trace, and how sure its facts are."""
@@ -213,8 +212,7 @@ class _Rank:
             algbw_gbps=algbw, busbw_gbps=algbw * factor, wrong=total_wrong,
             iterations=self.config.method.iters)
         record.world_size = len(call.members)
-        if self.config.output:
-            append_record(self.config.output, record)
+        self._append(record)
         return OpResult(call=op.call, node_id=op.node_id, name=op.name, collective=collective,
                         size=op.size, group=list(call.members), time_us=time_us["median"],
                         busbw_gbps=algbw * factor, original_us=op.dur_us, wrong=total_wrong,
@@ -292,7 +290,10 @@ class _Rank:
         totals = []
         step = _STEP_BASE * (number + 1) + _STEP_BASE // 2
         for rep in range(self.config.repeat):
-            self.watchdog.begin_step(step + rep, f"sequence pass {rep + 1}")
+            self.watchdog.begin_step(step + rep, f"{backend.name}: the trace's whole sequence, "
+                                                 f"pass {rep + 1}")
+            if number == 0 and rep == 0:
+                inject("mid-run", self.info.rank)
             self.watchdog.enter()
             backend.barrier()
             start = time.perf_counter()
@@ -321,6 +322,7 @@ class _Rank:
                               "timeout": self.config.method.timeout,
                               "multi_host": len(self.hosts) > 1}))
         self.watchdog.label = f"{name}: initialisation"
+        inject("init", info.rank)
         with self.watchdog.waiting():
             backend = cls(ctx)
             subs = split_groups(backend, self.trace.groups, info.world_size,
@@ -355,8 +357,11 @@ def _collect(store: ControlClient, number: int, world: int, calls: int) -> dict[
 
 
 def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]:
-    """One rank's replay. Returns (exit status, rank 0: per backend its results)."""
-    from ccbench.runner import _agree_on_arguments, _close
+    """One rank's replay, in the benchmark's rank lifecycle (ccbench.runner.rank_lifecycle:
+    start-up waits, watchdog, step labels, fault points, exit alarm). Returns (exit status,
+    rank 0: per backend its results)."""
+    from ccbench.control import CONNECT_TIMEOUT_S
+    from ccbench.runner import MPI_LAUNCHERS, rank_lifecycle
 
     info = detect_launch()
     trace = config.trace
@@ -365,41 +370,29 @@ def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]
                          f"started (start {trace.world_size}, or pass --world-size "
                          f"{info.world_size} to rescale the trace)")
     for name in config.backends:
-        if backend_class(name).needs_mpi_launcher and info.launcher not in \
-                ("mpiexec", "srun", "single"):
+        if backend_class(name).needs_mpi_launcher and info.launcher not in MPI_LAUNCHERS:
             raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
                              f"{info.launcher}; `ccbench launch` starts it under mpiexec")
     timeout = config.method.timeout
-    from ccbench.control import CONNECT_TIMEOUT_S
+    collected: list[dict[str, Any]] = []
 
-    store, server = connect_control(info, timeout, min(CONNECT_TIMEOUT_S, timeout))
-    watchdog = Watchdog(store, info.rank, info.world_size, timeout)
-    watchdog.start()
-    rank = _Rank(config, info, store, watchdog)
-    collected: list[dict[str, Any]] | None = None
-    try:
+    def body(store: ControlClient, watchdog: Watchdog) -> int:
+        rank = _Rank(config, info, store, watchdog)
         with watchdog.waiting():
-            _agree_on_arguments(store, info, config.argv, timeout)
             rank.hosts = sorted(set(store.gather("trace/hosts", socket.gethostname(),
                                                  info.world_size, timeout)))
             if info.rank == 0:
-                import uuid
-
                 store.set("trace/run_id", uuid.uuid4().hex[:12])
             rank.run_id = store.get("trace/run_id", timeout)
         calls = 1 + max((op.call for op in trace.all_ops()), default=-1)
         for number, name in enumerate(config.backends):
             rank.run_backend(number, name)
         if info.rank == 0:
-            collected = [_collect(store, n, info.world_size, calls)
-                         for n in range(len(config.backends))]
-        store.set(f"trace/wrong/{info.rank}", rank.wrong)
-        with watchdog.waiting():
-            store.barrier("trace/end", info.world_size, timeout)
-    finally:
-        watchdog.stop()
-    _close(store, server, info)
-    status = 0
-    if collected is not None and any(r.wrong for c in collected for r in c["results"]):
-        status = 1
-    return status, collected
+            with watchdog.waiting():
+                collected.extend(_collect(store, n, info.world_size, calls)
+                                 for n in range(len(config.backends)))
+        return 0
+
+    rank_lifecycle(info, timeout, min(CONNECT_TIMEOUT_S, timeout), config.argv, body)
+    status = 1 if any(r.wrong for c in collected for r in c["results"]) else 0
+    return status, collected if info.rank == 0 else None

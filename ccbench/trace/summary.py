@@ -4,12 +4,20 @@ time-weighted mean bus bandwidth, and measured against the trace's own durations
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ccbench.sizes import format_size
 
-__all__ = ["OpResult", "bucket", "summarize_results", "format_summary"]
+__all__ = ["SPEEDUP_STATISTIC", "OpResult", "bucket", "format_summary", "schedule", "sequence_median",
+           "speedups",
+           "summarize_results"]
+
+#: what a replay's speed-up compares, wherever it is shown (terminal, summary JSON, report)
+SPEEDUP_STATISTIC = "sum of per-call medians"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,6 +51,39 @@ def bucket(size: int) -> str:
     return f"{format_size(low)}-{format_size(low * 2)}" if low != size else format_size(size)
 
 
+def schedule(calls: Iterable[tuple[Sequence[int], float]]) -> list[tuple[float, float]]:
+    """(start, end) in us of each (group ranks, time) call run back to back in trace order:
+    a call starts when every rank of its group has ended its previous call, so calls on
+    disjoint groups overlap. The last end is the schedule's length."""
+    free: dict[int, float] = {}
+    spans = []
+    for group, time_us in calls:
+        start = max((free.get(rank, 0.0) for rank in group), default=0.0)
+        end = start + time_us
+        for rank in group:
+            free[rank] = end
+        spans.append((start, end))
+    return spans
+
+
+def speedups(totals: dict[str, float]) -> list[tuple[str, str, float]]:
+    """(fastest backend, another, how many times faster) for each other backend, from one
+    time per backend (SPEEDUP_STATISTIC wherever a replay shows one)."""
+    timed = {b: t for b, t in totals.items() if t > 0}
+    if len(timed) < 2:
+        return []
+    fast = min(timed, key=lambda b: timed[b])
+    return [(fast, other, timed[other] / timed[fast])
+            for other in sorted(timed, key=lambda b: timed[b]) if other != fast]
+
+
+def sequence_median(passes: Sequence[float] | None) -> float | None:
+    """The whole sequence's time: the median over passes of each pass's slowest rank."""
+    if not passes:
+        return None
+    return float(np.median(passes))
+
+
 def summarize_results(results: list[OpResult]) -> dict[str, Any]:
     """Totals per (collective, size bucket) and over the whole trace."""
     rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(
@@ -71,6 +112,8 @@ def summarize_results(results: list[OpResult]) -> dict[str, Any]:
     return {
         "ops": len(results), "measured": len(measured), "skipped": len(results) - len(measured),
         "total_time_us": total_time,
+        "schedule_us": max((end for _, end in schedule(
+            (r.group, r.time_us) for r in measured if r.time_us is not None)), default=0.0),
         "busbw_gbps": weighted / total_time if total_time else None,
         "original_time_us": sum(r.original_us or 0.0 for r in originals) if originals else None,
         "by_bucket": table,
@@ -80,7 +123,8 @@ def summarize_results(results: list[OpResult]) -> dict[str, Any]:
 
 def format_summary(name: str, summary: dict[str, Any]) -> list[str]:
     lines = [f"# {name}: {summary['measured']} of {summary['ops']} calls measured, "
-             f"communication {summary['total_time_us']:.1f} us"
+             f"communication {summary['total_time_us']:.1f} us ({SPEEDUP_STATISTIC}; "
+             f"{summary['schedule_us']:.1f} us with calls on disjoint groups overlapped)"
              + (f", time-weighted busbw {summary['busbw_gbps']:.3f} GB/s"
                 if summary["busbw_gbps"] else "")]
     if summary.get("original_time_us"):
