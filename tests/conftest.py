@@ -28,7 +28,7 @@ def tmp_results(tmp_path: Path) -> Path:
     return tmp_path / "results.jsonl"
 
 # real PyTorch execution traces, recorded once per session (tests/trace_fixtures.py)
-from tests.trace_fixtures import traces3, traces4  # noqa: E402, F401
+from tests.trace_fixtures import parallel_job, traces3, traces4  # noqa: E402, F401
 
 
 def missing_prerequisite(reason: str) -> None:

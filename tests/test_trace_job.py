@@ -6,10 +6,7 @@ its calls, which the job writes while it runs (not read back from the trace)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,24 +17,15 @@ from ccbench.record import load_records
 from ccbench.trace import load_trace
 from tests.conftest import have_mpi, run_ccbench
 
-JOB = Path(__file__).resolve().parent / "jobs" / "parallel_job.py"
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
                "all_to_all_single": "alltoallv", "send": "sendrecv", "recv": "sendrecv",
                "broadcast": "broadcast", "reduce_scatter_tensor": "reduce-scatter",
                "barrier": "barrier"}
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The job's trace, its capture files and its own call list, from one torchrun run."""
-    out = tmp_path_factory.mktemp("job")
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(JOB.parents[2])}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "4", str(JOB), str(out), "--capture"],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+@pytest.fixture
+def job(parallel_job: Path) -> Path:
+    return parallel_job
 
 
 def _job_calls(job: Path) -> Counter[tuple[Any, ...]]:

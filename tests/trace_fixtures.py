@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "make-traces.py"
+JOB = ROOT / "tests" / "jobs" / "parallel_job.py"
 
 
 def record_traces(folder: Path, nprocs: int) -> Path:
@@ -36,3 +38,20 @@ def traces4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def traces3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return record_traces(tmp_path_factory.mktemp("traces3"), 3)
+
+
+def record_job(out: Path) -> Path:
+    """tests/jobs/parallel_job.py on 4 gloo ranks under torchrun, with the capture helper:
+    its trace, capture files and its own list of calls (calls/rank<r>.json) in `out`."""
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "4", str(JOB), str(out), "--capture"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def parallel_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_job(tmp_path_factory.mktemp("job"))

@@ -12,10 +12,12 @@ Per backend, two passes over this rank's ops, in trace order:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,6 +310,18 @@ class _Rank:
             self.watchdog.leave()
         self.store.set(f"trace/{number}/seq/{self.info.rank}", totals)
 
+    @contextlib.contextmanager
+    def _library_errors(self, backend: str) -> Iterator[None]:
+        """A library's error (usually: a peer died) ends the run as the benchmark's does:
+        one line from the watchdog naming the step and the ranks, no traceback."""
+        try:
+            yield
+        except (UsageError, RunFailure):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            self.watchdog.abort(f"{backend} failed: {text[:160]}")
+
     # -- the whole replay -----------------------------------------------------------------
     def run_backend(self, number: int, name: str) -> None:
         info = self.info
@@ -333,9 +347,10 @@ class _Rank:
                 self.store.set(f"trace/{number}/meta", {"backend": name,
                                                         "library": meta["library"],
                                                         "library_version": meta["library_version"]})
-            self.per_op(number, subs)
-            if self.config.sequence != "none":
-                self.sequence(number, backend, subs)
+            with self._library_errors(name):
+                self.per_op(number, subs)
+                if self.config.sequence != "none":
+                    self.sequence(number, backend, subs)
             with self.watchdog.waiting():
                 self.store.barrier(f"trace/{number}/done", info.world_size,
                                    self.config.method.timeout)
