@@ -119,7 +119,9 @@ def test_replay_matches_the_job_call_for_call(job: Path, tmp_path: Path, backend
     if "mpi" in backends and not have_mpi():
         pytest.skip("mpiexec is not installed")
     out, summary = tmp_path / "rec.jsonl", tmp_path / "summary.json"
+    out.write_text('{"torn": ')           # a run killed mid-write left half a line
     _replay(job, backends, out, summary)
+    assert (tmp_path / "rec.jsonl.torn").read_text() == '{"torn": '
     records = load_records(out)
     want = _job_calls(job)
     data = json.loads(summary.read_text())
