@@ -114,7 +114,7 @@ def _drop_first(name: str):                                   # noqa: ANN202
 
 def test_ranks_whose_sequences_disagree(traces4: Path, tmp_path: Path) -> None:
     folder = _bad(tmp_path, traces4 / "tp", _drop_first("c10d::_allgather_base_"))
-    _refused(folder, "op sequences disagree", ", node ")
+    _refused(folder, "op sequences disagree", "rank3.json, node ", "rank 3's op")
 
 
 def test_size_not_divisible_by_the_group(traces4: Path, tmp_path: Path) -> None:

@@ -186,7 +186,11 @@ class _Matcher:
 
     def _disagree(self, pos: list[int]) -> None:
         stuck = [(r, self.ops[r][p]) for r, p in enumerate(pos) if p < len(self.ops[r])]
-        rank, op = stuck[0]
+        # blame the rank whose next op is the odd one out (a rank missing an op has the next
+        # one where the others have the one it lacks), not simply the lowest rank
+        seen = [_call_key(o) for _, o in stuck]
+        rank, op = min(stuck, key=lambda ro: seen.count(_call_key(ro[1])))
+        stuck = [(rank, op)] + [(r, o) for r, o in stuck if r != rank]
         others = ", ".join(f"rank {r} next has {o.collective} {o.size} B (node {o.node_id})"
                            for r, o in stuck[1:4]) or "no other rank has an op left"
         raise TraceError(op.source, f"ranks' op sequences disagree: rank {rank}'s op #{op.index} "
