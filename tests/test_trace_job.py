@@ -246,3 +246,48 @@ def test_export_agrees_with_the_astra_sim_binary(job: Path, tmp_path: Path) -> N
     man = export_astra_trace(model, load_trace([job]), tmp_path, 64, "switch:64")
     on_export = simulate_trace(model, load_trace([tmp_path]), 64, "switch:64")["total_us"]
     assert run_astra(man) * 1e6 == pytest.approx(on_export, rel=0.01)
+
+
+def test_capture_module_wraps_an_unchanged_job(tmp_path: Path) -> None:
+    """`torchrun -m ccbench.trace.capture -o DIR -- job.py`: the job as written (no capture
+    in it) gets its capture files, and the trace reads with every group named."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.trace_fixtures import JOB, ROOT
+
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "4", "-m", "ccbench.trace.capture", "-o",
+                           str(tmp_path), "--", str(JOB), str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trace = load_trace([tmp_path])
+    assert all(op.group_source == "named" for op in trace.all_ops())
+    assert _replayed_from_trace(trace) == _job_calls(tmp_path)
+
+
+def _replayed_from_trace(trace: Any) -> Counter[tuple[Any, ...]]:
+    """The calls as the trace reads them, in _job_calls' terms."""
+    out: Counter[tuple[Any, ...]] = Counter()
+    for op in trace.all_ops():
+        group = tuple(sorted((op.rank, op.peer))) if op.peer is not None else op.group.ranks
+        if op.rank != group[0]:
+            continue
+        collective = "sendrecv" if op.collective in ("send", "recv") else op.collective
+        root = group[op.root] if op.collective == "broadcast" else None
+        out[(collective, group, op.size, root, op.reduce_op if op.op_source else None,
+             tuple(op.in_splits) if op.collective == "alltoallv" else ())] += 1
+    return out
+
+
+def test_capture_of_a_missing_script_is_one_line() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "ccbench.trace.capture", "-o", "x", "--",
+                           "no-such-job.py"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "ccbench: error: no such job script: 'no-such-job.py'"
