@@ -22,7 +22,7 @@ NO_HANG_S = 5 + 30 + 180      # a loaded machine is slow, never stuck
 
 @pytest.mark.parametrize("backends,action,launcher", [
     ("gloo", "kill", "launch"), ("gloo,mpi", "kill", "launch"), ("gloo", "stop", "launch"),
-    ("gloo", "kill", "torchrun")])
+    ("gloo", "kill", "torchrun"), ("mpi", "kill", "mpiexec")])
 def test_rank_killed_mid_replay_is_named_in_one_line(parallel_job: Path, tmp_path: Path,
                                                      backends: str, action: str,
                                                      launcher: str) -> None:
@@ -58,3 +58,31 @@ def test_rank_killed_mid_replay_is_named_in_one_line(parallel_job: Path, tmp_pat
     assert named and re.findall(r"(?<![\w.:])(\d+)(?![\w.:])", named.group(1)) == ["1"], \
         errors[0]
     assert "whole sequence" in errors[0]                         # the step it stopped in
+
+
+def test_disk_full_mid_replay_is_one_line_and_keeps_whole_records(parallel_job: Path,
+                                                                  tmp_path: Path) -> None:
+    """-O on a full file system: one line naming the file, no rank blamed as dead, only
+    whole records left (as the benchmark, ccbench.runner.append_output)."""
+    from ccbench.records import load_records
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount)],
+                          capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        out = mount / "r.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "4", "replay",
+                               str(parallel_job), "--backend", "gloo", "--iters", "1",
+                               "--repeat", "1", "-q", "-O", str(out)],
+                              capture_output=True, text=True, timeout=NO_HANG_S)
+        assert proc.returncode not in (0, None)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+        assert len(errors) == 1 and "No space left on device" in errors[0], proc.stderr
+        assert "dead" not in proc.stderr and "Traceback" not in proc.stderr
+        assert out.read_bytes().endswith(b"\n")
+        assert len(load_records(out)) >= 1
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
