@@ -121,7 +121,7 @@ def test_replay_matches_the_job_call_for_call(job: Path, tmp_path: Path, backend
     out, summary = tmp_path / "rec.jsonl", tmp_path / "summary.json"
     out.write_text('{"torn": ')           # a run killed mid-write left half a line
     _replay(job, backends, out, summary)
-    assert (tmp_path / "rec.jsonl.torn").read_text() == '{"torn": '
+    assert (tmp_path / "rec.jsonl.torn").read_text() == '{"torn": \n'     # moved aside once
     records = load_records(out)
     want = _job_calls(job)
     data = json.loads(summary.read_text())

@@ -25,12 +25,12 @@ from ccbench.backends.base import Backend
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.trace.ops import CommOp
 
-__all__ = ["EXTRA", "ExtraCall", "prepare"]
+__all__ = ["EXTRA", "SAME_WIDTH", "ExtraCall", "element_type", "prepare"]
 
 #: the calls this module runs
 EXTRA = frozenset({"barrier", "send", "recv", "alltoallv"})
 # element types the harness does not offer, measured as one of the same width (same bytes)
-_SAME_WIDTH = {"int64": "float64", "uint8": "int8", "bool": "int8", "int16": "float16"}
+SAME_WIDTH = {"int64": "float64", "uint8": "int8", "bool": "int8", "int16": "float16"}
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ExtraCall:
 
 
 def element_type(dtype: str) -> np.dtype:
-    return numpy_dtype(dtype if dtype in DTYPES else _SAME_WIDTH.get(dtype, "int8"))
+    return numpy_dtype(dtype if dtype in DTYPES else SAME_WIDTH.get(dtype, "int8"))
 
 
 def _pattern(src: int, dst: int, count: int, dtype: np.dtype) -> np.ndarray:

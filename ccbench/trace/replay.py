@@ -36,7 +36,7 @@ from ccbench.harness import Case, Method, measure_size
 from ccbench.launchers import LaunchInfo, detect_launch
 from ccbench.record import Record
 from ccbench.stats import summarize
-from ccbench.trace.extra import _SAME_WIDTH, EXTRA, ExtraCall, element_type, prepare
+from ccbench.trace.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
@@ -66,10 +66,10 @@ def _case(op: CommOp) -> tuple[Case, str]:
     """The harness case of a call of the five, and a note when its dtype was substituted."""
     dtype, note = op.dtype, ""
     if dtype not in DTYPES:
-        if dtype not in _SAME_WIDTH:
+        if dtype not in SAME_WIDTH:
             raise UsageError(f"{op.source}, node {op.node_id}: element type {dtype!r} has no "
                              f"ccbench dtype of the same width (valid: {', '.join(DTYPES)})")
-        dtype, note = _SAME_WIDTH[dtype], f"{op.dtype} measured as {_SAME_WIDTH[dtype]}"
+        dtype, note = SAME_WIDTH[dtype], f"{op.dtype} measured as {SAME_WIDTH[dtype]}"
     reduce_op = op.reduce_op
     # c10d's allreduce_, broadcast_ and reduce_ work in place; the _base_ variants do not
     inplace = op.collective in ("allreduce", "broadcast", "reduce")
@@ -92,14 +92,8 @@ class _Rank:
         reason = sub.unsupported(case.collective, numpy_dtype(case.dtype), case.op)
         if reason:
             return reason
-        try:
-            result, wrong = measure_size(sub, self.store, self.watchdog, case, op.size,
-                                         self.config.method, step)
-        except (UsageError, RunFailure):
-            raise
-        except Exception as exc:  # noqa: BLE001  a library error: one line naming the call
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            self.watchdog.abort(f"{sub.name} failed: {text[:160]}")
+        result, wrong = measure_size(sub, self.store, self.watchdog, case, op.size,
+                                     self.config.method, step)
         self.wrong += wrong
         if sub.ctx.rank != 0:
             return None
@@ -114,6 +108,8 @@ class _Rank:
                         extra={"size_used": result.layout.size_used, **self._trace_tag(op, note)})
 
     def _append(self, record: Record) -> None:
+        """Every call's first rank appends its record (ccbench.records.writer locks each
+        append and moves a torn tail aside, once, whichever rank comes first)."""
         from ccbench.runner import append_output
 
         if self.config.output:
