@@ -106,9 +106,11 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
 
 def _load(args: argparse.Namespace, readers: int = 1) -> Any:
     from ccbench.trace import load_trace
+    from ccbench.trace.load import require_communication
     from ccbench.trace.named import parse_group_settings
 
     trace = load_trace(args.traces, readers, parse_group_settings(args.group, args.groups_file))
+    require_communication(trace)
     if args.world_size is not None and args.world_size != trace.world_size:
         from ccbench.trace.scale import rescale
 

@@ -13,7 +13,7 @@ from ccbench.trace.groups import match_calls
 from ccbench.trace.ops import CommOp, Group, Trace, TraceError
 from ccbench.trace.pytorch_et import parse_pytorch_et, read_json
 
-__all__ = ["load_trace", "rank_files"]
+__all__ = ["load_trace", "rank_files", "require_communication"]
 
 _RANK_RE = re.compile(r"(\d+)(?=\D*$)")
 # memory a parsed trace takes per byte of its (inflated) files, measured on this reader:
@@ -127,6 +127,14 @@ def _notes(trace: Trace, captured: int) -> None:
                            f"reduction in the trace: taken as sum (a capture file says)")
 
 
+def require_communication(trace: Trace) -> None:
+    """A trace without a single communication op: one line, exit 2 (replaying it would
+    measure nothing and say nothing)."""
+    if not any(trace.ops):
+        raise TraceError(trace.paths[0], f"no communication ops in the trace "
+                                         f"({trace.world_size} rank files): nothing to replay")
+
+
 def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1,
                group_settings: dict[str, list[int]] | None = None) -> Trace:
     """Parse, match across ranks and check a trace; TraceError (exit 2) on bad input.
@@ -158,9 +166,6 @@ def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1,
         else:
             rank_ops, schema, _ = parse_chakra_et(path, rank, world, comm_groups)
         ops.append(rank_ops)
-    if not any(ops):
-        raise TraceError(files[0], f"no communication ops in the trace ({world} rank files): "
-                                   f"nothing to replay")
     if group_settings:
         from ccbench.trace.named import apply_user_groups
 
