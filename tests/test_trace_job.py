@@ -97,7 +97,7 @@ def test_trace_alone_flags_every_group_it_cannot_know(job: Path, tmp_path: Path)
     ambiguous = {op.collective for op in trace.all_ops() if op.group_source == "ambiguous"}
     assert ambiguous == {"allreduce", "allgather", "barrier"}
     assert any("ambiguous" in note for note in trace.notes)
-    settled = load_trace([folder], settle)
+    settled = load_trace([folder], group_settings=settle)
     for rank in range(4):
         calls = json.loads((job / "calls" / f"rank{rank}.json").read_text())
         for op, call in zip(settled.ops[rank], calls, strict=True):
