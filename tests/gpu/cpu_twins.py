@@ -90,18 +90,23 @@ class NCCLCpuTwin(NCCLBackend):
         call = super().bind(collective, send, recv, op, root)
 
         def counted() -> None:
-            self._count("run")
-            self._in_bound_call = True     # a bound call that falls back to run() counts once
-            try:
-                call()
-            finally:
-                self._in_bound_call = False
+            self._counted_call(call)
         return counted
 
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
-        if not self._in_bound_call:
-            self._count("run")
-        super().run(collective, send, recv, op, root)
+        self._counted_call(lambda: super(NCCLCpuTwin, self).run(collective, send, recv, op, root))
+
+    def _counted_call(self, call: Any) -> None:
+        """One run per call, whether run() binds and calls or a bound call falls back to run()."""
+        if self._in_bound_call:
+            call()
+            return
+        self._count("run")
+        self._in_bound_call = True
+        try:
+            call()
+        finally:
+            self._in_bound_call = False
 
     def info(self) -> dict[str, Any]:
         torch = self.torch
