@@ -11,7 +11,7 @@ spread, MAD). Attribution, so that one fault gives one finding:
   ring pairs on that plane slow), or a whole plane; the host's slow pairs are explained by it;
 * the leaf partition names an uplink when the flows between two leaves are slow and the
   hosts' own links are not; cross-leaf pairs slow only by sharing it are explained by it;
-* each host's time for the same fixed work, against the others': its compute (a host that
+* each host's best time for the same fixed work, against the others': its compute (a host that
   is slow to compute also sends slowly; that is explained by it);
 * whatever slow pair is left: that pair's path.
 """
@@ -32,7 +32,7 @@ MAD_SIGMAS = 4.0        # relative expectation: and more than 4 robust sigmas be
 LAT_FACTOR = 3.0        # a latency above 3x the expected one ...
 LAT_EXTRA_US = 100.0    # ... and at least 100 us above it is high
 HOST_SHARE = 2 / 3      # a host is blamed when at least this share of its pairs is slow
-COMPUTE_FACTOR = 2.0    # a host taking twice the others' median time for the same work
+COMPUTE_FACTOR = 3.0    # a host taking 3x the others' median time for the same work
 COMPUTE_EXTRA_S = 0.02
 
 
@@ -203,7 +203,8 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     uplinks = _uplink_findings(measures, ref, names, leaves or [], oversub, explained)
     findings += uplinks
     findings += _pair_findings(table, ref, names, explained, leaves or [], bool(uplinks))
-    findings += _world_finding(world, ref)
+    if not findings:                       # a slow world collective a finding explains is not news
+        findings += _world_finding(world, ref)
     return findings
 
 
@@ -318,7 +319,7 @@ def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[st
     for m in measures:
         if m.kind == "planes" and m.plane is not None:
             by_plane[m.plane].append(m)
-    out = []
+    out: list[Finding] = []
     for plane, pairs in sorted(by_plane.items()):
         bad = [m for m in pairs if m.error or ref.slow(m.bw)]
         if len(pairs) >= 3 and len(bad) == len(pairs):
@@ -340,17 +341,39 @@ def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[st
                 f"{names[m.a]}-{names[m.b]} on {plane}: "
                 + (m.error or f"{_rate(m.bw or 0.0)}") for m in mine)
             out.append(Finding(f"host {names[host]}'s plane {plane} port",
-                               "port down" if down else "slow port",
+                               "port down" if down else "slow port",  # merged below
                                "no answer" if down else _rate(statistics.median(
                                    [m.bw for m in mine if m.bw is not None])),
                                ref.expected_text(), evidence,
                                "high" if len(mine) >= 2 else "low", [names[host]],
                                [[names[m.a], names[m.b]] for m in mine]))
+    return _whole_host(out, len(by_plane))
+
+
+def _whole_host(ports: list[Finding], planes: int) -> list[Finding]:
+    """A host whose ports are out of line on every plane: its link(s), one finding."""
+    by_host: dict[str, list[Finding]] = defaultdict(list)
+    for f in ports:
+        if f.hosts:
+            by_host[f.hosts[0]].append(f)
+    out = [f for f in ports if not f.hosts or len(by_host[f.hosts[0]]) < planes]
+    for host, found in sorted(by_host.items()):
+        if planes < 2 or len(found) < planes:
+            continue
+        down = all(f.kind == "port down" for f in found)
+        out.append(Finding(f"host {host}'s link (every plane)", "link down" if down
+                           else "slow link", ", ".join(f.measured for f in found),
+                           found[0].expected, " | ".join(f.evidence for f in found),
+                           min((f.confidence for f in found), key=["low", "medium",
+                                                                   "high"].index),
+                           [host], [p for f in found for p in f.pairs]))
     return out
 
 
 def _compute_findings(compute_s: dict[int, list[float]], names: list[str]) -> list[Finding]:
-    medians = {h: statistics.median(v) for h, v in compute_s.items() if v}
+    """Each host's fastest repetition: other work on a shared machine only adds time, a
+    host that is slow to compute is slow in every repetition."""
+    medians = {h: min(v) for h, v in compute_s.items() if v}
     out = []
     for host, mine in sorted(medians.items()):
         others = [v for h, v in medians.items() if h != host]

@@ -41,7 +41,7 @@ from ccbench.watchdog import Watchdog
 __all__ = ["DiagnoseConfig", "diagnose_rank"]
 
 _STEP_STRIDE = 1000          # harness step numbers: plan step x this + pair x 4 + measurement
-COMPUTE_REPEATS = 3
+COMPUTE_REPEATS = 5
 COMPUTE_MATRIX = 160         # float64 matrix products of this order: about 0.1 s of one core
 
 
@@ -349,23 +349,25 @@ class _Rank:
     def run_compute(self) -> None:
         """Each host in turn (its representative) runs the same matrix products, then every
         rank meets at a barrier: the time to arrive is that host's compute time. In turn, so
-        that hosts sharing cores (an emulated cluster) do not slow each other."""
+        that hosts sharing cores (an emulated cluster) do not slow each other, and in
+        interleaved rounds (h0 h1 ... h0 h1 ...), so that a burst of other work on the
+        machine hits different hosts' repetitions rather than all of one host's."""
         self.watchdog.label = "compute probe"
         rng = np.random.default_rng(0)
         a = rng.random((COMPUTE_MATRIX, COMPUTE_MATRIX))
-        for host in range(len(self.names)):
-            if self.info.rank == self.rep[host]:
-                times = []
-                for _ in range(COMPUTE_REPEATS):
+        _products(a)                                        # warms BLAS up, untimed
+        times: list[float] = []
+        for repetition in range(COMPUTE_REPEATS):
+            for host in range(len(self.names)):
+                if self.info.rank == self.rep[host]:
                     start = time.perf_counter()
-                    b = a
-                    for _ in range(20):
-                        b = np.tanh(b @ a / COMPUTE_MATRIX)
+                    _products(a)
                     times.append(time.perf_counter() - start)
-                self.store.set(f"diag/compute/{host}", times)
-            with self.watchdog.waiting():
-                self.store.barrier(f"diag/compute/{host}/done", self.info.world_size,
-                                   self.timeout)
+                with self.watchdog.waiting():
+                    self.store.barrier(f"diag/compute/{repetition}/{host}",
+                                       self.info.world_size, self.timeout)
+        if self.info.rank in self.rep:
+            self.store.set(f"diag/compute/{self.host_of[self.info.rank]}", times)
         if self.info.rank == 0 and self.collected is not None:
             self.collected.compute_s = {h: self.store.get(f"diag/compute/{h}", self.timeout)
                                         for h in range(len(self.names))}
@@ -423,6 +425,12 @@ class _Rank:
                                      "expected": self._expected()}},
                 environment={"hostname": socket.gethostname()})
             append_record(self.config.output, record)
+
+
+def _products(a: np.ndarray) -> None:
+    b = a
+    for _ in range(20):
+        b = np.tanh(b @ a / COMPUTE_MATRIX)
 
 
 def _natural(name: str) -> list[Any]:
