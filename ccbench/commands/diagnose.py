@@ -209,4 +209,8 @@ def main(args: argparse.Namespace) -> int:
         collected.leaves = [list(range(hosts))[leaf::leaves] for leaf in range(leaves)]
     findings = findings_of(collected, args.oversub)
     print_verdict(collected, findings, args.format)
+    if findings:                  # the reason for the exit status, for launchers that ask
+        print(f"ccbench: error: diagnose flagged {len(findings)} component"
+              f"{'s' if len(findings) > 1 else ''} (the verdict above)", file=sys.stderr,
+              flush=True)
     return 1 if findings else 0

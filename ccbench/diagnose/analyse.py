@@ -11,7 +11,7 @@ spread, MAD). Attribution, so that one fault gives one finding:
   ring pairs on that plane slow), or a whole plane; the host's slow pairs are explained by it;
 * the leaf partition names an uplink when the flows between two leaves are slow and the
   hosts' own links are not; cross-leaf pairs slow only by sharing it are explained by it;
-* each host's best time for the same fixed work, against the others': its compute (a host that
+* each host's time for the same fixed work, round by round against the others': its compute (a host that
   is slow to compute also sends slowly; that is explained by it);
 * whatever slow pair is left: that pair's path.
 """
@@ -32,7 +32,8 @@ MAD_SIGMAS = 4.0        # relative expectation: and more than 4 robust sigmas be
 LAT_FACTOR = 3.0        # a latency above 3x the expected one ...
 LAT_EXTRA_US = 100.0    # ... and at least 100 us above it is high
 HOST_SHARE = 2 / 3      # a host is blamed when at least this share of its pairs is slow
-COMPUTE_FACTOR = 3.0    # a host taking 3x the others' median time for the same work
+COMPUTE_FACTOR = 2.0    # a host taking 2x the others' median time for the same work ...
+COMPUTE_ROUNDS_SHARE = 0.8   # ... in 4 of 5 rounds
 COMPUTE_EXTRA_S = 0.02
 
 
@@ -371,21 +372,28 @@ def _whole_host(ports: list[Finding], planes: int) -> list[Finding]:
 
 
 def _compute_findings(compute_s: dict[int, list[float]], names: list[str]) -> list[Finding]:
-    """Each host's fastest repetition: other work on a shared machine only adds time, a
-    host that is slow to compute is slow in every repetition."""
-    medians = {h: min(v) for h, v in compute_s.items() if v}
+    """compute_s: per host, its time for the same work in each round (hosts take turns
+    within a round). A host is slow to compute when, in nearly every round (4 of 5), it
+    took more than COMPUTE_FACTOR x the other hosts' median of that round: other work on
+    a shared machine comes in bursts and hits a round, not every round of one host."""
+    rounds = min((len(v) for v in compute_s.values()), default=0)
     out = []
-    for host, mine in sorted(medians.items()):
-        others = [v for h, v in medians.items() if h != host]
-        if not others:
+    for host, mine in sorted(compute_s.items()):
+        others = [v for h, v in compute_s.items() if h != host]
+        if not others or rounds == 0:
             continue
-        typical = statistics.median(others)
-        if mine > COMPUTE_FACTOR * typical and mine > typical + COMPUTE_EXTRA_S:
-            out.append(Finding(f"host {names[host]} compute", "slow compute",
-                               f"{mine * 1e3:.0f} ms", f"{typical * 1e3:.0f} ms (other hosts' "
-                               f"median)", f"the same work, {len(compute_s[host])} times, "
-                               f"arriving last at the barrier", "high"
-                               if len(compute_s[host]) >= 3 else "medium", [names[host]]))
+        typical = [statistics.median(o[k] for o in others) for k in range(rounds)]
+        slow = [k for k in range(rounds) if mine[k] > COMPUTE_FACTOR * typical[k]
+                and mine[k] > typical[k] + COMPUTE_EXTRA_S]
+        if len(slow) < max(1, math.ceil(COMPUTE_ROUNDS_SHARE * rounds)):
+            continue
+        out.append(Finding(f"host {names[host]} compute", "slow compute",
+                           f"{statistics.median(mine[:rounds]) * 1e3:.0f} ms",
+                           f"{statistics.median(typical) * 1e3:.0f} ms (other hosts' median)",
+                           f"the same work in {rounds} rounds: slower than "
+                           f"{COMPUTE_FACTOR:g}x the others in {len(slow)} (last at the "
+                           f"barrier)", "high" if len(slow) == rounds else "medium",
+                           [names[host]]))
     return out
 
 

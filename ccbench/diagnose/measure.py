@@ -42,6 +42,7 @@ __all__ = ["DiagnoseConfig", "diagnose_rank"]
 
 _STEP_STRIDE = 1000          # harness step numbers: plan step x this + pair x 4 + measurement
 COMPUTE_REPEATS = 5
+REPEAT_PASSES = 3            # suspicious pairs measured again: at most this many passes
 COMPUTE_MATRIX = 160         # float64 matrix products of this order: about 0.1 s of one core
 
 
@@ -156,6 +157,7 @@ class _Rank:
         self.run_id = ""
         self.meta: dict[str, Any] = {}
         self.collected: Collected | None = None
+        self.repeated: set[tuple[int, int]] = set()
 
     # -- set-up ---------------------------------------------------------------------------
     def learn_hosts(self) -> None:
@@ -373,13 +375,18 @@ class _Rank:
                                         for h in range(len(self.names))}
 
     def repeat_rounds(self, number: int) -> list[Step]:
-        """Rank 0 picks the pairs to measure again (slow in their first try); every rank
-        gets the same rounds of disjoint pairs."""
+        """Rank 0 picks the pairs to measure again (suspicious now, not measured again yet:
+        a repeat that clears one pair moves the median the others are held against); every
+        rank gets the same rounds of disjoint pairs."""
         if self.info.rank == 0 and self.collected is not None:
-            suspects = suspicious_pairs(self.collected.measures, self.collected.expect)
-            self.store.set("diag/repeat", [[list(p) for p in r] for r in _disjoint(suspects)])
+            suspects = [p for p in suspicious_pairs(self.collected.measures,
+                                                    self.collected.expect)
+                        if p not in self.repeated]
+            self.repeated.update(suspects)
+            self.store.set(f"diag/repeat/{number}",
+                           [[list(p) for p in r] for r in _disjoint(suspects)])
         with self.watchdog.waiting():
-            rounds = self.store.get("diag/repeat", self.timeout)
+            rounds = self.store.get(f"diag/repeat/{number}", self.timeout)
         return [Step("repeat", f"repeat {i + 1}/{len(rounds)}: suspicious pairs again",
                      tuple(tuple(p) for p in r), i) for i, r in enumerate(rounds)]
 
@@ -537,7 +544,10 @@ def _run_steps(rank: _Rank, backend: Backend, steps: list[Step]) -> None:
                 rank.collected.steps.append(step)
         else:
             rank.run_step(backend, step, number)
-        if position == last_pairs and rank.config.repeat:
-            for again in rank.repeat_rounds(number):
+        for _ in range(REPEAT_PASSES if position == last_pairs and rank.config.repeat else 0):
+            rounds = rank.repeat_rounds(number)
+            if not rounds:
+                break
+            for again in rounds:
                 number += 1
                 rank.run_step(backend, again, number)
