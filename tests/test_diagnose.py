@@ -199,3 +199,102 @@ def test_high_latency_host():
             m.lat_us = 2000.0
     assert _kinds(analyse(measures, Expectation(), NAMES8)) == [("high latency",
                                                                  "host h6's link")]
+
+
+def test_host_slow_on_every_plane_is_its_link():
+    ring = ring_rounds(8)
+    measures = _pairs(8, lambda a, b, r: LINK / 3 if 2 in (a, b) else 0.9 * LINK)
+    for name in ("eth0", "eth1"):
+        for number, r in enumerate(ring):
+            for a, b in r:
+                rate = LINK / 3 if 2 in (a, b) else 0.9 * LINK
+                measures.append(PairMeasure("planes", number, a, b, 150, rate, rate, plane=name))
+    findings = analyse(measures, Expectation(LINK, None, "--link-rate"), NAMES8)
+    assert _kinds(findings) == [("slow link", "host h2's link (every plane)")]
+
+
+def test_world_collective_flagged_only_when_nothing_explains_it():
+    healthy = _pairs(8, lambda a, b, r: 0.9 * LINK)
+    world = {"label": "allreduce", "time_us": 1e6, "busbw_bps": 0.1 * LINK}
+    assert _kinds(analyse(healthy, Expectation(), NAMES8, world=world)) == [
+        ("slow collective", "cluster (world allreduce)")]
+    slow_host = _pairs(8, lambda a, b, r: LINK / 3 if 1 in (a, b) else 0.9 * LINK)
+    assert [f.kind for f in analyse(slow_host, Expectation(), NAMES8, world=world)] == [
+        "slow link"]
+
+
+# -- records -> heat map ------------------------------------------------------------------
+
+def _records(measures, names, expect_bps):
+    from types import SimpleNamespace
+
+    out = [SimpleNamespace(run_id="r1", timestamp="t", backend="gloo", hosts=names,
+                           collective="allreduce", size_used=1 << 20,
+                           time_us={"median": 1000.0},
+                           method={"diagnose": {"step": "world", "label": "world", "round": 0,
+                                                "pair": None}})]
+    for m in measures:
+        pair = [names[m.a], names[m.b]]
+        base = {"step": m.kind, "label": f"{m.kind} {m.round}", "round": m.round, "pair": pair,
+                "expected": {"link_bps": expect_bps, "latency_us": None,
+                             "source": "--link-rate"}}
+        size = 1 << 20
+        out.append(SimpleNamespace(run_id="r1", timestamp="t", backend="gloo", hosts=pair,
+                                   collective="sendrecv", size_used=8,
+                                   time_us={"median": m.lat_us},
+                                   method={"diagnose": {**base, "direction": None}}))
+        for direction, rate in (("a->b", m.bw_ab), ("b->a", m.bw_ba)):
+            out.append(SimpleNamespace(run_id="r1", timestamp="t", backend="gloo", hosts=pair,
+                                       collective="broadcast", size_used=size,
+                                       time_us={"median": size * 8 / rate * 1e6},
+                                       method={"diagnose": {**base, "direction": direction}}))
+    return out
+
+
+def test_records_give_back_the_measurements_and_the_heat_map(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ccbench.report.diagnose import diagnose_figures, measures_of, split_diagnose
+
+    measures = _pairs(8, lambda a, b, r: LINK / 3 if 5 in (a, b) else 0.9 * LINK)
+    records = _records(measures, NAMES8, LINK)
+    rest, diagnosed = split_diagnose(records)
+    assert rest == [] and len(diagnosed) == len(records)
+    names, back, expect = measures_of(diagnosed)
+    assert names == NAMES8 and expect.link_bps == LINK and len(back) == len(measures)
+    for original, again in zip(measures, back, strict=True):
+        assert (again.a, again.b) == (original.a, original.b)
+        assert again.bw_ab == pytest.approx(original.bw_ab)
+        assert again.lat_us == pytest.approx(original.lat_us)
+    assert _kinds(analyse(back, expect, names)) == [("slow link", "host h5's link")]
+    written = diagnose_figures(diagnosed, tmp_path)
+    assert [p.name for p in written] == ["diagnose-r1.png"] and written[0].stat().st_size > 0
+
+
+# -- the command's bad input: one line, exit 2 --------------------------------------------
+
+def _ccbench(*args):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "ccbench", *args], capture_output=True,
+                          text=True, timeout=300, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+
+
+@pytest.mark.parametrize("args, words", [
+    (["diagnose", "--link-rate", "fast"], "unknown --link-rate 'fast'"),
+    (["diagnose", "--planes", "eth0"], "--planes needs 2 or more interfaces"),
+    (["diagnose", "--planes", "eth0,eth1", "--backend", "mpi"], "backend 'mpi' has no such"),
+    (["diagnose", "--leaves", "1"], "at least 2 leaves"),
+    (["diagnose"], "diagnose needs at least 2 hosts"),
+    (["launch", "-n", "2", "diagnose", "--planes", "eth0,ccbnosuch9"], "lacks ccbnosuch9"),
+])
+def test_bad_input_is_one_line_exit_2(args, words):
+    proc = _ccbench(*args)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("ccbench: error:") and words in lines[0], \
+        proc.stderr

@@ -43,7 +43,10 @@ __all__ = ["DiagnoseConfig", "diagnose_rank"]
 _STEP_STRIDE = 1000          # harness step numbers: plan step x this + pair x 4 + measurement
 COMPUTE_REPEATS = 5
 REPEAT_PASSES = 3            # suspicious pairs measured again: at most this many passes
-COMPUTE_MATRIX = 160         # float64 matrix products of this order: about 0.1 s of one core
+COMPUTE_ELEMENTS = 1 << 20   # sine of a vector of this many float64 ...
+COMPUTE_PASSES = 15          # ... this many times: about 0.15 s of one core here (numpy's
+                             # element-wise code: one thread, unlike BLAS), longer than a CFS
+                             # period (0.1 s), so that a CPU quota shows
 
 
 @dataclass(kw_only=True)
@@ -349,21 +352,20 @@ class _Rank:
             self._records(Step("world", "world allreduce"), None, None, {"world": got})
 
     def run_compute(self) -> None:
-        """Each host in turn (its representative) runs the same matrix products, then every
+        """Each host in turn (its representative) runs the same element-wise work, then every
         rank meets at a barrier: the time to arrive is that host's compute time. In turn, so
         that hosts sharing cores (an emulated cluster) do not slow each other, and in
         interleaved rounds (h0 h1 ... h0 h1 ...), so that a burst of other work on the
         machine hits different hosts' repetitions rather than all of one host's."""
         self.watchdog.label = "compute probe"
-        rng = np.random.default_rng(0)
-        a = rng.random((COMPUTE_MATRIX, COMPUTE_MATRIX))
-        _products(a)                                        # warms BLAS up, untimed
+        a = np.random.default_rng(0).random(COMPUTE_ELEMENTS)
+        _work(a)                                            # first touch of memory, untimed
         times: list[float] = []
         for repetition in range(COMPUTE_REPEATS):
             for host in range(len(self.names)):
                 if self.info.rank == self.rep[host]:
                     start = time.perf_counter()
-                    _products(a)
+                    _work(a)
                     times.append(time.perf_counter() - start)
                 with self.watchdog.waiting():
                     self.store.barrier(f"diag/compute/{repetition}/{host}",
@@ -434,10 +436,10 @@ class _Rank:
             append_record(self.config.output, record)
 
 
-def _products(a: np.ndarray) -> None:
+def _work(a: np.ndarray) -> None:
     b = a
-    for _ in range(20):
-        b = np.tanh(b @ a / COMPUTE_MATRIX)
+    for _ in range(COMPUTE_PASSES):
+        b = np.sin(b) + a
 
 
 def _natural(name: str) -> list[Any]:
