@@ -120,7 +120,7 @@ def victims_for(kind: str, hosts: int, count: int) -> list[str]:
 
 
 def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
-         quick: bool = False) -> dict[str, Any]:
+         quick: bool = False, cpu_percent: float = 20.0) -> dict[str, Any]:
     rate = parse_rate(link)
     args = ["--link-rate", link] + (["--quick"] if quick else [])
     if kind == "uplink":
@@ -131,7 +131,7 @@ def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
               "plane-down": [f"{victim}:eth1", "down"],
               "plane-slow": [f"{victim}:eth1", "rate", format_rate(rate // 4).replace("bit/s",
                                                                                   "")],
-              "cpu": [victim, "cpu", "20"],
+              "cpu": [victim, "cpu", f"{cpu_percent:g}"],
               "uplink": [victim, "rate", format_rate(rate).replace("bit/s", "")]}
     mid = None
     if kind in faults:
@@ -146,6 +146,7 @@ def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
             ccbench("testbed", "fault", str(victim), "clear")
     findings = run["verdict"].get("findings")
     result = {"hosts": hosts, "kind": kind or "healthy", "victim": victim, "quick": quick,
+              **({"cpu_percent": cpu_percent} if kind == "cpu" else {}),
               "link": link, "load_before": load, "load_after": load_average(),
               "rc": run["rc"], "seconds": run["seconds"], "ranks_killed": run["ranks_killed"],
               **score(kind, victim, findings), "findings": findings,
@@ -167,7 +168,8 @@ def write(results: list[dict[str, Any]], stamp: str) -> None:
     for r in results:
         false = "; ".join(r["false"]) if r["false"] else ("none" if r["false"] == [] else "?")
         found = {True: "found", False: "MISSED", None: "-"}[r["found"]]
-        lines.append(f"| {r['hosts']} | {r['kind']} | {r['victim'] or '-'} | "
+        kind = r["kind"] + (f" {r['cpu_percent']:g} %" if "cpu_percent" in r else "")
+        lines.append(f"| {r['hosts']} | {kind} | {r['victim'] or '-'} | "
                      f"{'yes' if r['quick'] else 'no'} | {found} | {false} | {r['rc']} | "
                      f"{r['seconds']} | {r['load_before']:.1f}/{r['load_after']:.1f} |")
     (OUT / f"validation-{stamp}.md").write_text("\n".join(lines) + "\n")
@@ -181,6 +183,8 @@ def main() -> int:
     parser.add_argument("--healthy", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="also each cell with --quick")
     parser.add_argument("--link", default="50M")
+    parser.add_argument("--cpu-percent", type=float, default=20.0,
+                        help="the cpu fault's quota, percent of one core (default 20)")
     parser.add_argument("--stamp", default=datetime.date.today().isoformat())
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
@@ -200,7 +204,8 @@ def main() -> int:
                 for kind, victim in runs:
                     for quick in ((False, True) if args.quick else (False,)):
                         port += 1
-                        results.append(cell(hosts, kind, victim, args.link, port, quick))
+                        results.append(cell(hosts, kind, victim, args.link, port, quick,
+                                            args.cpu_percent))
                         write(results, args.stamp)
     finally:
         ccbench("testbed", "down", check=False)

@@ -92,7 +92,10 @@ def test_healthy_dual_plane_cluster_has_no_finding(validation, planes) -> None:
                                           ("link-down-mid", "h3")])
 def test_injected_fault_is_named(validation, planes, kind: str, victim: str) -> None:
     port = 29810 + ["host-link", "plane-down", "plane-slow", "cpu", "link-down-mid"].index(kind)
-    _check(validation.cell(HOSTS, kind, victim, LINK, port), kind)
+    # the CPU quota: 5 % of a core, not the validation's 20 %: with the 2 cores shared by
+    # other work (load average 24 seen), an unconstrained host got about 23 % of a core, so a
+    # 20 % quota was not slower (results/diagnose/)
+    _check(validation.cell(HOSTS, kind, victim, LINK, port, cpu_percent=5.0), kind)
 
 
 def test_slow_uplink_is_named(validation, two_tier) -> None:

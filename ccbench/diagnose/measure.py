@@ -328,7 +328,8 @@ class _Rank:
                                                            plane=step.plane, leaves=leaves,
                                                            error=down[index]))
                 continue
-            got = self.store.get(f"diag/{number}/pair/{index}", self.timeout)
+            with self.watchdog.waiting():      # a stopped host must not hang rank 0 here
+                got = self.store.get(f"diag/{number}/pair/{index}", self.timeout)
             measure = PairMeasure(step.kind, step.round, a, b, plane=step.plane, leaves=leaves)
             if "lat" in got:
                 measure.lat_us = got["lat"]["time_us"]["median"]
@@ -373,8 +374,10 @@ class _Rank:
         if self.info.rank in self.rep:
             self.store.set(f"diag/compute/{self.host_of[self.info.rank]}", times)
         if self.info.rank == 0 and self.collected is not None:
-            self.collected.compute_s = {h: self.store.get(f"diag/compute/{h}", self.timeout)
-                                        for h in range(len(self.names))}
+            with self.watchdog.waiting():
+                self.collected.compute_s = {h: self.store.get(f"diag/compute/{h}",
+                                                              self.timeout)
+                                            for h in range(len(self.names))}
 
     def repeat_rounds(self, number: int) -> list[Step]:
         """Rank 0 picks the pairs to measure again (suspicious now, not measured again yet:
