@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ccbench import __version__
+from ccbench.arrivals import start_limit
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
@@ -500,13 +501,17 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
 
     info = detect_launch()
     timeout = config.method.timeout
-    store, server = connect_control(info, timeout, min(CONNECT_TIMEOUT_S, timeout))
+    connect_timeout = min(CONNECT_TIMEOUT_S, timeout)
+    store, server = connect_control(info, timeout, connect_timeout)
     watchdog = _DiagnoseWatchdog(store, info.rank, info.world_size, timeout)
     watchdog.start()
     rank = _Rank(config, info, store, watchdog)
     try:
+        # as the benchmark: rank 0 waits for late ranks and names a dead one at once
+        limit = start_limit(connect_timeout) + 5
+        with watchdog.waiting(limit=limit + (5 if info.rank else 0)):
+            _agree_on_arguments(store, info, config.argv, limit, watchdog, connect_timeout)
         with watchdog.waiting():
-            _agree_on_arguments(store, info, config.argv, timeout)
             rank.learn_hosts()
             expect = rank.expectation()
         leaves = rank._leaf_indices()
