@@ -216,10 +216,12 @@ def test_host_slow_on_every_plane_is_its_link():
 def test_world_collective_flagged_only_when_nothing_explains_it():
     healthy = _pairs(8, lambda a, b, r: 0.9 * LINK)
     world = {"label": "allreduce", "time_us": 1e6, "busbw_bps": 0.1 * LINK}
-    assert _kinds(analyse(healthy, Expectation(), NAMES8, world=world)) == [
+    absolute = Expectation(LINK, None, "--link-rate")
+    assert _kinds(analyse(healthy, absolute, NAMES8, world=world)) == [
         ("slow collective", "cluster (world allreduce)")]
+    assert analyse(healthy, Expectation(), NAMES8, world=world) == []   # pairs alone: no
     slow_host = _pairs(8, lambda a, b, r: LINK / 3 if 1 in (a, b) else 0.9 * LINK)
-    assert [f.kind for f in analyse(slow_host, Expectation(), NAMES8, world=world)] == [
+    assert [f.kind for f in analyse(slow_host, absolute, NAMES8, world=world)] == [
         "slow link"]
 
 
