@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ KINDS = ("host-link", "plane-down", "plane-slow", "cpu", "uplink", "link-down-mi
 EXPECTED_KIND = {"host-link": "slow link", "plane-down": "port down", "plane-slow": "slow port",
                  "cpu": "slow compute", "uplink": "slow uplink", "link-down-mid": "stopped"}
 RUN_LIMIT_S = 900
-MID_PLAN_DELAY_S = 35.0
+MID_PLAN_DELAY_S = 8.0          # after the plan is printed: into the pair rounds
 
 
 def ccbench(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -62,15 +63,37 @@ def run_diagnose(hosts: int, args: list[str], port: int,
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ccbench", "testbed", "exec", f"h{rank}", "--", sys.executable,
              "-m", "ccbench", "diagnose", *args, "--format", "json"],
-            env={**env, "RANK": str(rank)}, cwd=ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True))
+            env={**env, "RANK": str(rank)}, cwd=ROOT,
+            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True,
+            start_new_session=True))
+    lines: list[str] = []
+    planned = threading.Event()
+
+    def read_stderr() -> None:             # the plan line: the measurements begin
+        assert procs[0].stderr is not None
+        for line in procs[0].stderr:
+            lines.append(line)
+            if line.startswith("ccbench diagnose:"):
+                planned.set()
+
+    stdout: list[str] = []
+    readers = [threading.Thread(target=read_stderr, daemon=True),
+               threading.Thread(target=lambda: stdout.append(procs[0].stdout.read()  # type: ignore[union-attr]
+                                                             ), daemon=True)]
+    for reader in readers:
+        reader.start()
     if mid_fault is not None:
+        planned.wait(timeout=RUN_LIMIT_S / 2)
         time.sleep(mid_fault[0])
         ccbench("testbed", "fault", *mid_fault[1])
     try:
-        out, err = procs[0].communicate(timeout=RUN_LIMIT_S)
+        procs[0].wait(timeout=RUN_LIMIT_S)
     except subprocess.TimeoutExpired:
-        out, err = "", "timed out"
+        pass
+    for reader in readers:
+        reader.join(timeout=10)
+    out, err = "".join(stdout), "".join(lines)
     elapsed = time.monotonic() - start
     for proc in procs[1:]:
         try:
@@ -137,7 +160,7 @@ def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
     if kind in faults:
         ccbench("testbed", "fault", *faults[kind])
     elif kind == "link-down-mid":
-        mid = (MID_PLAN_DELAY_S * hosts / 4, [str(victim), "down"])
+        mid = (MID_PLAN_DELAY_S, [str(victim), "down"])
     load = load_average()
     try:
         run = run_diagnose(hosts, args, port, mid)
