@@ -84,7 +84,8 @@ def run_diagnose(hosts: int, args: list[str], port: int,
     for reader in readers:
         reader.start()
     if mid_fault is not None:
-        planned.wait(timeout=RUN_LIMIT_S / 2)
+        while not planned.wait(timeout=1.0) and procs[0].poll() is None:
+            pass                          # (rank 0 may end before its plan: start-up failed)
         time.sleep(mid_fault[0])
         ccbench("testbed", "fault", *mid_fault[1])
     try:
@@ -143,9 +144,14 @@ def victims_for(kind: str, hosts: int, count: int) -> list[str]:
 
 
 def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
-         quick: bool = False, cpu_percent: float = 20.0) -> dict[str, Any]:
+         quick: bool = False, cpu_percent: float = 20.0, records: Path | None = None
+         ) -> dict[str, Any]:
     rate = parse_rate(link)
     args = ["--link-rate", link] + (["--quick"] if quick else [])
+    if records is not None:          # every measurement's record, for `ccbench report`
+        records.mkdir(parents=True, exist_ok=True)
+        args += ["-O", str(records / f"{hosts}-{kind or 'healthy'}-{victim or 'none'}-{port}"
+                                     f".jsonl")]
     if kind == "uplink":
         args += ["--leaves", str(hosts // 2)]
     else:
@@ -228,7 +234,8 @@ def main() -> int:
                     for quick in ((False, True) if args.quick else (False,)):
                         port += 1
                         results.append(cell(hosts, kind, victim, args.link, port, quick,
-                                            args.cpu_percent))
+                                            args.cpu_percent,
+                                            OUT / f"records-{args.stamp}"))
                         write(results, args.stamp)
     finally:
         ccbench("testbed", "down", check=False)

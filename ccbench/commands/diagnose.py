@@ -61,7 +61,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-repeat", action="store_true",
                         help="do not measure suspicious pairs again before blaming them")
     parser.add_argument("--no-compute", action="store_true", help="skip the compute probe")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="the verdict as a table or JSON (findings, pairs, plan); the "
+                             "plan goes to stderr with JSON (default table)")
     parser.add_argument("--output", "-O", default=None,
                         help="append one record per measurement to this file (JSON lines)")
 
