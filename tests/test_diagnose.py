@@ -300,3 +300,13 @@ def test_bad_input_is_one_line_exit_2(args, words):
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("ccbench: error:") and words in lines[0], \
         proc.stderr
+
+
+def test_one_pairs_latency_outlier_needs_an_absolute_expectation():
+    measures = _pairs(8, lambda a, b, r: 0.9 * LINK)
+    for m in measures:
+        if {m.a, m.b} == {5, 7}:
+            m.lat_us = 4000.0                 # as seen on the loaded testbed, in both tries
+    assert analyse(measures, Expectation(), NAMES8) == []
+    assert _kinds(analyse(measures, Expectation(None, 300.0, "--latency-us"), NAMES8)) == [
+        ("high latency", "pair h5-h7 path")]
