@@ -25,7 +25,7 @@ from ccbench.harness import Method
 from ccbench.sizes import parse_sizes
 
 SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
-               "merge", "report", "compare", "testbed", "replay")
+               "merge", "report", "compare", "testbed", "replay", "diagnose")
 
 __all__ = ["bench_parser", "config_from_args", "main"]
 

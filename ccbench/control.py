@@ -106,7 +106,7 @@ def _proof(secret: str, side: str, nonce: str) -> str:
 # a unique id); `dead/`, `unreachable/` and `byes/` are the server's own (a connection that
 # closes without a goodbye, or says one)
 _RANK_NAMESPACES = frozenset({"args", "hosts", "run_id", "m", "progress", "label", "left",
-                              "aborted", "end", "torch", "lib", "trace"})
+                              "aborted", "end", "torch", "lib", "trace", "diag"})
 _KEY_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,256}")
 _TIMES_KEY = re.compile(r"m/\d+/times/\d+")
 _WARM_KEY = re.compile(r"m/\d+/warm/\d+")

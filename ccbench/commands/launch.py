@@ -178,6 +178,12 @@ def main(args: argparse.Namespace) -> int:
         backends, connect_timeout, trace_ranks = launch_plan(bench[1:])
         nprocs = args.nprocs if args.nprocs is not None else trace_ranks
         output, fmt, saved = None, "table", None
+    elif bench[0] == "diagnose":                # a diagnosis: its own arguments
+        from ccbench.commands.diagnose import launch_plan as diagnose_plan
+
+        backends, connect_timeout, _ = diagnose_plan(bench[1:])
+        nprocs = args.nprocs if args.nprocs is not None else 2
+        output, fmt, saved = None, "table", None
     else:
         from ccbench.output import main_job_output
 
@@ -195,8 +201,8 @@ def main(args: argparse.Namespace) -> int:
         output, fmt = config.output, config.fmt
     if args.repeat < 1:
         raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
-    if args.repeat > 1 and bench[0] == "replay":
-        raise UsageError("--repeat applies to measurements, not to replay")
+    if args.repeat > 1 and bench[0] in ("replay", "diagnose"):
+        raise UsageError(f"--repeat applies to measurements, not to {bench[0]}")
     by_backend = _check_backends(backends)
     mpiexec = find_mpiexec(args.mpiexec) if any(by_backend.values()) or args.mpiexec else None
     if mpiexec is not None:

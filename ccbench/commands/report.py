@@ -48,12 +48,14 @@ def main(args: argparse.Namespace) -> int:
     if args.backend:
         wanted = {b.strip() for b in args.backend.split(",") if b.strip()}
         records = [r for r in records if r.backend in wanted]
+    from ccbench.report.diagnose import diagnose_figures, split_diagnose
     from ccbench.report.predictions import prediction_figures, split_predictions
     from ccbench.report.traces import split_traces, trace_figures
 
     records, predicted = split_predictions(records)     # from `simulate -o`: own figures
     records, replayed = split_traces(records)           # from `replay -O`: own figures
-    if not records and not predicted and not replayed:
+    records, diagnosed = split_diagnose(records)        # from `diagnose -O`: heat maps
+    if not records and not predicted and not replayed and not diagnosed:
         raise UsageError(f"no records in {', '.join(args.results)}"
                          + (" after filtering" if args.collective or args.backend else ""))
     model = None
@@ -73,6 +75,9 @@ def main(args: argparse.Namespace) -> int:
     if replayed:
         for path in trace_figures(replayed, args.output, formats):
             print(f"ccbench report: trace {path}")
+    if diagnosed:
+        for path in diagnose_figures(diagnosed, args.output, formats):
+            print(f"ccbench report: diagnose {path}")
     if predicted:
         for path in prediction_figures(records, predicted, args.output, formats):
             print(f"ccbench report: predictions {path}")

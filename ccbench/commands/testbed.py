@@ -4,6 +4,7 @@
     ccbench testbed exec h1 -- hostname
     ccbench testbed status --format json
     ccbench testbed measure            # iperf3: measured vs configured link rates
+    ccbench testbed fault h3 rate 30M  # also h3:eth1 down|up, leaf1 rate R, h3 cpu 20, clear
     ccbench testbed down
 """
 
@@ -20,7 +21,7 @@ from ccbench.errors import UsageError
 if TYPE_CHECKING:
     from ccbench.testbed.topology import Plan
 
-ACTIONS = ("up", "exec", "status", "measure", "down")
+ACTIONS = ("up", "exec", "status", "measure", "fault", "down")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "own hostname, veth links into Linux bridges shaped with tbf. Needs root.")
     parser.add_argument("action", choices=ACTIONS, help="what to do with the emulated hosts")
     parser.add_argument("words", nargs="*",
-                        help="exec: HOST -- COMMAND ...")
+                        help="exec: HOST -- COMMAND ...; fault: TARGET ACTION [VALUE]")
     parser.add_argument("--hosts", type=int, default=2, help="up: number of hosts (default 2)")
     parser.add_argument("--ranks-per-host", type=int, default=1,
                         help="up: ranks each host runs (Slurm CPUs per node; default 1)")
@@ -38,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="up: link rate in bits/s, e.g. 100M, 500M, 1G (default 1G)")
     parser.add_argument("--topology", default="switch",
                         help="up: switch | two-tier:LEAVES[:oversub=R] | dual-plane")
+    parser.add_argument("--planes", type=int, default=1,
+                        help="up: 2 builds the dual-ToR network: two NICs per host into two "
+                             "plane bridges, the host's address on lo reached by ECMP over both")
     parser.add_argument("--slurm", action="store_true",
                         help="up: also start slurmctld on h0 and slurmd on every host")
     parser.add_argument("--format", choices=("table", "json"), default="table",
@@ -48,13 +52,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from ccbench import testbed
 
-    if args.action != "exec" and args.words:
+    if args.action not in ("exec", "fault") and args.words:
         raise UsageError(f"unexpected arguments for testbed {args.action}: {' '.join(args.words)}")
     if args.action == "up":
         plan = testbed.build_plan(args.hosts, testbed.parse_rate(args.link),
-                                  testbed.parse_topology(args.topology), args.ranks_per_host)
+                                  testbed.parse_topology(args.topology), args.ranks_per_host,
+                                  planes=args.planes)
         outcome = testbed.up(plan, slurm=args.slurm)
-        print(f"testbed {outcome}: {len(plan.hosts)} hosts, {plan.topology}, "
+        print(f"testbed {outcome}: {len(plan.hosts)} hosts, {plan.topology}"
+              f"{' (dual-ToR: ECMP over 2 planes)' if args.planes == 2 else ''}, "
               f"links {testbed.format_rate(plan.link_rate)}"
               + (f"; Slurm: export SLURM_CONF={plan.options['slurm_conf']}"
                  if args.slurm and "slurm_conf" in plan.options else ""))
@@ -68,6 +74,13 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("no testbed is up (start one: ccbench testbed up --hosts 2)")
     if args.action == "exec":
         return _exec(current, args.words)
+    if args.action == "fault":
+        from ccbench.testbed.faults import apply_fault
+        from ccbench.testbed.net import require_root
+
+        require_root()
+        print(f"testbed fault: {apply_fault(current, args.words)}")
+        return 0
     if args.action == "status":
         info = testbed.status(current)
         if args.format == "json":
@@ -103,6 +116,11 @@ def _exec(plan: Plan, words: list[str]) -> int:
     if plan.options.get("slurm_conf"):
         env.setdefault("SLURM_CONF", plan.options["slurm_conf"])
     argv = host_command(host.netns, host.name, command)
+    from ccbench.testbed.faults import cgroup_of
+
+    group = cgroup_of(plan, host_name)
+    if group is not None:               # a CPU fault: what runs there is limited too
+        (group / "cgroup.procs").write_text(str(os.getpid()))
     sys.stdout.flush()
     os.execvpe(argv[0], argv, env)
 
@@ -117,6 +135,9 @@ def _print_status(info: dict[str, Any]) -> None:
               f" {links}")
     for uplink in info["uplinks"]:
         print(f"  uplink {uplink['from']} -> {uplink['to']} {uplink['rate']}")
+    for target, fault in sorted(info.get("faults", {}).items()):
+        shown = ", ".join(f"{k} {v}" for k, v in fault.items() if k != "configured_bps")
+        print(f"  FAULT {target}: {shown}")
     if "slurm" in info:
         slurm = info["slurm"]
         nodes = ", ".join(f"{n} {s}" for n, s in sorted(slurm["nodes"].items())) or "no answer"

@@ -48,7 +48,9 @@ def _exclusive() -> Iterator[None]:
 def _same(a: Plan, b: Plan) -> bool:
     keys = ("link_rate", "topology", "ranks_per_host")
     return (all(getattr(a, k) == getattr(b, k) for k in keys) and len(a.hosts) == len(b.hosts)
-            and a.options.get("slurm") == b.options.get("slurm"))
+            and a.options.get("slurm") == b.options.get("slurm")
+            and a.options.get("planes") == b.options.get("planes")
+            and not a.options.get("faults"))
 
 
 def _healthy(plan: Plan) -> bool:
@@ -129,7 +131,9 @@ def status(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {"topology": plan.topology, "link_rate": format_rate(plan.link_rate),
                            "link_rate_bps": plan.link_rate, "ranks_per_host": plan.ranks_per_host,
                            "root_address": plan.root_address.split("/")[0], "hosts": hosts,
-                           "bridges": [b.name for b in plan.bridges], "uplinks": uplinks}
+                           "bridges": [b.name for b in plan.bridges], "uplinks": uplinks,
+                           "planes": plan.options.get("planes", 1),
+                           "faults": plan.options.get("faults", {})}
     if plan.options.get("slurm"):
         from ccbench.testbed.slurm import PARTITION, node_states
 
@@ -179,7 +183,7 @@ def measure(plan: Plan, seconds: float = 3.0) -> list[dict[str, Any]]:
     if len(plan.hosts) < 2:
         raise RunFailure("testbed measure needs at least 2 hosts")
     rows = []
-    planes = sorted(plan.hosts[0].addresses)
+    planes = plan.hosts[0].nics
     for nic in planes:
         (rate,) = _iperf(plan, [("h1", "h0", nic)], seconds)
         rows.append({"path": f"h1 -> h0 ({nic})", "flows": 1, "configured_bps": plan.link_rate,

@@ -127,12 +127,47 @@ def _create(plan: Plan) -> None:
         _run(["ip", "link", "set", link.b, "up"])
         _tbf(link.b, link.rate)
     _run(["ip", "addr", "add", plan.root_address, "dev", root_bridge(plan)])
+    if plan.options.get("planes") == 2:
+        _ecmp(plan)
     _write_hosts(plan)
     for host in plan.hosts:                            # every host reaches every other one
         for other in plan.hosts:
             if other is not host:
                 _wait_reachable(host.netns, other.address)
                 break
+
+
+# per host namespace, for the dual-ToR emulation: a route whose NIC is down is not used
+# (ignore_routes_with_linkdown), flows are hashed over both planes by ports (policy 1), a
+# next hop whose neighbour stopped answering is skipped (use_neigh) and neighbours are
+# re-checked after 2-4 s instead of 15-45 s, so that senders move to the other plane soon
+# after a peer's port went down
+_ECMP_SYSCTLS = {"net.ipv4.conf.all.ignore_routes_with_linkdown": "1",
+                 "net.ipv4.fib_multipath_hash_policy": "1",
+                 "net.ipv4.fib_multipath_use_neigh": "1"}
+_NEIGH_SYSCTLS = {"base_reachable_time_ms": "4000", "delay_first_probe_time": "1"}
+
+
+def _ecmp(plan: Plan) -> None:
+    """Each host's own address on lo (/32), reached from every other host by one route with
+    a next hop on each plane; the machine's namespace reaches it over plane 0."""
+    for host in plan.hosts:
+        settings = dict(_ECMP_SYSCTLS)
+        for nic in host.nics:        # a namespace has no neigh.default: per NIC
+            settings.update({f"net.ipv4.neigh.{nic}.{k}": v for k, v in _NEIGH_SYSCTLS.items()})
+        for key, value in settings.items():
+            _run(["ip", "netns", "exec", host.netns, "sysctl", "-qw", f"{key}={value}"])
+        _run(["ip", "-n", host.netns, "addr", "add", host.addresses["lo"], "dev", "lo"])
+        for other in plan.hosts:
+            if other is host:
+                continue
+            hops = []
+            for nic in other.nics:
+                hops += ["nexthop", "via", other.addresses[nic].split("/")[0], "dev", nic]
+            _run(["ip", "-n", host.netns, "route", "add", other.addresses["lo"], "src",
+                  host.address, *hops])
+        _run(["ip", "route", "add", host.addresses["lo"], "via",
+              host.addresses["eth0"].split("/")[0], "dev", root_bridge(plan)])
 
 
 def _wait_reachable(netns: str, address: str, timeout: float = 10.0) -> None:
@@ -228,6 +263,9 @@ def teardown(plan: Plan | None = None) -> list[str]:
     if HOSTS_MARK in before:
         HOSTS_FILE.write_text("\n".join(_hosts_without_marks()) + "\n")
         removed.append("/etc/hosts entries")
+    from ccbench.testbed.faults import remove_cgroups
+
+    removed += remove_cgroups()
     if STATE_DIR.exists():
         shutil.rmtree(STATE_DIR, ignore_errors=True)
         removed.append(str(STATE_DIR))

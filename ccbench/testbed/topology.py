@@ -26,6 +26,7 @@ __all__ = ["Bridge", "HostPlan", "Link", "Plan", "build_plan", "format_rate", "p
 PREFIX = "ccb-"
 SUBNET = "10.213"              # plane p uses 10.213.p.0/24
 ROOT_HOST_ID = 254             # the root namespace's address on plane 0
+HOST_SUBNET = 8                # with planes: host i's own address 10.213.8.(i+1)/32 on lo
 MAX_HOSTS = 64
 TOPOLOGY_FORMS = "switch, two-tier:LEAVES[:oversub=R], dual-plane"
 
@@ -116,7 +117,13 @@ class HostPlan:
 
     @property
     def address(self) -> str:
-        return self.addresses["eth0"].split("/")[0]
+        """The host's own address: on `lo` with planes (reached over either plane), else
+        eth0's."""
+        return self.addresses.get("lo", self.addresses["eth0"]).split("/")[0]
+
+    @property
+    def nics(self) -> list[str]:
+        return sorted(n for n in self.addresses if n != "lo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +160,26 @@ def _address(plane: int, host_id: int) -> str:
     return f"{SUBNET}.{plane}.{host_id}/24"
 
 
-def build_plan(num_hosts: int, link_rate: int, topology: Topology, ranks_per_host: int = 1
-               ) -> Plan:
+def build_plan(num_hosts: int, link_rate: int, topology: Topology, ranks_per_host: int = 1,
+               planes: int = 1) -> Plan:
+    """`planes=2`: the dual-ToR network (HPN): two NICs per host into two plane bridges, and
+    the host's own address on lo, reached by an ECMP route over both planes (net.py)."""
+    if planes not in (1, 2):
+        raise UsageError(f"--planes must be 1 or 2, got {planes}")
+    if planes == 2:
+        if topology.kind not in ("switch", "dual-plane"):
+            raise UsageError(f"--planes 2 builds its own two planes; it does not combine "
+                             f"with --topology {topology.spec()}")
+        plan = _build_plan(num_hosts, link_rate, Topology("dual-plane"), ranks_per_host)
+        for i, host in enumerate(plan.hosts):
+            host.addresses["lo"] = f"{SUBNET}.{HOST_SUBNET}.{i + 1}/32"
+        plan.options["planes"] = 2
+        return plan
+    return _build_plan(num_hosts, link_rate, topology, ranks_per_host)
+
+
+def _build_plan(num_hosts: int, link_rate: int, topology: Topology, ranks_per_host: int
+                ) -> Plan:
     if not 1 <= num_hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts must be 1..{MAX_HOSTS}, got {num_hosts}")
     if ranks_per_host < 1:

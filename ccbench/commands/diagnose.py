@@ -1,0 +1,218 @@
+"""`ccbench diagnose`: is this cluster's network normal, and if not, where is it broken?
+
+Started like every run, one rank per host (or --ranks-per-host K):
+
+    srun -N16 --ntasks-per-node 1 python -m ccbench diagnose --link-rate 100G
+    mpiexec -n 8 -ppn 1 python -m ccbench diagnose --backend mpi
+    ccbench launch -n 4 diagnose --backend gloo      # one machine: each rank stands for a host
+
+Prints the plan with its estimated time, then a verdict: a table of findings (component,
+kind, measured, expected, evidence, confidence). Exit status 1 when anything is flagged
+(also a host that stopped answering mid-plan), 0 when healthy, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ccbench.bench_options import DEFAULT_TIMEOUT_S
+from ccbench.errors import UsageError
+
+__all__ = ["launch_plan", "main", "register"]
+
+DEFAULT_SIZE = 4 << 20
+TRANSFER_S = 0.05               # with a known link rate: a bandwidth sample takes about this
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", "-B", default="gloo",
+                        help="gloo, mpi, oneccl, nccl ... (default gloo)")
+    parser.add_argument("--ranks-per-host", type=int, default=1,
+                        help="ranks started on every host (default 1); the lowest rank of "
+                             "each host measures for it")
+    parser.add_argument("--quick", action="store_true",
+                        help="log2(N) bisection rounds instead of every pair (large clusters)")
+    parser.add_argument("--link-rate", default=None,
+                        help="expected link rate in bits/s (100M, 25G, 400G)")
+    parser.add_argument("--latency-us", type=float, default=None,
+                        help="expected pair latency in microseconds")
+    parser.add_argument("--model", default=None,
+                        help="model.json from `ccbench calibrate`: expected rate and latency")
+    parser.add_argument("--no-nic-speed", action="store_true",
+                        help="do not take the NIC speed the OS reports as the expectation")
+    parser.add_argument("--leaves", default=None,
+                        help="leaf switches: L (host i of the sorted names on leaf i mod L) or "
+                             "host lists 'h0,h2/h1,h3'; adds the leaf-against-leaf partition")
+    parser.add_argument("--oversub", type=float, default=1.0,
+                        help="uplink oversubscription with --leaves (default 1)")
+    parser.add_argument("--planes", default=None,
+                        help="interfaces of the planes, e.g. eth0,eth1: adds the plane "
+                             "partition (gloo)")
+    parser.add_argument("--size", default=None,
+                        help="bytes of a bandwidth measurement (default: 50 ms at --link-rate, "
+                             "else 4M)")
+    parser.add_argument("--iters", "-n", type=int, default=5,
+                        help="timed iterations per measurement (default 5)")
+    parser.add_argument("--warmup", "-w", type=int, default=1, help="warm-up iterations (1)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds one operation may take (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--no-repeat", action="store_true",
+                        help="do not measure suspicious pairs again before blaming them")
+    parser.add_argument("--no-compute", action="store_true", help="skip the compute probe")
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help="the verdict as a table or JSON (findings, pairs, plan); the "
+                             "plan goes to stderr with JSON (default table)")
+    parser.add_argument("--output", "-O", default=None,
+                        help="append one record per measurement to this file (JSON lines)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("diagnose", help="find the slow link, path, uplink, plane "
+                                   "port or host of a cluster")
+    _arguments(parser)
+
+
+def _leaves(text: str | None) -> str | int | None:
+    if text is None:
+        return None
+    if text.strip().isdigit():
+        leaves = int(text)
+        if leaves < 2:
+            raise UsageError(f"--leaves {text}: at least 2 leaves")
+        return leaves
+    groups = [[h.strip() for h in g.split(",") if h.strip()] for g in text.split("/")]
+    if len(groups) < 2 or any(not g for g in groups):
+        raise UsageError(f"bad --leaves {text!r} (valid: a leaf count such as 2, or host "
+                         f"lists such as h0,h2/h1,h3)")
+    return text
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from ccbench.backends import parse_backends
+    from ccbench.diagnose.analyse import Expectation
+    from ccbench.diagnose.measure import DiagnoseConfig
+    from ccbench.harness import Method
+    from ccbench.sizes import parse_sizes
+    from ccbench.testbed.topology import parse_rate
+
+    backends = parse_backends(args.backend)
+    if len(backends) != 1:
+        raise UsageError(f"diagnose runs one backend, got --backend {args.backend!r}")
+    for name in ("iters", "ranks_per_host"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
+                             f"{getattr(args, name)}")
+    if args.warmup < 0 or args.timeout <= 0 or args.oversub < 1:
+        raise UsageError("--warmup must be >= 0, --timeout > 0 and --oversub >= 1")
+    expect = Expectation()
+    if args.link_rate is not None:
+        try:
+            expect = Expectation(float(parse_rate(args.link_rate)), None, "--link-rate")
+        except UsageError:
+            raise UsageError(f"unknown --link-rate {args.link_rate!r} (valid: bits per second "
+                             f"with K, M, G or T: 100M, 25G, 400G)") from None
+    elif args.model is not None:
+        expect = _from_model(args.model, backends[0])
+    if args.latency_us is not None:
+        if args.latency_us <= 0:
+            raise UsageError(f"--latency-us must be > 0, got {args.latency_us:g}")
+        expect.latency_us = args.latency_us
+        if expect.link_bps is None:
+            expect.source = "--latency-us"
+    if args.size is not None:
+        sizes = parse_sizes(args.size)
+        if len(sizes) != 1:
+            raise UsageError(f"--size takes one size, got {args.size!r}")
+        size = sizes[0]
+    elif expect.link_bps is not None:
+        size = max(64 << 10, min(64 << 20, int(expect.link_bps / 8 * TRANSFER_S) >> 16 << 16))
+    else:
+        size = DEFAULT_SIZE
+    planes = [p.strip() for p in args.planes.split(",") if p.strip()] if args.planes else None
+    if args.planes is not None and (not planes or len(planes) < 2):
+        raise UsageError(f"--planes needs 2 or more interfaces, got {args.planes!r}")
+    if planes and backends[0] != "gloo":
+        raise UsageError(f"--planes pins traffic to a plane through gloo's interface choice; "
+                         f"backend {backends[0]!r} has no such setting (use --backend gloo)")
+    leaves = _leaves(args.leaves)
+    return DiagnoseConfig(
+        backend=backends[0], size=size, latency_size=8,
+        method=Method(iters=args.iters, warmup=args.warmup, check=1, timeout=args.timeout),
+        quick=args.quick, repeat=not args.no_repeat,
+        leaves=None if leaves is None or isinstance(leaves, int) else
+        [[h.strip() for h in g.split(",") if h.strip()] for g in str(leaves).split("/")],
+        planes=planes, ranks_per_host=args.ranks_per_host, expect=expect,
+        nic_speed=not args.no_nic_speed and expect.link_bps is None, output=args.output,
+        argv=["diagnose", *sys.argv[1:]]), leaves
+
+
+def _from_model(path: str, backend: str) -> Any:
+    from ccbench.diagnose.analyse import Expectation
+    from ccbench.model.modelfile import load_model, select_fit
+
+    model = load_model(path)
+    fit, _why = select_fit(model, "broadcast", 2, backend)
+    if fit["beta"] <= 0:
+        raise UsageError(f"{path}: the fit for {backend} has no bandwidth term (beta 0)")
+    return Expectation(8.0 / fit["beta"], fit["alpha"] * 1e6 if fit["alpha"] > 0 else None,
+                       f"model {path}")
+
+
+def launch_plan(argv: list[str]) -> tuple[list[str], float, int | None]:
+    """(backends, connect timeout, rank count: None, the launcher's default) for
+    `ccbench launch`."""
+    from ccbench.cli import OneLineParser
+    from ccbench.control import CONNECT_TIMEOUT_S
+
+    parser = OneLineParser(prog="ccbench diagnose")
+    _arguments(parser)
+    config, _ = _config(parser.parse_args(argv))
+    return [config.backend], min(CONNECT_TIMEOUT_S, config.method.timeout), None
+
+
+def main(args: argparse.Namespace) -> int:
+    from ccbench.diagnose.measure import diagnose_rank
+    from ccbench.diagnose.plan import build_plan, estimate_seconds
+    from ccbench.diagnose.verdict import findings_of, format_plan, print_verdict
+
+    config, leaves = _config(args)
+    if args.output:
+        from ccbench.output import check_output_file
+
+        check_output_file(args.output)
+    plan_stream = sys.stderr if args.format == "json" else sys.stdout
+
+    def build(hosts: int, leaf_hosts: list[list[int]] | None) -> list[Any]:
+        if isinstance(leaves, int):
+            leaf_hosts = [list(range(hosts))[leaf::leaves] for leaf in range(leaves)]
+        return build_plan(hosts, config.quick, leaf_hosts, config.planes,
+                          compute=not args.no_compute)
+
+    def on_plan(steps: list[Any], names: list[str], expect: Any) -> None:
+        seconds = estimate_seconds(steps, len(names), config.size,
+                                   expect.link_bps or 10e9, 2 * (config.method.iters
+                                                                 + config.method.warmup + 1))
+        for line in format_plan(steps, names, expect, seconds, config.backend):
+            print(line, file=plan_stream, flush=True)
+
+    def on_stop(collected: Any, why: str, stopped: dict[int, str]) -> None:
+        collected.stopped = stopped
+        print_verdict(collected, findings_of(collected, args.oversub), args.format)
+        sys.stdout.flush()
+
+    config.on_plan = on_plan
+    collected = diagnose_rank(config, build, on_stop)
+    if collected is None:
+        return 0
+    if isinstance(leaves, int):
+        hosts = len(collected.names)
+        collected.leaves = [list(range(hosts))[leaf::leaves] for leaf in range(leaves)]
+    findings = findings_of(collected, args.oversub)
+    print_verdict(collected, findings, args.format)
+    if findings:                  # the reason for the exit status, for launchers that ask
+        print(f"ccbench: error: diagnose flagged {len(findings)} component"
+              f"{'s' if len(findings) > 1 else ''} (the verdict above)", file=sys.stderr,
+              flush=True)
+    return 1 if findings else 0

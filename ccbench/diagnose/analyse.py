@@ -1,0 +1,418 @@
+"""Measurements -> findings: which host's link, pair's path, uplink, plane port or host's
+compute is out of line, against what was expected.
+
+Expected values come, in this order, from `--link-rate` / `--latency-us`, a calibrated
+model (its beta and alpha), the NIC speed the OS reports, or, failing all, the pairs
+themselves (median over pairs; a path counts as slow only when it is also far outside their
+spread, MAD). Attribution, so that one fault gives one finding:
+
+* a host whose pairs are slow in most of its pairs (at least 2, at least 2/3): its link;
+* the plane partition names a host's plane port (down: no answer on that plane; slow: all its
+  ring pairs on that plane slow), or a whole plane; the host's slow pairs are explained by it;
+* the leaf partition names an uplink when the flows between two leaves are slow and the
+  hosts' own links are not; cross-leaf pairs slow only by sharing it are explained by it;
+* each host's time for the same fixed work, round by round against the others': its compute (a host that
+  is slow to compute also sends slowly; that is explained by it);
+* whatever slow pair is left: that pair's path.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["SLOW", "Expectation", "Finding", "PairMeasure", "analyse", "pair_table",
+           "suspicious_pairs"]
+
+SLOW = 0.6              # a path below 60 % of what is expected is slow
+MAD_SIGMAS = 4.0        # relative expectation: and more than 4 robust sigmas below the median
+LAT_FACTOR = 3.0        # a latency above 3x the expected one ...
+LAT_EXTRA_US = 100.0    # ... and at least 100 us above it is high
+HOST_SHARE = 2 / 3      # a host is blamed when at least this share of its pairs is slow
+COMPUTE_FACTOR = 2.0    # a host taking 2x the others' median time for the same work ...
+COMPUTE_ROUNDS_SHARE = 0.8   # ... in 4 of 5 rounds
+COMPUTE_EXTRA_S = 0.02
+
+
+@dataclass(slots=True)
+class PairMeasure:
+    """One pair in one step. Rates are payload bits per second of a one-way transfer
+    (a's broadcast to b, then b's to a); None where the step did not measure it."""
+
+    kind: str                    # pairs | repeat | leaves | planes
+    round: int
+    a: int
+    b: int
+    lat_us: float | None = None
+    bw_ab: float | None = None
+    bw_ba: float | None = None
+    plane: str | None = None
+    leaves: tuple[int, int] | None = None
+    error: str | None = None     # the pair could not be measured (planes: no answer)
+
+    @property
+    def bw(self) -> float | None:
+        rates = [r for r in (self.bw_ab, self.bw_ba) if r is not None]
+        return min(rates) if rates else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(slots=True)
+class Expectation:
+    link_bps: float | None = None
+    latency_us: float | None = None
+    source: str = "relative"          # link-rate | model | nic | relative
+
+
+@dataclass(slots=True)
+class Finding:
+    component: str
+    kind: str
+    measured: str
+    expected: str
+    evidence: str
+    confidence: str
+    hosts: list[str] = field(default_factory=list)
+    pairs: list[list[str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rate(bps: float) -> str:
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps:.3g} bit/s"
+
+
+def pair_table(measures: list[PairMeasure]) -> dict[tuple[int, int], dict[str, Any]]:
+    """(a, b) -> the best of its tries (pairs and repeat steps): the highest rate per
+    direction and the lowest latency, and how many tries there were. A noisy try does not
+    survive a good one; a real fault shows in every try."""
+    table: dict[tuple[int, int], dict[str, Any]] = {}
+    for m in measures:
+        if m.kind not in ("pairs", "repeat") or m.error:
+            continue
+        row = table.setdefault((m.a, m.b), {"bw_ab": None, "bw_ba": None, "lat_us": None,
+                                            "tries": 0, "rounds": []})
+        row["tries"] += 1
+        row["rounds"].append(f"{m.kind} {m.round + 1}")
+        for key, value in (("bw_ab", m.bw_ab), ("bw_ba", m.bw_ba)):
+            if value is not None:
+                row[key] = value if row[key] is None else max(row[key], value)
+        if m.lat_us is not None:
+            row["lat_us"] = m.lat_us if row["lat_us"] is None else min(row["lat_us"], m.lat_us)
+    for row in table.values():
+        rates = [r for r in (row["bw_ab"], row["bw_ba"]) if r is not None]
+        row["bw"] = min(rates) if rates else None
+    return table
+
+
+def _mad(values: list[float]) -> tuple[float, float]:
+    median = statistics.median(values)
+    return median, 1.4826 * statistics.median(abs(v - median) for v in values)
+
+
+class _Reference:
+    """What a pair's rate and latency are held against."""
+
+    def __init__(self, table: dict[tuple[int, int], dict[str, Any]], expect: Expectation):
+        rates = [row["bw"] for row in table.values() if row["bw"] is not None]
+        lats = [row["lat_us"] for row in table.values() if row["lat_us"] is not None]
+        self.expect = expect
+        self.median_bw, self.mad_bw = _mad(rates) if rates else (math.nan, 0.0)
+        self.median_lat, self.mad_lat = _mad(lats) if lats else (math.nan, 0.0)
+        # against an absolute expectation that the whole cluster misses, the outliers are
+        # still found against the pairs' own median
+        self.cluster_slow = (expect.link_bps is not None and rates
+                             and self.median_bw < SLOW * expect.link_bps)
+        self.bw = (expect.link_bps if expect.link_bps is not None and not self.cluster_slow
+                   else self.median_bw)
+        self.lat = expect.latency_us if expect.latency_us is not None else self.median_lat
+
+    def slow(self, bw: float | None, scale: float = 1.0) -> bool:
+        if bw is None or math.isnan(self.bw):
+            return False
+        if bw >= SLOW * self.bw * scale:
+            return False
+        if self.expect.link_bps is None or self.cluster_slow:       # relative: also an outlier
+            return bw < self.median_bw * scale - MAD_SIGMAS * self.mad_bw
+        return True
+
+    def high_latency(self, lat: float | None) -> bool:
+        if lat is None or math.isnan(self.lat):
+            return False
+        if lat <= LAT_FACTOR * self.lat or lat <= self.lat + LAT_EXTRA_US:
+            return False
+        if self.expect.latency_us is None:
+            return lat > self.median_lat + MAD_SIGMAS * self.mad_lat
+        return True
+
+    def expected_text(self, scale: float = 1.0) -> str:
+        source = "pairs' median" if self.bw == self.median_bw else self.expect.source
+        return f"{_rate(self.bw * scale)} ({source})"
+
+
+def suspicious_pairs(measures: list[PairMeasure], expect: Expectation) -> list[tuple[int, int]]:
+    """Pairs to measure again before any is blamed: slow or high-latency in every try."""
+    table = pair_table(measures)
+    ref = _Reference(table, expect)
+    return sorted(p for p, row in table.items()
+                  if ref.slow(row["bw"]) or ref.high_latency(row["lat_us"]))
+
+
+def _confidence(tries: int, evidence_pairs: int) -> str:
+    if tries >= 2 and evidence_pairs >= 2:
+        return "high"
+    if tries >= 2 or evidence_pairs >= 3:
+        return "medium"
+    return "low"
+
+
+def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
+            compute_s: dict[int, list[float]] | None = None,
+            leaves: list[list[int]] | None = None, oversub: float = 1.0,
+            world: dict[str, Any] | None = None,
+            stopped: dict[int, str] | None = None) -> list[Finding]:
+    table = pair_table(measures)
+    ref = _Reference(table, expect)
+    findings: list[Finding] = []
+    explained: set[int] = set()              # hosts whose slow pairs another finding explains
+    for host, why in sorted((stopped or {}).items()):
+        findings.append(Finding(f"host {names[host]}", "stopped", why, "answers",
+                                "it stopped answering during the plan", "high", [names[host]]))
+        explained.add(host)
+    if ref.cluster_slow:
+        findings.append(Finding("every path", "below expected", _rate(ref.median_bw),
+                                _rate(float(expect.link_bps or 0)) + f" ({expect.source})",
+                                f"median of {len(table)} pairs", "high"))
+    compute = _compute_findings(compute_s or {}, names)
+    findings += compute
+    explained |= {names.index(h) for f in compute for h in f.hosts}
+    planes = _plane_findings(measures, ref, names)
+    findings += planes
+    explained |= {names.index(h) for f in planes for h in f.hosts}
+    findings += _host_findings(table, ref, names, explained)
+    explained |= {names.index(h) for f in findings if f.kind in ("slow link", "high latency")
+                  for h in f.hosts}
+    uplinks = _uplink_findings(measures, ref, names, leaves or [], oversub, explained)
+    findings += uplinks
+    findings += _pair_findings(table, ref, names, explained, leaves or [], bool(uplinks))
+    if not findings:                       # a slow world collective a finding explains is not news
+        findings += _world_finding(world, ref)
+    return findings
+
+
+def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+                   names: list[str], explained: set[int]) -> list[Finding]:
+    out = []
+    for metric, test in (("bw", ref.slow), ("lat_us", ref.high_latency)):
+        per_host: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for pair in table:
+            for host in pair:
+                per_host[host].append(pair)
+        for host, pairs in sorted(per_host.items()):
+            if host in explained:
+                continue
+            bad = [p for p in pairs if test(table[p][metric])]
+            if len(pairs) < 2 or len(bad) < max(2, math.ceil(HOST_SHARE * len(pairs))):
+                continue
+            values = [table[p][metric] for p in bad]
+            tries = min(table[p]["tries"] for p in bad)
+            names_bad = [[names[a], names[b]] for a, b in bad]
+            evidence = (f"{len(bad)} of its {len(pairs)} pairs: "
+                        + ", ".join(f"{x}-{y}" for x, y in names_bad)
+                        + f"; each measured {tries}+ times")
+            if metric == "bw":
+                out.append(Finding(f"host {names[host]}'s link", "slow link",
+                                   _rate(statistics.median(values)), ref.expected_text(),
+                                   evidence, _confidence(tries, len(bad)), [names[host]],
+                                   names_bad))
+            else:
+                out.append(Finding(f"host {names[host]}'s link", "high latency",
+                                   f"{statistics.median(values):.0f} us", f"{ref.lat:.0f} us",
+                                   evidence, _confidence(tries, len(bad)), [names[host]],
+                                   names_bad))
+    return out
+
+
+def _pair_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+                   names: list[str], explained: set[int], leaves: list[list[int]],
+                   uplink_flagged: bool) -> list[Finding]:
+    leaf_of = {h: i for i, members in enumerate(leaves) for h in members}
+    out = []
+    for (a, b), row in sorted(table.items()):
+        if a in explained or b in explained:
+            continue
+        if uplink_flagged and leaf_of.get(a) != leaf_of.get(b):
+            continue                     # slow only while sharing the flagged uplink
+        rounds = ", ".join(row["rounds"])
+        both = f"{names[a]}-{names[b]}"
+        extra = " (or either host's link: 2 hosts cannot tell)" if len(names) == 2 else ""
+        if ref.slow(row["bw"]):
+            direction = (f"{names[a]}->{names[b]} {_rate(row['bw_ab'])}, "
+                         f"{names[b]}->{names[a]} {_rate(row['bw_ba'])}")
+            out.append(Finding(f"pair {both} path{extra}", "slow path", _rate(row["bw"]),
+                               ref.expected_text(), f"{direction}; tries: {rounds}",
+                               _confidence(row["tries"], 1), [], [[names[a], names[b]]]))
+        # one pair's latency against the pairs' own median: too noisy to blame a path with
+        # (3-7 ms outliers of 0.3 ms pairs under load, in both tries); only against
+        # --latency-us (a host's latency, seen in most of its pairs, is judged either way)
+        if ref.expect.latency_us is not None and ref.high_latency(row["lat_us"]):
+            out.append(Finding(f"pair {both} path{extra}", "high latency",
+                               f"{row['lat_us']:.0f} us", f"{ref.lat:.0f} us",
+                               f"tries: {rounds}", _confidence(row["tries"], 1), [],
+                               [[names[a], names[b]]]))
+    return out
+
+
+def _uplink_findings(measures: list[PairMeasure], ref: _Reference, names: list[str],
+                     leaves: list[list[int]], oversub: float, explained: set[int]
+                     ) -> list[Finding]:
+    runs = [m for m in measures if m.kind == "leaves" and m.leaves is not None]
+    if not runs:
+        return []
+    by_run: dict[tuple[int, int], list[PairMeasure]] = defaultdict(list)
+    for m in runs:
+        assert m.leaves is not None
+        by_run[m.leaves].append(m)
+    per_flow: dict[tuple[int, int], float] = {}
+    for key, flows in by_run.items():
+        rates = [f.bw for f in flows if f.bw is not None and f.a not in explained
+                 and f.b not in explained]
+        if rates:
+            per_flow[key] = statistics.median(rates)
+    scale = 1.0 / oversub
+    slow_runs = {k for k, v in per_flow.items() if ref.slow(v, scale)}
+    if not slow_runs:
+        return []
+    suspects = [leaf for leaf in range(len(leaves))
+                if all(k in slow_runs for k in per_flow if leaf in k)
+                and any(leaf in k for k in per_flow)]
+    if len(leaves) > 2 and 0 < len(suspects) < len(leaves):
+        groups = [[s] for s in suspects]
+    else:                                 # two leaves: either uplink may be the slow one
+        groups = [sorted({leaf for k in slow_runs for leaf in k})]
+    out = []
+    for group in groups:
+        keys = sorted(k for k in slow_runs if set(k) & set(group))
+        component = " or ".join(f"uplink leaf{leaf}-spine" for leaf in group)
+        evidence = "; ".join(
+            f"leaf{a} x leaf{b}: {len(by_run[(a, b)])} flows at once, median "
+            f"{_rate(per_flow[(a, b)])} per flow" for a, b in keys)
+        hosts = sorted(names[h] for leaf in group for h in leaves[leaf])
+        out.append(Finding(component, "slow uplink",
+                           _rate(statistics.median(per_flow[k] for k in keys)),
+                           ref.expected_text(scale) + (f", oversub {oversub:g}"
+                                                       if oversub != 1 else ""),
+                           evidence + ("" if len(group) == 1 or len(leaves) > 2 else
+                                       "; 2 leaves: which of the two needs a third leaf"),
+                           "medium" if len(group) == 1 else "low", hosts))
+    return out
+
+
+def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[str]
+                    ) -> list[Finding]:
+    by_plane: dict[str, list[PairMeasure]] = defaultdict(list)
+    for m in measures:
+        if m.kind == "planes" and m.plane is not None:
+            by_plane[m.plane].append(m)
+    out: list[Finding] = []
+    for plane, pairs in sorted(by_plane.items()):
+        bad = [m for m in pairs if m.error or ref.slow(m.bw)]
+        if len(pairs) >= 3 and len(bad) == len(pairs):
+            out.append(Finding(f"plane {plane}", "slow plane" if not any(m.error for m in bad)
+                               else "plane down", _rate(statistics.median(
+                                   [m.bw or 0.0 for m in bad])), ref.expected_text(),
+                               f"all {len(pairs)} ring pairs on plane {plane}", "medium"))
+            continue
+        for host in range(len(names)):
+            mine = [m for m in pairs if host in (m.a, m.b)]
+            if not mine or not all(m in bad for m in mine):
+                continue
+            partners = {m.a if m.b == host else m.b for m in mine}
+            if len(mine) == 1 and any(all(n in bad for n in pairs if p in (n.a, n.b))
+                                      for p in partners):
+                continue        # its only pair is also its partner's: the partner's port
+            down = all(m.error for m in mine)
+            evidence = "; ".join(
+                f"{names[m.a]}-{names[m.b]} on {plane}: "
+                + (m.error or f"{_rate(m.bw or 0.0)}") for m in mine)
+            out.append(Finding(f"host {names[host]}'s plane {plane} port",
+                               "port down" if down else "slow port",  # merged below
+                               "no answer" if down else _rate(statistics.median(
+                                   [m.bw for m in mine if m.bw is not None])),
+                               ref.expected_text(), evidence,
+                               "high" if len(mine) >= 2 else "low", [names[host]],
+                               [[names[m.a], names[m.b]] for m in mine]))
+    return _whole_host(out, len(by_plane))
+
+
+def _whole_host(ports: list[Finding], planes: int) -> list[Finding]:
+    """A host whose ports are out of line on every plane: its link(s), one finding."""
+    by_host: dict[str, list[Finding]] = defaultdict(list)
+    for f in ports:
+        if f.hosts:
+            by_host[f.hosts[0]].append(f)
+    out = [f for f in ports if not f.hosts or len(by_host[f.hosts[0]]) < planes]
+    for host, found in sorted(by_host.items()):
+        if planes < 2 or len(found) < planes:
+            continue
+        down = all(f.kind == "port down" for f in found)
+        out.append(Finding(f"host {host}'s link (every plane)", "link down" if down
+                           else "slow link", ", ".join(f.measured for f in found),
+                           found[0].expected, " | ".join(f.evidence for f in found),
+                           min((f.confidence for f in found), key=["low", "medium",
+                                                                   "high"].index),
+                           [host], [p for f in found for p in f.pairs]))
+    return out
+
+
+def _compute_findings(compute_s: dict[int, list[float]], names: list[str]) -> list[Finding]:
+    """compute_s: per host, its time for the same work in each round (hosts take turns
+    within a round). A host is slow to compute when, in nearly every round (4 of 5), it
+    took more than COMPUTE_FACTOR x the other hosts' median of that round: other work on
+    a shared machine comes in bursts and hits a round, not every round of one host."""
+    rounds = min((len(v) for v in compute_s.values()), default=0)
+    out = []
+    for host, mine in sorted(compute_s.items()):
+        others = [v for h, v in compute_s.items() if h != host]
+        if not others or rounds == 0:
+            continue
+        typical = [statistics.median(o[k] for o in others) for k in range(rounds)]
+        slow = [k for k in range(rounds) if mine[k] > COMPUTE_FACTOR * typical[k]
+                and mine[k] > typical[k] + COMPUTE_EXTRA_S]
+        if len(slow) < max(1, math.ceil(COMPUTE_ROUNDS_SHARE * rounds)):
+            continue
+        out.append(Finding(f"host {names[host]} compute", "slow compute",
+                           f"{statistics.median(mine[:rounds]) * 1e3:.0f} ms",
+                           f"{statistics.median(typical) * 1e3:.0f} ms (other hosts' median)",
+                           f"the same work in {rounds} rounds: slower than "
+                           f"{COMPUTE_FACTOR:g}x the others in {len(slow)} (last at the "
+                           f"barrier)", "high" if len(slow) == rounds else "medium",
+                           [names[host]]))
+    return out
+
+
+def _world_finding(world: dict[str, Any] | None, ref: _Reference) -> list[Finding]:
+    """The world collective is flagged only against an absolute expectation (a link rate,
+    a model, the NIC speed) and only when it falls far below it with nothing else flagged
+    (a gross failure, e.g. a wrong transport). Against the pairs alone it is not: where the
+    "link" is faster than the hosts' reduction (loopback, shared memory) a healthy
+    allreduce's bus bandwidth is far below a one-way copy's rate."""
+    if (not world or not world.get("busbw_bps") or ref.expect.link_bps is None
+            or ref.cluster_slow):
+        return []
+    floor = ref.expect.link_bps * 0.35
+    if world["busbw_bps"] >= floor:
+        return []
+    return [Finding("cluster (world allreduce)", "slow collective", _rate(world["busbw_bps"]),
+                    f"{_rate(ref.expect.link_bps)} bus bandwidth ({ref.expect.source})",
+                    f"{world.get('label', 'allreduce')}: {world.get('time_us', 0):.0f} us",
+                    "low")]

@@ -1,0 +1,563 @@
+"""What every rank runs for `ccbench diagnose`: the plan's steps on the backend's world
+communicator and on sub-communicators of host pairs, with the benchmark's own harness
+(`measure_size`: warm-up, timed iterations, max over the pair's ranks, exact validation).
+
+One rank per host represents it (the lowest rank on that host); with --ranks-per-host K the
+others take part in creating the sub-communicators and wait. A pair step: every pair of the
+step at once, each on its own sub-communicator: latency (a small sendrecv), then a's
+broadcast to b and b's to a (one direction each, payload rate). Rank 0 collects the results
+through the control store, repeats the suspicious pairs and analyses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ccbench import __version__
+from ccbench.arrivals import start_limit
+from ccbench.backends import backend_class
+from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.options import BackendOptions
+from ccbench.control import ControlClient
+from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_pairs
+from ccbench.diagnose.plan import Step
+from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.harness import Case, Method, SizeResult, measure_size
+from ccbench.launchers import LaunchInfo, connect_control, detect_launch
+from ccbench.records import Record, append_record
+from ccbench.trace.ops import Group
+from ccbench.trace.subcomm import free_groups, split_groups
+from ccbench.watchdog import Watchdog
+
+__all__ = ["DiagnoseConfig", "diagnose_rank"]
+
+_STEP_STRIDE = 1000          # harness step numbers: plan step x this + pair x 4 + measurement
+COMPUTE_REPEATS = 5
+REPEAT_PASSES = 3            # suspicious pairs measured again: at most this many passes
+COMPUTE_ELEMENTS = 1 << 20   # sine of a vector of this many float64 ...
+COMPUTE_PASSES = 15          # ... this many times: about 0.15 s of one core here (numpy's
+                             # element-wise code: one thread, unlike BLAS), longer than a CFS
+                             # period (0.1 s), so that a CPU quota shows
+
+
+@dataclass(kw_only=True)
+class DiagnoseConfig:
+    backend: str
+    size: int
+    latency_size: int
+    method: Method
+    quick: bool = False
+    repeat: bool = True
+    leaves: list[list[str]] | None = None      # host names per leaf
+    planes: list[str] | None = None            # interface name per plane
+    ranks_per_host: int = 1
+    expect: Expectation = field(default_factory=Expectation)
+    nic_speed: bool = True                     # fall back to the NIC speed the OS reports
+    output: str | None = None
+    argv: list[str] = field(default_factory=list)
+    #: rank 0: called with the plan (steps, host names) before anything is measured
+    on_plan: Callable[[list[Step], list[str], Expectation], None] | None = None
+
+
+@dataclass
+class Collected:
+    """Rank 0's view at the end (or when a host stopped)."""
+
+    names: list[str]
+    steps: list[Step] = field(default_factory=list)
+    measures: list[PairMeasure] = field(default_factory=list)
+    compute_s: dict[int, list[float]] = field(default_factory=dict)
+    world: dict[str, Any] | None = None
+    expect: Expectation = field(default_factory=Expectation)
+    stopped: dict[int, str] = field(default_factory=dict)
+    leaves: list[list[int]] | None = None
+
+
+class _DiagnoseWatchdog(Watchdog):
+    """The benchmark's watchdog; when it gives up on a rank, rank 0 first hands what it has
+    to `on_stop` (the verdict, naming the stopped host) and ends with status 1."""
+
+    on_stop: Callable[[str, dict[int, str]], None] | None = None
+
+    def _give_up(self, why: str, store_lost: Any = None,
+                 missing: dict[int, str] | None = None) -> None:
+        if self.rank == 0 and store_lost is None and self.on_stop is not None:
+            with contextlib.suppress(Exception):
+                if self.store.peek("aborted") is None:
+                    lost = missing if missing is not None else self._missing_ranks(None)
+                    print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
+                          f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}",
+                          file=sys.stderr, flush=True)
+                    self.on_stop(why, lost)
+                    self._linger_as_store_host(None, lost)
+                    os._exit(1)
+        super()._give_up(why, store_lost, missing)
+
+
+def _nic_speed_bps() -> float | None:
+    """The slowest speed the OS reports for this host's physical NICs (virtual ones, such as
+    veth, bridges and loopback, report none or a made-up one and are skipped)."""
+    speeds = []
+    for name in os.listdir("/sys/class/net"):
+        base = f"/sys/class/net/{name}"
+        if not os.path.exists(f"{base}/device"):
+            continue
+        try:
+            with open(f"{base}/operstate") as handle:
+                if handle.read().strip() != "up":
+                    continue
+            with open(f"{base}/speed") as handle:
+                mbps = int(handle.read().strip())
+        except (OSError, ValueError):
+            continue
+        if mbps > 0:
+            speeds.append(mbps * 1e6)
+    return min(speeds) if speeds else None
+
+
+def _interface_address(name: str) -> str | None:
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _answers(address: str, timeout: float = 2.0) -> bool:
+    """A TCP connect to a closed port: a refusal (RST) proves the path works both ways."""
+    with socket.socket() as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect((address, 9))
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return True
+
+
+class _Rank:
+    def __init__(self, config: DiagnoseConfig, info: LaunchInfo, store: ControlClient,
+                 watchdog: Watchdog) -> None:
+        self.config, self.info, self.store, self.watchdog = config, info, store, watchdog
+        self.timeout = config.method.timeout
+        self.names: list[str] = []
+        self.host_of: list[int] = []            # rank -> host index
+        self.rep: list[int] = []                # host index -> its representative rank
+        self.run_id = ""
+        self.meta: dict[str, Any] = {}
+        self.collected: Collected | None = None
+        self.repeated: set[tuple[int, int]] = set()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def learn_hosts(self) -> None:
+        """Hosts by hostname, in natural order (h2 before h10). All ranks on one machine with
+        one rank per host asked (`ccbench launch -n 4 diagnose`): each rank stands for a host,
+        which tests the tool over loopback, not a network."""
+        hostnames = self.store.gather("diag/hosts", socket.gethostname(), self.info.world_size,
+                                      self.timeout)
+        if (len(set(hostnames)) == 1 and self.info.world_size > 1
+                and self.config.ranks_per_host == 1):
+            hostnames = [f"{hostnames[0]}:r{r}" for r in range(self.info.world_size)]
+        self.names = sorted(set(hostnames), key=_natural)
+        self.host_of = [self.names.index(h) for h in hostnames]
+        self.rep = [hostnames.index(name) for name in self.names]
+        counts = {name: hostnames.count(name) for name in self.names}
+        if len(self.names) < 2:
+            raise UsageError(f"diagnose needs at least 2 hosts, got 1 ({self.names[0]}: "
+                             f"{len(hostnames)} rank(s)); start one rank per host on 2 or "
+                             f"more hosts")
+        wrong = {n: c for n, c in counts.items() if c != self.config.ranks_per_host}
+        if wrong:
+            raise UsageError(f"--ranks-per-host {self.config.ranks_per_host}, but "
+                             + ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
+                             + " (start the same number of ranks on every host)")
+        self._check_planes()
+        if self.info.rank == 0:
+            import uuid
+
+            self.store.set("diag/run_id", uuid.uuid4().hex[:12])
+        self.run_id = self.store.get("diag/run_id", self.timeout)
+
+    def _check_planes(self) -> None:
+        """--planes names interfaces every host must have (with an address)."""
+        planes = self.config.planes or []
+        mine = [p for p in planes if _interface_address(p) is None]
+        missing = self.store.gather("diag/planes", mine, self.info.world_size, self.timeout)
+        bad = {self.names[self.host_of[r]]: m for r, m in enumerate(missing) if m}
+        if bad:
+            where = "; ".join(f"{h} lacks {', '.join(m)}" for h, m in sorted(bad.items()))
+            raise UsageError(f"--planes {','.join(planes)}: {where} (this network has no such "
+                             f"planes; valid: interfaces with an IPv4 address on every host)")
+
+    def _leaf_indices(self) -> list[list[int]] | None:
+        if not self.config.leaves:
+            return None
+        out = []
+        for members in self.config.leaves:
+            unknown = [m for m in members if m not in self.names]
+            if unknown:
+                raise UsageError(f"--leaves names {', '.join(unknown)}, not hosts of this run "
+                                 f"(valid: {', '.join(self.names)})")
+            out.append([self.names.index(m) for m in members])
+        return out
+
+    def expectation(self) -> Expectation:
+        expect = self.config.expect
+        speeds = self.store.gather("diag/nic", _nic_speed_bps() if self.config.nic_speed
+                                   else None, self.info.world_size, self.timeout)
+        if expect.link_bps is None and all(s is not None for s in speeds):
+            return Expectation(min(speeds), expect.latency_us, "NIC speed the OS reports")
+        return expect
+
+    # -- one step -------------------------------------------------------------------------
+    def _my_pair(self, step: Step) -> tuple[int, tuple[int, int]] | None:
+        if self.info.rank not in self.rep:
+            return None
+        me = self.host_of[self.info.rank]
+        for index, pair in enumerate(step.pairs):
+            if me in pair:
+                return index, pair
+        return None
+
+    def _measure(self, sub: Backend, case: Case, size: int, step: int) -> SizeResult | None:
+        try:
+            result, _wrong = measure_size(sub, self.store, self.watchdog, case, size,
+                                          self.config.method, step)
+        except (UsageError, RunFailure):
+            raise
+        except Exception as exc:  # noqa: BLE001  a library error: usually a peer died
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            self.watchdog.abort(f"{sub.name} failed: {text[:160]}")
+        if result is not None and result.wrong:
+            self.watchdog.fail(f"{case.label(size)}: {result.wrong} wrong elements")
+        return result
+
+    def _pair_results(self, sub: Backend, number: int, index: int) -> dict[str, Any]:
+        base = number * _STEP_STRIDE + index * 4
+        size, small = self.config.size, self.config.latency_size
+        out: dict[str, Any] = {}
+        lat = self._measure(sub, Case("sendrecv", "float32", None, False), small, base)
+        if lat is not None:
+            out["lat"] = _compact(lat)
+        for root, key in ((0, "ab"), (1, "ba")):
+            result = self._measure(sub, Case("broadcast", "uint8", None, True, root), size,
+                                   base + 1 + root)
+            if result is not None:
+                out[key] = _compact(result)
+        return out
+
+    def _plane_pairs(self, step: Step, number: int) -> dict[int, str]:
+        """Planes: each pair first checks that its peer answers on that plane's address (a
+        port that is down would otherwise hang the sub-communicator's set-up); returns the
+        pairs that cannot be measured and why."""
+        assert step.plane is not None
+        mine = self._my_pair(step)
+        if mine is not None:
+            address = _interface_address(step.plane)
+            self.store.set(f"diag/{number}/addr/{self.host_of[self.info.rank]}", address)
+            index, (a, b) = mine
+            other = b if self.host_of[self.info.rank] == a else a
+            with self.watchdog.waiting():
+                peer = self.store.get(f"diag/{number}/addr/{other}", self.timeout)
+            if address is None:
+                self.store.set(f"diag/{number}/down/{index}", f"no address on {step.plane}")
+            elif peer is not None and not _answers(peer):
+                self.store.set(f"diag/{number}/down/{index}", f"no answer on {step.plane}")
+        with self.watchdog.waiting():
+            self.store.barrier(f"diag/{number}/probed", self.info.world_size, self.timeout)
+        return {int(k.rsplit("/", 1)[1]): v
+                for k, v in self.store.prefix(f"diag/{number}/down/").items()}
+
+    def run_step(self, backend: Backend, step: Step, number: int) -> None:
+        down = self._plane_pairs(step, number) if step.kind == "planes" else {}
+        groups = [Group(f"diag-{number}-{i}", tuple(sorted((self.rep[a], self.rep[b]))))
+                  for i, (a, b) in enumerate(step.pairs) if i not in down]
+        self.watchdog.label = step.label
+        previous = os.environ.get("GLOO_SOCKET_IFNAME")
+        if step.plane is not None:               # gloo's new groups bind to this interface
+            os.environ["GLOO_SOCKET_IFNAME"] = step.plane
+        try:
+            with self.watchdog.waiting():
+                subs = split_groups(backend, groups, self.info.world_size, self.timeout)
+        finally:
+            if step.plane is not None:
+                if previous is None:
+                    os.environ.pop("GLOO_SOCKET_IFNAME", None)
+                else:
+                    os.environ["GLOO_SOCKET_IFNAME"] = previous
+        try:
+            mine = self._my_pair(step)
+            if mine is not None and mine[0] not in down:
+                index, _ = mine
+                group = groups[[g.name for g in groups].index(f"diag-{number}-{index}")]
+                sub = subs[group]
+                if isinstance(sub, str):
+                    raise UsageError(sub)
+                results = self._pair_results(sub, number, index)
+                if sub.ctx.rank == 0:
+                    self.store.set(f"diag/{number}/pair/{index}", results)
+            with self.watchdog.waiting():
+                self.store.barrier(f"diag/{number}/done", self.info.world_size, self.timeout)
+        finally:
+            with self.watchdog.waiting():
+                free_groups(subs, backend)
+        if self.info.rank == 0:
+            self._collect(step, number, down)
+
+    def _collect(self, step: Step, number: int, down: dict[int, str]) -> None:
+        assert self.collected is not None
+        self.collected.steps.append(step)
+        leaves = tuple(step.extra["leaves"]) if "leaves" in step.extra else None
+        for index, (a, b) in enumerate(step.pairs):
+            if index in down:
+                self.collected.measures.append(PairMeasure(step.kind, step.round, a, b,
+                                                           plane=step.plane, leaves=leaves,
+                                                           error=down[index]))
+                continue
+            with self.watchdog.waiting():      # a stopped host must not hang rank 0 here
+                got = self.store.get(f"diag/{number}/pair/{index}", self.timeout)
+            measure = PairMeasure(step.kind, step.round, a, b, plane=step.plane, leaves=leaves)
+            if "lat" in got:
+                measure.lat_us = got["lat"]["time_us"]["median"]
+            for key, attr in (("ab", "bw_ab"), ("ba", "bw_ba")):
+                if key in got:
+                    setattr(measure, attr, got[key]["size_used"] * 8 /
+                            (got[key]["time_us"]["median"] * 1e-6))
+            self.collected.measures.append(measure)
+            self._records(step, a, b, got)
+
+    # -- world and compute ----------------------------------------------------------------
+    def run_world(self, backend: Backend, number: int) -> None:
+        self.watchdog.label = "world allreduce"
+        result = self._measure(backend, Case("allreduce", "float32", "sum", False),
+                               self.config.size, number * _STEP_STRIDE)
+        if self.info.rank == 0 and result is not None and self.collected is not None:
+            got = _compact(result)
+            self.collected.world = {"label": f"allreduce {self.config.size} B",
+                                    "time_us": got["time_us"]["median"],
+                                    "busbw_bps": result.busbw_gbps * 8e9}
+            self._records(Step("world", "world allreduce"), None, None, {"world": got})
+
+    def run_compute(self) -> None:
+        """Each host in turn (its representative) runs the same element-wise work, then every
+        rank meets at a barrier: the time to arrive is that host's compute time. In turn, so
+        that hosts sharing cores (an emulated cluster) do not slow each other, and in
+        interleaved rounds (h0 h1 ... h0 h1 ...), so that a burst of other work on the
+        machine hits different hosts' repetitions rather than all of one host's."""
+        self.watchdog.label = "compute probe"
+        a = np.random.default_rng(0).random(COMPUTE_ELEMENTS)
+        _work(a)                                            # first touch of memory, untimed
+        times: list[float] = []
+        for repetition in range(COMPUTE_REPEATS):
+            for host in range(len(self.names)):
+                if self.info.rank == self.rep[host]:
+                    start = time.perf_counter()
+                    _work(a)
+                    times.append(time.perf_counter() - start)
+                with self.watchdog.waiting():
+                    self.store.barrier(f"diag/compute/{repetition}/{host}",
+                                       self.info.world_size, self.timeout)
+        if self.info.rank in self.rep:
+            self.store.set(f"diag/compute/{self.host_of[self.info.rank]}", times)
+        if self.info.rank == 0 and self.collected is not None:
+            with self.watchdog.waiting():
+                self.collected.compute_s = {h: self.store.get(f"diag/compute/{h}",
+                                                              self.timeout)
+                                            for h in range(len(self.names))}
+
+    def repeat_rounds(self, number: int) -> list[Step]:
+        """Rank 0 picks the pairs to measure again (suspicious now, not measured again yet:
+        a repeat that clears one pair moves the median the others are held against); every
+        rank gets the same rounds of disjoint pairs."""
+        if self.info.rank == 0 and self.collected is not None:
+            suspects = [p for p in suspicious_pairs(self.collected.measures,
+                                                    self.collected.expect)
+                        if p not in self.repeated]
+            self.repeated.update(suspects)
+            self.store.set(f"diag/repeat/{number}",
+                           [[list(p) for p in r] for r in _disjoint(suspects)])
+        with self.watchdog.waiting():
+            rounds = self.store.get(f"diag/repeat/{number}", self.timeout)
+        return [Step("repeat", f"repeat {i + 1}/{len(rounds)}: suspicious pairs again",
+                     tuple(tuple(p) for p in r), i) for i, r in enumerate(rounds)]
+
+    # -- records --------------------------------------------------------------------------
+    def _expected(self) -> dict[str, Any]:
+        expect = self.collected.expect if self.collected is not None else self.config.expect
+        return {"link_bps": expect.link_bps, "latency_us": expect.latency_us,
+                "source": expect.source}
+
+    def _records(self, step: Step, a: int | None, b: int | None, got: dict[str, Any]) -> None:
+        if not self.config.output:
+            return
+        for key, value in got.items():
+            collective = {"lat": "sendrecv", "world": "allreduce"}.get(key, "broadcast")
+            world = self.info.world_size if key == "world" else 2
+            pair = None if a is None or b is None else [self.names[a], self.names[b]]
+            record = Record(
+                run_id=self.run_id,
+                timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="seconds"),
+                ccbench_version=__version__, collective=collective, backend=self.config.backend,
+                library=self.meta.get("library", ""),
+                library_version=self.meta.get("library_version", ""), algorithm="native",
+                transport=self.config.backend, device="cpu",
+                dtype="float32" if collective != "broadcast" else "uint8",
+                op="sum" if collective == "allreduce" else None,
+                inplace=collective == "broadcast", timing="per-op", world_size=world,
+                nodes=len(self.names) if key == "world" else 2,
+                ranks_per_node=self.config.ranks_per_host if key == "world" else 1,
+                hosts=self.names if pair is None else pair,
+                root=1 if key == "ba" else 0, size_asked=value["size_asked"],
+                size_used=value["size_used"], count=value["count"],
+                iterations=value["iterations"], warmup=self.config.method.warmup,
+                time_us=value["time_us"], samples_us=value["samples_us"],
+                rank_median_us=value["rank_median_us"], algbw_gbps=value["algbw_gbps"],
+                busbw_gbps=value["busbw_gbps"], wrong=value["wrong"],
+                method={"timing": "per-op", "check": self.config.method.check,
+                        "combine": "max over ranks", "launcher": self.info.launcher,
+                        "timeout_s": self.timeout,
+                        "diagnose": {"step": step.kind, "label": step.label,
+                                     "round": step.round, "pair": pair, "plane": step.plane,
+                                     "direction": {"ab": "a->b", "ba": "b->a"}.get(key),
+                                     "expected": self._expected()}},
+                environment={"hostname": socket.gethostname()})
+            append_record(self.config.output, record)
+
+
+def _work(a: np.ndarray) -> None:
+    b = a
+    for _ in range(COMPUTE_PASSES):
+        b = np.sin(b) + a
+
+
+def _natural(name: str) -> list[Any]:
+    import re
+
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _compact(result: SizeResult) -> dict[str, Any]:
+    lay = result.layout
+    return {"size_asked": lay.size_used, "size_used": lay.size_used, "count": lay.count,
+            "iterations": result.iterations, "time_us": result.time_us,
+            "samples_us": result.samples_us, "rank_median_us": result.rank_median_us,
+            "algbw_gbps": result.algbw_gbps, "busbw_gbps": result.busbw_gbps,
+            "wrong": result.wrong}
+
+
+def _disjoint(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Greedy rounds of disjoint pairs (the suspicious ones share hosts: a slow host is in
+    all of its pairs)."""
+    rounds: list[list[tuple[int, int]]] = []
+    for pair in pairs:
+        for r in rounds:
+            if not any(set(pair) & set(p) for p in r):
+                r.append(pair)
+                break
+        else:
+            rounds.append([pair])
+    return rounds
+
+
+def _make_backend(config: DiagnoseConfig, info: LaunchInfo, store: ControlClient,
+                  watchdog: Watchdog, hosts: int) -> Backend:
+    cls = backend_class(config.backend)
+    reason = cls.unavailable_reason()
+    if reason:
+        raise BackendUnavailable(f"backend {config.backend!r} unavailable: {reason}")
+    ctx = RankContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+                      local_world_size=info.local_world_size, launcher=info.launcher,
+                      store=store, hostname=socket.gethostname(), device="cpu",
+                      options=BackendOptions.from_mapping({"timeout": config.method.timeout,
+                                                           "multi_host": hosts > 1}))
+    watchdog.label = f"{config.backend}: initialisation"
+    with watchdog.waiting():
+        return cls(ctx)
+
+
+def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] | None],
+                                                          list[Step]],
+                  on_stop: Callable[[Collected, str, dict[int, str]], None]
+                  ) -> Collected | None:
+    """One rank's diagnosis. Returns rank 0's collected measurements (others: None)."""
+    from ccbench.control import CONNECT_TIMEOUT_S
+    from ccbench.runner import _agree_on_arguments, _close
+
+    info = detect_launch()
+    timeout = config.method.timeout
+    connect_timeout = min(CONNECT_TIMEOUT_S, timeout)
+    store, server = connect_control(info, timeout, connect_timeout)
+    watchdog = _DiagnoseWatchdog(store, info.rank, info.world_size, timeout)
+    watchdog.start()
+    rank = _Rank(config, info, store, watchdog)
+    try:
+        # as the benchmark: rank 0 waits for late ranks and names a dead one at once
+        limit = start_limit(connect_timeout) + 5
+        with watchdog.waiting(limit=limit + (5 if info.rank else 0)):
+            _agree_on_arguments(store, info, config.argv, limit, watchdog, connect_timeout)
+        with watchdog.waiting():
+            rank.learn_hosts()
+            expect = rank.expectation()
+        leaves = rank._leaf_indices()
+        steps = build(len(rank.names), leaves)
+        if info.rank == 0:
+            rank.collected = Collected(rank.names, expect=expect, leaves=leaves)
+            collected = rank.collected
+            watchdog.on_stop = lambda why, lost: on_stop(
+                collected, why, {rank.host_of[r]: why for r in lost})
+            if config.on_plan is not None:
+                config.on_plan(steps, rank.names, expect)
+        backend = _make_backend(config, info, store, watchdog, len(rank.names))
+        try:
+            rank.meta = backend.info()
+            _run_steps(rank, backend, steps)
+        finally:
+            watchdog.label = f"{config.backend}: finalisation"
+            with watchdog.waiting():
+                backend.finalize()
+        with watchdog.waiting():
+            store.barrier("diag/end", info.world_size, timeout)
+    finally:
+        watchdog.stop()
+    _close(store, server, info)
+    return rank.collected
+
+
+def _run_steps(rank: _Rank, backend: Backend, steps: list[Step]) -> None:
+    last_pairs = max((i for i, s in enumerate(steps) if s.kind == "pairs"), default=-1)
+    number = 0
+    for position, step in enumerate(steps):
+        number += 1
+        if step.kind == "world":
+            rank.run_world(backend, number)
+            if rank.info.rank == 0 and rank.collected is not None:
+                rank.collected.steps.append(step)
+        elif step.kind == "compute":
+            rank.run_compute()
+            if rank.info.rank == 0 and rank.collected is not None:
+                rank.collected.steps.append(step)
+        else:
+            rank.run_step(backend, step, number)
+        for _ in range(REPEAT_PASSES if position == last_pairs and rank.config.repeat else 0):
+            rounds = rank.repeat_rounds(number)
+            if not rounds:
+                break
+            for again in rounds:
+                number += 1
+                rank.run_step(backend, again, number)

@@ -1,0 +1,81 @@
+"""The verdict of `ccbench diagnose`: the plan up front, then findings as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from ccbench.diagnose.analyse import Expectation, Finding, analyse, pair_table
+from ccbench.diagnose.plan import Step
+
+__all__ = ["findings_of", "format_plan", "print_verdict", "verdict_json"]
+
+COLUMNS = ("component", "kind", "measured", "expected", "evidence", "confidence")
+
+
+def _rate(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
+
+
+def format_plan(steps: list[Step], names: list[str], expect: Expectation, seconds: float,
+                backend: str) -> list[str]:
+    source = ("relative to the pairs' median" if expect.link_bps is None
+              else f"link {_rate(expect.link_bps)} ({expect.source})")
+    lines = [f"ccbench diagnose: {len(names)} hosts ({' '.join(names)}), backend {backend}, "
+             f"{len(steps)} steps, estimated {seconds:.0f} s; expected: {source}"]
+    for number, step in enumerate(steps, 1):
+        pairs = " ".join(f"{names[a]}-{names[b]}" for a, b in step.pairs)
+        lines.append(f"  {number:>3} {step.label}{': ' + pairs if pairs else ''}")
+    return lines
+
+
+def findings_of(collected: Any, oversub: float = 1.0) -> list[Finding]:
+    return analyse(collected.measures, collected.expect, collected.names,
+                   collected.compute_s, collected.leaves, oversub, collected.world,
+                   collected.stopped)
+
+
+def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
+    names = collected.names
+    table = pair_table(collected.measures)
+    pairs = [{"a": names[a], "b": names[b], "bw_ab_bps": row["bw_ab"],
+              "bw_ba_bps": row["bw_ba"], "latency_us": row["lat_us"], "tries": row["tries"]}
+             for (a, b), row in sorted(table.items())]
+    return {"findings": [f.to_json() for f in findings], "pairs": pairs,
+            "plan": [s.to_json() for s in collected.steps],
+            "measurements": [{**m.to_json(), "a": names[m.a], "b": names[m.b]}
+                             for m in collected.measures],
+            "hosts": names, "world": collected.world,
+            "compute_s": {names[h]: v for h, v in collected.compute_s.items()},
+            "expected": {"link_bps": collected.expect.link_bps,
+                         "latency_us": collected.expect.latency_us,
+                         "source": collected.expect.source}}
+
+
+def print_verdict(collected: Any, findings: list[Finding], fmt: str,
+                  stream: TextIO = sys.stdout) -> None:
+    if fmt == "json":
+        print(json.dumps(verdict_json(collected, findings), indent=1), file=stream)
+        return
+    table = pair_table(collected.measures)
+    rates = sorted(row["bw"] for row in table.values() if row["bw"] is not None)
+    lats = sorted(row["lat_us"] for row in table.values() if row["lat_us"] is not None)
+    if rates:
+        print(f"# {len(table)} pairs: rate min {_rate(rates[0])}, median "
+              f"{_rate(rates[len(rates) // 2])}, max {_rate(rates[-1])}; latency median "
+              f"{lats[len(lats) // 2]:.0f} us" if lats else "", file=stream)
+    if collected.world:
+        print(f"# world {collected.world['label']}: {collected.world['time_us']:.0f} us, "
+              f"bus bandwidth {_rate(collected.world['busbw_bps'])}", file=stream)
+    if not findings:
+        print("verdict: healthy (no finding)", file=stream)
+        return
+    rows = [[getattr(f, c) for c in COLUMNS] for f in findings]
+    widths = [min(60, max(len(c), *(len(r[i]) for r in rows))) for i, c in enumerate(COLUMNS)]
+    print(f"verdict: {len(findings)} finding{'s' if len(findings) > 1 else ''}", file=stream)
+    print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip(),
+          file=stream)
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(),
+              file=stream)

@@ -1,0 +1,312 @@
+"""ccbench diagnose: the plan's schedules and the analysis on synthetic measurements."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from ccbench.diagnose.analyse import Expectation, PairMeasure, analyse, suspicious_pairs
+from ccbench.diagnose.plan import (
+    bisection_rounds,
+    build_plan,
+    leaf_pairs,
+    ring_rounds,
+    round_robin,
+)
+
+NAMES8 = [f"h{i}" for i in range(8)]
+LINK = 100e6
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 8, 16, 17])
+def test_round_robin_covers_every_pair_once_in_disjoint_rounds(n):
+    rounds = round_robin(n)
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    seen = [p for r in rounds for p in r]
+    assert sorted(seen) == sorted(itertools.combinations(range(n), 2))
+    for r in rounds:
+        hosts = [h for p in r for h in p]
+        assert len(hosts) == len(set(hosts))
+        assert len(r) == n // 2                     # odd n: exactly one bye per round
+
+
+@pytest.mark.parametrize("n", [2, 4, 5, 8, 16])
+def test_bisection_is_log_rounds_of_disjoint_pairs(n):
+    rounds = bisection_rounds(n)
+    assert len(rounds) <= max(1, (n - 1).bit_length())
+    for r in rounds:
+        hosts = [h for p in r for h in p]
+        assert len(hosts) == len(set(hosts))
+    if n & (n - 1) == 0:                              # powers of two: every host every round
+        assert all(len(r) == n // 2 for r in rounds)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_ring_rounds_cover_the_ring(n):
+    edges = sorted((min(i, (i + 1) % n), max(i, (i + 1) % n)) for i in range(n))
+    rounds = ring_rounds(n)
+    assert sorted({p for r in rounds for p in r}) == sorted(set(edges))
+    for r in rounds:
+        hosts = [h for p in r for h in p]
+        assert len(hosts) == len(set(hosts))
+
+
+def test_plan_kinds_and_leaf_pairs():
+    leaves = [[0, 2, 4], [1, 3, 5]]
+    assert leaf_pairs(leaves) == [(0, 1, [(0, 1), (2, 3), (4, 5)])]
+    steps = build_plan(6, leaves=leaves, planes=["eth0", "eth1"])
+    kinds = [s.kind for s in steps]
+    assert kinds.count("pairs") == 5 and kinds.count("leaves") == 1
+    assert kinds.count("planes") == 4 and kinds[0] == "world" and kinds[-1] == "compute"
+    quick = build_plan(16, quick=True)
+    assert [s.kind for s in quick].count("pairs") == 4
+
+
+# -- synthetic measurements ---------------------------------------------------------------
+
+def _pairs(n, rate, noise=0.05, seed=0, lat=150.0, kind="pairs", rounds=None):
+    rng = random.Random(seed)
+    out = []
+    for number, r in enumerate(rounds if rounds is not None else round_robin(n)):
+        for a, b in r:
+            out.append(PairMeasure(kind, number, a, b,
+                                   lat * rng.uniform(1 - noise, 1 + 3 * noise),
+                                   rate(a, b, number) * rng.uniform(1 - noise, 1 + noise),
+                                   rate(b, a, number) * rng.uniform(1 - noise, 1 + noise)))
+    return out
+
+
+def _kinds(findings):
+    return [(f.kind, f.component) for f in findings]
+
+
+@pytest.mark.parametrize("expect", [Expectation(), Expectation(LINK, None, "--link-rate")])
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_noisy_cluster_gives_no_finding(expect, seed):
+    measures = _pairs(8, lambda a, b, r: 0.9 * LINK, noise=0.15, seed=seed, lat=200)
+    rng = random.Random(seed)                     # bursts of other work: any host, any round
+    compute = {h: [0.1 * rng.choice([1, 1, 1, 1.5, 4]) for _ in range(5)] for h in range(8)}
+    assert analyse(measures, expect, NAMES8, compute) == []
+    assert suspicious_pairs(measures, expect) == []
+
+
+@pytest.mark.parametrize("expect", [Expectation(), Expectation(LINK, None, "--link-rate")])
+@pytest.mark.parametrize("victim", [0, 3, 7])
+def test_slow_host_link_shows_in_all_its_pairs(expect, victim):
+    measures = _pairs(8, lambda a, b, r: LINK / 3 if victim in (a, b) else 0.9 * LINK)
+    findings = analyse(measures, expect, NAMES8)
+    assert _kinds(findings) == [("slow link", f"host h{victim}'s link")]
+    assert "7 of its 7 pairs" in findings[0].evidence
+
+
+def test_slow_pair_path_shows_in_one_pair():
+    measures = _pairs(8, lambda a, b, r: LINK / 3 if {a, b} == {2, 6} else 0.9 * LINK)
+    assert _kinds(analyse(measures, Expectation(), NAMES8)) == [("slow path",
+                                                                  "pair h2-h6 path")]
+
+
+def test_one_noisy_round_is_outvoted_by_the_repeat():
+    first = _pairs(8, lambda a, b, r: LINK / 4 if {a, b} == {1, 5} else 0.9 * LINK)
+    assert suspicious_pairs(first, Expectation()) == [(1, 5)]
+    again = _pairs(8, lambda a, b, r: 0.9 * LINK, kind="repeat", rounds=[[(1, 5)]])
+    assert analyse(first + again, Expectation(), NAMES8) == []
+    still = _pairs(8, lambda a, b, r: LINK / 4, kind="repeat", rounds=[[(1, 5)]])
+    findings = analyse(first + still, Expectation(), NAMES8)
+    assert _kinds(findings) == [("slow path", "pair h1-h5 path")]
+    assert findings[0].confidence in ("medium", "high")
+
+
+def test_slow_uplink_in_cross_leaf_pairs():
+    leaves = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    rng = random.Random(1)
+
+    def contended(a, b, r):               # cross-leaf pairs share leaf1's halved uplink
+        return 0.9 * LINK * (rng.choice([0.4, 1.0]) if a % 2 != b % 2 else 1.0)
+    measures = _pairs(8, contended)
+    measures += [PairMeasure("leaves", 0, a, b, 150, 0.45 * LINK, 0.47 * LINK, leaves=(0, 1))
+                 for a, b in leaf_pairs(leaves)[0][2]]
+    findings = analyse(measures, Expectation(), NAMES8, leaves=leaves)
+    assert [f.kind for f in findings] == ["slow uplink"]
+    assert findings[0].component == "uplink leaf0-spine or uplink leaf1-spine"
+
+
+def test_slow_uplink_of_one_of_three_leaves():
+    names = [f"h{i}" for i in range(6)]
+    leaves = [[0, 3], [1, 4], [2, 5]]
+    measures = _pairs(6, lambda a, b, r: 0.9 * LINK)
+    for la, lb, pairs in leaf_pairs(leaves):
+        rate = 0.4 * LINK if 2 in (la, lb) else 0.9 * LINK
+        measures += [PairMeasure("leaves", 0, a, b, 150, rate, rate, leaves=(la, lb))
+                     for a, b in pairs]
+    findings = analyse(measures, Expectation(), names, leaves=leaves)
+    assert _kinds(findings) == [("slow uplink", "uplink leaf2-spine")]
+
+
+def test_plane_port_down_and_slow_port_and_slow_plane():
+    ring = ring_rounds(8)
+
+    def plane(name, rate, error_host=None):
+        out = []
+        for number, r in enumerate(ring):
+            for a, b in r:
+                if error_host in (a, b):
+                    out.append(PairMeasure("planes", number, a, b, plane=name,
+                                           error="no answer on " + name))
+                else:
+                    out.append(PairMeasure("planes", number, a, b, 150, rate(a, b), rate(b, a),
+                                           plane=name))
+        return out
+
+    # h3's eth1 port is down: its pairs over ECMP still work (failover), the plane shows it
+    measures = _pairs(8, lambda a, b, r: 0.9 * LINK)
+    down = measures + plane("eth0", lambda a, b: 0.9 * LINK) + plane("eth1", lambda a, b: 0.9 * LINK, 3)
+    assert _kinds(analyse(down, Expectation(), NAMES8)) == [("port down",
+                                                             "host h3's plane eth1 port")]
+    # h5's eth1 port at 1/4: the flows hashed onto it are slow, the others not
+    mixed = _pairs(8, lambda a, b, r: LINK / 4 if 5 in (a, b) and (a + b + r) % 2 else 0.9 * LINK)
+    slow = mixed + plane("eth0", lambda a, b: 0.9 * LINK) + plane(
+        "eth1", lambda a, b: LINK / 4 if 5 in (a, b) else 0.9 * LINK)
+    assert _kinds(analyse(slow, Expectation(), NAMES8)) == [("slow port",
+                                                             "host h5's plane eth1 port")]
+    whole = measures + plane("eth0", lambda a, b: 0.9 * LINK) + plane("eth1", lambda a, b:
+                                                                       LINK / 4)
+    assert _kinds(analyse(whole, Expectation(), NAMES8)) == [("slow plane", "plane eth1")]
+
+
+def test_compute_slow_host_in_arrivals_explains_its_slow_pairs():
+    compute = {h: [0.1, 0.11, 0.1, 0.3, 0.1] for h in range(8)}
+    compute[4] = [0.52, 0.5, 0.55, 0.6, 0.5]
+    measures = _pairs(8, lambda a, b, r: 0.5 * LINK if 4 in (a, b) else 0.9 * LINK)
+    findings = analyse(measures, Expectation(), NAMES8, compute)
+    assert _kinds(findings) == [("slow compute", "host h4 compute")]
+
+
+def test_stopped_host_is_a_finding_and_absolute_expectation_misses():
+    measures = _pairs(4, lambda a, b, r: 0.9 * LINK, rounds=round_robin(4)[:1])
+    findings = analyse(measures, Expectation(), NAMES8[:4], stopped={2: "no TCP answer"})
+    assert _kinds(findings) == [("stopped", "host h2")]
+    slow_all = _pairs(8, lambda a, b, r: 0.2 * LINK)
+    assert _kinds(analyse(slow_all, Expectation(LINK, None, "--link-rate"), NAMES8)) == [
+        ("below expected", "every path")]
+
+
+def test_high_latency_host():
+    measures = _pairs(8, lambda a, b, r: 0.9 * LINK)
+    for m in measures:
+        if 6 in (m.a, m.b):
+            m.lat_us = 2000.0
+    assert _kinds(analyse(measures, Expectation(), NAMES8)) == [("high latency",
+                                                                 "host h6's link")]
+
+
+def test_host_slow_on_every_plane_is_its_link():
+    ring = ring_rounds(8)
+    measures = _pairs(8, lambda a, b, r: LINK / 3 if 2 in (a, b) else 0.9 * LINK)
+    for name in ("eth0", "eth1"):
+        for number, r in enumerate(ring):
+            for a, b in r:
+                rate = LINK / 3 if 2 in (a, b) else 0.9 * LINK
+                measures.append(PairMeasure("planes", number, a, b, 150, rate, rate, plane=name))
+    findings = analyse(measures, Expectation(LINK, None, "--link-rate"), NAMES8)
+    assert _kinds(findings) == [("slow link", "host h2's link (every plane)")]
+
+
+def test_world_collective_flagged_only_when_nothing_explains_it():
+    healthy = _pairs(8, lambda a, b, r: 0.9 * LINK)
+    world = {"label": "allreduce", "time_us": 1e6, "busbw_bps": 0.1 * LINK}
+    absolute = Expectation(LINK, None, "--link-rate")
+    assert _kinds(analyse(healthy, absolute, NAMES8, world=world)) == [
+        ("slow collective", "cluster (world allreduce)")]
+    assert analyse(healthy, Expectation(), NAMES8, world=world) == []   # pairs alone: no
+    slow_host = _pairs(8, lambda a, b, r: LINK / 3 if 1 in (a, b) else 0.9 * LINK)
+    assert [f.kind for f in analyse(slow_host, absolute, NAMES8, world=world)] == [
+        "slow link"]
+
+
+# -- records -> heat map ------------------------------------------------------------------
+
+def _records(measures, names, expect_bps):
+    from types import SimpleNamespace
+
+    out = [SimpleNamespace(run_id="r1", timestamp="t", backend="gloo", hosts=names,
+                           collective="allreduce", size_used=1 << 20,
+                           time_us={"median": 1000.0},
+                           method={"diagnose": {"step": "world", "label": "world", "round": 0,
+                                                "pair": None}})]
+    for m in measures:
+        pair = [names[m.a], names[m.b]]
+        base = {"step": m.kind, "label": f"{m.kind} {m.round}", "round": m.round, "pair": pair,
+                "expected": {"link_bps": expect_bps, "latency_us": None,
+                             "source": "--link-rate"}}
+        size = 1 << 20
+        out.append(SimpleNamespace(run_id="r1", timestamp="t", backend="gloo", hosts=pair,
+                                   collective="sendrecv", size_used=8,
+                                   time_us={"median": m.lat_us},
+                                   method={"diagnose": {**base, "direction": None}}))
+        for direction, rate in (("a->b", m.bw_ab), ("b->a", m.bw_ba)):
+            out.append(SimpleNamespace(run_id="r1", timestamp="t", backend="gloo", hosts=pair,
+                                       collective="broadcast", size_used=size,
+                                       time_us={"median": size * 8 / rate * 1e6},
+                                       method={"diagnose": {**base, "direction": direction}}))
+    return out
+
+
+def test_records_give_back_the_measurements_and_the_heat_map(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ccbench.report.diagnose import diagnose_figures, measures_of, split_diagnose
+
+    measures = _pairs(8, lambda a, b, r: LINK / 3 if 5 in (a, b) else 0.9 * LINK)
+    records = _records(measures, NAMES8, LINK)
+    rest, diagnosed = split_diagnose(records)
+    assert rest == [] and len(diagnosed) == len(records)
+    names, back, expect = measures_of(diagnosed)
+    assert names == NAMES8 and expect.link_bps == LINK and len(back) == len(measures)
+    for original, again in zip(measures, back, strict=True):
+        assert (again.a, again.b) == (original.a, original.b)
+        assert again.bw_ab == pytest.approx(original.bw_ab)
+        assert again.lat_us == pytest.approx(original.lat_us)
+    assert _kinds(analyse(back, expect, names)) == [("slow link", "host h5's link")]
+    written = diagnose_figures(diagnosed, tmp_path)
+    assert [p.name for p in written] == ["diagnose-r1.png"] and written[0].stat().st_size > 0
+
+
+# -- the command's bad input: one line, exit 2 --------------------------------------------
+
+def _ccbench(*args):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "ccbench", *args], capture_output=True,
+                          text=True, timeout=300, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+
+
+@pytest.mark.parametrize("args, words", [
+    (["diagnose", "--link-rate", "fast"], "unknown --link-rate 'fast'"),
+    (["diagnose", "--planes", "eth0"], "--planes needs 2 or more interfaces"),
+    (["diagnose", "--planes", "eth0,eth1", "--backend", "mpi"], "backend 'mpi' has no such"),
+    (["diagnose", "--leaves", "1"], "at least 2 leaves"),
+    (["diagnose"], "diagnose needs at least 2 hosts"),
+    (["launch", "-n", "2", "diagnose", "--planes", "eth0,ccbnosuch9"], "lacks ccbnosuch9"),
+])
+def test_bad_input_is_one_line_exit_2(args, words):
+    proc = _ccbench(*args)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("ccbench: error:") and words in lines[0], \
+        proc.stderr
+
+
+def test_one_pairs_latency_outlier_needs_an_absolute_expectation():
+    measures = _pairs(8, lambda a, b, r: 0.9 * LINK)
+    for m in measures:
+        if {m.a, m.b} == {5, 7}:
+            m.lat_us = 4000.0                 # as seen on the loaded testbed, in both tries
+    assert analyse(measures, Expectation(), NAMES8) == []
+    assert _kinds(analyse(measures, Expectation(None, 300.0, "--latency-us"), NAMES8)) == [
+        ("high latency", "pair h5-h7 path")]

@@ -1,0 +1,110 @@
+"""`ccbench diagnose` on emulated hosts with injected faults: one small cell of each kind.
+
+    sudo pytest -m testbed tests/test_diagnose_testbed.py
+
+4 hosts, one rank each (`testbed exec` and the local launcher), links at 50 Mbit/s. A
+dual-plane (dual-ToR, ECMP) testbed for: healthy (no finding, exit 0), one host's link at
+1/3, one plane port down, one plane port at 1/4, one host's CPU limited, one host's links
+set down mid-plan (a finding naming it, and every process gone: no hang); a two-tier
+testbed (2 leaves) for one uplink at 1/2 and for `--planes` where there are none (one line,
+exit 2). The cells are benchmarks/diagnose_validation.py's. Each testbed is always taken
+down. Without root or iproute2 the tests skip with the reason (fail under CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import missing_prerequisite
+
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(600)]
+
+HOSTS = 4
+LINK = "50M"
+STATE = Path("/run/ccbench-testbed")
+
+
+def _problem() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, bridges, cgroups)"
+    missing = [t for t in ("ip", "tc", "nsenter", "unshare") if shutil.which(t) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (apt-get install iproute2 util-linux)"
+    if (STATE / "state.json").exists():
+        return "a testbed is already up (`ccbench testbed down` first; this test replaces it)"
+    return None
+
+
+def _validation():
+    sys.modules.pop("benchmarks.diagnose_validation", None)
+    from benchmarks import diagnose_validation
+
+    return diagnose_validation
+
+
+@pytest.fixture(scope="module")
+def validation():
+    problem = _problem()
+    if problem is not None:
+        missing_prerequisite(f"testbed not possible here: {problem}")
+    return _validation()
+
+
+@pytest.fixture(scope="module")
+def planes(validation) -> Iterator[None]:
+    try:
+        validation.testbed_up(HOSTS, LINK, two_tier=False)
+        yield
+    finally:
+        validation.ccbench("testbed", "down", check=False)
+
+
+@pytest.fixture(scope="module")
+def two_tier(validation) -> Iterator[None]:
+    try:
+        validation.testbed_up(HOSTS, LINK, two_tier=True)
+        yield
+    finally:
+        validation.ccbench("testbed", "down", check=False)
+
+
+def _check(result: dict, kind: str | None) -> None:
+    assert result["ranks_killed"] == 0, result
+    if kind is None:
+        assert result["findings"] == [] and result["rc"] == 0, result
+        return
+    assert result["found"], result
+    assert result["false"] == [], result
+    assert result["rc"] == 1, result
+
+
+def test_healthy_dual_plane_cluster_has_no_finding(validation, planes) -> None:
+    _check(validation.cell(HOSTS, None, None, LINK, 29801), None)
+
+
+@pytest.mark.parametrize("kind, victim", [("host-link", "h2"), ("plane-down", "h1"),
+                                          ("plane-slow", "h3"), ("cpu", "h2"),
+                                          ("link-down-mid", "h3")])
+def test_injected_fault_is_named(validation, planes, kind: str, victim: str) -> None:
+    port = 29810 + ["host-link", "plane-down", "plane-slow", "cpu", "link-down-mid"].index(kind)
+    # the CPU quota: 5 % of a core, not the validation's 20 %: with the 2 cores shared by
+    # other work (load average 24 seen), an unconstrained host got about 23 % of a core, so a
+    # 20 % quota was not slower (results/diagnose/)
+    _check(validation.cell(HOSTS, kind, victim, LINK, port, cpu_percent=5.0), kind)
+
+
+def test_slow_uplink_is_named(validation, two_tier) -> None:
+    _check(validation.cell(HOSTS, "uplink", "leaf1", LINK, 29820), "uplink")
+
+
+def test_planes_without_planes_is_one_line_exit_2(validation, two_tier) -> None:
+    run = validation.run_diagnose(HOSTS, ["--planes", "eth0,eth1"], 29821)
+    assert run["rc"] == 2, run
+    errors = [line for line in run["stderr_tail"] if line.startswith("ccbench: error:")]
+    assert len(errors) == 1 and "lacks eth1" in errors[0], run
+    assert not any("Traceback" in line for line in run["stderr_tail"]), run
