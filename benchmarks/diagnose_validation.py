@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -55,8 +56,11 @@ def load_average() -> float:
 def run_diagnose(hosts: int, args: list[str], port: int,
                  mid_fault: tuple[float, list[str]] | None = None) -> dict[str, Any]:
     """One rank per host (`testbed exec hI`, the local launcher); rank 0's JSON verdict."""
+    # ranks started by hand: the control store's address and the run's secret, as
+    # `ccbench launch` hands them over (docs/security.md)
     env = dict(os.environ, PYTHONPATH=str(ROOT), WORLD_SIZE=str(hosts), LOCAL_RANK="0",
-               LOCAL_WORLD_SIZE="1", CCBENCH_CONTROL=f"h0:{port}")
+               LOCAL_WORLD_SIZE="1", CCBENCH_CONTROL=f"h0:{port}",
+               CCBENCH_CONTROL_SECRET=secrets.token_hex(32))
     procs = []
     start = time.monotonic()
     for rank in range(hosts):

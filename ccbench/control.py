@@ -450,6 +450,9 @@ class ControlClient:
             self._sock = _connect(host, port, connect_timeout, rank, rank0_state,
                                   deadline=deadline)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # both ends watch the connection: a rank whose host is cut off (link down) loses
+            # it after PEER_SILENT_S and its watchdog ends it, instead of a reply timeout
+            _watch_peer(self._sock)
             self._stream = self._sock.makefile("rwb")
             try:
                 self._hello(track)
