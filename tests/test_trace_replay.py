@@ -127,3 +127,32 @@ def test_size_not_divisible_by_the_group(traces4: Path, tmp_path: Path) -> None:
             path.write_text(json.dumps(data))
     folder = _bad(tmp_path, traces4 / "tp", edit)
     _refused(folder, "rank0.json, node ", "not divisible by the group")
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_isend_irecv_at_once_match_as_one_exchange_and_replay(nprocs: int,
+                                                              tmp_path: Path) -> None:
+    """Every rank sends to the next and receives from the previous at once (a swap at 2
+    ranks, a ring at 3): in issue order every rank's first op is a send, so the sends and
+    receives are matched as a set, each pair one call, and replayed without deadlock."""
+    from tests.trace_fixtures import record_small_job
+
+    folder = record_small_job("ring_job.py", nprocs, tmp_path / "ring")
+    trace = load_trace([folder])
+    p2p = [op for op in trace.all_ops() if op.collective in ("send", "recv")]
+    assert [op.collective for op in trace.ops[0]] == ["send", "recv", "barrier"]
+    assert len(p2p) == 2 * nprocs and len({op.exchange for op in p2p}) == 1
+    for call in {op.call for op in p2p}:
+        recv, send = sorted((op for op in p2p if op.call == call), key=lambda o: o.collective)
+        assert (send.collective, send.peer, recv.peer) == ("send", recv.rank, send.rank)
+    out = tmp_path / "r.jsonl"
+    _replay(nprocs, str(folder), "--backend", "gloo", "--iters", "2", "--repeat", "1",
+            "-O", str(out))
+    records = load_records(out)
+    assert sorted(r.collective for r in records) == ["barrier"] + ["sendrecv"] * nprocs
+    assert all(r.wrong == 0 for r in records)
+    if have_mpi():
+        out = tmp_path / "mpi.jsonl"
+        _replay(nprocs, str(folder), "--backend", "mpi", "--iters", "2", "--repeat", "1",
+                "-O", str(out))
+        assert len(load_records(out)) == nprocs + 1

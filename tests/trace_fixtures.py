@@ -52,6 +52,17 @@ def record_job(out: Path) -> Path:
     return out
 
 
+def record_small_job(script: str, nprocs: int, out: Path) -> Path:
+    """tests/jobs/SCRIPT OUT on NPROCS gloo ranks under torchrun: its trace in `out`."""
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", str(nprocs), str(ROOT / "tests" / "jobs" / script),
+                           str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 @pytest.fixture(scope="session")
 def parallel_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return record_job(tmp_path_factory.mktemp("job"))

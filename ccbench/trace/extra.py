@@ -25,7 +25,7 @@ from ccbench.backends.base import Backend
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.trace.ops import CommOp
 
-__all__ = ["EXTRA", "SAME_WIDTH", "ExtraCall", "element_type", "prepare"]
+__all__ = ["EXTRA", "SAME_WIDTH", "ExtraCall", "element_type", "prepare", "prepare_exchange"]
 
 #: the calls this module runs
 EXTRA = frozenset({"barrier", "send", "recv", "alltoallv"})
@@ -82,6 +82,55 @@ def _p2p(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str
         return ExtraCall(lambda: send(buf, peer), lambda: 0, tuple(sorted((rank, peer))), count)
     return ExtraCall(lambda: recv(buf, peer), lambda: _wrong(sub.to_numpy(buf), want),
                      tuple(sorted((rank, peer))), count)
+
+
+def _transport(sub: Backend) -> Any:
+    """The backend's non-blocking point-to-point messages (an algorithm backend's own
+    transport), or None."""
+    return getattr(sub, "_transport", None) or sub.point_to_point(False)
+
+
+def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
+                     ) -> ExtraCall | str:
+    """This rank's sends and receives of one exchange (ccbench.trace.groups), posted together
+    so that no order of the peers' posts can deadlock: every receive posted, then every send,
+    then all waited for (torch.distributed isend/irecv, MPI Irecv/Isend); oneCCL, whose
+    isend/irecv complete before returning, gets them as one group."""
+    from ccbench.backends.p2p import OneCCLTransport
+
+    transport = _transport(sub)
+    if transport is None:
+        return f"{sub.name}: no non-blocking point-to-point messages to post an exchange with"
+    sends: list[tuple[np.ndarray, int, int]] = []
+    recvs: list[tuple[np.ndarray, int, int]] = []
+    checks: list[tuple[np.ndarray, np.ndarray]] = []
+    for op in ops:
+        if op.peer is None or op.peer < 0:
+            return f"{op.collective} from any source: the peer is not in the trace"
+        dtype = element_type(op.dtype)
+        count = op.size // dtype.itemsize
+        src, dst = (rank, op.peer) if op.collective == "send" else (op.peer, rank)
+        want = _pattern(src, dst, count, dtype)
+        buf = np.array(want) if op.collective == "send" else np.zeros_like(want)
+        (sends if op.collective == "send" else recvs).append((buf.view(np.uint8), op.peer, 0))
+        if op.collective == "recv":
+            checks.append((buf, want))
+    members = tuple(sorted({rank, *(op.peer for op in ops if op.peer is not None)}))
+    check = lambda: sum(_wrong(got, want) for got, want in checks)  # noqa: E731
+    if isinstance(transport, OneCCLTransport):
+        step = transport.prepare(sends, recvs)
+
+        def group() -> None:
+            step.start()
+            step.wait_all(timeout)
+        return ExtraCall(group, check, members, sum(b.size for b, _, _ in sends))
+
+    def post() -> None:
+        posted = [transport.irecv(b, peer, tag) for b, peer, tag in recvs]
+        posted += [transport.isend(b, peer, tag) for b, peer, tag in sends]
+        for request in posted:
+            request.wait(timeout)
+    return ExtraCall(post, check, members, sum(b.size for b, _, _ in sends))
 
 
 def _offsets(splits: tuple[int, ...]) -> list[int]:

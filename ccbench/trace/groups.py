@@ -10,6 +10,13 @@ An op whose group the trace (or a capture file, or the user) names keeps it
 where another group was ready as well is "ambiguous": the first consistent assignment is
 kept, and the op says so. Where no assignment is consistent, the ranks' sequences disagree
 and the trace is refused.
+
+Point-to-point ops are matched as exchanges: a run of consecutive sends and receives on a
+rank (isend/irecv posted together, a ring step, a pipeline hand-off, batch_isend_irecv) is
+matched as a set with its peers' runs, as NCCL's group calls are, so that every rank may
+send first. Each send and its receive stay one call; the ops of one exchange share
+op.exchange (ccbench.trace.replay posts them together). Where the runs do not pair up as
+a set, ops are paired one at a time, in order.
 """
 
 from __future__ import annotations
@@ -19,6 +26,11 @@ from ccbench.trace.ops import CommOp, Group, TraceError
 __all__ = ["match_calls"]
 
 _MAX_STEPS = 200_000       # backtracking budget; real traces need one step per call
+_P2P = ("send", "recv")
+
+# A move: one step of the walk. (group, members, calls): each call the (rank, op index) of
+# its ops; a collective is one call of every member's next op, an exchange several pairs.
+Move = tuple[Group, tuple[int, ...], tuple[tuple[tuple[int, int], ...], ...]]
 
 
 def _divides(op: CommOp, group: Group) -> str | None:
@@ -88,6 +100,10 @@ def _other_fit(op: CommOp, chosen: Group, groups: list[Group],
                and all(key in keys[m] for m in g.ranks) for g in groups)
 
 
+def _op_count(move: Move) -> int:
+    return sum(len(call) for call in move[2])
+
+
 class _Matcher:
     def __init__(self, ops: list[list[CommOp]], groups: list[Group]) -> None:
         self.ops = ops
@@ -103,21 +119,72 @@ class _Matcher:
         return all(pos[m] < len(self.ops[m]) and group in self.cands[m][pos[m]]
                    and _same_call(self.ops[m][pos[m]], op) for m in group.ranks)
 
-    def _p2p(self, pos: list[int], rank: int) -> list[tuple[Group, tuple[int, ...]]]:
+    def _run(self, pos: list[int], rank: int) -> list[int]:
+        """Indices of the rank's consecutive point-to-point ops from its position."""
+        rank_ops, end = self.ops[rank], pos[rank]
+        while end < len(rank_ops) and rank_ops[end].collective in _P2P:
+            end += 1
+        return list(range(pos[rank], end))
+
+    def _exchange(self, pos: list[int], rank: int) -> Move | None:
+        """The rank's run of sends and receives with its peers' runs, when together they pair
+        every send with a receive (matched as a set, not in order); else None."""
+        runs: dict[int, list[int]] = {}
+        todo = [rank]
+        while todo:
+            m = todo.pop()
+            if m in runs:
+                continue
+            runs[m] = self._run(pos, m)
+            if not runs[m]:
+                return None
+            for i in runs[m]:
+                peer = self.ops[m][i].peer
+                if peer is None or not 0 <= peer < len(self.ops) or peer == m:
+                    return None
+                todo.append(peer)
+        recvs = {m: [i for i in run if self.ops[m][i].collective == "recv"]
+                 for m, run in runs.items()}
+        calls = []
+        for m, run in sorted(runs.items()):
+            for i in run:
+                send = self.ops[m][i]
+                if send.collective != "send":
+                    continue
+                dst = send.peer
+                assert dst is not None
+                match = next((j for j in recvs[dst] if self.ops[dst][j].peer == m
+                              and self.ops[dst][j].size == send.size), None)
+                if match is None:
+                    return None
+                recvs[dst].remove(match)
+                calls.append(tuple(sorted(((m, i), (dst, match)))))
+        if any(recvs.values()):
+            return None
+        return self.world, tuple(sorted(runs)), tuple(calls)
+
+    def _p2p(self, pos: list[int], rank: int) -> list[Move]:
+        exchange = self._exchange(pos, rank)
+        if exchange is not None:
+            return [exchange]
         op = self.ops[rank][pos[rank]]
         peer = op.peer if op.peer is not None else -1
         want = "recv" if op.collective == "send" else "send"
         if 0 <= peer < len(self.ops) and pos[peer] < len(self.ops[peer]):
             other = self.ops[peer][pos[peer]]
             if other.collective == want and other.peer == rank and other.size == op.size:
-                return [(self.world, tuple(sorted((rank, peer))))]
+                members = tuple(sorted((rank, peer)))
+                return [(self.world, members, (tuple((m, pos[m]) for m in members),))]
         return []
 
-    def _moves(self, pos: list[int]) -> list[tuple[Group, tuple[int, ...]]]:
+    def _collective(self, group: Group, pos: list[int]) -> Move:
+        return group, group.ranks, (tuple((m, pos[m]) for m in group.ranks),)
+
+    def _moves(self, pos: list[int]) -> list[Move]:
         """Calls that can happen next: (group, members) whose next ops all agree. A rank
         whose op ran on a known group before waits for that group rather than taking
         another; other groups are kept as the fallback a dead end backtracks to."""
-        fallback: list[tuple[Group, tuple[int, ...]]] = []
+        fallback: list[Move] = []
         for rank, rank_ops in enumerate(self.ops):
             if pos[rank] >= len(rank_ops):
                 continue
@@ -130,31 +197,31 @@ class _Matcher:
             before = self.history.get((rank, _signature(op)))
             ready = [g for g in self.cands[rank][pos[rank]] if self._ready(pos, rank, g)]
             if before and before[-1] in ready:
-                return [(before[-1], before[-1].ranks)] + \
-                    [(g, g.ranks) for g in ready if g != before[-1]]
+                return [self._collective(before[-1], pos)] + \
+                    [self._collective(g, pos) for g in ready if g != before[-1]]
             if ready and not before:
-                return [(g, g.ranks) for g in ready]
-            fallback.extend((g, g.ranks) for g in ready if (g, g.ranks) not in fallback)
+                return [self._collective(g, pos) for g in ready]
+            fallback.extend(self._collective(g, pos) for g in ready
+                            if all(g != f[0] for f in fallback))
         return fallback
 
-    def _apply(self, pos: list[int], group: Group, members: tuple[int, ...], step: int) -> None:
-        """step +1: make the call; -1: undo it."""
-        for m in members:
-            if step < 0:
-                pos[m] -= 1
-            op = self.ops[m][pos[m]]
-            key = (m, _signature(op))
+    def _apply(self, pos: list[int], move: Move, step: int) -> None:
+        """step +1: make the move's calls; -1: undo them."""
+        group = move[0]
+        for m, i in (ref for call in move[2] for ref in call):
+            key = (m, _signature(self.ops[m][i]))
             if step > 0:
                 self.history.setdefault(key, []).append(group)
                 pos[m] += 1
             else:
                 self.history[key].pop()
+                pos[m] -= 1
 
-    def run(self) -> list[tuple[Group, tuple[int, ...]]]:
+    def run(self) -> list[Move]:
         pos = [0] * len(self.ops)
         total = sum(len(o) for o in self.ops)
         done = 0
-        path: list[tuple[Group, tuple[int, ...]]] = []
+        path: list[Move] = []
         self.alternatives: list[bool] = []     # per call of path: another group was ready too
         stack = [self._moves(pos)]
         deepest = (0, list(pos))
@@ -168,17 +235,18 @@ class _Matcher:
                 stack.pop()
                 if not path:
                     self._disagree(deepest[1])
-                group, members = path.pop()
+                move = path.pop()
                 self.alternatives.pop()
-                self._apply(pos, group, members, -1)
-                done -= len(members)
+                self._apply(pos, move, -1)
+                done -= _op_count(move)
                 continue
-            group, members = moves.pop(0)
-            path.append((group, members))
+            move = moves.pop(0)
+            group, members = move[0], move[1]
+            path.append(move)
             self.alternatives.append(any(g != group and set(m) & set(members)
-                                         for g, m in moves))
-            self._apply(pos, group, members, +1)
-            done += len(members)
+                                         for g, m, _ in moves))
+            self._apply(pos, move, +1)
+            done += _op_count(move)
             if done > deepest[0]:
                 deepest = (done, list(pos))
             stack.append(self._moves(pos) if done < total else [])
@@ -204,20 +272,27 @@ def match_calls(ops: list[list[CommOp]], groups: list[Group]) -> int:
     matcher = _Matcher(ops, groups)
     path = matcher.run()
     keys = [{_call_key(op) for op in rank_ops} for rank_ops in ops]
-    pos = [0] * len(ops)
-    for call, (group, members) in enumerate(path):
-        for m in members:
-            op = ops[m][pos[m]]
-            pos[m] += 1
-            if op.group is None:
-                unsure = matcher.alternatives[call] or (
-                    op.collective not in ("send", "recv") and _other_fit(op, group, groups, keys))
-                op.group_source = "ambiguous" if unsure else "inferred"
-                op.group = group
-            if not op.out_bytes and op.in_bytes:      # one side given (Chakra): the other
-                if op.collective == "allgather":
-                    op.out_bytes = op.in_bytes * op.group.size
-                elif op.collective == "reduce-scatter":
-                    op.out_bytes = op.in_bytes // op.group.size
-            op.call = call
-    return len(path)
+    call = 0
+    for number, (group, _, calls) in enumerate(path):
+        exchange = number if len(calls) > 1 else -1
+        for refs in calls:
+            for m, i in refs:
+                _settle(ops[m][i], group, call, exchange,
+                        matcher.alternatives[number] or (
+                            ops[m][i].collective not in _P2P
+                            and _other_fit(ops[m][i], group, groups, keys)))
+            call += 1
+    return call
+
+
+def _settle(op: CommOp, group: Group, call: int, exchange: int, unsure: bool) -> None:
+    """Give a matched op its group (unless named), call and exchange."""
+    if op.group is None:
+        op.group_source = "ambiguous" if unsure else "inferred"
+        op.group = group
+    if not op.out_bytes and op.in_bytes:      # one side given (Chakra): the other
+        if op.collective == "allgather":
+            op.out_bytes = op.in_bytes * op.group.size
+        elif op.collective == "reduce-scatter":
+            op.out_bytes = op.in_bytes // op.group.size
+    op.call, op.exchange = call, exchange

@@ -63,6 +63,7 @@ class CommOp:
     # the only group that fits; ambiguous: matched, but another group fitted as well
     group_source: str = ""
     call: int = -1                 # which matched call across ranks (ops of one call share it)
+    exchange: int = -1             # send/recv posted together with others (ccbench.trace.groups)
     start_us: float | None = None  # when the trace has timings
     dur_us: float | None = None
     source: str = ""               # file it came from

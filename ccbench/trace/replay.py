@@ -36,7 +36,7 @@ from ccbench.harness import Case, Method, measure_size
 from ccbench.launchers import LaunchInfo, detect_launch
 from ccbench.record import Record
 from ccbench.stats import summarize
-from ccbench.trace.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare
+from ccbench.trace.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare, prepare_exchange
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
@@ -217,7 +217,8 @@ class _Rank:
                         extra=self._trace_tag(op, ""))
 
     def per_op(self, number: int, subs: dict[Group, Backend | str]) -> None:
-        for op in self.ops:
+        # in call order: the calls of an exchange come in a different order on each rank
+        for op in sorted(self.ops, key=lambda o: o.call):
             step = _STEP_BASE * (number + 1) + op.call
             sub = subs.get(op.group) if op.group else None
             leader = op.group.ranks[0] if op.group else self.info.rank
@@ -265,6 +266,16 @@ class _Rank:
             return call.run
         return None
 
+    def _bound_exchange(self, sub: Backend, op: CommOp, cache: dict[Any, Any]) -> Any:
+        """The first op of an exchange posts all of this rank's ops in it; the others none."""
+        key = ("exchange", op.exchange)
+        if key in cache:
+            return None
+        ops = [o for o in self.ops if o.exchange == op.exchange]
+        call = prepare_exchange(sub, ops, self.info.rank, self.config.method.timeout)
+        cache[key] = call                                 # keeps its buffers alive
+        return None if isinstance(call, str) else call.run
+
     def _gaps(self) -> list[float]:
         """Seconds to sleep before each op: the trace's idle time since the previous one."""
         gaps, end = [], None
@@ -283,7 +294,10 @@ class _Rank:
         calls = []
         for op in self.ops:
             sub = subs.get(op.group) if op.group else None
-            calls.append(self._bound(sub, op, cache) if isinstance(sub, Backend) else None)
+            if op.exchange >= 0 and isinstance(sub, Backend):
+                calls.append(self._bound_exchange(sub, op, cache))
+            else:
+                calls.append(self._bound(sub, op, cache) if isinstance(sub, Backend) else None)
         gaps = self._gaps() if self.config.sequence == "gaps" else [0.0] * len(calls)
         totals = []
         step = _STEP_BASE * (number + 1) + _STEP_BASE // 2
