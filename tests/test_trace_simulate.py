@@ -153,3 +153,29 @@ def test_chakra_export_reads_back_as_the_same_trace(traces4: Path, tmp_path: Pat
             for r in back["ops"]] == \
         [(r["collective"], r["size"], r["group_size"], r["group_copies"]) for r in orig["ops"]]
     assert back["total_us"] == pytest.approx(orig["total_us"], rel=1e-9)
+
+
+def test_replay_fidelity_lists_a_gather_as_not_modelled_and_prices_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No algorithms/ schedule runs a gather: --fidelity replay lists it (found before any
+    schedule runs) and prices the all-reduce; the analytical path prices both, flagged."""
+    import ccbench.model.tracesim as tracesim
+    from tests.trace_fixtures import record_small_job
+
+    trace = load_trace([record_small_job("gather_job.py", 2, tmp_path / "gather")])
+    replayed: list[str] = []
+    real = tracesim.replay_collective
+
+    def spy(collective: str, *args: object, **kwargs: object) -> object:
+        replayed.append(collective)
+        return real(collective, *args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(tracesim, "replay_collective", spy)
+    out = simulate_trace(MODEL, trace, 64, "fat-tree:64", fidelity="replay")
+    assert [r["collective"] for r in out["ops"]] == ["allreduce"] and replayed == ["allreduce"]
+    [skipped] = out["not_modelled"]
+    assert skipped["reason"].startswith("gather: no algorithms/ schedule") \
+        and skipped["recorded_ops"] == 2
+    assert out["total_us"] == pytest.approx(out["ops"][0]["time_us"])
+    analytical = simulate_trace(MODEL, trace, 64, "fat-tree:64")
+    assert [r["collective"] for r in analytical["ops"]] == ["allreduce", "gather"]
+    assert analytical["not_modelled"] == []

@@ -31,7 +31,7 @@ from ccbench.model.topology import Topology
 from ccbench.model.torus_xor import torus_xor_round_time
 
 __all__ = ["ArrayProgram", "SimStep", "Program", "ReplayResult", "program_from_schedule", "replay",
-           "ring_program", "to_arrays", "replay_rounds", "round_time", "replay_collective",
+           "ring_program", "to_arrays", "no_schedule", "replay_rounds", "round_time", "replay_collective",
            "ENGINES",
            "schedule_program", "unit_bytes"]
 
@@ -78,6 +78,17 @@ _ALGO_NAMES = {   # formula key -> algorithms/ registry name
 }
 
 
+def no_schedule(collective: str) -> str:
+    """Why no algorithms/ schedule can replay `collective` ('' when one can)."""
+    try:
+        from algorithms.registry import REGISTRY
+    except ImportError as exc:          # pragma: no cover - algorithms/ ships with ccbench
+        return f"schedule replay needs the algorithms package: {exc}"
+    if any(c == collective for _, c in REGISTRY):
+        return ""
+    return f"{collective}: no algorithms/ schedule runs it, nothing to replay"
+
+
 def schedule_program(collective: str, algorithm: str, p: int, size: float,
                      segments: int = 1) -> Program:
     """The algorithms/ schedule of (algorithm, collective) at p ranks as a replay program."""
@@ -93,8 +104,7 @@ def schedule_program(collective: str, algorithm: str, p: int, size: float,
     if (name, collective) not in REGISTRY:
         valid = sorted(a for a, c in REGISTRY if c == collective)
         if not valid:
-            raise UsageError(f"no algorithms/ schedule runs {collective}: nothing to replay "
-                             f"(use --fidelity analytical)")
+            raise UsageError(f"{no_schedule(collective)} (use --fidelity analytical)")
         raise UsageError(f"no schedule to replay for {collective} {algorithm!r} "
                          f"(valid: {', '.join(valid)})")
     try:

@@ -36,7 +36,7 @@ from ccbench.collectives import busbw_factor
 from ccbench.errors import UsageError
 from ccbench.model.costs import FORMULAS, coefficients, predict_time
 from ccbench.model.modelfile import default_algorithm, select_fit
-from ccbench.model.replay import replay_collective, replay_rounds
+from ccbench.model.replay import no_schedule, replay_collective, replay_rounds
 from ccbench.model.rounds import Round, RoundProgram, round_program
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.simulate import LinkOverrides, _params
@@ -310,6 +310,23 @@ def _where(paths: list[str]) -> str:
     return paths[0] + (f" (+{len(paths) - 1} files)" if len(paths) > 1 else "")
 
 
+def _replayable(ops: list[TraceOp], skipped: dict[str, int]) -> list[TraceOp]:
+    """The ops a schedule can replay (checked before any is run); the others join `skipped`
+    (not modelled) with the recorded ops they stand for."""
+    kept = []
+    for op in ops:
+        coll = _STAND_IN.get(op.collective, (op.collective, ""))[0]
+        why = no_schedule(coll) if op.group_size > 1 else ""
+        if not why:
+            kept.append(op)
+            continue
+        why += " (--fidelity replay; --fidelity analytical prices it by its formula)"
+        skipped[why] = skipped.get(why, 0) + len(op.calls) * len(op.recorded_group)
+    for i, op in enumerate(kept):
+        op.index = i
+    return kept
+
+
 def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: str,
                    fidelity: str = "analytical", sharing: str = "max-min",
                    backend: str | None = None, links: LinkOverrides | None = None,
@@ -324,6 +341,8 @@ def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: st
     if ranks < 2:
         raise UsageError(f"--ranks must be >= 2, got {ranks}")
     ops, skipped = plan_trace(trace, ranks)
+    if fidelity == "replay":
+        ops = _replayable(ops, skipped)
     pricer = _Pricer(model, ranks, topology, fidelity, sharing, backend,
                      links or LinkOverrides(), parse_algorithms(algorithms or {}))
     rows = []
