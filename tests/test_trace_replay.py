@@ -156,3 +156,19 @@ def test_isend_irecv_at_once_match_as_one_exchange_and_replay(nprocs: int,
         _replay(nprocs, str(folder), "--backend", "mpi", "--iters", "2", "--repeat", "1",
                 "-O", str(out))
         assert len(load_records(out)) == nprocs + 1
+
+
+def test_a_group_that_does_not_tile_the_recorded_world_is_not_rescaled(tmp_path: Path) -> None:
+    """{0, 2} of 3 ranks has no copies at 6 (rank r runs recorded rank r mod 3): --world-size
+    refuses in one line naming the group, and the size-mismatch hint does not offer it."""
+    from tests.conftest import run_ccbench
+    from tests.trace_fixtures import record_small_job
+
+    folder = str(record_small_job("subgroup_job.py", 3, tmp_path / "sub"))
+    for args in (["--world-size", "6"], []):
+        done = run_ccbench("launch", "-n", "6", "replay", folder, *args, "--backend", "gloo",
+                           timeout=300)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+        assert "group [0, 2] is not one of the groups" in lines[0]
+        assert "disagree" not in lines[0] and "pass --world-size" not in lines[0]

@@ -179,3 +179,22 @@ def test_replay_fidelity_lists_a_gather_as_not_modelled_and_prices_the_rest(
     analytical = simulate_trace(MODEL, trace, 64, "fat-tree:64")
     assert [r["collective"] for r in analytical["ops"]] == ["allreduce", "gather"]
     assert analytical["not_modelled"] == []
+
+
+def test_uneven_mapping_is_warned(tmp_path: Path) -> None:
+    """1024 is no multiple of 3, and {0, 2} of 3 ranks has no copies: both said on stderr,
+    the group's op listed as not modelled, the world all-reduce priced."""
+    from tests.trace_fixtures import record_small_job
+
+    folder = record_small_job("subgroup_job.py", 3, tmp_path / "sub")
+    out = simulate_trace(MODEL, load_trace([folder]), 1024, "fat-tree:1024")
+    assert [r["group_shape"] for r in out["ops"]] == ["world"]
+    [skipped] = out["not_modelled"]
+    assert "group [0, 2] is not one of the groups" in skipped["reason"]
+    assert len(out["warnings"]) == 2 and "not a multiple of the recorded 3" in out["warnings"][0]
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(MODEL))
+    done = run_ccbench("simulate", str(model), "--trace", str(folder), "--topology",
+                       "fat-tree:1024")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("ccbench: warning:") == 2

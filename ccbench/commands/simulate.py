@@ -206,6 +206,8 @@ def _print_trace(out: dict) -> None:
         print(f"# not modelled ({skip['recorded_ops']} recorded ops): {skip['reason']}")
     for note in out["notes"]:
         print(f"# note: {note}")
+    for warning in out["warnings"]:
+        print(f"ccbench: warning: {warning}", file=sys.stderr)
 
 
 def _main_trace(args: argparse.Namespace) -> int:

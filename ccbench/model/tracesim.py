@@ -310,6 +310,27 @@ def _where(paths: list[str]) -> str:
     return paths[0] + (f" (+{len(paths) - 1} files)" if len(paths) > 1 else "")
 
 
+def _first_ranks(n: int) -> str:
+    return "recorded rank 0 has" if n == 1 else f"recorded ranks 0-{n - 1} have"
+
+
+def mapping_warnings(trace: Trace, ranks: int) -> list[str]:
+    """Where the recorded ranks map onto `ranks` unevenly: rank q runs recorded rank q mod N,
+    so at a size N does not divide, some recorded ranks have one copy more than others."""
+    from ccbench.trace.scale import unscalable
+
+    old = trace.world_size
+    out = []
+    if ranks % old:
+        out.append(f"{ranks} ranks is not a multiple of the recorded {old}: rank q runs "
+                   f"recorded rank q mod {old}, so {_first_ranks(ranks % old)} one copy "
+                   f"more than the others and groups are mapped unevenly")
+    why = unscalable(trace)
+    if why:
+        out.append(f"{why}: its ops are listed as not modelled")
+    return out
+
+
 def _replayable(ops: list[TraceOp], skipped: dict[str, int]) -> list[TraceOp]:
     """The ops a schedule can replay (checked before any is run); the others join `skipped`
     (not modelled) with the recorded ops they stand for."""
@@ -378,4 +399,5 @@ def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: st
             "by_collective": by_coll, "fits": pricer.fits,
             "not_modelled": [{"reason": why, "recorded_ops": n}
                              for why, n in sorted(skipped.items())],
-            "flags": flags, "notes": list(trace.notes)}
+            "flags": flags, "notes": list(trace.notes),
+            "warnings": mapping_warnings(trace, ranks)}

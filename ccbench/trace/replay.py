@@ -391,9 +391,13 @@ def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]
     info = detect_launch()
     trace = config.trace
     if info.world_size != trace.world_size:
+        from ccbench.trace.scale import unscalable
+
+        why = unscalable(trace)
+        hint = f"; it cannot be rescaled: {why}" if why else \
+            f", or pass --world-size {info.world_size} to rescale the trace"
         raise UsageError(f"the trace has {trace.world_size} ranks but {info.world_size} were "
-                         f"started (start {trace.world_size}, or pass --world-size "
-                         f"{info.world_size} to rescale the trace)")
+                         f"started (start {trace.world_size}{hint})")
     for name in config.backends:
         if backend_class(name).needs_mpi_launcher and info.launcher not in MPI_LAUNCHERS:
             raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "

@@ -9,7 +9,10 @@
   parallel groups) into the d groups of every d-th rank of M, each now M / d ranks;
 - rank r of the new world runs the op sequence of rank r mod N of the old one;
 - whatever cannot be mapped (send/recv, groups of other shapes, sizes that M does not tile)
-  is dropped and listed in the trace's notes.
+  is dropped and listed in the trace's notes;
+- a tile or stride group that is not one of a set of such groups covering the recorded
+  world ({0, 2} of 3 ranks) has no copies to map to: rank r mod N would run it on some
+  ranks and not on others, so the trace is refused (`unscalable` says why).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from ccbench.errors import UsageError
 from ccbench.trace.groups import match_calls
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 
-__all__ = ["rescale", "resize_op", "retile_group"]
+__all__ = ["rescale", "resize_op", "retile_group", "unscalable"]
 
 
 def _shape(group: Group) -> tuple[int, int] | None:
@@ -35,6 +38,34 @@ def _shape(group: Group) -> tuple[int, int] | None:
     return ranks[0], stride
 
 
+def _not_a_tiling(group: Group, old_world: int) -> str:
+    """Why a tile or stride group is not one of the set of its copies that covers the
+    recorded world ('' when it is, or when it has another shape)."""
+    shape = _shape(group)
+    if shape is None or group.size == old_world:
+        return ""
+    start, stride = shape
+    k = group.size
+    if stride == 1 or k == 1:
+        if old_world % k or start % k:
+            return (f"group {list(group.ranks)} is not one of the groups of {k} consecutive "
+                    f"ranks tiling the recorded {old_world} ranks")
+    elif old_world % stride or k != old_world // stride or start >= stride:
+        return (f"group {list(group.ranks)} is not one of the groups of ranks {stride} apart "
+                f"covering the recorded {old_world} ranks")
+    return ""
+
+
+def unscalable(trace: Trace) -> str:
+    """Why the trace cannot be rescaled to another world size ('' when it can)."""
+    for group in trace.groups:
+        why = _not_a_tiling(group, trace.world_size)
+        if why:
+            return (f"{why}: rank r of a rescaled world runs recorded rank r mod "
+                    f"{trace.world_size}, so no copies of it cover the new world")
+    return ""
+
+
 def retile_group(group: Group, old_world: int, new_world: int, rank: int) -> Group | str:
     """The group of new rank `rank` that plays the role `group` played, or why none does."""
     if group.size == old_world:
@@ -42,6 +73,9 @@ def retile_group(group: Group, old_world: int, new_world: int, rank: int) -> Gro
     shape = _shape(group)
     if shape is None:
         return f"group {list(group.ranks)} is not a tile or a stride of the world"
+    why = _not_a_tiling(group, old_world)
+    if why:
+        return why
     _, stride = shape
     if stride == 1 or group.size == 1:
         k = group.size
@@ -71,6 +105,9 @@ def rescale(trace: Trace, world: int) -> Trace:
     """The trace replayed at `world` ranks; unmappable ops listed in notes."""
     if world < 1:
         raise UsageError(f"--world-size must be >= 1, got {world}")
+    why = unscalable(trace)
+    if why:
+        raise UsageError(f"--world-size {world}: the trace cannot be rescaled: {why}")
     old = trace.world_size
     ops: list[list[CommOp]] = []
     dropped: dict[str, int] = {}
