@@ -21,7 +21,7 @@ PLACEHOLDERS = {"FILE": "sweep.yaml", "IN...": "a.jsonl b.jsonl", "OUT": "out.js
                 "RESULTS...": "r.jsonl", "RESULTS": "r.jsonl", "DIR": "out", "P": "16",
                 "T": "fat-tree", "COLLECTIVE": "allreduce", "...": "", "BASE": "a.jsonl",
                 "NEW": "b.jsonl", "TRACE": "traces/job", "A,B": "gloo,mpi",
-                "MODEL": "model.json", "N": "2"}
+                "MODEL": "model.json", "N": "2", "M": "8"}
 # forms whose prose leaves out a required option the sentence around them states
 SHORTHAND = {"ccbench export astra-sim MODEL --trace TRACE": ["-o", "out"],
              "ccbench export astra-sim MODEL --trace TRACE --ranks P": ["-o", "out"]}
