@@ -68,7 +68,7 @@ def test_defaults(tmp_path: Path) -> None:
     ({"colectives": "allreduce"}, "colectives: unknown key (valid: name, collectives,"),
     ({"collectives": ["allreduce", "allfoo"]},
      "collectives: unknown collective 'allfoo' (valid: broadcast, allreduce, allgather, "
-     "reduce-scatter, alltoall, reduce, sendrecv)"),
+     "reduce-scatter, alltoall, reduce, sendrecv, gather, scatter)"),
     ({"backends": ["gloo", "nope"]}, "backends: unknown backend 'nope' (valid: gloo, mpi,"),
     ({"dtypes": "float33"}, "dtypes: unknown dtype 'float33' (valid: float32, float64,"),
     ({"ops": ["sum", "mean"]}, "ops: unknown op 'mean' (valid: sum, max, min, prod, avg)"),
