@@ -393,7 +393,7 @@ def _launch(tag: str, bench: list[str], **popen: object) -> subprocess.Popen[str
                             **popen)  # type: ignore[call-overload]
 
 
-LONG = ["allreduce", "--sizes", "1K", "--iters", "100000", "--warmup", "1", "-q"]
+LONG = ["allreduce", "--sizes", "16M", "--iters", "100000", "--warmup", "1", "-q"]  # minutes on any backend
 
 
 @pytest.mark.slow
