@@ -8,7 +8,8 @@ import os
 import socket
 import struct
 
-__all__ = ["free_port", "listen_address", "loopback_interface", "published_address"]
+__all__ = ["free_port", "interface_of", "listen_address", "loopback_interface",
+           "published_address"]
 
 
 def free_port(host: str = "") -> int:
@@ -45,6 +46,11 @@ def _interface_addresses() -> list[str]:
 def loopback_interface() -> str | None:
     """The name of the interface that carries 127.0.0.1 ('lo' on Linux), if any."""
     return next((name for name, address in _interfaces() if address == "127.0.0.1"), None)
+
+
+def interface_of(address: str) -> str | None:
+    """The interface whose (primary IPv4) address is `address`, if any."""
+    return next((name for name, mine in _interfaces() if mine == address), None)
 
 
 def published_address(peer: str | None = None) -> str:

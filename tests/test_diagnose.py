@@ -289,7 +289,7 @@ def _ccbench(*args):
 @pytest.mark.parametrize("args, words", [
     (["diagnose", "--link-rate", "fast"], "unknown --link-rate 'fast'"),
     (["diagnose", "--planes", "eth0"], "--planes needs 2 or more interfaces"),
-    (["diagnose", "--planes", "eth0,eth1", "--backend", "mpi"], "backend 'mpi' has no such"),
+    (["diagnose", "--planes", "eth0,eth1", "--backend", "mpi"], "backend 'mpi' has none"),
     (["diagnose", "--leaves", "1"], "at least 2 leaves"),
     (["diagnose"], "diagnose needs at least 2 hosts"),
     (["launch", "-n", "2", "diagnose", "--planes", "eth0,ccbnosuch9"], "lacks ccbnosuch9"),

@@ -82,6 +82,9 @@ class Backend(ABC):
     reads_options: ClassVar[frozenset[str]] = frozenset()
     #: its point-to-point messages carry the algorithms/ schedules (`<algorithm>@<name>`)
     carries_algorithms: ClassVar[bool] = False
+    #: the environment variable naming the interface its new communicators bind to (None: the
+    #: library picks its own); diagnose --planes pins each plane's traffic through it
+    interface_variable: ClassVar[str | None] = None
 
     @classmethod
     def probe_version(cls) -> str | None:

@@ -17,6 +17,7 @@ class GlooBackend(TorchDistBackend):
     name = "gloo"
     process_group_backend = "gloo"
     carries_algorithms = True
+    interface_variable = "GLOO_SOCKET_IFNAME"
 
     @classmethod
     def probe_version(cls) -> str | None:

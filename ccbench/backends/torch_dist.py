@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ccbench.addresses import loopback_interface, published_address
+from ccbench.addresses import interface_of, loopback_interface, published_address
 from ccbench.backends.base import Backend, RankContext, in_sequence
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
@@ -37,13 +37,20 @@ def intra_op_threads(ranks_on_node: int) -> int:
     return max(1, cores // max(1, ranks_on_node))
 
 
-def _listen_where_the_ranks_are(multi_host: bool) -> None:
-    """gloo listens on the interface GLOO_SOCKET_IFNAME names, else on the address the host
-    name resolves to: a run on this host keeps it on loopback (the user's setting stands)."""
-    if not multi_host and "GLOO_SOCKET_IFNAME" not in os.environ:
-        name = loopback_interface()
-        if name:
-            os.environ["GLOO_SOCKET_IFNAME"] = name
+def _listen_where_the_ranks_are(multi_host: bool, peer: str | None) -> None:
+    """gloo listens on the interface GLOO_SOCKET_IFNAME names (the user's setting stands), else
+    on the address the host name resolves to, falling back to loopback where that address is
+    not one of this host's (Debian's 127.0.1.1, a resolver that does not read /etc/hosts):
+    the peers then dial 127.0.0.1 and are refused. So ccbench names the interface itself:
+    loopback for a run on this host; across hosts, the one that routes to the rendezvous
+    `peer`, unless that address lives on loopback (a /32 host address of a dual-ToR host:
+    there only the host name names it)."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    loopback = loopback_interface()
+    name = interface_of(published_address(peer)) if multi_host else loopback
+    if name and (name != loopback or not multi_host):
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 TORCH_TIMED_CALL = ("torch.distributed's function with its arguments bound up front "
@@ -71,12 +78,12 @@ class TorchDistBackend(Backend):
         # the library's own timeout stays above ccbench's, so the watchdog speaks first
         timeout = datetime.timedelta(seconds=ctx.options.timeout + 30)
         if not dist.is_initialized():
+            _listen_where_the_ranks_are(ctx.options.multi_host, self._rendezvous_host())
             if ctx.launcher == "torchrun":
                 dist.init_process_group(self.process_group_backend, init_method="env://",
                                         rank=ctx.rank, world_size=ctx.world_size,
                                         timeout=timeout)
             else:
-                _listen_where_the_ranks_are(ctx.options.multi_host)
                 dist.init_process_group(self.process_group_backend, store=self._store(timeout),
                                         rank=ctx.rank, world_size=ctx.world_size,
                                         timeout=timeout)
@@ -84,6 +91,13 @@ class TorchDistBackend(Backend):
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
                                 or dist.reduce_scatter_tensor)
+
+    def _rendezvous_host(self) -> str | None:
+        """The host the ranks meet at: torchrun's MASTER_ADDR, else the control store's."""
+        if self.ctx.launcher == "torchrun":
+            return os.environ.get("MASTER_ADDR")
+        address = getattr(self.ctx.store, "address", None)
+        return str(address[0]) if address else None
 
     def _device(self) -> Any:
         return self.torch.device("cpu")

@@ -17,6 +17,7 @@ import argparse
 import sys
 from typing import Any
 
+from ccbench.backends import HOST_BACKEND, backend_class, backend_names
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import UsageError
 
@@ -26,9 +27,13 @@ DEFAULT_SIZE = 4 << 20
 TRANSFER_S = 0.05               # with a known link rate: a bandwidth sample takes about this
 
 
+def _interface_variable(name: str) -> str | None:
+    return getattr(backend_class(name), "interface_variable", None)
+
+
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", "-B", default="gloo",
-                        help="gloo, mpi, oneccl, nccl ... (default gloo)")
+    parser.add_argument("--backend", "-B", default=HOST_BACKEND,
+                        help=f"{', '.join(backend_names())} (default {HOST_BACKEND})")
     parser.add_argument("--ranks-per-host", type=int, default=1,
                         help="ranks started on every host (default 1); the lowest rank of "
                              "each host measures for it")
@@ -133,9 +138,11 @@ def _config(args: argparse.Namespace) -> Any:
     planes = [p.strip() for p in args.planes.split(",") if p.strip()] if args.planes else None
     if args.planes is not None and (not planes or len(planes) < 2):
         raise UsageError(f"--planes needs 2 or more interfaces, got {args.planes!r}")
-    if planes and backends[0] != "gloo":
-        raise UsageError(f"--planes pins traffic to a plane through gloo's interface choice; "
-                         f"backend {backends[0]!r} has no such setting (use --backend gloo)")
+    if planes and _interface_variable(backends[0]) is None:
+        pinning = [name for name in backend_names() if _interface_variable(name)]
+        raise UsageError(f"--planes pins traffic to a plane through the library's interface "
+                         f"setting; backend {backends[0]!r} has none (use --backend "
+                         f"{' or '.join(pinning)})")
     leaves = _leaves(args.leaves)
     return DiagnoseConfig(
         backend=backends[0], size=size, latency_size=8,

@@ -288,18 +288,19 @@ class _Rank:
         groups = [Group(f"diag-{number}-{i}", tuple(sorted((self.rep[a], self.rep[b]))))
                   for i, (a, b) in enumerate(step.pairs) if i not in down]
         self.watchdog.label = step.label
-        previous = os.environ.get("GLOO_SOCKET_IFNAME")
-        if step.plane is not None:               # gloo's new groups bind to this interface
-            os.environ["GLOO_SOCKET_IFNAME"] = step.plane
+        variable = backend.interface_variable
+        previous = os.environ.get(variable) if variable else None
+        if step.plane is not None and variable:  # the new groups bind to this interface
+            os.environ[variable] = step.plane
         try:
             with self.watchdog.waiting():
                 subs = split_groups(backend, groups, self.info.world_size, self.timeout)
         finally:
-            if step.plane is not None:
+            if step.plane is not None and variable:
                 if previous is None:
-                    os.environ.pop("GLOO_SOCKET_IFNAME", None)
+                    os.environ.pop(variable, None)
                 else:
-                    os.environ["GLOO_SOCKET_IFNAME"] = previous
+                    os.environ[variable] = previous
         try:
             mine = self._my_pair(step)
             if mine is not None and mine[0] not in down:

@@ -189,9 +189,10 @@ def _wait_reachable(netns: str, address: str, timeout: float = 10.0) -> None:
 
 
 def _write_hosts(plan: Plan) -> None:
-    lines = _hosts_without_marks()
-    lines += [f"{h.address} {h.name} {HOSTS_MARK}" for h in plan.hosts]
-    HOSTS_FILE.write_text("\n".join(lines) + "\n")
+    """The hosts' names first: the resolver takes the first line naming a host, and a stale
+    line for h1 left by anything else must not win (gloo then falls back to loopback)."""
+    lines = [f"{h.address} {h.name} {HOSTS_MARK}" for h in plan.hosts]
+    HOSTS_FILE.write_text("\n".join(lines + _hosts_without_marks()) + "\n")
 
 
 def _hosts_without_marks() -> list[str]:
