@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -216,6 +216,26 @@ class AlgorithmBackend(Backend):
         meta["algorithm"] = self.algorithm
         meta["reductions"] = type(self._reducer).__name__
         return meta
+
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """The transport's sub-communicators, the schedules run over each one's messages."""
+        out: list[Backend | str | None] = []
+        for ranks, inner in zip(groups, self.inner.split(groups, timeout), strict=True):
+            if inner is None or isinstance(inner, str):
+                out.append(inner)
+                continue
+            transport = inner.point_to_point(self._xp is not np)
+            if transport is None:
+                inner.finalize()
+                out.append(f"{self.name}: {self.spec.transport} has no point-to-point "
+                           f"messages on a sub-communicator")
+                continue
+            sub = self.on_group(ranks)
+            assert isinstance(sub, AlgorithmBackend)
+            sub.inner, sub._transport, sub._executors = inner, transport, {}
+            out.append(sub)
+        return out
 
     # -- control: the wrapped backend's ---------------------------------------------------
     def barrier(self) -> None:

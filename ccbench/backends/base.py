@@ -10,9 +10,11 @@ and reduce-scatter, a `view` of it) as send and receive buffer: the collective's
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -172,6 +174,25 @@ class Backend(ABC):
         """The CuPy stream this backend's library orders its device work on, for the kernels
         of algorithms run over it (None: CuPy's current stream)."""
         return None
+
+    # -- sub-communicators (trace replay, diagnose) ----------------------------------
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """This backend on each of `groups` (global ranks, ascending), made collectively: every
+        rank calls it with the same groups in the same order. Per group: this rank's backend
+        on that group (its ctx gives the group rank and size, so layouts, inputs and
+        validation are the group's), why there is none, or None where this rank is not in it.
+        A sub-communicator is released with its `finalize`; the whole one stays its owner's."""
+        return [f"{self.name}: no sub-communicators" if self.ctx.rank in ranks else None
+                for ranks in groups]
+
+    def on_group(self, ranks: Sequence[int]) -> Backend:
+        """A shallow copy of this backend whose ctx is this rank's place in `ranks`: what a
+        `split` fills in with the group's communicator."""
+        sub = copy.copy(self)
+        sub.ctx = dataclasses.replace(self.ctx, rank=list(ranks).index(self.ctx.rank),
+                                      world_size=len(ranks))
+        return sub
 
     # -- control --------------------------------------------------------------------
     @abstractmethod

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 from ccbench.backends.base import RankContext
 from ccbench.backends.buffers import CupyBuffers, CupyStagedBuffers, DeviceBuffer, pinned_allocator
 from ccbench.backends.cupy_device import cupy_missing_reason
-from ccbench.backends.mpi import MPIBackend
+from ccbench.backends.mpi import MPIBackend, MPITransport
 from ccbench.backends.mpi_loop import loaded_libmpi
+from ccbench.backends.p2p import StagedTransport
 from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -132,8 +133,6 @@ class CudaMPIBackend(MPIBackend):
     def point_to_point(self, device: bool) -> Transport | None:
         if not device:
             return None
-        from ccbench.backends.p2p import MPITransport, StagedTransport
-
         if self.cuda_aware:
             return MPITransport(self.comm, device_sync=self.synchronize)
         return StagedTransport(MPITransport(self.comm))

@@ -6,7 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ccbench.backends.torch_dist import TORCH_TIMED_CALL, TorchDistBackend, torch_missing_reason
+from ccbench.backends.torch_dist import (
+    TORCH_TIMED_CALL,
+    TorchDistBackend,
+    TorchTransport,
+    torch_missing_reason,
+)
 from ccbench.dtypes import is_float8
 
 if TYPE_CHECKING:
@@ -60,8 +65,6 @@ class GlooBackend(TorchDistBackend):
                                        "(torch.distributed's reduce works in place)"}
 
     def point_to_point(self, device: bool) -> Transport | None:
-        if device:
+        if device or self.group is not None:     # the transport addresses global ranks
             return None
-        from ccbench.backends.p2p import TorchTransport
-
         return TorchTransport.host(self.dist, self.torch)

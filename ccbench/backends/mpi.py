@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from ccbench.backends.mpi_loop import (
     loaded_libmpi,
     predefined_datatype,
 )
+from ccbench.backends.p2p import poll, raw_bytes
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.dtypes import wire_dtype
 from ccbench.errors import RunFailure
@@ -112,7 +113,7 @@ class MPIBackend(Backend):
         from mpi4py import MPI
 
         self.MPI = MPI
-        self.comm = MPI.COMM_WORLD.Dup()
+        self.comm: Any = MPI.COMM_WORLD.Dup()   # or a Split of it (a sub-communicator)
         if self.comm.Get_size() != ctx.world_size:
             raise RunFailure(f"MPI world has {self.comm.Get_size()} ranks but the launcher "
                              f"said {ctx.world_size}: start the mpi backend with mpiexec")
@@ -177,8 +178,6 @@ class MPIBackend(Backend):
     def point_to_point(self, device: bool) -> Transport | None:
         if device:
             return None
-        from ccbench.backends.p2p import MPITransport
-
         return MPITransport(self.comm)
 
     def _typed(self, buf: np.ndarray) -> list[Any]:
@@ -364,8 +363,97 @@ class MPIBackend(Backend):
         self.comm.Recv(self.buffers.wire(buf), source=peer, tag=tag)
         self.buffers.stage_out(buf)
 
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """`Comm.Split` per group (every rank calls it; those outside get MPI_COMM_NULL)."""
+        out: list[Backend | str | None] = []
+        rank = self.ctx.rank
+        for ranks in groups:
+            comm = self.comm.Split(0 if rank in ranks else self.MPI.UNDEFINED, rank)
+            if rank not in ranks:
+                out.append(None)
+                continue
+            comm.Set_errhandler(self.MPI.ERRORS_RETURN)
+            sub = self.on_group(ranks)
+            assert isinstance(sub, MPIBackend)
+            sub.comm, sub._probed = comm, {}
+            out.append(sub)
+        return out
+
     def barrier(self) -> None:
         self.comm.Barrier()
 
     def finalize(self) -> None:
         self.comm.Free()
+
+
+# -- point to point: algorithms.transport over the communicator --------------------------------
+
+class _MPIRequest:
+    __slots__ = ("req", "what")
+
+    def __init__(self, req: Any, what: str) -> None:
+        self.req, self.what = req, what
+
+    def wait(self, timeout: float | None = None) -> None:
+        poll(self.req.Test, timeout, self.what)
+
+
+class MPITransport:
+    """algorithms.transport over an mpi4py communicator. `device_sync`, when given, is called
+    before each step's transfers start (device arrays on a CUDA-aware MPI)."""
+
+    def __init__(self, comm: Any, device_sync: Callable[[], None] | None = None) -> None:
+        from mpi4py import MPI
+
+        self.MPI, self.comm, self.device_sync = MPI, comm, device_sync
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    def isend(self, buf: Any, peer: int, tag: int) -> _MPIRequest:
+        if self.device_sync is not None:
+            self.device_sync()
+        return _MPIRequest(self.comm.Isend([raw_bytes(buf), self.MPI.BYTE], dest=peer, tag=tag),
+                           f"rank {self.rank}: send to {peer}")
+
+    def irecv(self, buf: Any, peer: int, tag: int) -> _MPIRequest:
+        return _MPIRequest(self.comm.Irecv([raw_bytes(buf), self.MPI.BYTE], source=peer, tag=tag),
+                           f"rank {self.rank}: recv from {peer}")
+
+    def prepare(self, sends: list[tuple[Any, int, int]],
+                recvs: list[tuple[Any, int, int]]) -> _MPIPrepared:
+        """Persistent requests for one step (buffers parsed once, not per call)."""
+        byte = self.MPI.BYTE
+        rq = [self.comm.Recv_init([raw_bytes(b), byte], source=peer, tag=tag) for b, peer, tag in recvs]
+        sq = [self.comm.Send_init([raw_bytes(b), byte], dest=peer, tag=tag) for b, peer, tag in sends]
+        return _MPIPrepared(self.MPI, rq, sq, self.rank, self.device_sync)
+
+
+class _MPIPrepared:
+    __slots__ = ("MPI", "_testall", "all", "rank", "recvs", "start")
+
+    def __init__(self, MPI: Any, recvs: list[Any], sends: list[Any], rank: int,
+                 device_sync: Callable[[], None] | None) -> None:
+        self.MPI, self.recvs, self.all, self.rank = MPI, recvs, recvs + sends, rank
+        startall = functools.partial(MPI.Prequest.Startall, self.all)
+        self.start: Callable[[], None]
+        if device_sync is None:
+            self.start = startall
+        else:
+            def start() -> None:
+                device_sync()
+                startall()
+            self.start = start
+        self._testall = functools.partial(MPI.Request.Testall, self.all)
+
+    def wait_recv(self, i: int, timeout: float | None) -> None:
+        poll(self.recvs[i].Test, timeout, f"rank {self.rank}: recv {i} of a step")
+
+    def wait_all(self, timeout: float | None) -> None:
+        if not self._testall():
+            poll(self._testall, timeout, f"rank {self.rank}: a step's transfers")
+
+    def free(self) -> None:
+        for req in self.all:
+            if req != self.MPI.REQUEST_NULL:
+                req.Free()
+        self.all = self.recvs = []

@@ -27,7 +27,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ccbench.backends.base import RankContext
-from ccbench.backends.torch_dist import TorchDistBackend, torch_missing_reason
+from ccbench.backends.torch_dist import (
+    GroupedTorchTransport,
+    TorchDistBackend,
+    torch_missing_reason,
+)
 from ccbench.dtypes import is_float8
 from ccbench.errors import UsageError
 
@@ -182,11 +186,9 @@ class NCCLBackend(TorchDistBackend):
     # -- point to point: the algorithms over NCCL -------------------------------------------
     def point_to_point(self, device: bool) -> Transport | None:
         """torch.distributed send/recv on CuPy arrays' memory, one NCCL group per step, waited
-        for on the stream (see ccbench.backends.p2p)."""
-        if not device:
+        for on the stream (see GroupedTorchTransport)."""
+        if not device or self.group is not None:     # the transport addresses global ranks
             return None
-        from ccbench.backends.p2p import GroupedTorchTransport
-
         return GroupedTorchTransport(self.dist, self._tensor_of(), on_stream=True)
 
     def _tensor_of(self) -> Callable[[Any], Any]:

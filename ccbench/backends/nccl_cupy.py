@@ -20,7 +20,7 @@ itself, so what is timed is the library call and nothing around it:
 Records say library "nccl" (or "rccl" on a ROCm build of CuPy) and transport "cupy"; the torch
 path says transport "torch". As a transport for ccbench's own algorithms (`ring@nccl-cupy`)
 each step's sends and receives are one NCCL group on the same stream, and CuPy kernels queued
-there do the reductions (ccbench.backends.p2p.NcclCupyTransport).
+there do the reductions (NcclCupyTransport, below).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
+from ccbench.backends.p2p import Done, GroupPrepared
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.errors import UsageError
 
@@ -334,8 +335,6 @@ class NCCLCupyBackend(Backend):
     def point_to_point(self, device: bool) -> Transport | None:
         if not device:
             return None
-        from ccbench.backends.p2p import NcclCupyTransport
-
         return NcclCupyTransport(self.nccl, self.comm, self.ctx.rank, self.ctx.world_size,
                                  self._stream_ptr)
 
@@ -394,3 +393,48 @@ class NCCLCupyBackend(Backend):
             "timed_call": _GRAPH_CALL if options.cuda_graph
             else f"{_DIRECT_CALL}; all-to-all: {_GROUP_CALL}",
         }
+
+
+# -- point to point: algorithms.transport over ncclSend/ncclRecv -------------------------------
+
+class NcclCupyTransport:
+    """ncclSend/ncclRecv (cupy.cuda.nccl) on CuPy arrays, as bytes (ncclUint8), on `stream`
+    (a raw stream pointer). NCCL matches messages of a pair in issue order and has no tags;
+    the executor's tags are sequence numbers of the pair, so the order is the same. A step is
+    one group: its sends and receives to one peer cannot deadlock, and the group is complete
+    on the stream, not on the host, when ncclGroupEnd returns: waits are no-ops, and what the
+    schedule does next (kernels, copies, the next step) is queued behind it on the stream."""
+
+    def __init__(self, nccl: Any, comm: Any, rank: int, size: int, stream: int) -> None:
+        self.nccl, self.comm, self.stream = nccl, comm, stream
+        self.rank, self.size = rank, size
+        self.byte = int(nccl.NCCL_UINT8)
+
+    def _resolved(self, messages: list[tuple[Any, int, int]]) -> list[tuple[int, int, int]]:
+        return [(int(buf.data.ptr), int(buf.nbytes), peer) for buf, peer, _ in messages]
+
+    def _group(self, sends: list[tuple[int, int, int]], recvs: list[tuple[int, int, int]]
+               ) -> None:
+        nccl, comm, stream, byte = self.nccl, self.comm, self.stream, self.byte
+        nccl.groupStart()
+        try:
+            for ptr, nbytes, peer in recvs:
+                comm.recv(ptr, nbytes, byte, peer, stream)
+            for ptr, nbytes, peer in sends:
+                comm.send(ptr, nbytes, byte, peer, stream)
+        finally:
+            nccl.groupEnd()
+
+    def isend(self, buf: Any, peer: int, tag: int) -> Done:
+        self._group(self._resolved([(buf, peer, tag)]), [])
+        return Done()
+
+    def irecv(self, buf: Any, peer: int, tag: int) -> Done:
+        self._group([], self._resolved([(buf, peer, tag)]))
+        return Done()
+
+    def prepare(self, sends: list[tuple[Any, int, int]],
+                recvs: list[tuple[Any, int, int]]) -> GroupPrepared:
+        """The step's group with the pointers resolved once (waits are the stream's)."""
+        return GroupPrepared(functools.partial(self._group, self._resolved(sends),
+                                                self._resolved(recvs)))

@@ -11,22 +11,21 @@ Library discovery and loading: ccbench/backends/_oneccl_lib.py; install: scripts
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
 from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.p2p import Done, GroupPrepared
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.errors import RunFailure
 
-if TYPE_CHECKING:
-    from ccbench.backends.p2p import OneCCLTransport
-
-__all__ = ["DTYPES", "OPS", "OneCCLBackend"]
+__all__ = ["DTYPES", "OPS", "OneCCLBackend", "OneCCLTransport"]
 
 # onecclDataType_t
 DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4,
@@ -109,24 +108,32 @@ class OneCCLBackend(Backend):
         self.rank, self.world = ctx.rank, ctx.world_size
         self.comm = ctypes.c_void_p()
         self._destroyed = False
-        timeout = ctx.options.timeout
-        key = f"lib/oneccl/unique-id/{next(_generation)}"
+        uid = self._unique_id(f"lib/oneccl/unique-id/{next(_generation)}", ctx.options.timeout)
+        self._join(uid)
+        self._bar = np.zeros(1, dtype=np.int32)
+        self._bar_ptr = _ptr(self._bar)
+
+    def _unique_id(self, key: str, timeout: float) -> UniqueId:
+        """The communicator's id: made by its rank 0 and published under `key` in the control
+        store, read there by the others."""
         if self.rank == 0:
             uid = UniqueId()
             self._check(self.lib.onecclGetUniqueId(ctypes.byref(uid)), "onecclGetUniqueId")
-            ctx.store.set(key, uid.to_bytes())
-        else:
-            try:
-                data = ctx.store.get(key, timeout)
-            except TimeoutError:
-                raise RunFailure(f"oneccl: rank 0 did not publish the unique id within "
-                                 f"{timeout:.0f} s") from None
-            uid = UniqueId.from_bytes(bytes(data))
+            self.ctx.store.set(key, uid.to_bytes())
+            return uid
+        try:
+            data = self.ctx.store.get(key, timeout)
+        except TimeoutError:
+            raise RunFailure(f"oneccl: rank 0 did not publish the unique id within "
+                             f"{timeout:.0f} s") from None
+        return UniqueId.from_bytes(bytes(data))
+
+    def _join(self, uid: UniqueId) -> None:
+        """onecclCommInitRank as `self.rank` of `self.world` (a fresh communicator)."""
+        self.comm, self._destroyed = ctypes.c_void_p(), False
         self._check(self.lib.onecclCommInitRank(ctypes.byref(self.comm), self.world, uid,
                                                 self.rank), "onecclCommInitRank")
         self._handle = self.comm.value
-        self._bar = np.zeros(1, dtype=np.int32)
-        self._bar_ptr = _ptr(self._bar)
 
     # -- errors ----------------------------------------------------------------------
     def _check(self, rc: int, what: str) -> None:
@@ -251,9 +258,24 @@ class OneCCLBackend(Backend):
     def point_to_point(self, device: bool) -> OneCCLTransport | None:
         if device:
             return None
-        from ccbench.backends.p2p import OneCCLTransport
-
         return OneCCLTransport(self)
+
+    # -- sub-communicators -----------------------------------------------------------
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """A new communicator per group, from a unique id the group's first rank publishes."""
+        out: list[Backend | str | None] = []
+        for ranks in groups:
+            key = f"lib/oneccl/unique-id/{next(_generation)}"   # every rank counts every group
+            if self.ctx.rank not in ranks:
+                out.append(None)
+                continue
+            sub = self.on_group(ranks)
+            assert isinstance(sub, OneCCLBackend)
+            sub.rank, sub.world = sub.ctx.rank, sub.ctx.world_size
+            sub._join(sub._unique_id(key, timeout))
+            out.append(sub)
+        return out
 
     # -- control ---------------------------------------------------------------------
     def barrier(self) -> None:
@@ -267,3 +289,37 @@ class OneCCLBackend(Backend):
             return
         self._destroyed = True
         self._check(self.lib.onecclCommDestroy(self.comm), "onecclCommDestroy")
+
+
+# -- point to point: algorithms.transport over onecclSend/onecclRecv ---------------------------
+
+class OneCCLTransport:
+    """onecclSend/onecclRecv on host memory. oneCCL has no tags and no requests: messages
+    between a pair stay in order, and a step's transfers run as one group that is complete
+    when onecclGroupEnd returns (so isend/irecv are each a group of one)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.lib = backend, backend.lib
+        self.rank, self.size = backend.ctx.rank, backend.ctx.world_size
+
+    def _group(self, sends: list[tuple[Any, int, int]], recvs: list[tuple[Any, int, int]]
+               ) -> None:
+        lib, comm, check = self.lib, self.backend._handle, self.backend._check
+        check(lib.onecclGroupStart(), "onecclGroupStart")
+        for buf, peer, _ in recvs:
+            check(lib.onecclRecv(buf.ctypes.data, buf.nbytes, 1, peer, comm, None), "onecclRecv")
+        for buf, peer, _ in sends:
+            check(lib.onecclSend(buf.ctypes.data, buf.nbytes, 1, peer, comm, None), "onecclSend")
+        check(lib.onecclGroupEnd(), "onecclGroupEnd")
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> Done:
+        self._group([(buf, peer, tag)], [])
+        return Done()
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Done:
+        self._group([], [(buf, peer, tag)])
+        return Done()
+
+    def prepare(self, sends: list[tuple[Any, int, int]],
+                recvs: list[tuple[Any, int, int]]) -> GroupPrepared:
+        return GroupPrepared(functools.partial(self._group, sends, recvs))

@@ -8,12 +8,13 @@ import importlib.util
 import itertools
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from ccbench.addresses import interface_of, loopback_interface, published_address
 from ccbench.backends.base import Backend, RankContext, in_sequence
 from ccbench.backends.buffers import TorchBuffers
+from ccbench.backends.p2p import raw_bytes
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.sysinfo import node_cores, usable_cores
 
@@ -230,6 +231,21 @@ class TorchDistBackend(Backend):
         else:
             self.dist.recv(buf, group=self.group, group_src=peer, tag=tag)
 
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """`new_group` per group (every rank creates every group); calls pass `group=`."""
+        out: list[Backend | str | None] = []
+        for ranks in groups:
+            group = self.dist.new_group(list(ranks))
+            if self.ctx.rank not in ranks:
+                out.append(None)
+                continue
+            sub = self.on_group(ranks)
+            assert isinstance(sub, TorchDistBackend)
+            sub.group = group
+            out.append(sub)
+        return out
+
     def barrier(self) -> None:
         self.dist.barrier(group=self.group)
 
@@ -241,3 +257,94 @@ class TorchDistBackend(Backend):
 
     def _env(self, *prefixes: str) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
+
+
+# -- point to point: algorithms.transport over isend/irecv -------------------------------------
+
+def _host_tensor(torch: Any) -> Callable[[Any], Any]:
+    def tensor_of(buf: Any) -> Any:
+        return torch.from_numpy(raw_bytes(buf))
+    return tensor_of
+
+
+class _TorchRequest:
+    __slots__ = ("on_stream", "work")
+
+    def __init__(self, work: Any, on_stream: bool) -> None:
+        self.work, self.on_stream = work, on_stream
+
+    def wait(self, timeout: float | None = None) -> None:
+        # on a device, wait() orders the current stream after the transfer; with a timeout
+        # torch would block the host instead, so the op timeout is left to NCCL's watchdog
+        # (process-group timeout) and ccbench's
+        if timeout is None or self.on_stream:
+            self.work.wait()
+        else:
+            self.work.wait(datetime.timedelta(seconds=timeout))
+
+
+class TorchTransport:
+    """algorithms.transport over torch.distributed isend/irecv. `tensor_of` makes the uint8
+    tensor sharing a slice's memory (host: torch.from_numpy; device: torch.as_tensor on the
+    CuPy array); `on_stream`: the process group orders waits on the device stream (NCCL)."""
+
+    def __init__(self, dist: Any, tensor_of: Callable[[Any], Any], *, on_stream: bool = False,
+                 group: Any = None) -> None:
+        self.dist, self.tensor_of, self.on_stream, self.group = dist, tensor_of, on_stream, group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+
+    @classmethod
+    def host(cls, dist: Any, torch: Any, group: Any = None) -> TorchTransport:
+        return cls(dist, _host_tensor(torch), group=group)
+
+    def isend(self, buf: Any, peer: int, tag: int) -> _TorchRequest:
+        return _TorchRequest(self.dist.isend(self.tensor_of(buf), peer, group=self.group,
+                                             tag=tag), self.on_stream)
+
+    def irecv(self, buf: Any, peer: int, tag: int) -> _TorchRequest:
+        return _TorchRequest(self.dist.irecv(self.tensor_of(buf), peer, group=self.group,
+                                             tag=tag), self.on_stream)
+
+
+class GroupedTorchTransport(TorchTransport):
+    """TorchTransport whose steps are prepared once and posted as one batch_isend_irecv."""
+
+    def prepare(self, sends: list[tuple[Any, int, int]],
+                recvs: list[tuple[Any, int, int]]) -> _TorchPrepared:
+        dist, group = self.dist, self.group
+        ops = [dist.P2POp(dist.irecv, self.tensor_of(b), peer, group, tag)
+               for b, peer, tag in recvs]
+        ops += [dist.P2POp(dist.isend, self.tensor_of(b), peer, group, tag)
+                for b, peer, tag in sends]
+        return _TorchPrepared(dist, ops, len(recvs), self.on_stream)
+
+
+class _TorchPrepared:
+    __slots__ = ("dist", "num_recvs", "on_stream", "ops", "works")
+
+    def __init__(self, dist: Any, ops: list[Any], num_recvs: int, on_stream: bool) -> None:
+        self.dist, self.ops, self.num_recvs, self.on_stream = dist, ops, num_recvs, on_stream
+        self.works: list[_TorchRequest | None] = []
+
+    def start(self) -> None:
+        self.works = [_TorchRequest(w, self.on_stream)
+                      for w in self.dist.batch_isend_irecv(self.ops) or ()]
+
+    def wait_recv(self, i: int, timeout: float | None) -> None:
+        if len(self.works) != len(self.ops):   # a coalesced group: one work for all its ops
+            self.wait_all(timeout)
+            return
+        work = self.works[i]
+        if work is not None:
+            # each work is waited for once: a second wait on a finished gloo receive blocks
+            self.works[i] = None
+            work.wait(timeout)
+
+    def wait_all(self, timeout: float | None) -> None:
+        works, self.works = self.works, []
+        for work in works:
+            if work is not None:
+                work.wait(timeout)
+
+    def free(self) -> None:
+        self.ops, self.works = [], []

@@ -96,7 +96,7 @@ def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
     so that no order of the peers' posts can deadlock: every receive posted, then every send,
     then all waited for (torch.distributed isend/irecv, MPI Irecv/Isend); oneCCL, whose
     isend/irecv complete before returning, gets them as one group."""
-    from ccbench.backends.p2p import OneCCLTransport
+    from ccbench.backends.oneccl import OneCCLTransport
 
     transport = _transport(sub)
     if transport is None:
