@@ -105,6 +105,12 @@ class AlgorithmSpec:
     def needs_mpi_launcher(self) -> bool:
         return bool(self.transport_factory.needs_mpi_launcher)
 
+    @property
+    def display_name(self) -> str:
+        """`ring over MPI`: ccbench's schedule over the transport library's messages."""
+        inner = self.transport_factory.display_name or self.transport
+        return f"{self.label} over {inner}"
+
     def unavailable_reason(self) -> str | None:
         return self.transport_factory.unavailable_reason()
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from algorithms.transport import Transport
     from ccbench.control import ControlClient
 
-__all__ = ["Backend", "BackendFactory", "BackendOptions", "Builder", "HostBuffers", "RankContext",
-           "Support", "in_sequence"]
+__all__ = ["Backend", "BackendFactory", "BackendOptions", "Builder", "HostBuffers", "Library",
+           "RankContext", "Support", "in_sequence"]
 
 
 @dataclass(kw_only=True)
@@ -51,12 +51,27 @@ class RankContext:
             self.options = BackendOptions.from_mapping(self.options)
 
 
+@dataclass(frozen=True)
+class Library:
+    """A library backends are built on, as `ccbench doctor`'s libraries table shows it:
+    `probe()` its facts as plain data (found, version ...; a missing library is found False
+    with a reason, never an exception), `lines(facts)` the table's lines for them. Backends
+    sharing a library share the object (doctor lists each name once)."""
+
+    name: str
+    probe: Callable[[], dict[str, Any]]
+    lines: Callable[[dict[str, Any]], list[str]]
+
+
 class BackendFactory(Protocol):
     """What the registry hands out: a Backend class, or an object that builds one (an
     algorithm over a transport). Both answer these before any rank is set up."""
 
     @property
     def needs_mpi_launcher(self) -> bool: ...
+
+    @property
+    def display_name(self) -> str: ...
 
     def unavailable_reason(self) -> str | None: ...
 
@@ -73,6 +88,10 @@ class Backend(ABC):
 
     #: the registry name (an algorithm backend's is per instance: ring@mpi, tree@nccl)
     name: str
+    #: what tables and reports show the user for it ("NCCL", "Gloo (torch.distributed)")
+    display_name: ClassVar[str] = ""
+    #: the libraries `ccbench doctor` reports for it (versions, builds, what they can do)
+    libraries: ClassVar[tuple[Library, ...]] = ()
     #: the ranks must be started by an MPI launcher (mpiexec) for this backend
     needs_mpi_launcher: ClassVar[bool] = False
     #: the algorithm recorded for this backend's collectives ("native": the library's choice)
@@ -87,6 +106,11 @@ class Backend(ABC):
     #: the environment variable naming the interface its new communicators bind to (None: the
     #: library picks its own); diagnose --planes pins each plane's traffic through it
     interface_variable: ClassVar[str | None] = None
+
+    @classmethod
+    def quiet_probes(cls) -> None:
+        """Make the probes below side-effect free in this process (doctor calls it before any
+        probe: loading MPI must not initialise it)."""
 
     @classmethod
     def probe_version(cls) -> str | None:
@@ -239,6 +263,16 @@ class Support:
 
     def __bool__(self) -> bool:
         return self.ok
+
+
+def library_line(label: str, text: str) -> str:
+    """One line of doctor's libraries table: the library's name (blank: a continuation)."""
+    return f"  {label:<8} {text}"
+
+
+def found_or_why(facts: dict[str, Any], text: str) -> str:
+    """`text` when the library was found, else `none: <why not>`."""
+    return text if facts.get("found") else f"none: {facts.get('reason')}"
 
 
 #: (backend, send, recv, op, root) -> the bound call of one collective on those buffers

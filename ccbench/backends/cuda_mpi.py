@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ccbench.backends.base import RankContext
 from ccbench.backends.buffers import CupyBuffers, CupyStagedBuffers, DeviceBuffer, pinned_allocator
-from ccbench.backends.cupy_device import cupy_missing_reason
+from ccbench.backends.cupy_device import CUPY, cupy_missing_reason
 from ccbench.backends.mpi import MPIBackend, MPITransport
 from ccbench.backends.mpi_loop import loaded_libmpi
 from ccbench.backends.p2p import StagedTransport
@@ -84,6 +84,17 @@ class CudaMPIBackend(MPIBackend):
     hands MPI device memory (CUDA-aware) or host mirrors (host staging)."""
 
     name = "mpi"
+    display_name = "MPI on CuPy device buffers"
+    libraries = (*MPIBackend.libraries, CUPY)
+
+    @classmethod
+    def probe_version(cls) -> str | None:
+        """The CuPy that holds its buffers (the MPI library is the host backend's)."""
+        if cls.unavailable_reason() is not None:
+            return None
+        import cupy
+
+        return f"cupy {cupy.__version__}"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 class GlooBackend(TorchDistBackend):
     name = "gloo"
+    display_name = "Gloo (torch.distributed)"
     process_group_backend = "gloo"
     carries_algorithms = True
     interface_variable = "GLOO_SOCKET_IFNAME"

@@ -11,11 +11,11 @@ import functools
 import importlib.util
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ccbench.backends.base import Backend, Batch, RankContext
+from ccbench.backends.base import Backend, Batch, Library, RankContext, found_or_why, library_line
 from ccbench.backends.buffers import spans_overlap
 from ccbench.backends.mpi_loop import (
     batch_call,
@@ -83,10 +83,59 @@ def _raw(buf: Any) -> Any:
     return buf if wire == buf.dtype else buf.view(wire)
 
 
+def _mpi_facts() -> dict[str, Any]:
+    """libmpi as mpi4py loads it, asked only what it answers before MPI_Init."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return {"found": False, "reason": "mpi4py is not installed (pip install 'ccbench[mpi]')"}
+    import mpi4py
+
+    out: dict[str, Any] = {"found": True, "mpi4py": mpi4py.__version__}
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as exc:
+        out.update(found=False, reason=f"mpi4py cannot load an MPI library: {exc}")
+        return out
+    version = MPI.Get_library_version().replace("\x00", "").strip()
+    major, minor = MPI.Get_version()
+    out.update(library=version.splitlines()[0] if version else "", standard=f"{major}.{minor}",
+               initialized=bool(MPI.Is_initialized()))
+    from ccbench.backends.cuda_mpi import cuda_query_symbol
+
+    path, has_query = cuda_query_symbol()
+    out.update(libmpi=path, cuda_query_symbol=has_query,
+               cuda_aware="asked at run time (needs MPI_Init)" if has_query else
+               "cannot be asked (no MPIX_Query_cuda_support); device buffers are host-staged")
+    return out
+
+
+def _mpi_lines(mpi: dict[str, Any]) -> list[str]:
+    if not mpi.get("found"):
+        return [library_line("mpi", found_or_why(mpi, ""))]
+    return [library_line("mpi", f"{mpi['library']} (MPI {mpi['standard']}, mpi4py "
+                                f"{mpi['mpi4py']})"),
+            library_line("", f"CUDA-aware: {mpi['cuda_aware']}")]
+
+
+#: the MPI library mpi4py loads
+MPI_LIBRARY = Library("mpi", _mpi_facts, _mpi_lines)
+
+
 class MPIBackend(Backend):
     name = "mpi"
+    display_name = "MPI"
+    libraries: ClassVar[tuple[Library, ...]] = (MPI_LIBRARY,)
     needs_mpi_launcher = True
     carries_algorithms = True
+
+    @classmethod
+    def quiet_probes(cls) -> None:
+        """Whatever imports mpi4py.MPI after this loads libmpi without calling MPI_Init."""
+        if importlib.util.find_spec("mpi4py") is None:
+            return
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
 
     @classmethod
     def probe_version(cls) -> str | None:

@@ -88,6 +88,7 @@ class NCCLBackend(TorchDistBackend):
     """NCCL through torch.distributed on CUDA tensors."""
 
     name = "nccl"
+    display_name = "NCCL (torch.distributed)"
     process_group_backend = "nccl"
     default_device = "cuda"
     reads_options = frozenset({"nccl_algo", "nccl_proto"})
@@ -249,6 +250,7 @@ class RCCLBackend(NCCLBackend):
     """RCCL: the same process group on a ROCm build of torch (devices are still 'cuda' there)."""
 
     name = "rccl"
+    display_name = "RCCL (torch.distributed)"
     library = "rccl"
     carries_algorithms = False       # ring@rccl has not been run on a ROCm device
     env_prefixes = ("NCCL_", "RCCL_", "TORCH_NCCL_", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",

@@ -36,7 +36,7 @@ import numpy as np
 
 from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
-from ccbench.backends.cupy_device import cupy_missing_reason
+from ccbench.backends.cupy_device import CUPY, cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
 from ccbench.backends.p2p import Done, GroupPrepared
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
@@ -107,6 +107,8 @@ class NCCLCupyBackend(Backend):
     """NCCL through cupy.cuda.nccl.NcclCommunicator on CuPy device buffers."""
 
     name = "nccl-cupy"
+    display_name = "NCCL (CuPy)"
+    libraries = (CUPY,)
     default_device = "cuda"
     reads_options = frozenset({"nccl_algo", "nccl_proto", "cuda_graph"})
     carries_algorithms = True

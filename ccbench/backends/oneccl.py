@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, Library, RankContext, found_or_why, library_line
 from ccbench.backends.p2p import Done, GroupPrepared
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.errors import RunFailure
@@ -71,8 +71,22 @@ def _ptr(buf: np.ndarray) -> int:
     return int(buf.ctypes.data)
 
 
+def _oneccl_facts() -> dict[str, Any]:
+    reason = OneCCLBackend.unavailable_reason()
+    if reason:
+        return {"found": False, "reason": reason}
+    lib = load()
+    return {"found": True, "version": lib.version, "path": str(lib.path)}
+
+
+def _oneccl_lines(oneccl: dict[str, Any]) -> list[str]:
+    return [library_line("oneccl", found_or_why(oneccl, str(oneccl.get("version"))))]
+
+
 class OneCCLBackend(Backend):
     name = "oneccl"
+    display_name = "oneCCL"
+    libraries = (Library("oneccl", _oneccl_facts, _oneccl_lines),)
     carries_algorithms = True
 
     @classmethod

@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from ccbench.addresses import interface_of, loopback_interface, published_address
-from ccbench.backends.base import Backend, RankContext, in_sequence
+from ccbench.backends.base import (
+    Backend,
+    Library,
+    RankContext,
+    found_or_why,
+    in_sequence,
+    library_line,
+)
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.backends.p2p import raw_bytes
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
@@ -20,6 +27,38 @@ from ccbench.sysinfo import node_cores, usable_cores
 
 #: process groups this rank has created (every rank creates them in the same order)
 _GROUPS = itertools.count()
+
+
+def _torch_facts() -> dict[str, Any]:
+    missing = torch_missing_reason()
+    if missing:
+        return {"found": False, "reason": missing}
+    import torch
+    import torch.distributed as dist
+
+    from ccbench.backends.nccl import nccl_version
+
+    nccl, why = nccl_version()
+    return {"found": True, "version": torch.__version__,
+            "cuda_build": torch.version.cuda, "hip_build": getattr(torch.version, "hip", None),
+            "distributed": dist.is_available(),
+            "gloo": dist.is_available() and dist.is_gloo_available(),
+            "nccl": nccl, "nccl_reason": why}
+
+
+def _torch_lines(torch: dict[str, Any]) -> list[str]:
+    """torch and the process-group libraries it bundles (gloo, NCCL or RCCL)."""
+    if not torch.get("found"):
+        return [library_line("torch", found_or_why(torch, ""))]
+    build = (f"CUDA {torch['cuda_build']}" if torch.get("cuda_build") else
+             f"ROCm/HIP {torch['hip_build']}" if torch.get("hip_build") else "CPU-only")
+    return [library_line("torch", f"{torch['version']} ({build} build)"),
+            library_line("gloo", f"{'yes' if torch.get('gloo') else 'no'} (bundled with torch)"),
+            library_line("nccl", torch.get("nccl") or f"none: {torch.get('nccl_reason')}")]
+
+
+#: torch, for every torch.distributed backend
+TORCH = Library("torch", _torch_facts, _torch_lines)
 
 
 def torch_missing_reason() -> str | None:
@@ -62,6 +101,7 @@ class TorchDistBackend(Backend):
     """One torch.distributed process group; buffers are torch tensors on `self.device`."""
 
     process_group_backend: ClassVar[str]
+    libraries = (TORCH,)
 
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)

@@ -20,13 +20,12 @@ import platform
 import shutil
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ccbench import __version__
+from ccbench.backends.base import Backend, Library, library_line
+from ccbench.errors import UsageError
 from ccbench.sysinfo import cpu_model
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["collect", "main", "register", "render_table"]
 
@@ -56,83 +55,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 # -- probes -----------------------------------------------------------------------------------
-def _no_mpi_init() -> None:
-    """Whatever imports mpi4py.MPI after this loads libmpi without calling MPI_Init."""
-    if importlib.util.find_spec("mpi4py") is None:
-        return
-    import mpi4py
-
-    mpi4py.rc.initialize = False
-    mpi4py.rc.finalize = False
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else repr(exc)}"
-
-
-def _torch() -> dict[str, Any]:
-    if importlib.util.find_spec("torch") is None:
-        return {"found": False, "reason": "torch is not installed (pip install 'ccbench[torch]')"}
-    import torch
-    import torch.distributed as dist
-
-    from ccbench.backends.nccl import nccl_version
-
-    nccl, why = nccl_version()
-    return {"found": True, "version": torch.__version__,
-            "cuda_build": torch.version.cuda, "hip_build": getattr(torch.version, "hip", None),
-            "distributed": dist.is_available(),
-            "gloo": dist.is_available() and dist.is_gloo_available(),
-            "nccl": nccl, "nccl_reason": why}
-
-
-def _mpi() -> dict[str, Any]:
-    if importlib.util.find_spec("mpi4py") is None:
-        return {"found": False, "reason": "mpi4py is not installed (pip install 'ccbench[mpi]')"}
-    import mpi4py
-
-    out: dict[str, Any] = {"found": True, "mpi4py": mpi4py.__version__}
-    try:
-        from mpi4py import MPI
-    except (ImportError, RuntimeError) as exc:
-        out.update(found=False, reason=f"mpi4py cannot load an MPI library: {exc}")
-        return out
-    version = MPI.Get_library_version().replace("\x00", "").strip()
-    major, minor = MPI.Get_version()
-    out.update(library=version.splitlines()[0] if version else "", standard=f"{major}.{minor}",
-               initialized=bool(MPI.Is_initialized()))
-    from ccbench.backends.cuda_mpi import cuda_query_symbol
-
-    path, has_query = cuda_query_symbol()
-    out.update(libmpi=path, cuda_query_symbol=has_query,
-               cuda_aware="asked at run time (needs MPI_Init)" if has_query else
-               "cannot be asked (no MPIX_Query_cuda_support); device buffers are host-staged")
-    return out
-
-
-def _oneccl() -> dict[str, Any]:
-    if importlib.util.find_spec("ccbench.backends._oneccl_lib") is None:
-        return {"found": False, "reason": "this ccbench has no oneccl backend"}
-    from ccbench.backends.oneccl import OneCCLBackend
-
-    reason = OneCCLBackend.unavailable_reason()
-    if reason:
-        return {"found": False, "reason": reason}
-    from ccbench.backends._oneccl_lib import load
-
-    lib = load()
-    return {"found": True, "version": lib.version, "path": str(lib.path)}
-
-
-def _cupy() -> dict[str, Any]:
-    from ccbench.backends.cuda_mpi import cupy_missing_reason
-
-    if importlib.util.find_spec("cupy") is None:
-        return {"found": False, "reason": cupy_missing_reason()}
-    import cupy
-
-    return {"found": True, "version": cupy.__version__, "device_reason": cupy_missing_reason()}
 
 
 def _guarded(probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -185,8 +110,6 @@ def _launch() -> dict[str, Any]:
         out.update(launcher="mpiexec", rank=None, world_size=None,
                    note="rank and size are known only after MPI_Init")
         return out
-    from ccbench.errors import UsageError
-
     try:
         info = detect_launch()
     except UsageError as exc:
@@ -199,24 +122,25 @@ def _launch() -> dict[str, Any]:
 
 # -- backends -----------------------------------------------------------------------------------
 def _backend_names() -> list[tuple[str, str]]:
-    from ccbench.backends import REGISTRY
+    from ccbench.backends import REGISTRY, transports
 
     names = [(name, "library") for name in REGISTRY]
     if importlib.util.find_spec("ccbench.backends.algorithmic") is not None:
         algorithmic = importlib.import_module("ccbench.backends.algorithmic")
         for algorithm in algorithmic.algorithm_names():
-            for transport in algorithmic.TRANSPORTS:
+            for transport in transports():
                 names.append((f"{algorithm}@{transport}", "algorithm"))
     return names
 
 
-def _backend(name: str, kind: str) -> dict[str, Any]:
+def _backend(name: str, kind: str, device: str = "cpu") -> dict[str, Any]:
+    """The backend's own answers: what it is called, whether it runs here (else why not), and
+    the version of its library."""
     from ccbench.backends import backend_class
-    from ccbench.errors import UsageError
 
     row: dict[str, Any] = {"name": name, "kind": kind}
     try:
-        cls = backend_class(name)
+        cls = backend_class(name, device)
     except UsageError as exc:            # its module is missing or broken
         row.update(available=False, reason=str(exc))
         return row
@@ -225,31 +149,68 @@ def _backend(name: str, kind: str) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001  a probe that raises breaks the contract: show it
         row.update(available=False, reason=f"availability probe raised {_first_line(exc)}")
         return row
-    row.update(available=reason is None, reason=reason)
+    row.update(display=cls.display_name or name, available=reason is None, reason=reason)
     row["version"] = cls.probe_version() if reason is None else None
     return row
 
 
-def _device_buffers_row(libraries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The mpi backend with --device cuda (CuPy buffers) has requirements of its own."""
-    from ccbench.backends.cuda_mpi import CudaMPIBackend
+def _backend_classes() -> list[type[Backend]]:
+    """Every registered backend class that imports here, device variants included."""
+    from ccbench.backends import DEVICE_VARIANTS, REGISTRY, backend_class
 
-    reason = CudaMPIBackend.unavailable_reason()
-    cupy = libraries["cupy"]
-    return {"name": "mpi --device cuda", "kind": "device buffers", "available": reason is None,
-            "reason": reason, "version": f"cupy {cupy.get('version')}" if reason is None else None}
+    classes = []
+    for name, device in [*((n, "cpu") for n in REGISTRY), *DEVICE_VARIANTS]:
+        try:
+            factory = backend_class(name, device)
+        except UsageError:               # its module is missing or broken: its row says so
+            continue
+        if isinstance(factory, type) and issubclass(factory, Backend):
+            classes.append(factory)
+    return classes
+
+
+def _libraries(classes: list[type[Backend]]) -> dict[str, dict[str, Any]]:
+    """name -> facts of every library the backends name, once each, in registry order."""
+    found: dict[str, Library] = {}
+    for cls in classes:
+        for library in cls.libraries:
+            found.setdefault(library.name, library)
+    out = {name: _guarded(library.probe) for name, library in found.items()}
+    import numpy
+
+    out["numpy"] = {"found": True, "version": numpy.__version__}
+    return out
+
+
+def _device_rows() -> list[dict[str, Any]]:
+    """A backend whose buffers live elsewhere on a device (mpi --device cuda: CuPy buffers)
+    has requirements of its own."""
+    from ccbench.backends import DEVICE_VARIANTS
+
+    rows = []
+    for name, device in DEVICE_VARIANTS:
+        row = _backend(name, "device buffers", device)
+        row["name"] = f"{name} --device {device}"
+        rows.append(row)
+    return rows
+
+
+def _library_lines(libraries: dict[str, dict[str, Any]], classes: list[type[Backend]]
+                   ) -> list[str]:
+    owners = {lib.name: lib for cls in classes for lib in cls.libraries}
+    lines = [line for name, facts in libraries.items() if name in owners
+             for line in owners[name].lines(facts)]
+    return [*lines, library_line("numpy", libraries["numpy"]["version"])]
 
 
 def collect() -> dict[str, Any]:
     """The whole report as plain data (what --format json prints)."""
-    _no_mpi_init()
-    libraries = {"torch": _guarded(_torch), "mpi": _guarded(_mpi), "oneccl": _guarded(_oneccl),
-                 "cupy": _guarded(_cupy)}
-    import numpy
-
-    libraries["numpy"] = {"found": True, "version": numpy.__version__}
+    classes = _backend_classes()
+    for cls in classes:
+        cls.quiet_probes()
+    libraries = _libraries(classes)
     backends = [_backend(name, kind) for name, kind in _backend_names()]
-    backends.append(_device_buffers_row(libraries))
+    backends += _device_rows()
     return {
         "ccbench": __version__,
         "python": platform.python_version(),
@@ -262,45 +223,26 @@ def collect() -> dict[str, Any]:
 
 
 # -- the table ----------------------------------------------------------------------------------
-def _library_lines(libraries: dict[str, dict[str, Any]]) -> list[str]:
-    torch, mpi, oneccl, cupy = (libraries[k] for k in ("torch", "mpi", "oneccl", "cupy"))
+def _backend_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """name, what it is (the backend's display name), verdict and version or reason."""
+    width = max(len(row["name"]) for row in rows)
+    shown = max(len(row.get("display") or row["name"]) for row in rows)
     lines = []
-    if torch.get("found"):
-        build = (f"CUDA {torch['cuda_build']}" if torch.get("cuda_build") else
-                 f"ROCm/HIP {torch['hip_build']}" if torch.get("hip_build") else "CPU-only")
-        lines.append(f"  torch    {torch['version']} ({build} build)")
-        lines.append(f"  gloo     {'yes' if torch.get('gloo') else 'no'} (bundled with torch)")
-        lines.append(f"  nccl     {torch.get('nccl') or 'none: ' + str(torch.get('nccl_reason'))}")
-    else:
-        lines.append(f"  torch    none: {torch.get('reason')}")
-    if mpi.get("found"):
-        lines.append(f"  mpi      {mpi['library']} (MPI {mpi['standard']}, mpi4py "
-                     f"{mpi['mpi4py']})")
-        lines.append(f"           CUDA-aware: {mpi['cuda_aware']}")
-    else:
-        lines.append(f"  mpi      none: {mpi.get('reason')}")
-    oneccl_text = (str(oneccl.get("version")) if oneccl.get("found")
-                   else f"none: {oneccl.get('reason')}")
-    lines.append(f"  oneccl   {oneccl_text}")
-    cupy_text = str(cupy.get("version")) if cupy.get("found") else f"none: {cupy.get('reason')}"
-    if cupy.get("found") and cupy.get("device_reason"):
-        cupy_text += f" ({cupy['device_reason']})"
-    lines.append(f"  cupy     {cupy_text}")
-    lines.append(f"  numpy    {libraries['numpy']['version']}")
+    for row in rows:
+        if row["available"]:
+            detail = f"available    {row.get('version') or ''}".rstrip()
+        else:
+            detail = f"unavailable  {row['reason']}"
+        display = row.get("display") or row["name"]
+        lines.append(f"  {row['name']:<{width}}  {display:<{shown}}  {detail}")
     return lines
 
 
 def render_table(report: dict[str, Any]) -> str:
     lines = [f"ccbench {report['ccbench']}  python {report['python']}  {report['platform']}", "",
-             "backends"]
-    width = max(len(row["name"]) for row in report["backends"])
-    for row in report["backends"]:
-        if row["available"]:
-            detail = f"available    {row.get('version') or ''}".rstrip()
-        else:
-            detail = f"unavailable  {row['reason']}"
-        lines.append(f"  {row['name']:<{width}}  {detail}")
-    lines += ["", "libraries", *_library_lines(report["libraries"]), "", "devices"]
+             "backends", *_backend_lines(report["backends"])]
+    lines += ["", "libraries", *_library_lines(report["libraries"], _backend_classes()), "",
+              "devices"]
     cpu, gpu = report["devices"]["cpu"], report["devices"]["gpu"]
     lines.append(f"  cpu      {cpu['model']}, {cpu['cores']} cores ({cpu['usable_cores']} usable)")
     if gpu.get("count"):
