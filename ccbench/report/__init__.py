@@ -191,28 +191,71 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
                  sources: list[str] | None = None, title: str = "ccbench results",
                  formats: tuple[str, ...] = ("png", "svg"), runs: str = "pooled") -> Report:
     from ccbench.errors import UsageError
-    from ccbench.report import figures, multiples
-    from ccbench.report.data import key_numbers, library_versions, runs_note, to_frame
+    from ccbench.report.data import to_frame
 
     if not records:
         raise UsageError("no records to report on")
+    report = Report(directory=_output_directory(out_dir, formats), formats=tuple(formats))
+    frame = to_frame(records, runs)
+    doc = _Doc()
+    _summary_section(doc, report, records, frame, sources, title, runs)
+    native, algos = _native_and_algorithms(frame)
+    _overview_section(doc, native, report)
+    _key_numbers_section(doc, frame, report.directory)
+    _per_collective_section(doc, native, report)
+    if not algos.empty and not algos.equals(native):
+        _algorithms_section(doc, algos, report)
+    _rank_spread_section(doc, frame, report)
+    if model is not None:
+        _model_section(doc, frame, model, report.directory, report)
+    _write_documents(doc, title, report)
+    return report
+
+
+def _output_directory(out_dir: str | os.PathLike[str], formats: tuple[str, ...]) -> Path:
+    """The report's directory, made; the figure formats checked (png always, svg optional)."""
+    from ccbench.errors import UsageError
+
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
     unknown = set(formats) - {"png", "svg"}
     if unknown or "png" not in formats:
         raise UsageError(f"figure formats must include png, from png and svg; got "
                          f"{','.join(formats)}")
-    report = Report(directory=directory, formats=tuple(formats))
-    frame = to_frame(records, runs)
-    doc = _Doc()
+    return directory
+
+
+def _summary_section(doc: _Doc, report: Report, records, frame, sources: list[str] | None,
+                     title: str, runs: str) -> None:
+    """The title, what was measured where and when, and the notes every reader needs first
+    (several runs of a case, records with wrong elements)."""
+    from ccbench.report import figures
+    from ccbench.report.data import runs_note
+
     doc.heading(1, title)
-    worlds = sorted(int(p) for p in frame["world_size"].unique())
     stamps = sorted(r.timestamp for r in records)
     doc.para(f"{len(records)} records from {len(sources or [])} file(s), measured "
              f"{stamps[0][:16].replace('T', ' ')} to {stamps[-1][:16].replace('T', ' ')} UTC. "
              f"{figures.context_line(frame)}.")
+    doc.bullets(_method_bullets(records, frame))
+    several = runs_note(records, runs)
+    if several:
+        report.notes.append(several)
+        doc.para(f"{several}.")
+    wrong = frame[frame["wrong"].fillna(0) > 0]
+    if not wrong.empty:
+        note = f"{len(wrong)} record(s) have wrong elements: their numbers are not valid"
+        report.notes.append(note)
+        doc.para(f"**Warning:** {note}.")
+
+
+def _method_bullets(records, frame) -> list[str]:
+    from ccbench.report import figures
+    from ccbench.report.data import library_versions
+
+    worlds = sorted(int(p) for p in frame["world_size"].unique())
     sizes = sorted(int(s) for s in frame["size"].unique())
-    doc.bullets([
+    return [
         f"sizes measured: {_bytes(sizes[0])} to {_bytes(sizes[-1])} ({len(sizes)} sizes)",
         f"world sizes: {', '.join(map(str, worlds))}; nodes: "
         f"{', '.join(map(str, sorted(frame['nodes'].unique())))}; hosts: "
@@ -226,18 +269,12 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         "per-collective figures (a collective with more than "
         f"{figures.MAX_BANDED_LINES} lines in a panel gets one row per series, the other "
         "series in grey); the overviews show medians only",
-    ])
-    several = runs_note(records, runs)
-    if several:
-        report.notes.append(several)
-        doc.para(f"{several}.")
-    wrong = frame[frame["wrong"].fillna(0) > 0]
-    if not wrong.empty:
-        note = f"{len(wrong)} record(s) have wrong elements: their numbers are not valid"
-        report.notes.append(note)
-        doc.para(f"**Warning:** {note}.")
+    ]
 
-    # ccbench's own algorithms get their own figures, beside their transport's native library
+
+def _native_and_algorithms(frame) -> tuple[Any, Any]:
+    """(the libraries' own collectives, ccbench's algorithms beside their transport's native
+    library): ccbench's own algorithms get their own figures."""
     is_algo = frame["backend"].str.contains("@", regex=False)
     native = frame[~is_algo] if (~is_algo).any() else frame
     algos = frame[is_algo]
@@ -246,8 +283,13 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         transports = {b.split("@", 1)[1] for b in algos["backend"]}
         algos = frame[is_algo | (frame["backend"].isin(transports)
                                  & frame["library"].isin(libraries))]
+    return native, algos
 
-    # overview
+
+def _overview_section(doc: _Doc, native, report: Report) -> None:
+    from ccbench.report import figures
+
+    directory = report.directory
     doc.heading(2, "Overview")
     name = _save(figures.overview_figure(native, "busbw"), directory, "overview-busbw", report)
     doc.image(name, "Bus bandwidth against size for every collective and world size")
@@ -255,7 +297,12 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
                  report)
     doc.image(name, "Time per operation against size for every collective and world size")
 
-    # key numbers
+
+def _key_numbers_section(doc: _Doc, frame, directory: Path) -> None:
+    """One table per collective (and key-numbers.csv): peak busbw, small-message times and
+    the half-peak size of every series."""
+    from ccbench.report.data import key_numbers
+
     doc.heading(2, "Key numbers")
     keys = key_numbers(frame)
     has_8 = bool(keys["lat_8B_us"].notna().any()) if not keys.empty else False
@@ -268,22 +315,27 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
                 "reduce-scatter and all-to-all)" if has_8 else "")
              + ". `4*`: oversubscribed, more ranks than cores on a node (the records' "
              "`method.oversubscribed`): the times include waiting for a core.")
-    for coll in keys["collective"].unique() if not keys.empty else []:
+    if keys.empty:
+        return
+    head = (["series", "ranks", "mode", "peak busbw GB/s"] + (["time 8 B"] if has_8 else [])
+            + ["time 1 KiB", "half-peak size"])
+    for coll in keys["collective"].unique():
         doc.heading(3, coll)
-        rows = []
-        for _, k in keys[keys["collective"] == coll].iterrows():
-            rows.append([k["series"], f"{k['ranks']}{'*' if k.get('oversubscribed') else ''}",
-                         k["mode"],
-                         f"{_fmt_bw(k['peak_busbw'])} @ {_fmt_size(k['peak_at'])}"]
-                        + ([_fmt_us(k["lat_8B_us"])] if has_8 else [])
-                        + [_fmt_us(k["lat_1K_us"]), _fmt_size(k["half_peak_size"])])
-        head = (["series", "ranks", "mode", "peak busbw GB/s"] + (["time 8 B"] if has_8 else [])
-                + ["time 1 KiB", "half-peak size"])
+        rows = [_key_row(k, has_8) for _, k in keys[keys["collective"] == coll].iterrows()]
         doc.table(head, rows, "lllr" + "r" * (len(head) - 4))
-    if not keys.empty:
-        keys.to_csv(directory / "key-numbers.csv", index=False)
+    keys.to_csv(directory / "key-numbers.csv", index=False)
 
-    # per collective
+
+def _key_row(k, has_8: bool) -> list[str]:
+    return ([k["series"], f"{k['ranks']}{'*' if k.get('oversubscribed') else ''}", k["mode"],
+             f"{_fmt_bw(k['peak_busbw'])} @ {_fmt_size(k['peak_at'])}"]
+            + ([_fmt_us(k["lat_8B_us"])] if has_8 else [])
+            + [_fmt_us(k["lat_1K_us"]), _fmt_size(k["half_peak_size"])])
+
+
+def _per_collective_section(doc: _Doc, native, report: Report) -> None:
+    from ccbench.report import figures, multiples
+
     doc.heading(2, "Per collective")
     doc.para("Bus bandwidth and time per operation against size, one column per world size; "
              "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations. "
@@ -292,60 +344,71 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
              "behind it on the same axes.")
     for coll in native["collective"].unique():
         doc.heading(3, coll)
-        name = _save(multiples.per_collective_figure(native, coll), directory, _slug(coll),
-                     report)
+        name = _save(multiples.per_collective_figure(native, coll), report.directory,
+                     _slug(coll), report)
         doc.image(name, f"{coll}: bus bandwidth and latency against size")
 
-    if not algos.empty and not algos.equals(native):
-        doc.heading(2, "ccbench algorithms against the native library")
-        doc.para("ccbench's ring, tree and hypercube schedules (algorithms/) executed over the "
-                 "transport's point-to-point calls, beside that library's own collective "
-                 "(solid: out-of-place, dashed: in-place). busbw uses the nccl-tests ring "
-                 "factor for every algorithm, so it compares times, not link use.")
-        name = _save(figures.overview_figure(algos, "busbw"), directory,
-                     "algorithms-overview-busbw", report)
-        doc.image(name, "Algorithms: bus bandwidth against size")
-        name = _save(figures.overview_figure(algos, "latency"), directory,
-                     "algorithms-overview-latency", report)
-        doc.image(name, "Algorithms: time per operation against size")
-        for coll in algos[algos["backend"].str.contains("@", regex=False)]["collective"].unique():
-            doc.heading(3, f"{coll}: algorithms")
-            name = _save(multiples.per_collective_figure(algos, coll), directory,
-                         f"algorithms-{_slug(coll)}", report)
-            doc.image(name, f"{coll}: ccbench algorithms against the native library")
 
-    # stragglers
+def _algorithms_section(doc: _Doc, algos, report: Report) -> None:
+    from ccbench.report import figures, multiples
+
+    directory = report.directory
+    doc.heading(2, "ccbench algorithms against the native library")
+    doc.para("ccbench's ring, tree and hypercube schedules (algorithms/) executed over the "
+             "transport's point-to-point calls, beside that library's own collective "
+             "(solid: out-of-place, dashed: in-place). busbw uses the nccl-tests ring "
+             "factor for every algorithm, so it compares times, not link use.")
+    name = _save(figures.overview_figure(algos, "busbw"), directory,
+                 "algorithms-overview-busbw", report)
+    doc.image(name, "Algorithms: bus bandwidth against size")
+    name = _save(figures.overview_figure(algos, "latency"), directory,
+                 "algorithms-overview-latency", report)
+    doc.image(name, "Algorithms: time per operation against size")
+    for coll in algos[algos["backend"].str.contains("@", regex=False)]["collective"].unique():
+        doc.heading(3, f"{coll}: algorithms")
+        name = _save(multiples.per_collective_figure(algos, coll), directory,
+                     f"algorithms-{_slug(coll)}", report)
+        doc.image(name, f"{coll}: ccbench algorithms against the native library")
+
+
+def _rank_spread_section(doc: _Doc, frame, report: Report) -> None:
+    """Stragglers: a figure per world size of two or more ranks, and a table of how far the
+    slowest rank's median is from the fastest's."""
+    from ccbench.report import figures
+
     doc.heading(2, "Per-rank spread")
     doc.para("Each rank's median time over the fastest rank's median at the same size "
              "(out-of-place; broadcast in-place). A rank that is consistently darker at every "
              "size is a straggler; spread that changes from size to size is noise.")
     spread_rows = []
-    for p in worlds:
+    for p in sorted(int(p) for p in frame["world_size"].unique()):
         if p < 2:
             continue
-        name = _save(figures.rank_spread_figure(frame, p), directory, f"rank-spread-n{p}", report)
+        name = _save(figures.rank_spread_figure(frame, p), report.directory,
+                     f"rank-spread-n{p}", report)
         doc.image(name, f"Per-rank spread at {p} ranks")
-        sub = frame[frame["world_size"] == p]
-        for series, group in sub.groupby("series"):
-            ratios = [max(r) / min(r) for r in group["rank_median_us"] if r and min(r) > 0]
-            if ratios:
-                ratios.sort()
-                spread_rows.append([series, str(p), f"{ratios[len(ratios) // 2]:.2f}",
-                                    f"{ratios[-1]:.2f}"])
+        spread_rows += _spread_rows(frame[frame["world_size"] == p], p)
     if spread_rows:
         doc.table(["series", "ranks", "median max/min rank", "worst max/min rank"], spread_rows,
                   "llrr")
 
-    # model
-    if model is not None:
-        _model_section(doc, frame, model, directory, report)
 
-    md = directory / "report.md"
+def _spread_rows(sub, p: int) -> list[list[str]]:
+    rows = []
+    for series, group in sub.groupby("series"):
+        ratios = [max(r) / min(r) for r in group["rank_median_us"] if r and min(r) > 0]
+        if ratios:
+            ratios.sort()
+            rows.append([series, str(p), f"{ratios[len(ratios) // 2]:.2f}", f"{ratios[-1]:.2f}"])
+    return rows
+
+
+def _write_documents(doc: _Doc, title: str, report: Report) -> None:
+    md = report.directory / "report.md"
     md.write_text(doc.markdown(), encoding="utf-8")
-    page = directory / "report.html"
+    page = report.directory / "report.html"
     page.write_text(doc.html(title), encoding="utf-8")
     report.markdown, report.html = md, page
-    return report
 
 
 def _model_section(doc: _Doc, frame, model: dict[str, Any], directory: Path,
