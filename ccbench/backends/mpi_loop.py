@@ -129,70 +129,105 @@ def batch_call(mpi: Any, libmpi: str, comm: Any, collective: str, send: Any, rec
                op: Any, root: int) -> Batch | None:
     """`run(N)`: N calls of the collective from the compiled loop; None when this collective
     or buffer layout has no loop here (or no compiler), so the caller falls back."""
-    handle_bytes = mpi._sizeof(mpi.Comm)
-    loops = compiled_loop_library(handle_bytes)
+    loops = compiled_loop_library(mpi._sizeof(mpi.Comm))
     if loops is None:
         return None
-    handle_type = ctypes.c_int32 if handle_bytes == 4 else ctypes.c_void_p
     lib = ctypes.CDLL(libmpi)
-
-    def h(obj: Any) -> Any:
-        value = mpi._handleof(obj)
-        return handle_type(value & 0xFFFFFFFF if handle_bytes == 4 else value)
-
-    def ptr(buf: Any) -> ctypes.c_void_p:
-        if buf is None:
-            return ctypes.c_void_p(int(mpi.IN_PLACE) & (2**64 - 1))
-        return ctypes.c_void_p(buf.ctypes.data)
-
-    no_buffer = ctypes.c_void_p(None)           # a non-root's MPI_Reduce recvbuf
-
-    types = [predefined_datatype(mpi, buf.dtype) for buf in (send, recv)]
-    if None in types:
+    if any(predefined_datatype(mpi, buf.dtype) is None for buf in (send, recv)):
         return None
-
-    def datatype(buf: Any) -> Any:
-        return h(predefined_datatype(mpi, buf.dtype))
-
-    c_comm, times_t = h(comm), ctypes.c_long
-    args: tuple[Any, ...]
-    in_place = send is recv
-    if collective == "allreduce":
-        loop = loops.loop_allreduce
-        args = (ptr(None if in_place else send), ptr(recv), ctypes.c_int(recv.size),
-                datatype(recv), h(op), c_comm)
-    elif collective == "broadcast":
-        loop = loops.loop_bcast
-        args = (ptr(recv), ctypes.c_int(recv.size), datatype(recv), ctypes.c_int(root), c_comm)
-    elif collective in ("allgather", "alltoall") and not in_place and not _aliased(send, recv):
-        loop = loops.loop_gather
-        per_peer = recv.size // comm.Get_size()
-        send_count = send.size if collective == "allgather" else per_peer
-        args = (ptr(send), ctypes.c_int(send_count), datatype(send), ptr(recv),
-                ctypes.c_int(per_peer), datatype(recv), c_comm)
-    elif collective == "reduce":
-        loop = loops.loop_reduce
-        is_root = comm.Get_rank() == root
-        if in_place:                  # the root reduces into its buffer; the others read theirs
-            sendbuf, recvbuf = (ptr(None), ptr(recv)) if is_root else (ptr(send), no_buffer)
-        else:
-            sendbuf, recvbuf = ptr(send), ptr(recv) if is_root else no_buffer
-        args = (sendbuf, recvbuf, ctypes.c_int(recv.size), datatype(recv), h(op),
-                ctypes.c_int(root), c_comm)
-    elif collective == "reduce-scatter" and not _aliased(send, recv):
-        loop = loops.loop_reduce_scatter_block
-        args = (ptr(send), ptr(recv), ctypes.c_int(recv.size), datatype(recv), h(op), c_comm)
-    else:
+    arguments = _LOOP_ARGUMENTS.get(collective)
+    call = arguments(_CArgs(mpi, comm), comm, send, recv, op, root) if arguments else None
+    if call is None:
         return None
+    loop_name, args = call
     fn = getattr(lib, str(get_collective(collective).mpi))     # MPI_Allreduce ...
     address = ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
+    return _timed_batch(mpi, getattr(loops, loop_name), address, args)
+
+
+class _CArgs:
+    """MPI handles and buffers as the C loop takes them: handles of this MPI ABI's width (an
+    int in MPICH's, a pointer in Open MPI's), buffers as addresses (None: MPI_IN_PLACE)."""
+
+    def __init__(self, mpi: Any, comm: Any) -> None:
+        self.mpi = mpi
+        self.narrow = mpi._sizeof(mpi.Comm) == 4
+        self.comm = self.handle(comm)
+
+    def handle(self, obj: Any) -> Any:
+        value = self.mpi._handleof(obj)
+        return ctypes.c_int32(value & 0xFFFFFFFF) if self.narrow else ctypes.c_void_p(value)
+
+    def ptr(self, buf: Any) -> ctypes.c_void_p:
+        if buf is None:
+            return ctypes.c_void_p(int(self.mpi.IN_PLACE) & (2**64 - 1))
+        return ctypes.c_void_p(buf.ctypes.data)
+
+    def datatype(self, buf: Any) -> Any:
+        return self.handle(predefined_datatype(self.mpi, buf.dtype))
+
+
+#: (C loop's name, its arguments before the count and the clock), or None: no loop for it
+_LoopCall = tuple[str, tuple[Any, ...]] | None
+
+
+def _allreduce(c: _CArgs, comm: Any, send: Any, recv: Any, op: Any, root: int) -> _LoopCall:
+    return "loop_allreduce", (c.ptr(None if send is recv else send), c.ptr(recv),
+                              ctypes.c_int(recv.size), c.datatype(recv), c.handle(op), c.comm)
+
+
+def _bcast(c: _CArgs, comm: Any, send: Any, recv: Any, op: Any, root: int) -> _LoopCall:
+    return "loop_bcast", (c.ptr(recv), ctypes.c_int(recv.size), c.datatype(recv),
+                          ctypes.c_int(root), c.comm)
+
+
+def _gather_like(collective: str) -> Any:
+    """allgather and alltoall (MPI's same argument list), out of place only."""
+    def arguments(c: _CArgs, comm: Any, send: Any, recv: Any, op: Any, root: int) -> _LoopCall:
+        if send is recv or _aliased(send, recv):
+            return None
+        per_peer = recv.size // comm.Get_size()
+        send_count = send.size if collective == "allgather" else per_peer
+        return "loop_gather", (c.ptr(send), ctypes.c_int(send_count), c.datatype(send),
+                               c.ptr(recv), ctypes.c_int(per_peer), c.datatype(recv), c.comm)
+    return arguments
+
+
+def _reduce(c: _CArgs, comm: Any, send: Any, recv: Any, op: Any, root: int) -> _LoopCall:
+    is_root = comm.Get_rank() == root
+    no_buffer = ctypes.c_void_p(None)           # a non-root's MPI_Reduce recvbuf
+    if send is recv:              # the root reduces into its buffer; the others read theirs
+        sendbuf, recvbuf = (c.ptr(None), c.ptr(recv)) if is_root else (c.ptr(send), no_buffer)
+    else:
+        sendbuf, recvbuf = c.ptr(send), c.ptr(recv) if is_root else no_buffer
+    return "loop_reduce", (sendbuf, recvbuf, ctypes.c_int(recv.size), c.datatype(recv),
+                           c.handle(op), ctypes.c_int(root), c.comm)
+
+
+def _reduce_scatter(c: _CArgs, comm: Any, send: Any, recv: Any, op: Any, root: int
+                    ) -> _LoopCall:
+    if _aliased(send, recv):
+        return None
+    return "loop_reduce_scatter_block", (c.ptr(send), c.ptr(recv), ctypes.c_int(recv.size),
+                                         c.datatype(recv), c.handle(op), c.comm)
+
+
+#: collective -> the arguments of its C loop
+_LOOP_ARGUMENTS = {"allreduce": _allreduce, "broadcast": _bcast,
+                   "allgather": _gather_like("allgather"), "alltoall": _gather_like("alltoall"),
+                   "reduce": _reduce, "reduce-scatter": _reduce_scatter}
+
+
+def _timed_batch(mpi: Any, loop: Any, address: ctypes.c_void_p, args: tuple[Any, ...]
+                 ) -> Batch:
+    """The loop bound to the MPI function and its arguments; it reads its own clock."""
     loop.restype = ctypes.c_int
     bound = functools.partial(loop, address, *args)
     seconds = ctypes.c_double()
     out = ctypes.pointer(seconds)
 
     def timed(times: int) -> float:
-        code = bound(times_t(times), out)
+        code = bound(ctypes.c_long(times), out)
         if code:
             raise RuntimeError(f"MPI error {code} ({mpi.Get_error_string(code)})")
         return seconds.value
