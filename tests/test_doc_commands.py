@@ -325,7 +325,7 @@ def _astra_bin() -> str | None:
 INSTALL = "makes the environment this test already runs in (pip and an index, minutes)"
 TESTBED = ("root, and it builds machine-wide network namespaces and bridges (one testbed per "
            "machine, shared with whoever else uses it)")
-CLUSTER = "the emulated 4-host Slurm cluster of `ccbench testbed up --slurm`"
+CLUSTER = "an N-host Slurm cluster (here: the emulated one of `ccbench testbed up --slurm`)"
 MULTI_HOST = "hosts of a real cluster (node1, node2)"
 
 NOT_HERE: list[NotHere] = [
@@ -347,7 +347,7 @@ NOT_HERE: list[NotHere] = [
     NotHere(r"ccbench testbed .*", TESTBED, lambda env, c: _parses(_fill_placeholders(c))(env, c)),
     NotHere(r"export SLURM_CONF=/run/ccbench-testbed/.*", CLUSTER, _noop),
     NotHere(r"sinfo", CLUSTER, _noop),
-    NotHere(r"srun -N4 .*", CLUSTER, lambda env, c: _parses(c)(env, c)),
+    NotHere(r"srun -N\d+ .*", CLUSTER, lambda env, c: _parses(c)(env, c)),
     NotHere(r"mpiexec -n \d+ -ppn \d+ -hosts \S+ .*", MULTI_HOST, lambda env, c: _parses(c)(env, c)),
     NotHere(r"srun --kill-on-bad-exit=1 .*", "a Slurm allocation", lambda env, c: _parses(c)(env, c)),
     NotHere(r"torchrun --nnodes [2-9].*", MULTI_HOST, lambda env, c: _parses(c)(env, c)),
