@@ -148,3 +148,23 @@ def test_torchrun_variables_without_its_store_end_in_one_line() -> None:
     assert len(lines) == 1 and lines[0].startswith("ccbench: error: rank 1: cannot reach "
                                                    "torchrun's store"), proc.stderr[-2000:]
     assert f"127.0.0.1:{port}" in lines[0]
+
+
+def test_gloo_sets_its_interface_only_while_creating_groups(monkeypatch) -> None:
+    """gloo's interface is chosen by ccbench (loopback on one host) but set in the environment
+    only while a group is created: a process that built a gloo backend (a library user, this
+    test process) does not pass GLOO_SOCKET_IFNAME=lo on to what it starts (a multi-host run
+    it launches would then listen on loopback, its peers refused)."""
+    from seams import ThreadWorld, rank_context
+
+    from ccbench.backends import backend_class
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    backend = backend_class("gloo")(rank_context(ThreadWorld(1), 0))
+    try:
+        assert "GLOO_SOCKET_IFNAME" not in os.environ
+        assert backend._interface == "lo"
+        (group,) = backend.split([[0]], timeout=30)
+        assert group is not None and "GLOO_SOCKET_IFNAME" not in os.environ
+    finally:
+        backend.finalize()

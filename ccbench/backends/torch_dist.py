@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import importlib.util
 import itertools
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from ccbench.addresses import interface_of, loopback_interface, published_address
@@ -77,20 +78,33 @@ def intra_op_threads(ranks_on_node: int) -> int:
     return max(1, cores // max(1, ranks_on_node))
 
 
-def _listen_where_the_ranks_are(multi_host: bool, peer: str | None) -> None:
-    """gloo listens on the interface GLOO_SOCKET_IFNAME names (the user's setting stands), else
-    on the address the host name resolves to, falling back to loopback where that address is
-    not one of this host's (Debian's 127.0.1.1, a resolver that does not read /etc/hosts):
-    the peers then dial 127.0.0.1 and are refused. So ccbench names the interface itself:
-    loopback for a run on this host; across hosts, the one that routes to the rendezvous
-    `peer`, unless that address lives on loopback (a /32 host address of a dual-ToR host:
-    there only the host name names it)."""
-    if "GLOO_SOCKET_IFNAME" in os.environ:
-        return
+def _interface_where_the_ranks_are(multi_host: bool, peer: str | None) -> str | None:
+    """The interface gloo should listen on. Left alone, it takes the address the host name
+    resolves to, falling back to loopback where that address is not one of this host's
+    (Debian's 127.0.1.1, a stale /etc/hosts line): the peers then dial 127.0.0.1 and are
+    refused. So: loopback for a run on this host; across hosts, the interface that routes to
+    the rendezvous `peer`, unless that address lives on loopback (a /32 host address of a
+    dual-ToR host: there only the host name names it, None)."""
     loopback = loopback_interface()
-    name = interface_of(published_address(peer)) if multi_host else loopback
-    if name and (name != loopback or not multi_host):
-        os.environ["GLOO_SOCKET_IFNAME"] = name
+    if not multi_host:
+        return loopback
+    name = interface_of(published_address(peer))
+    return None if name == loopback else name
+
+
+@contextlib.contextmanager
+def _interface_while_creating(variable: str | None, name: str | None) -> Iterator[None]:
+    """The library reads its interface variable when it creates a group: set it for that
+    moment only, so this process's environment, and every process it starts, stays the user's
+    (a setting the user or a caller made stands)."""
+    if variable is None or name is None or variable in os.environ:
+        yield
+        return
+    os.environ[variable] = name
+    try:
+        yield
+    finally:
+        os.environ.pop(variable, None)
 
 
 TORCH_TIMED_CALL = ("torch.distributed's function with its arguments bound up front "
@@ -118,20 +132,22 @@ class TorchDistBackend(Backend):
                      "avg": dist.ReduceOp.AVG}
         # the library's own timeout stays above ccbench's, so the watchdog speaks first
         timeout = datetime.timedelta(seconds=ctx.options.timeout + 30)
+        self._interface = _interface_where_the_ranks_are(ctx.options.multi_host,
+                                                         self._rendezvous_host())
         if not dist.is_initialized():
-            _listen_where_the_ranks_are(ctx.options.multi_host, self._rendezvous_host())
-            if ctx.launcher == "torchrun":
-                dist.init_process_group(self.process_group_backend, init_method="env://",
-                                        rank=ctx.rank, world_size=ctx.world_size,
-                                        timeout=timeout)
-            else:
-                dist.init_process_group(self.process_group_backend, store=self._store(timeout),
-                                        rank=ctx.rank, world_size=ctx.world_size,
-                                        timeout=timeout)
+            rendezvous = ({"init_method": "env://"} if ctx.launcher == "torchrun"
+                          else {"store": self._store(timeout)})
+            with self._creating_groups():
+                dist.init_process_group(self.process_group_backend, rank=ctx.rank,
+                                        world_size=ctx.world_size, timeout=timeout,
+                                        **rendezvous)
         self.group: Any = None       # a sub-communicator (trace replay); None: every rank
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter = (getattr(dist, "reduce_scatter_single", None)
                                 or dist.reduce_scatter_tensor)
+
+    def _creating_groups(self) -> contextlib.AbstractContextManager[None]:
+        return _interface_while_creating(self.interface_variable, self._interface)
 
     def _rendezvous_host(self) -> str | None:
         """The host the ranks meet at: torchrun's MASTER_ADDR, else the control store's."""
@@ -276,7 +292,8 @@ class TorchDistBackend(Backend):
         """`new_group` per group (every rank creates every group); calls pass `group=`."""
         out: list[Backend | str | None] = []
         for ranks in groups:
-            group = self.dist.new_group(list(ranks))
+            with self._creating_groups():
+                group = self.dist.new_group(list(ranks))
             if self.ctx.rank not in ranks:
                 out.append(None)
                 continue
