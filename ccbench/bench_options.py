@@ -1,7 +1,12 @@
-"""The benchmark's method options, in one table: the command line's flags (`cli`) and a sweep
-file's keys (`sweep`) are both made from it, so an option added here is settable in both and
-validated the same way. The case axes (collective, backend, sizes, dtype, op, in-place, timing)
-and what only concerns one process's output (--output, --format, --quiet) are not here.
+"""The benchmark's options, each declared once: a field of Method (how a case is measured) or
+an entry of RUN_OPTIONS (where and how the ranks run), with its default, help, limits and, from
+its name, its flag (--min-time), sweep key (min_time) and environment variable
+(CCBENCH_MIN_TIME). Made from BENCH_OPTIONS: the command line's flags (`cli`), replay's shared
+flags (`commands/replay`), a sweep file's keys (`sweep`), the environment (below) and the
+generated option tables (scripts/gen_docs.py); check_flags() and conflict() are the one
+validation, limits and cross-option rules (AT_LEAST), for all of them. The case axes
+(collective, backend, sizes, dtype, op, in-place, timing) and what only concerns one process's
+output (--output, --format, --quiet) are not here.
 
 Cluster wrappers set the same options from the environment: CCBENCH_<NAME> for every option
 of the table (CCBENCH_ITERS, CCBENCH_TIMEOUT, ...) and for the axes in ENV_AXES
@@ -11,12 +16,16 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, cast
 
-__all__ = ["BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "ENV_AXES", "BenchOption", "GivenStore",
-           "env_name", "environment_settings", "given", "option_argv", "option_named"]
+from ccbench.errors import UsageError
+
+__all__ = ["AT_LEAST", "BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "ENV_AXES", "METHOD_OPTIONS",
+           "RUN_OPTIONS", "BenchOption", "Conflict", "GivenStore", "Method", "add_options",
+           "check_flags", "conflict", "connect_timeout", "env_name", "environment_settings",
+           "given", "method_from", "option_argv", "option_named"]
 
 #: seconds one operation (and a library's initialisation) may take before the run is stopped
 DEFAULT_TIMEOUT_S = 300.0
@@ -39,9 +48,15 @@ def given(args: argparse.Namespace, name: str) -> str | None:
     return (getattr(args, "typed_options", None) or {}).get(name)
 
 
+def _shown(default: object) -> str:
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
 @dataclass(frozen=True, slots=True)
 class BenchOption:
-    """One option: its sweep key / argparse dest (`name`), value type, default, limits."""
+    """One option: its sweep key / argparse dest (`name`), value type, default, limits. Its
+    flag is --<name> (dashes), its environment variable CCBENCH_<NAME>; `help` may say
+    {default}, filled with the default of the parser it is added to."""
 
     name: str
     kind: type                            # int, float or str
@@ -56,10 +71,28 @@ class BenchOption:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
+    @property
+    def variable(self) -> str:
+        return env_name(self.name)
+
+    def help_for(self, default: int | float | str | None) -> str:
+        return self.help.format(default=_shown(default))
+
+    @property
+    def limits(self) -> str:
+        """The valid values in a few words (the generated option table's `valid` column)."""
+        if self.choices:
+            return ", ".join(self.choices)
+        if self.positive:
+            return "> 0"
+        return "" if self.minimum is None else f">= {self.minimum:g}"
+
+    def add_to(self, parser: argparse.ArgumentParser, default: Any = ...) -> None:
+        """Add the flag(s); `default` replaces the table's for a command of its own (replay)."""
+        default = self.default if default is ... else default
         names = [self.flag, *([self.short] if self.short else [])]
-        parser.add_argument(*names, dest=self.name, type=self.kind, default=self.default,
-                            choices=self.choices, help=self.help, action=GivenStore)
+        parser.add_argument(*names, dest=self.name, type=self.kind, default=default,
+                            choices=self.choices, help=self.help_for(default), action=GivenStore)
 
     def check(self, value: Any) -> int | float | str:
         """The value as this option holds it; ValueError (naming the valid form) otherwise."""
@@ -82,32 +115,70 @@ class BenchOption:
             raise ValueError(f"must be > 0, got {value!r}")
         return number
 
+    def check_flag(self, value: Any) -> None:
+        """A number the flag's type accepted but the limits do not: UsageError in the command
+        line's words (`--iters must be > 0, got 0`); argparse already checked types and
+        choices."""
+        if self.kind is str or value is None:
+            return
+        if not math.isfinite(value):
+            unit = "seconds" if self.kind is float else "iterations"
+            raise UsageError(f"{self.flag} must be a finite number of {unit}, got {value!r}")
+        floor = 0.0 if self.positive else self.minimum
+        if floor is None:
+            return
+        # an integer at least 1 is one above 0, and the command line has always said so
+        above_zero = self.positive or (self.kind is int and floor == 1)
+        too_small = value <= 0 if above_zero else value < floor
+        if too_small:
+            bound = "> 0" if above_zero else f">= {floor:g}"
+            raise UsageError(f"{self.flag} must be {bound}, got {value:g}")
+
     def argv(self, value: int | float | str) -> list[str]:
-        return [self.flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        return [self.flag, _shown(value)]
 
 
-BENCH_OPTIONS: tuple[BenchOption, ...] = (
-    BenchOption("iters", int, 20, "timed iterations (default 20)", short="-n", minimum=1),
-    BenchOption("warmup", int, 5, "warm-up iterations (default 5)", short="-w", minimum=0),
-    BenchOption("combine", str, "max",
-                "an iteration's time from its ranks' times: max (default: an operation lasts "
-                "until its last rank is done), mean, min, rank0 (nccl-tests: -a 3, 1, 2, 0); "
-                "recorded as method.combine", choices=("max", "mean", "min", "rank0")),
-    BenchOption("min_time", float, 0.0,
-                "raise iterations until the timed part lasts this many seconds", minimum=0),
-    BenchOption("max_iters", int, 100000, "at most this many timed iterations (default 100000)",
-                minimum=1),
-    BenchOption("pipeline", int, 10, "ops per sample with --timing pipelined (default 10)",
-                minimum=1),
-    BenchOption("check", int, 1, "validation iterations after timing, 0 to skip (default 1)",
-                short="-c", minimum=0),
-    BenchOption("timeout", float, DEFAULT_TIMEOUT_S,
-                f"seconds one operation may take before the run is stopped (default "
-                f"{DEFAULT_TIMEOUT_S:g})", positive=True),
+def _method_option(default: int | float | str, help: str, **limits: Any) -> Any:
+    """A Method field that is also a flag, a sweep key and a CCBENCH_ variable."""
+    return field(default=default, metadata={"option": {"help": help, **limits}})
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """How each case is measured (docs/design/method.md). Every field but `timing` (a case
+    axis, with a flag of its own) is declared here once as an option: its default, help and
+    limits make the flag, the sweep key and the CCBENCH_ variable (BENCH_OPTIONS)."""
+
+    iters: int = _method_option(20, "timed iterations (default {default})", short="-n",
+                                minimum=1)
+    warmup: int = _method_option(5, "warm-up iterations (default {default})", short="-w",
+                                 minimum=0)
+    combine: str = _method_option(
+        "max", "an iteration's time from its ranks' times: max (default: an operation lasts "
+        "until its last rank is done), mean, min, rank0 (nccl-tests: -a 3, 1, 2, 0); "
+        "recorded as method.combine", choices=("max", "mean", "min", "rank0"))
+    min_time: float = _method_option(
+        0.0, "raise iterations until the timed part lasts this many seconds", minimum=0)
+    max_iters: int = _method_option(
+        100000, "at most this many timed iterations (default {default})", minimum=1)
+    pipeline: int = _method_option(
+        10, "ops per sample with --timing pipelined (default {default})", minimum=1)
+    check: int = _method_option(
+        1, "validation iterations after timing, 0 to skip (default {default})", short="-c",
+        minimum=0)
+    timeout: float = _method_option(
+        DEFAULT_TIMEOUT_S, "seconds one operation may take before the run is stopped "
+        "(default {default})", positive=True)
+    timing: str = "per-op"      # per-op | pipelined
+
+
+#: the options that are not the method's: where and how the ranks run
+RUN_OPTIONS: tuple[BenchOption, ...] = (
     BenchOption("connect_timeout", float, None,
                 "seconds a rank may take to reach the control store (default: --timeout, at "
                 "most 30)", positive=True),
-    BenchOption("root", int, 0, "root rank of broadcast and reduce (default 0)", minimum=0),
+    BenchOption("root", int, 0, "root rank of broadcast and reduce (default {default})",
+                minimum=0),
     BenchOption("device", str, "auto", "where buffers live (default auto: cuda for nccl, "
                 "nccl-cupy and rccl, else cpu)", choices=("auto", "cpu", "cuda")),
     BenchOption("mpi_thread_level", str, "funneled",
@@ -118,6 +189,88 @@ BENCH_OPTIONS: tuple[BenchOption, ...] = (
     BenchOption("nccl_algo", str, None, "sets NCCL_ALGO for the run (nccl, nccl-cupy, rccl)"),
     BenchOption("nccl_proto", str, None, "sets NCCL_PROTO for the run"),
 )
+
+#: every option, in the order of --help and of the generated tables: Method's, then the run's
+BENCH_OPTIONS: tuple[BenchOption, ...] = (
+    *(BenchOption(f.name, type(f.default), cast(int | float | str, f.default),
+                  **f.metadata["option"])
+      for f in fields(Method) if "option" in f.metadata),
+    *RUN_OPTIONS,
+)
+
+METHOD_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(Method) if "option" in f.metadata)
+
+
+def method_from(values: Mapping[str, Any]) -> Method:
+    """The Method of {name: value} (an argparse namespace's vars(), a sweep's options): the
+    Method fields it has, the defaults for the rest."""
+    return Method(**{f.name: values[f.name] for f in fields(Method) if f.name in values})
+
+
+def add_options(parser: argparse.ArgumentParser, names: Iterable[str] | None = None,
+                defaults: Mapping[str, Any] | None = None) -> None:
+    """The flags of the options `names` (all of them by default), in the table's order;
+    `defaults` replaces the table's defaults for a command of its own."""
+    wanted = None if names is None else set(names)
+    for option in BENCH_OPTIONS:
+        if wanted is None or option.name in wanted:
+            option.add_to(parser, (defaults or {}).get(option.name, option.default))
+
+
+def check_flags(values: Mapping[str, Any]) -> None:
+    """Every option in {name: value} within its limits and the cross-option rules, in the
+    command line's words (UsageError)."""
+    for option in BENCH_OPTIONS:
+        if option.name in values:
+            option.check_flag(values[option.name])
+    found = conflict(values)
+    if found is not None:
+        flag = _flag_of
+        raise UsageError(f"{flag(found.option)} {found.message(flag)} (valid: "
+                         f"{flag(found.option)} >= {flag(found.other)})")
+
+
+#: the cross-option rules, checked by conflict(): (option, other) where option >= other
+AT_LEAST: tuple[tuple[str, str], ...] = (("max_iters", "iters"),)
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """A cross-option rule broken: `option` (value) is below `other` (other_value)."""
+
+    option: str
+    value: Any
+    other: str
+    other_value: Any
+
+    def message(self, name: Callable[[str], str]) -> str:
+        """`<value> is below <other> <value>`, naming the other option by `name`."""
+        return f"{self.value} is below {name(self.other)} {self.other_value}"
+
+
+def conflict(values: Mapping[str, Any]) -> Conflict | None:
+    """The first cross-option rule that {name: value} breaks (an absent name holds its
+    default), or None."""
+    for name, other in AT_LEAST:
+        value = values.get(name, option_named(name).default)
+        floor = values.get(other, option_named(other).default)
+        if value is not None and floor is not None and value < floor:
+            return Conflict(name, value, other, floor)
+    return None
+
+
+def _flag_of(name: str) -> str:
+    return option_named(name).flag
+
+
+def connect_timeout(timeout: float, given: float | None = None) -> float:
+    """How long a rank may take to reach the control store: `given` (--connect-timeout), else
+    --timeout, at most CONNECT_TIMEOUT_S."""
+    if given is not None:
+        return given
+    from ccbench.control import CONNECT_TIMEOUT_S
+
+    return min(CONNECT_TIMEOUT_S, timeout)
 
 
 def option_named(name: str) -> BenchOption:
@@ -155,11 +308,9 @@ def environment_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, Any
     """{name: (variable, value)} for every CCBENCH_<NAME> set (non-empty) in `environ`: table
     options converted and checked as their flags are (ValueError naming the variable), axes
     as text."""
-    from ccbench.errors import UsageError
-
     out: dict[str, tuple[str, Any]] = {}
     for option in BENCH_OPTIONS:
-        variable = env_name(option.name)
+        variable = option.variable
         raw = environ.get(variable, "").strip()
         if not raw:
             continue

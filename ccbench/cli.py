@@ -9,19 +9,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ccbench import __version__
-from ccbench.bench_options import BENCH_OPTIONS, GivenStore, environment_settings, given
+from ccbench.bench_options import (
+    GivenStore,
+    add_options,
+    check_flags,
+    connect_timeout,
+    environment_settings,
+    given,
+    method_from,
+)
 from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
 from ccbench.errors import RunFailure, UsageError
 from ccbench.familiar import add_familiar_arguments, resolve_familiar
-from ccbench.harness import Method
 from ccbench.sizes import parse_sizes
 
 SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
@@ -122,8 +128,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op",
                         help="per-op: time each call and wait for it (default); pipelined: "
                              "time a batch of calls back to back, as nccl-tests' loop")
-    for option in BENCH_OPTIONS:          # the same table makes the sweep file's keys
-        option.add_to(parser)
+    add_options(parser)                   # the same table makes the sweep file's keys
     parser.add_argument("--full", action="store_true", default=False,
                         help="the table also shows each rank's median, min and max over ranks "
                              "(OSU -f); records always hold every statistic")
@@ -178,15 +183,6 @@ def bench_parser(list_subcommands: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
-def _positive(name: str, value: float, allow_zero: bool = False) -> None:
-    if not math.isfinite(value):
-        raise UsageError(f"--{name} must be a finite number of "
-                         f"{'seconds' if isinstance(value, float) else 'iterations'}, got "
-                         f"{value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
-
-
 def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
     """Contradictions that would otherwise be accepted silently."""
     from ccbench.backends import reading
@@ -194,11 +190,6 @@ def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
     if args.backend is not None and any(not part.strip() for part in args.backend.split(",")):
         raise UsageError(f"malformed --backend {args.backend!r}: empty item (valid: a comma "
                          f"list such as gloo,mpi)")
-    if args.max_iters < args.iters:
-        raise UsageError(f"--max-iters {args.max_iters} is below --iters {args.iters} (valid: "
-                         f"--max-iters >= --iters)")
-    if args.root < 0:
-        raise UsageError(f"--root must be >= 0, got {args.root}")
     for flag, value, option in (("--nccl-algo", args.nccl_algo, "nccl_algo"),
                                 ("--nccl-proto", args.nccl_proto, "nccl_proto")):
         readers = reading(option)
@@ -294,13 +285,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     sizes = parse_sizes(args.sizes)
     dtypes = parse_dtypes(args.dtype)
     ops = parse_ops(args.op)
-    for name in ("iters", "pipeline", "max_iters"):
-        _positive(name.replace("_", "-"), getattr(args, name))
-    for name in ("warmup", "check", "min_time"):
-        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
-    _positive("timeout", args.timeout)
-    if args.connect_timeout is not None:
-        _positive("connect-timeout", args.connect_timeout)
+    check_flags(vars(args))                     # limits and cross-option rules
     _check_consistency(args, backends)
     if args.output:
         from ccbench.output import check_output_file
@@ -318,9 +303,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
         os.environ["NCCL_ALGO"] = args.nccl_algo
     if args.nccl_proto:
         os.environ["NCCL_PROTO"] = args.nccl_proto
-    method = Method(iters=args.iters, warmup=args.warmup, min_time=args.min_time,
-                    max_iters=args.max_iters, timing=args.timing, pipeline=args.pipeline,
-                    check=args.check, timeout=args.timeout, combine=args.combine)
+    method = method_from(vars(args))
     device = args.device
     if device == "auto":
         # a GPU backend without a GPU is the backend's own "unavailable" line, said later
@@ -328,16 +311,13 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     else:
         _check_device(device)
     _check_supported(args, collectives, backends, dtypes, ops, device)
-    from ccbench.control import CONNECT_TIMEOUT_S
-
-    connect_timeout = (min(CONNECT_TIMEOUT_S, args.timeout) if args.connect_timeout is None
-                       else args.connect_timeout)
     return BenchConfig(collectives=collectives, backends=backends, sizes=sizes, dtypes=dtypes,
                        ops=ops, modes=modes, method=method, root=args.root, device=device,
                        output=args.output, fmt=args.format, quiet=args.quiet, full=args.full,
                        options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto,
                                 "cuda_graph": args.cuda_graph},
-                       argv=list(argv), connect_timeout=connect_timeout)
+                       argv=list(argv),
+                       connect_timeout=connect_timeout(args.timeout, args.connect_timeout))
 
 
 def parse_subcommand(name: str, argv: Sequence[str]) -> tuple[Any, argparse.Namespace]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends.base import Backend
-from ccbench.bench_options import DEFAULT_TIMEOUT_S
+from ccbench.bench_options import Method  # the method options; re-exported
 from ccbench.collectives import Layout, busbw_factor, get, layout
 from ccbench.control import ControlClient
 from ccbench.dtypes import numpy_dtype
@@ -59,19 +59,6 @@ class Case:
         mode = "in-place" if self.inplace else "out-of-place"
         op = f" {self.op}" if self.op else ""
         return f"{self.collective} {self.dtype}{op} {mode} at {format_size(size)}"
-
-
-@dataclass(frozen=True, slots=True)
-class Method:
-    iters: int = 20
-    warmup: int = 5
-    min_time: float = 0.0       # seconds of timed iterations to fill, at least
-    max_iters: int = 100000
-    timing: str = "per-op"      # per-op | pipelined
-    pipeline: int = 10          # ops per sample in pipelined mode
-    check: int = 1              # untimed validation iterations
-    timeout: float = DEFAULT_TIMEOUT_S
-    combine: str = "max"        # an iteration's time from its ranks': max | mean | min | rank0
 
 
 @dataclass(slots=True)

@@ -41,23 +41,13 @@ def _cell(text: object) -> str:
 
 # -- README: the method options ------------------------------------------------------------------
 
-def _limits(option) -> str:  # type: ignore[no-untyped-def]
-    if option.choices:
-        return ", ".join(option.choices)
-    if option.positive:
-        return "> 0"
-    if option.minimum is not None:
-        return f">= {option.minimum:g}"
-    return ""
-
-
 def option_table() -> str:
     rows = ["| flag | default | valid | environment | what |", "|---|---|---|---|---|"]
     for option in BENCH_OPTIONS:
         flags = f"`{option.flag}`" + (f", `{option.short}`" if option.short else "")
         default = "" if option.default is None else f"`{option.default}`"
-        rows.append(f"| {flags} | {default} | {_cell(_limits(option))} | "
-                    f"`{env_name(option.name)}` | {_cell(option.help)} |")
+        rows.append(f"| {flags} | {default} | {_cell(option.limits)} | `{option.variable}` | "
+                    f"{_cell(option.help_for(option.default))} |")
     axes = ", ".join(f"`{env_name(name)}`" for name in ENV_AXES)
     return "\n".join([*rows, "", f"The case axes come from the environment too: {axes}. "
                       "The command line wins over the environment."])

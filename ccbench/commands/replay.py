@@ -15,10 +15,16 @@ import sys
 from typing import Any
 
 from ccbench.backends import HOST_BACKEND
-from ccbench.bench_options import DEFAULT_TIMEOUT_S
+from ccbench.bench_options import add_options, check_flags, connect_timeout, method_from
 from ccbench.errors import UsageError
 
 __all__ = ["register", "main", "launch_plan"]
+
+
+#: the benchmark's options that replay takes too (bench_options declares them) ...
+SHARED_OPTIONS = ("iters", "warmup", "check", "timeout")
+#: ... and replay's own defaults for them
+REPLAY_DEFAULTS = {"iters": 5, "warmup": 1}
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,15 +32,11 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="PyTorch execution traces (rank<r>.json, one per rank, or their "
                              "folder) or Chakra traces (<prefix>.<r>.et[.gz])")
     parser.add_argument("--backend", "-B", default=HOST_BACKEND,
-                        help="comma list: gloo, mpi, oneccl, <algorithm>@mpi ... (default gloo)")
-    parser.add_argument("--iters", "-n", type=int, default=5,
-                        help="timed iterations per call (default 5)")
-    parser.add_argument("--warmup", "-w", type=int, default=1,
-                        help="warm-up iterations per call (default 1)")
-    parser.add_argument("--check", "-c", type=int, default=1,
-                        help="validation iterations per call, 0 to skip (default 1)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds one operation may take (default {DEFAULT_TIMEOUT_S:g})")
+                        help=f"comma list: gloo, mpi, oneccl, <algorithm>@mpi ... (default "
+                             f"{HOST_BACKEND})")
+    # the benchmark's options, applied to each call of the trace (fewer iterations by default:
+    # a trace has many calls)
+    add_options(parser, SHARED_OPTIONS, defaults=REPLAY_DEFAULTS)
     parser.add_argument("--sequence", choices=("back-to-back", "gaps", "none"),
                         default="back-to-back",
                         help="also time the whole op sequence: back to back, with the trace's "
@@ -65,23 +67,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _validate(args: argparse.Namespace) -> tuple[list[str], Any]:
     from ccbench.backends import parse_backends
-    from ccbench.harness import Method
-
-    for name in ("iters", "repeat"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("warmup", "check"):
-        if getattr(args, name) < 0:
-            raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    check_flags({name: getattr(args, name) for name in SHARED_OPTIONS})
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
     if args.world_size is not None and args.world_size < 1:
         raise UsageError(f"--world-size must be >= 1, got {args.world_size}")
     backends = parse_backends(args.backend)
     if not backends:
         raise UsageError("empty --backend")
-    method = Method(iters=args.iters, warmup=args.warmup, check=args.check,
-                    timeout=args.timeout)
+    method = method_from(vars(args))
     return backends, method
 
 
@@ -99,9 +93,7 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
     # the launcher and each of the ranks, which all read it
     ranks = args.world_size or len(rank_files(args.traces)[1])
     trace = _load(args, readers=1 + ranks)
-    from ccbench.control import CONNECT_TIMEOUT_S
-
-    return backends, min(CONNECT_TIMEOUT_S, method.timeout), trace.world_size
+    return backends, connect_timeout(method.timeout), trace.world_size
 
 
 def _load(args: argparse.Namespace, readers: int = 1) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ccbench.backends import HOST_BACKEND
-from ccbench.bench_options import BENCH_OPTIONS, option_named
+from ccbench.bench_options import BENCH_OPTIONS, conflict
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
 from ccbench.collectives import get as get_collective
 from ccbench.errors import UsageError, choices_error
@@ -25,7 +25,7 @@ from ccbench.sizes import parse_sizes
 
 __all__ = ["SweepCase", "Sweep", "Task", "load_sweep", "sweep_from_dict", "check_slurm_options",
            "measurable_sizes", "SWEEP_CASE_FIELDS", "MODES", "TIMINGS", "LAUNCHERS",
-           "TASK_GROUP_KEYS", "SLURM_KEYS", "BENCH_KEYS", "TOP_KEYS"]
+           "TASK_GROUP_KEYS", "SLURM_KEYS", "BENCH_KEYS", "TOP_KEYS", "CASE_TIMEOUT_S"]
 
 MODES = ("out-of-place", "in-place")
 TIMINGS = ("per-op", "pipelined")
@@ -37,6 +37,8 @@ BENCH_KEYS = tuple(option.name for option in BENCH_OPTIONS)   # iters, warmup, .
 TOP_KEYS = ("name", "collectives", "backends", "dtypes", "ops", "sizes", "nodes", "ranks_per_node",
             "modes", "timing", *BENCH_KEYS, "case_timeout", "launcher", "mpiexec", "group_by",
             "results", "env", "slurm", "description")
+#: seconds one case of a sweep may run before its processes are killed (sweep key case_timeout)
+CASE_TIMEOUT_S = 3600.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -104,7 +106,7 @@ class Sweep:
     modes: list[str]
     timing: str = "per-op"
     bench: dict[str, int | float | str] = field(default_factory=dict)   # BENCH_OPTIONS given
-    case_timeout: float = 3600.0
+    case_timeout: float = CASE_TIMEOUT_S
     launcher: str = "auto"
     mpiexec: str | None = None
     group_by: list[str] = field(default_factory=lambda: ["backend"])
@@ -288,86 +290,116 @@ def _check_backends(check: _Checker, value: Any) -> list[str]:
 
 def sweep_from_dict(data: Mapping[str, Any], where: str = "sweep",
                     default_name: str = "sweep") -> Sweep:
-    from ccbench.dtypes import DTYPES
-
     check = _Checker(where)
     unknown = [key for key in data if key not in TOP_KEYS]
     if unknown:
         raise check.fail(str(unknown[0]), f"unknown key (valid: {', '.join(TOP_KEYS)})")
-    name = check.text("name", data.get("name", default_name))
+    name = _check_name(check, data.get("name", default_name))
+    mpiexec = data.get("mpiexec")
+    sweep = Sweep(
+        name=name,
+        collectives=_check_collectives(check, data.get("collectives", "allreduce")),
+        backends=_check_backends(check, data.get("backends", HOST_BACKEND)),
+        dtypes=_check_dtypes(check, data.get("dtypes", "float32")),
+        ops=check.choices("ops", data.get("ops", "sum"), OPS),
+        sizes=_check_sizes(check, data.get("sizes", "1K-16M")),
+        nodes=check.positive_ints("nodes", data.get("nodes", 1)),
+        ranks_per_node=check.positive_ints("ranks_per_node", data.get("ranks_per_node", 2)),
+        modes=check.choices("modes", data.get("modes", list(MODES)), MODES),
+        timing=_check_choice(check, "timing", data.get("timing", "per-op"), TIMINGS),
+        bench=_check_bench_options(check, data),
+        case_timeout=float(check.number("case_timeout",
+                                        data.get("case_timeout", CASE_TIMEOUT_S), 1)),
+        launcher=_check_choice(check, "launcher", data.get("launcher", "auto"), LAUNCHERS),
+        mpiexec=check.text("mpiexec", mpiexec) if mpiexec is not None else None,
+        group_by=check.choices("group_by", data.get("group_by", ["backend"]), TASK_GROUP_KEYS),
+        results=check.text("results", data.get("results", f"results/{name}")),
+        env=_check_env(check, data.get("env", {}) or {}),
+        slurm=check_slurm_options(check, data.get("slurm", {}) or {}),
+        description=check.text("description", data.get("description", "")),
+        source=where,
+    )
+    _check_root(check, sweep)
+    return sweep
+
+
+def _check_name(check: _Checker, value: Any) -> str:
+    name = check.text("name", value)
     if not _NAME_RE.match(name):
         raise check.fail("name", f"{name!r}: use letters, digits, '.', '_' and '-' "
                                  "(it names files and jobs)")
-    collectives_value = data.get("collectives", "allreduce")
-    if collectives_value == "all":
-        collectives = list(COLLECTIVES)
-    else:
-        collectives = check.choices("collectives", collectives_value, COLLECTIVES,
-                                    normalize=lambda s: _safe_collective(s))
-    dtypes_value = data.get("dtypes", "float32")
-    dtypes = list(DTYPES) if dtypes_value == "all" else check.choices(
-        "dtypes", dtypes_value, list(DTYPES), normalize=_canonical_dtype)
-    sizes_value = data.get("sizes", "1K-16M")
-    if isinstance(sizes_value, list):
-        sizes_value = ",".join(str(s) for s in sizes_value)
-    if isinstance(sizes_value, int) and not isinstance(sizes_value, bool):
-        sizes_value = str(sizes_value)
-    if not isinstance(sizes_value, str):
-        raise check.fail("sizes", f"expected a size spec like 1K-16M, got {sizes_value!r}")
+    return name
+
+
+def _check_collectives(check: _Checker, value: Any) -> list[str]:
+    if value == "all":
+        return list(COLLECTIVES)
+    return check.choices("collectives", value, COLLECTIVES,
+                         normalize=lambda s: _safe_collective(s))
+
+
+def _check_dtypes(check: _Checker, value: Any) -> list[str]:
+    from ccbench.dtypes import DTYPES
+
+    if value == "all":
+        return list(DTYPES)
+    return check.choices("dtypes", value, list(DTYPES), normalize=_canonical_dtype)
+
+
+def _check_sizes(check: _Checker, value: Any) -> list[int]:
+    if isinstance(value, list):
+        value = ",".join(str(s) for s in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise check.fail("sizes", f"expected a size spec like 1K-16M, got {value!r}")
     try:
-        sizes = list(dict.fromkeys(parse_sizes(sizes_value)))
+        return list(dict.fromkeys(parse_sizes(value)))
     except UsageError as exc:
         raise check.fail("sizes", str(exc)) from None
+
+
+def _check_bench_options(check: _Checker, data: Mapping[str, Any]) -> dict[str, int | float | str]:
+    """The table's options the file sets, checked as the command line's flags are (the same
+    limits and cross-option rules, in the file's words)."""
     bench: dict[str, int | float | str] = {}
-    for option in BENCH_OPTIONS:          # the command line's own options, checked the same way
+    for option in BENCH_OPTIONS:
         if data.get(option.name) is not None:
             try:
                 bench[option.name] = option.check(data[option.name])
             except ValueError as exc:
                 raise check.fail(option.name, str(exc)) from None
-    max_iters, iters = bench.get("max_iters"), bench.get("iters", option_named("iters").default)
-    if isinstance(max_iters, int) and isinstance(iters, int) and max_iters < iters:
-        raise check.fail("max_iters", f"{max_iters} is below iters {iters}")
-    timing = check.text("timing", data.get("timing", "per-op"))
-    if timing not in TIMINGS:
-        raise check.fail("timing", str(choices_error("timing", timing, TIMINGS)))
-    launcher = check.text("launcher", data.get("launcher", "auto"))
-    if launcher not in LAUNCHERS:
-        raise check.fail("launcher", str(choices_error("launcher", launcher, LAUNCHERS)))
-    case_timeout = check.number("case_timeout", data.get("case_timeout", 3600), 1)
-    group_by = check.choices("group_by", data.get("group_by", ["backend"]), TASK_GROUP_KEYS)
-    env_value = data.get("env", {}) or {}
-    if not isinstance(env_value, dict):
-        raise check.fail("env", f"expected a mapping NAME: value, got {env_value!r}")
+    found = conflict(bench)
+    if found is not None:
+        raise check.fail(found.option, found.message(str))
+    return bench
+
+
+def _check_choice(check: _Checker, key: str, value: Any, valid: Sequence[str]) -> str:
+    text = check.text(key, value)
+    if text not in valid:
+        raise check.fail(key, str(choices_error(key, text, valid)))
+    return text
+
+
+def _check_env(check: _Checker, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise check.fail("env", f"expected a mapping NAME: value, got {value!r}")
     env: dict[str, str] = {}
-    for key, value in env_value.items():
+    for key, item in value.items():
         if not isinstance(key, str) or not _ENV_RE.match(key):
             raise check.fail("env", f"{key!r} is not a variable name")
-        env[key] = check.text(f"env: {key}", value)
-    mpiexec = data.get("mpiexec")
-    sweep = Sweep(
-        name=name,
-        collectives=collectives,
-        backends=_check_backends(check, data.get("backends", HOST_BACKEND)),
-        dtypes=dtypes,
-        ops=check.choices("ops", data.get("ops", "sum"), OPS),
-        sizes=sizes,
-        nodes=check.positive_ints("nodes", data.get("nodes", 1)),
-        ranks_per_node=check.positive_ints("ranks_per_node", data.get("ranks_per_node", 2)),
-        modes=check.choices("modes", data.get("modes", list(MODES)), MODES),
-        timing=timing, bench=bench, case_timeout=float(case_timeout), launcher=launcher,
-        mpiexec=check.text("mpiexec", mpiexec) if mpiexec is not None else None,
-        group_by=group_by,
-        results=check.text("results", data.get("results", f"results/{name}")),
-        env=env, slurm=check_slurm_options(check, data.get("slurm", {}) or {}),
-        description=check.text("description", data.get("description", "")),
-        source=where,
-    )
+        env[key] = check.text(f"env: {key}", item)
+    return env
+
+
+def _check_root(check: _Checker, sweep: Sweep) -> None:
+    """The root is a rank of every world size the sweep runs."""
     smallest = min(sweep.nodes) * min(sweep.ranks_per_node)
-    if int(bench.get("root", 0)) >= smallest:
-        raise check.fail("root", f"{bench['root']} is not a rank of the smallest world size "
+    root = int(sweep.bench.get("root", 0))
+    if root >= smallest:
+        raise check.fail("root", f"{root} is not a rank of the smallest world size "
                                  f"{smallest} (valid: 0 to {smallest - 1})")
-    return sweep
 
 
 def _safe_collective(name: str) -> str:
