@@ -5,6 +5,10 @@ sweep case runs with."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -118,3 +122,88 @@ def test_a_bad_variable_is_named(variable: str, value: str, message: str,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(".", r"\.")):
         _with_environment(["allreduce"], {variable: value}, monkeypatch)
+
+
+def test_the_method_carries_every_method_option() -> None:
+    """config_from_args makes the Method from the table: no option is dropped on the way."""
+    from ccbench.bench_options import METHOD_OPTIONS
+
+    values = {name: NON_DEFAULT[name] for name in METHOD_OPTIONS}
+    args = bench_parser().parse_args(["allreduce", "--backend", "gloo", *option_argv(values)])
+    method = config_from_args(args, []).method
+    assert {name: getattr(method, name) for name in METHOD_OPTIONS} == values
+
+
+def test_replay_takes_the_shared_options_with_its_own_defaults_and_the_same_checks() -> None:
+    from ccbench.cli import parse_subcommand
+    from ccbench.commands.replay import REPLAY_DEFAULTS, SHARED_OPTIONS, launch_plan
+
+    _, args = parse_subcommand("replay", ["t.json"])
+    table = {option.name: option.default for option in BENCH_OPTIONS}
+    assert {name: getattr(args, name) for name in SHARED_OPTIONS} == \
+        {name: REPLAY_DEFAULTS.get(name, table[name]) for name in SHARED_OPTIONS}
+    # the benchmark's limits, in the benchmark's words (a NaN timeout was let through)
+    for argv, words in ((["--timeout", "nan"], "--timeout must be a finite number of seconds"),
+                        (["--iters", "0"], "--iters must be > 0, got 0"),
+                        (["--warmup", "-1"], "--warmup must be >= 0, got -1")):
+        with pytest.raises(UsageError, match=words):
+            launch_plan(["t.json", *argv])
+
+
+def test_a_sweep_whose_iters_exceed_the_default_max_iters_is_refused() -> None:
+    """The cross-option rules take the table's default for a key not given, as the command
+    line does: iters 200000 alone would have been refused by every case's command line."""
+    with pytest.raises(UsageError, match="max_iters: 100000 is below iters 200000"):
+        sweep_from_dict({"name": "t", "ranks_per_node": [2], "iters": 200000})
+    sweep_from_dict({"name": "t", "ranks_per_node": [2], "iters": 200000, "max_iters": 200000})
+
+
+# a new option, declared once: a Method field (what the harness reads) or a RUN_OPTIONS entry
+_NEW_FIELD = ('    knob: int = _method_option(3, "a knob (default {default})", minimum=1)\n'
+              '    timing: str = "per-op"')
+_SURFACES = """
+import os, sys
+sys.path.insert(0, "scripts")
+from ccbench.bench_options import environment_settings
+from ccbench.cli import bench_parser, config_from_args
+from ccbench.errors import UsageError
+from ccbench.sweep.plan import bench_arguments, plan_runs
+from ccbench.sweep.spec import sweep_from_dict
+import gen_docs
+
+args = bench_parser().parse_args(["allreduce", "--knob", "4"])
+assert config_from_args(args, []).method.knob == 4                       # flag -> Method
+assert environment_settings({"CCBENCH_KNOB": "5"})["knob"][1] == 5       # environment
+try:
+    config_from_args(bench_parser().parse_args(["allreduce", "--knob", "0"]), [])
+    raise SystemExit("--knob 0 accepted")
+except UsageError as exc:
+    assert "--knob must be > 0, got 0" in str(exc), exc                  # limits
+sweep = sweep_from_dict({"name": "t", "backends": ["gloo"], "sizes": "1K", "knob": 6})
+argv = bench_arguments(sweep, plan_runs(sweep.cases(), {})[0], "out.jsonl")
+assert bench_parser().parse_args(argv).knob == 6                          # sweep key -> case
+assert "`--knob` | `3` | >= 1 | `CCBENCH_KNOB` | a knob (default 3)" in gen_docs.option_table()
+assert "a knob (default 3)" in " ".join(bench_parser().format_help().split())   # --help
+print("ok")
+"""
+
+
+def test_a_new_option_is_one_declaration(tmp_path: Path) -> None:
+    """Adding an option edits bench_options.py alone (then the code that reads it, and
+    `python scripts/gen_docs.py` rewrites the generated tables): a copy of the package with one
+    new Method field has its flag, help, limits, CCBENCH_ variable, sweep key, the argv of a
+    sweep's cases and its row in the generated docs."""
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "ccbench", tmp_path / "ccbench",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(root / "scripts" / "gen_docs.py", tmp_path / "scripts")
+    declared = tmp_path / "ccbench" / "bench_options.py"
+    text = declared.read_text()
+    assert text.count('    timing: str = "per-op"') == 1
+    declared.write_text(text.replace('    timing: str = "per-op"', _NEW_FIELD))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("CCBENCH_")}
+    env["PYTHONPATH"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", _SURFACES], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -102,6 +102,8 @@ CASES = {
     "nccl-tests program without counterpart": (["hypercube_perf"], "nccl-tests' hypercube_perf has"),
     "launch -n twice before the collective": (["launch", "-n", "2", "-n", "20", "allreduce"],
                                               "-n given twice before the benchmark (2 and 20)"),
+    "replay timeout nan": (["replay", "t.json", "--timeout", "nan"],
+                           "--timeout must be a finite number of seconds, got nan"),
     "launch --repeat 0": (["launch", "-n", "2", "--repeat", "0", "allreduce", "--backend", "gloo"],
                           "--repeat must be >= 1, got 0"),
     "calibrate into missing folder": (["calibrate", "tests/fixtures/records-v1.jsonl", "-o",
