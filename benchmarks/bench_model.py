@@ -12,7 +12,7 @@ import time
 from ccbench.model.costs import predict_time
 from ccbench.model.fit import calibrate
 from ccbench.model.modelfile import build_model
-from ccbench.model.replay import replay, ring_program
+from ccbench.model.netsim import replay, ring_program
 from ccbench.model.simulate import simulate
 from ccbench.model.synthetic import synthetic_records
 from ccbench.model.topology import LinkClass, build_topology

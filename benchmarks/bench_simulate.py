@@ -56,7 +56,7 @@ def load() -> str:
 
 
 def child(collective: str, algorithm: str, spec: str, size: int) -> None:
-    from ccbench.model.replay import replay_collective
+    from ccbench.model.netsim import replay_collective
     from ccbench.model.topology import LinkClass, build_topology
 
     t0 = time.perf_counter()

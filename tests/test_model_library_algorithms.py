@@ -13,7 +13,7 @@ from ccbench.model.costs import canonical_algorithm, coefficients
 from ccbench.model.fit import calibrate
 from ccbench.model.library_algorithms import library_algorithm
 from ccbench.model.modelfile import build_model
-from ccbench.model.replay import replay_collective
+from ccbench.model.netsim import replay_collective
 from ccbench.model.simulate import simulate
 from ccbench.model.synthetic import known_model, synthetic_records
 from ccbench.model.topology import LinkClass, build_topology

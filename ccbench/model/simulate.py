@@ -9,7 +9,7 @@ Two fidelities:
 * replay: the algorithm's schedule (lazy array rounds from ccbench.model.rounds, or the
   algorithms/ schedule for pipelined segments and the double binary tree) run on the
   topology with links shared max-min fair by concurrent transfers
-  (ccbench.model.replay; row["replay_engine"] says which engine ran).
+  (ccbench.model.netsim; row["replay_engine"] says which engine ran).
 
 Without contention both give the same time; where several transfers share a link
 (recursive doubling on a ring, all-to-all through an oversubscribed fat tree) the
@@ -29,7 +29,7 @@ from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import COLLECTIVES as HIER_COLLECTIVES
 from ccbench.model.hierarchical import hierarchical_steps, hierarchical_time, link_dims
 from ccbench.model.modelfile import default_algorithm, select_fit
-from ccbench.model.replay import replay_collective
+from ccbench.model.netsim import replay_collective
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.topology import LinkClass, Topology, build_topology
 

@@ -347,7 +347,7 @@ class Topology:
         A round whose traffic the same relabellings map onto itself (rank r sends to
         r XOR s, every rank alike) then has every rank's flows alike, and each link of
         an orbit carries p x (the representative's uses of the orbit) / (orbit size)
-        flows; ccbench.model.replay solves that quotient instead of p flows."""
+        flows; ccbench.model.netsim solves that quotient instead of p flows."""
         if self._orbits:
             return self._orbits["orbit"], self._orbits["size"]
         p = self.ranks

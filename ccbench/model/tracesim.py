@@ -36,7 +36,7 @@ from ccbench.collectives import busbw_factor
 from ccbench.errors import UsageError
 from ccbench.model.costs import FORMULAS, coefficients, predict_time
 from ccbench.model.modelfile import default_algorithm, select_fit
-from ccbench.model.replay import no_schedule, replay_collective, replay_rounds
+from ccbench.model.netsim import no_schedule, replay_collective, replay_rounds
 from ccbench.model.rounds import Round, RoundProgram, round_program
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.simulate import LinkOverrides, _params

@@ -1,4 +1,4 @@
-"""Schedule replay: run a collective's step-by-step schedule on a topology.
+"""Network simulator: run a collective's step-by-step schedule on a topology.
 
 The program of each rank is an ordered list of steps; a step posts its sends and recvs
 together and ends when every send has left and every recv has arrived, plus the
@@ -13,7 +13,7 @@ flows as soon as its sender posts it, whether or not the receiver has reached th
 matching recv (messages between an ordered pair match in order).
 
 Without contention (every link carries at most one flow at a time) the replay of a
-schedule equals its alpha-beta-gamma formula; tests/test_model_replay.py checks it.
+schedule equals its alpha-beta-gamma formula; tests/test_model_netsim.py checks it.
 """
 
 from __future__ import annotations

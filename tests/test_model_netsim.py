@@ -6,7 +6,7 @@ import pytest
 
 from ccbench.errors import UsageError
 from ccbench.model.costs import predict_time
-from ccbench.model.replay import SimStep, replay, ring_program, schedule_program
+from ccbench.model.netsim import SimStep, replay, ring_program, schedule_program
 from ccbench.model.topology import LinkClass, build_topology
 
 A, B, G = 10e-6, 1 / 10e9, 1 / 40e9
