@@ -16,7 +16,7 @@ from ccbench.model.netsim import replay, ring_program
 from ccbench.model.simulate import simulate
 from ccbench.model.synthetic import synthetic_records
 from ccbench.model.topology import LinkClass, build_topology
-from ccbench.sizes import parse_sizes
+from ccbench.units import parse_sizes
 
 ALPHA, BETA, GAMMA = 5e-6, 1 / 12.5e9, 1 / 50e9
 

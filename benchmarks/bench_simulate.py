@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ccbench.model.astra import astra_bin_dir
+from ccbench.formats.astra import astra_bin_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHA, BETA, GAMMA = 5e-6, 1 / 12.5e9, 1 / 50e9

@@ -20,9 +20,9 @@ from pathlib import Path
 
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from ccbench.formats import load_trace
     from ccbench.model.synthetic import known_model
     from ccbench.model.tracesim import simulate_trace
-    from ccbench.trace import load_trace
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", help="folder of workload folders (make-traces.py all)")

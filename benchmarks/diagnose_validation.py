@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ccbench.testbed.topology import format_rate, parse_rate  # noqa: E402
+from ccbench.units import format_rate, parse_rate  # noqa: E402
 
 OUT = ROOT / "results" / "diagnose"
 KINDS = ("host-link", "plane-down", "plane-slow", "cpu", "uplink", "link-down-mid")

@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ccbench.testbed.topology import parse_rate
+from ccbench.units import parse_rate
 
 PAYLOAD_SHARE = 1448 / 1514      # TCP/IP over Ethernet, MTU 1500, TCP timestamps
 

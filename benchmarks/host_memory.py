@@ -46,7 +46,7 @@ def peak_rss(ranks: int, collective: str, size: str, dtype: str, backend: str) -
 
 
 def _bytes(size: str) -> int:
-    from ccbench.sizes import parse_sizes
+    from ccbench.units import parse_sizes
 
     (value,) = parse_sizes(size)
     return value

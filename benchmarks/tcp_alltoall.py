@@ -89,7 +89,7 @@ def peer_main(rank: int, addresses: list[str], per_peer: int, start: float) -> N
 def drive(hosts: list[int], link: str, size: int) -> None:
     from ccbench import testbed
     from ccbench.testbed.net import host_command
-    from ccbench.testbed.topology import parse_rate
+    from ccbench.units import parse_rate
 
     payload = parse_rate(link) / 8 * PAYLOAD_SHARE
     for n in hosts:
@@ -123,7 +123,7 @@ def drive(hosts: list[int], link: str, size: int) -> None:
 
 
 def main() -> int:
-    from ccbench.sizes import parse_size
+    from ccbench.units import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="3,4,6,8")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ccbench.errors import UsageError
-from ccbench.model.astra import astra_bin_dir, export_astra, run_astra
+from ccbench.formats.astra import astra_bin_dir, export_astra, run_astra
 from ccbench.model.fit import calibrate
 from ccbench.model.library_algorithms import INTEL_MPI_ADJUST, MPICH_CVARS
 from ccbench.model.modelfile import build_model

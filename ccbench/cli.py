@@ -28,7 +28,7 @@ from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
 from ccbench.errors import RunFailure, UsageError
 from ccbench.familiar import add_familiar_arguments, resolve_familiar
-from ccbench.sizes import parse_sizes
+from ccbench.units import parse_sizes
 
 SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
                "merge", "report", "compare", "testbed", "replay", "diagnose")

@@ -212,7 +212,7 @@ def _osu_range(text: str) -> tuple[str | None, str | None]:
 def _range_spec(low: str | None, high: str | None, flags: tuple[str, str], factor: int) -> str:
     """A --sizes spec from bounds that may be missing: a missing one comes from ccbench's
     default range, moved so that the range never goes down."""
-    from ccbench.sizes import parse_size
+    from ccbench.units import parse_size
 
     low_b = parse_size(low) if low is not None else None
     high_b = parse_size(high) if high is not None else None

@@ -25,8 +25,8 @@ from ccbench.bench_options import Method  # the method options; re-exported
 from ccbench.collectives import Layout, busbw_factor, get, layout
 from ccbench.control import ControlClient
 from ccbench.dtypes import numpy_dtype
-from ccbench.sizes import format_size
 from ccbench.stats import summarize
+from ccbench.units import format_size
 from ccbench.validation import (
     CHUNK,
     checked,

@@ -20,7 +20,7 @@ import numpy as np
 
 from ccbench.errors import UsageError
 from ccbench.records import Record
-from ccbench.sizes import format_size
+from ccbench.units import format_size
 
 __all__ = ["ENV", "SpreadRow", "format_spread", "repeat_env", "repeat_from_env", "spread_rows"]
 

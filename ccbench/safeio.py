@@ -25,10 +25,11 @@ from typing import IO, Any
 import numpy as np
 
 from ccbench.errors import UsageError
+from ccbench.units import size_text
 
 __all__ = ["MAX_JSON_DEPTH", "MAX_LINE_BYTES", "MAX_YAML_NODES", "InputTooLarge",
            "check_json_depth", "check_memory", "input_cap", "json_too_deep", "load_json", "load_yaml",
-           "open_lines", "read_input", "scaled_size", "size_text"]
+           "open_lines", "read_input", "scaled_size"]
 
 MAX_JSON_DEPTH = 100            # records need 3 levels, PyTorch execution traces about 8
 MAX_LINE_BYTES = 64 << 20       # one record: a million samples is ~20 MB of text
@@ -45,13 +46,6 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b"[]{}\n")
 
 class InputTooLarge(UsageError):
     """A file (or its inflated stream) beyond the input cap."""
-
-
-def size_text(count: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.3g} {unit}"
-    return f"{count:.0f} B"
 
 
 def input_cap() -> int:

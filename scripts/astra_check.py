@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ccbench.errors import UsageError  # noqa: E402
-from ccbench.model.astra import export_astra, run_astra  # noqa: E402
+from ccbench.formats.astra import export_astra, run_astra  # noqa: E402
 from ccbench.model.costs import FORMULAS  # noqa: E402
 from ccbench.model.synthetic import known_model  # noqa: E402
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import run_ccbench
 
 import ccbench.records.writer as writer
-from ccbench.model.chakra import comm_coll_node, write_trace
+from ccbench.formats.chakra import comm_coll_node, write_trace
 from ccbench.records import append_record, cut_torn_tail, read_records, record_from_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "records-v1.jsonl"

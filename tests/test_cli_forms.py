@@ -102,7 +102,7 @@ def test_an_empty_folder_names_every_results_format(tmp_path: Path) -> None:
 
 
 def test_simulate_sizes_share_one_style() -> None:
-    from ccbench.commands.simulate import size_label
+    from ccbench.units import size_label
 
     assert [size_label(n) for n in (8, 1026 * 1024, 2385960, 1 << 30)] == \
         ["8", "1026K", "2.275M", "1G"]

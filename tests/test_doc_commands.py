@@ -152,7 +152,7 @@ class Env:
 
 def _clip_sizes(spec: str) -> str:
     """`--sizes` cut at MEASURED_MAX: `1K-1G:4` -> `1K-16K:4`, `8,1K,1M` -> `8,1K`."""
-    from ccbench.sizes import format_size, parse_size
+    from ccbench.units import format_size, parse_size
     parts = [p for p in spec.split(",")
              if "-" in p or parse_size(p) <= MEASURED_MAX] or [spec.split(",")[0]]
     clipped = []
@@ -238,7 +238,8 @@ try:
         args = parser.parse_args(argv)
         if argv[0] == "testbed" and args.action == "up":
             from ccbench import testbed
-            testbed.build_plan(args.hosts, testbed.parse_rate(args.link),
+            from ccbench.units import parse_rate
+            testbed.build_plan(args.hosts, parse_rate(args.link),
                                testbed.parse_topology(args.topology), args.ranks_per_host)
     else:
         cli.config_from_args(cli.bench_parser().parse_args(argv), argv)
@@ -389,7 +390,7 @@ def _optional_variants(command: str) -> list[str]:
 def _clip_familiar(command: str) -> str:
     """The largest size of nccl-tests' `-e`, PARAM's `--e` and OSU's `-m [MIN:]MAX` cut at
     MEASURED_MAX, as `--sizes` is (never below the smallest size asked)."""
-    from ccbench.sizes import format_size, parse_size
+    from ccbench.units import format_size, parse_size
 
     def high(text: str, low: str | None) -> str:
         floor = max(MEASURED_MAX, parse_size(low)) if low else MEASURED_MAX

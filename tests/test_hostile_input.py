@@ -16,11 +16,11 @@ import pytest
 from conftest import run_ccbench
 
 from ccbench.errors import UsageError
-from ccbench.model.chakra import comm_coll_node, read_trace, write_trace
+from ccbench.formats import load_trace
+from ccbench.formats.chakra import comm_coll_node, read_trace, write_trace
 from ccbench.records import load_records, read_records
 from ccbench.safeio import MAX_JSON_DEPTH, check_json_depth, load_json, load_yaml, read_input
 from ccbench.sweep import load_sweep
-from ccbench.trace import load_trace
 
 FIXTURE = Path(__file__).parent / "fixtures" / "records-v1.jsonl"
 GOOD = [json.loads(line) for line in FIXTURE.read_text().splitlines()]

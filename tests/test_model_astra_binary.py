@@ -15,8 +15,8 @@ import pytest
 from conftest import missing_prerequisite
 
 from ccbench.errors import UsageError
-from ccbench.model.astra import astra_bin_dir, export_astra, run_astra
-from ccbench.model.chakra import read_trace
+from ccbench.formats.astra import astra_bin_dir, export_astra, run_astra
+from ccbench.formats.chakra import read_trace
 from ccbench.model.synthetic import known_model
 
 UNAWARE = astra_bin_dir() / "AstraSim_Analytical_Congestion_Unaware"

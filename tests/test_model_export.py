@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ccbench.errors import UsageError
-from ccbench.model.astra import GIB, astra_bandwidth, astra_comm_size, export_astra, export_measured
-from ccbench.model.chakra import (
+from ccbench.formats.astra import GIB, astra_bandwidth, astra_comm_size, export_astra, export_measured
+from ccbench.formats.chakra import (
     COLL_TYPES,
     NODE_TYPES,
     comm_coll_node,

@@ -126,7 +126,7 @@ def test_intel_mpi_adjust_variables_pick_the_formula_and_split_groups():
 
 
 def test_known_model_direct_export_matches_formula(tmp_path):
-    from ccbench.model.astra import export_astra
+    from ccbench.formats.astra import export_astra
 
     model = known_model(5e-5, BETA, 0.0, backend="gloo")
     for fit in model["fits"]:

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from ccbench.model.costs import predict_time
-from ccbench.model.progress import StderrProgress
 from ccbench.model.netsim import replay, replay_collective, replay_rounds, round_time, schedule_program
+from ccbench.model.progress import StderrProgress
 from ccbench.model.rounds import ROUND_ALGORITHMS, Round, round_program
 from ccbench.model.topology import LinkClass, build_topology
 from ccbench.model.torus_xor import ring_xor_loads

@@ -13,7 +13,7 @@ from conftest import have_mpi, run_ccbench
 from ccbench.backends import backend_class
 from ccbench.collectives import get, layout
 from ccbench.dtypes import DTYPES
-from ccbench.model.astra import export_measured
+from ccbench.formats.astra import export_measured
 from ccbench.model.costs import coefficients
 from ccbench.records import load_records
 from ccbench.validation import count_wrong, expected_output, make_input

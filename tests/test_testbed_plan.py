@@ -10,7 +10,8 @@ from ccbench import cli
 from ccbench.errors import UsageError
 from ccbench.launchers import published_address
 from ccbench.testbed.slurm import render_conf
-from ccbench.testbed.topology import build_plan, parse_rate, parse_topology, root_bridge
+from ccbench.testbed.topology import build_plan, parse_topology, root_bridge
+from ccbench.units import parse_rate
 
 
 @pytest.mark.parametrize(("text", "bits"), [("500M", 500 * 10**6), ("1G", 10**9),

@@ -16,12 +16,12 @@ import pytest
 from conftest import missing_prerequisite
 
 from ccbench.errors import UsageError
-from ccbench.model.astra import astra_bin_dir, run_astra
-from ccbench.model.astra_trace import export_astra_trace
-from ccbench.model.chakra import node_attrs, read_trace
+from ccbench.formats import load_trace
+from ccbench.formats.astra import astra_bin_dir, run_astra
+from ccbench.formats.astra_trace import export_astra_trace
+from ccbench.formats.chakra import node_attrs, read_trace
 from ccbench.model.synthetic import known_model
 from ccbench.model.tracesim import simulate_trace
-from ccbench.trace import load_trace
 
 UNAWARE = astra_bin_dir() / "AstraSim_Analytical_Congestion_Unaware"
 MODEL = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)

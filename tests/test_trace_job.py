@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from ccbench.formats import load_trace
 from ccbench.record import load_records
-from ccbench.trace import load_trace
 from tests.conftest import have_mpi, run_ccbench
 
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
@@ -212,7 +212,7 @@ def test_no_communication_is_refused(job: Path, tmp_path: Path) -> None:
 def test_uneven_all_to_all_costed_exported_and_read_back(job: Path, tmp_path: Path) -> None:
     """simulate --trace prices the MoE dispatch (as the even all-to-all of its largest
     block), the ASTRA-sim export carries it, and the export read back holds every op."""
-    from ccbench.model.astra_trace import export_astra_trace
+    from ccbench.formats.astra_trace import export_astra_trace
     from ccbench.model.synthetic import known_model
     from ccbench.model.tracesim import simulate_trace
 
@@ -235,8 +235,8 @@ def test_uneven_all_to_all_costed_exported_and_read_back(job: Path, tmp_path: Pa
 def test_export_agrees_with_the_astra_sim_binary(job: Path, tmp_path: Path) -> None:
     from conftest import missing_prerequisite
 
-    from ccbench.model.astra import astra_bin_dir, run_astra
-    from ccbench.model.astra_trace import export_astra_trace
+    from ccbench.formats.astra import astra_bin_dir, run_astra
+    from ccbench.formats.astra_trace import export_astra_trace
     from ccbench.model.synthetic import known_model
     from ccbench.model.tracesim import simulate_trace
 
@@ -249,7 +249,7 @@ def test_export_agrees_with_the_astra_sim_binary(job: Path, tmp_path: Path) -> N
 
 
 def test_capture_module_wraps_an_unchanged_job(tmp_path: Path) -> None:
-    """`torchrun -m ccbench.trace.capture -o DIR -- job.py`: the job as written (no capture
+    """`torchrun -m ccbench.formats.capture -o DIR -- job.py`: the job as written (no capture
     in it) gets its capture files, and the trace reads with every group named."""
     import os
     import subprocess
@@ -260,7 +260,7 @@ def test_capture_module_wraps_an_unchanged_job(tmp_path: Path) -> None:
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "4", "-m", "ccbench.trace.capture", "-o",
+                           "--nproc-per-node", "4", "-m", "ccbench.formats.capture", "-o",
                            str(tmp_path), "--", str(JOB), str(tmp_path)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -287,7 +287,7 @@ def test_capture_of_a_missing_script_is_one_line() -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "ccbench.trace.capture", "-o", "x", "--",
+    done = subprocess.run([sys.executable, "-m", "ccbench.formats.capture", "-o", "x", "--",
                            "no-such-job.py"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == "ccbench: error: no such job script: 'no-such-job.py'"

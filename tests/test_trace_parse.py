@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ccbench.trace import load_trace
+from ccbench.formats import load_trace
 from tests.trace_fixtures import raw_comm_nodes
 
 WORKLOADS4 = ("ddp", "tp", "moe", "p2p", "groups")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ccbench.formats import load_trace
 from ccbench.record import load_records
-from ccbench.trace import load_trace
 from tests.conftest import have_mpi, run_ccbench
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from ccbench.formats import load_trace
 from ccbench.model.simulate import simulate
 from ccbench.model.synthetic import known_model
 from ccbench.model.tracesim import simulate_trace
-from ccbench.trace import load_trace
 from tests.conftest import run_ccbench
 
 MODEL = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
@@ -141,7 +141,7 @@ def test_chakra_export_reads_back_as_the_same_trace(traces4: Path, tmp_path: Pat
     (all-gather shards and reduce-scatter inputs sized by their groups, pg_name -> group)
     it predicts what the PyTorch trace predicts, the ops written as compute nodes (broadcast)
     included: they carry the op they stand for."""
-    from ccbench.model.astra_trace import export_astra_trace
+    from ccbench.formats.astra_trace import export_astra_trace
 
     trace = load_trace([traces4 / workload])
     export_astra_trace(MODEL, trace, tmp_path, 8, "switch:8")

@@ -84,7 +84,7 @@ def parse_name(name: str) -> tuple[str, int | None, str]:
         raise choices_error("transport", transport, TRANSPORTS)
     chunk = None
     if chunk_text:
-        from ccbench.sizes import parse_size
+        from ccbench.units import parse_size
 
         chunk = parse_size(chunk_text)
     return algorithm, chunk, transport

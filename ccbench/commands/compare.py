@@ -45,6 +45,7 @@ import numpy as np
 from ccbench.errors import UsageError
 from ccbench.records import CaseId, Record, load_records
 from ccbench.stats import boot_medians, bootstrap_ratio, percentile_interval, welch_ratio
+from ccbench.units import format_size
 
 __all__ = ["CaseComparison", "Comparison", "compare_cases", "compare_records", "regressed",
            "register", "main", "BETWEEN_RUN_THRESHOLD", "WITHIN_RUN_THRESHOLD"]
@@ -384,13 +385,6 @@ def basis_note(rows: list[Comparison], threshold: float | None) -> str:
     return "; ".join(parts)
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
-
-
 _MARK = {"regression": "SLOWER", "improvement": "faster", "same": "", "n/a": "n/a"}
 
 
@@ -433,7 +427,7 @@ def _print_table(rows: list[Comparison], cases: list[CaseComparison], note: str 
     print(head, file=stream)
     for c in rows:
         print(f"{c.collective:<15}{c.backend:<18}{'in' if c.inplace else 'out':<6}"
-              f"{_size(c.size):>6}{c.base_us:>12.2f}{c.new_us:>12.2f}{c.ratio:>8.3f}  "
+              f"{format_size(c.size):>6}{c.base_us:>12.2f}{c.new_us:>12.2f}{c.ratio:>8.3f}  "
               f"{_interval_text(c.ci_low, c.ci_high):<17}{_mark(c.verdict, c.indicative):<8}"
               .rstrip(), file=stream)
     finite = [c.ratio for c in rows if c.ratio > 0 and math.isfinite(c.ratio)]

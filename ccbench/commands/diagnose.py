@@ -99,8 +99,7 @@ def _config(args: argparse.Namespace) -> Any:
     from ccbench.diagnose.analyse import Expectation
     from ccbench.diagnose.measure import DiagnoseConfig
     from ccbench.harness import Method
-    from ccbench.sizes import parse_sizes
-    from ccbench.testbed.topology import parse_rate
+    from ccbench.units import parse_rate, parse_sizes
 
     backends = parse_backends(args.backend)
     if len(backends) != 1:

@@ -2,7 +2,7 @@
 
 astra-sim: ASTRA-sim analytical network YAML, system JSON, remote-memory JSON and, with
 --collective/--sizes, Chakra ET workload files <prefix>.<rank>.et (one COMM_COLL node per
-size); with --trace, a recorded trace's communication at --ranks NPUs (ccbench.model.astra_trace)
+size); with --trace, a recorded trace's communication at --ranks NPUs (ccbench.formats.astra_trace)
 with its communicator groups. chakra: a measured run as Chakra traces, one COMM_COLL node per
 timed iteration.
 """
@@ -53,11 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from ccbench.model.astra_trace import export_astra_trace, trace_export_lines
+    from ccbench.formats import load_trace
+    from ccbench.formats.astra_trace import export_astra_trace, trace_export_lines
     from ccbench.model.modelfile import load_model
     from ccbench.model.simulate import LinkOverrides
     from ccbench.model.tracesim import parse_algorithms
-    from ccbench.trace import load_trace
 
     if args.collective or args.sizes:
         raise UsageError("--collective and --sizes are for a one-collective workload; with "
@@ -81,9 +81,9 @@ def _trace(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     if args.export_kind == "astra-sim":
         from ccbench.collectives import canonical_collective
-        from ccbench.model.astra import export_astra
+        from ccbench.formats.astra import export_astra
         from ccbench.model.modelfile import load_model
-        from ccbench.sizes import parse_sizes
+        from ccbench.units import parse_sizes
 
         if args.ranks < 2:
             raise UsageError(f"--ranks must be >= 2, got {args.ranks}")
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"  run: {manifest['run']}")
         return 0
     if args.export_kind == "chakra":
-        from ccbench.model.astra import export_measured
+        from ccbench.formats.astra import export_measured
         from ccbench.records import load_records
 
         records = load_records(*args.results, require=True)

@@ -87,7 +87,7 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
     _arguments(parser)
     args = parser.parse_args(argv)
     backends, method = _validate(args)
-    from ccbench.trace.load import rank_files
+    from ccbench.formats.load import rank_files
 
     # bad traces: refused once, before any rank starts; so is one that cannot be held by
     # the launcher and each of the ranks, which all read it
@@ -97,9 +97,9 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
 
 
 def _load(args: argparse.Namespace, readers: int = 1) -> Any:
-    from ccbench.trace import load_trace
-    from ccbench.trace.load import require_communication
-    from ccbench.trace.named import parse_group_settings
+    from ccbench.formats import load_trace
+    from ccbench.formats.load import require_communication
+    from ccbench.formats.named import parse_group_settings
 
     trace = load_trace(args.traces, readers, parse_group_settings(args.group, args.groups_file))
     require_communication(trace)
@@ -158,7 +158,7 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ccbench.trace.replay import ReplayConfig, replay_rank
+    from ccbench.replay.rank import ReplayConfig, replay_rank
 
     backends, method = _validate(args)
     trace = _load(args)

@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ccbench.errors import UsageError
+from ccbench.units import size_label
 
 if TYPE_CHECKING:
     from ccbench.model.simulate import LinkOverrides
@@ -101,20 +102,6 @@ def _collectives(name: str) -> list[str]:
         return [canonical_collective(name)]
     except UsageError:
         raise choices_error("collective", name, (*COLLECTIVES, "all")) from None
-
-
-def size_label(num_bytes: int) -> str:
-    """Every size of a column in one unit style: 1026K exactly, 2385960 as 2.275M (binary
-    units, four significant digits), bytes below 1 KiB."""
-    from ccbench.sizes import format_size
-
-    exact = format_size(num_bytes)
-    if not exact.isdigit() or num_bytes < 1024:
-        return exact
-    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if num_bytes >= unit:
-            return f"{num_bytes / unit:.4g}{suffix}"
-    return exact
 
 
 def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
@@ -211,10 +198,10 @@ def _print_trace(out: dict) -> None:
 
 
 def _main_trace(args: argparse.Namespace) -> int:
+    from ccbench.formats import load_trace
     from ccbench.model.modelfile import load_model
     from ccbench.model.progress import StderrProgress
     from ccbench.model.tracesim import parse_algorithms, simulate_trace
-    from ccbench.trace import load_trace
 
     if args.collective is not None:
         raise UsageError(f"give a collective or --trace, not both (got {args.collective!r})")
@@ -245,7 +232,7 @@ def _main_trace(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     from ccbench.model.modelfile import load_model
     from ccbench.model.simulate import simulate
-    from ccbench.sizes import parse_sizes
+    from ccbench.units import parse_sizes
 
     if args.trace:
         return _main_trace(args)

@@ -51,17 +51,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from ccbench import testbed
+    from ccbench.units import format_rate, parse_rate
 
     if args.action not in ("exec", "fault") and args.words:
         raise UsageError(f"unexpected arguments for testbed {args.action}: {' '.join(args.words)}")
     if args.action == "up":
-        plan = testbed.build_plan(args.hosts, testbed.parse_rate(args.link),
+        plan = testbed.build_plan(args.hosts, parse_rate(args.link),
                                   testbed.parse_topology(args.topology), args.ranks_per_host,
                                   planes=args.planes)
         outcome = testbed.up(plan, slurm=args.slurm)
         print(f"testbed {outcome}: {len(plan.hosts)} hosts, {plan.topology}"
               f"{' (dual-ToR: ECMP over 2 planes)' if args.planes == 2 else ''}, "
-              f"links {testbed.format_rate(plan.link_rate)}"
+              f"links {format_rate(plan.link_rate)}"
               + (f"; Slurm: export SLURM_CONF={plan.options['slurm_conf']}"
                  if args.slurm and "slurm_conf" in plan.options else ""))
         return 0
@@ -95,8 +96,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{'path':<40} {'flows':>5} {'configured':>14} {'measured':>14} {'ratio':>6}")
         for row in rows:
             print(f"{row['path']:<40} {row['flows']:>5} "
-                  f"{testbed.format_rate(row['configured_bps']):>14} "
-                  f"{testbed.format_rate(round(row['measured_bps'], -5)):>14} "
+                  f"{format_rate(row['configured_bps']):>14} "
+                  f"{format_rate(round(row['measured_bps'], -5)):>14} "
                   f"{row['measured_bps'] / row['configured_bps']:>6.2f}")
     return 0
 

@@ -19,22 +19,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ALPHA_RATIO", "fit_scope", "prediction_flags", "row_flags", "size_text"]
+from ccbench.units import size_text
+
+__all__ = ["ALPHA_RATIO", "fit_scope", "prediction_flags", "row_flags"]
 
 ALPHA_RATIO = 10.0     # a per-step alpha this many times the small-message alpha is flagged
 
 
-def size_text(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n:.4g} B"
+def _size_text(n: float) -> str:
+    return size_text(n, digits=4)
 
 
 def fit_scope(fit: dict[str, Any]) -> str:
     worlds = ",".join(map(str, fit.get("world_sizes") or [])) or "?"
     sizes = fit.get("sizes")
-    seen = (f"sizes {size_text(sizes[0])}-{size_text(sizes[1])}" if sizes else
+    seen = (f"sizes {_size_text(sizes[0])}-{_size_text(sizes[1])}" if sizes else
             "sizes not recorded (model from an older ccbench)")
     return f"fitted at {worlds} ranks, {seen}"
 
@@ -76,11 +75,11 @@ def row_flags(fit: dict[str, Any], size_used: float, alpha: float, steps: float,
     if sizes:
         lo, hi = sizes
         if size_used > hi:
-            flags.append(f"size {size_text(size_used)} is {size_used / hi:.3g}x above the "
-                         f"largest size the fit saw ({size_text(hi)})")
+            flags.append(f"size {_size_text(size_used)} is {size_used / hi:.3g}x above the "
+                         f"largest size the fit saw ({_size_text(hi)})")
         elif size_used < lo:
-            flags.append(f"size {size_text(size_used)} is below the smallest size the fit saw "
-                         f"({size_text(lo)})")
+            flags.append(f"size {_size_text(size_used)} is below the smallest size the fit saw "
+                         f"({_size_text(lo)})")
     fastest = max(busbw_gbps) if busbw_gbps else 0.0
     if link_gbps > 0 and fastest > link_gbps * (1 + 1e-6):
         flags.append(f"busbw {fastest:.4g} GB/s above the bottleneck link rate "

@@ -21,7 +21,7 @@ from ccbench.collectives import get as get_collective
 from ccbench.errors import UsageError, choices_error
 from ccbench.records import CaseId
 from ccbench.safeio import load_yaml, read_input
-from ccbench.sizes import parse_sizes
+from ccbench.units import parse_sizes
 
 __all__ = ["SweepCase", "Sweep", "Task", "load_sweep", "sweep_from_dict", "check_slurm_options",
            "measurable_sizes", "SWEEP_CASE_FIELDS", "MODES", "TIMINGS", "LAUNCHERS",

@@ -1,7 +1,7 @@
 """`ccbench testbed`: N emulated hosts on one machine (network + UTS namespaces, veth links into
 Linux bridges shaped with tbf), optionally a multi-node Slurm cluster on them.
 
-    plan = build_plan(4, parse_rate("1G"), parse_topology("switch"))
+    plan = build_plan(4, parse_rate("1G"), parse_topology("switch"))   # parse_rate: ccbench.units
     up(plan, slurm=True)        # idempotent; a failed or interrupted up removes what it made
     down()                      # always safe; also cleans what a killed up left behind
 """
@@ -28,9 +28,10 @@ from ccbench.testbed.net import (
     save_plan,
     teardown,
 )
-from ccbench.testbed.topology import Plan, build_plan, format_rate, parse_rate, parse_topology
+from ccbench.testbed.topology import Plan, build_plan, parse_topology
+from ccbench.units import format_rate
 
-__all__ = ["Plan", "build_plan", "down", "host_command", "load_plan", "measure", "parse_rate",
+__all__ = ["Plan", "build_plan", "down", "host_command", "load_plan", "measure",
            "parse_topology", "status", "up"]
 
 

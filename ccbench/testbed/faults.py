@@ -20,7 +20,8 @@ from typing import Any
 
 from ccbench.errors import UsageError
 from ccbench.testbed.net import _run, _tbf, netns_pids, save_plan
-from ccbench.testbed.topology import PREFIX, Link, Plan, format_rate, parse_rate
+from ccbench.testbed.topology import PREFIX, Link, Plan
+from ccbench.units import format_rate, parse_rate
 
 __all__ = ["CGROUP_CPU", "apply_fault", "cgroup_of", "remove_cgroups"]
 

@@ -14,13 +14,12 @@ own (root) namespace gets .254 on plane 0 so that sbatch/srun there reach the em
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ccbench.errors import UsageError
 
-__all__ = ["Bridge", "HostPlan", "Link", "Plan", "build_plan", "format_rate", "parse_rate",
+__all__ = ["Bridge", "HostPlan", "Link", "Plan", "build_plan",
            "parse_topology"]
 
 PREFIX = "ccb-"
@@ -29,29 +28,6 @@ ROOT_HOST_ID = 254             # the root namespace's address on plane 0
 HOST_SUBNET = 8                # with planes: host i's own address 10.213.8.(i+1)/32 on lo
 MAX_HOSTS = 64
 TOPOLOGY_FORMS = "switch, two-tier:LEAVES[:oversub=R], dual-plane"
-
-_RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-
-
-def parse_rate(text: str) -> int:
-    """'500M', '1G', '1gbit', '250mbit' -> bits per second (decimal units, as tc)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps|b)?(?:/s)?\s*",
-                         text, re.IGNORECASE)
-    if not match:
-        raise UsageError(f"bad --link rate {text!r} (valid: a number with K, M or G: 100M, "
-                         f"500M, 1G, 2.5G; bits per second)")
-    value = float(match.group(1)) * _RATE_UNITS[match.group(2).lower()]
-    if value < 10**5:
-        raise UsageError(f"--link rate {text!r} is below 100K (bits per second)")
-    return int(value)
-
-
-def format_rate(bits_per_s: float) -> str:
-    for unit, scale in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
-        if bits_per_s >= scale:
-            return f"{bits_per_s / scale:g}{unit}bit/s"
-    return f"{bits_per_s:g}bit/s"
-
 
 @dataclass(frozen=True, slots=True)
 class Topology:

@@ -15,7 +15,7 @@ Point-to-point ops are matched as exchanges: a run of consecutive sends and rece
 rank (isend/irecv posted together, a ring step, a pipeline hand-off, batch_isend_irecv) is
 matched as a set with its peers' runs, as NCCL's group calls are, so that every rank may
 send first. Each send and its receive stay one call; the ops of one exchange share
-op.exchange (ccbench.trace.replay posts them together). Where the runs do not pair up as
+op.exchange (ccbench.replay.rank posts them together). Where the runs do not pair up as
 a set, ops are paired one at a time, in order.
 """
 

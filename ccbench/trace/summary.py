@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.sizes import format_size
+from ccbench.units import format_size
 
 __all__ = ["SPEEDUP_STATISTIC", "OpResult", "bucket", "format_summary", "schedule", "sequence_median",
            "speedups",

@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     import cupy
 
     from algorithms import ALGORITHMS
-    from ccbench.sizes import parse_size
+    from ccbench.units import parse_size
 
     algorithms = args.algorithms.split(",") if args.algorithms else list(ALGORITHMS)
     cases = _cases(algorithms, args.ops.split(","))

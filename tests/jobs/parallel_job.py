@@ -10,7 +10,7 @@ Writes OUT/rank<r>.json (torch.profiler.ExecutionTraceObserver) and OUT/calls/ra
 the job's own list of its communication calls, in the order it made them, written by the
 job itself (not read back from the trace): op, group ranks, dtype, bytes in and out, split
 sizes, root and peer (global ranks) and reduction. With --capture the step runs inside
-`ccbench.trace.capture.capture(OUT)` as well.
+`ccbench.formats.capture.capture(OUT)` as well.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main() -> int:
     (out / "calls").mkdir(parents=True, exist_ok=True)
     wrapper: Any = contextlib.nullcontext()
     if capture:
-        from ccbench.trace.capture import capture as capture_calls
+        from ccbench.formats.capture import capture as capture_calls
 
         wrapper = capture_calls(out)
     observer = ExecutionTraceObserver()

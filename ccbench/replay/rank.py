@@ -35,8 +35,8 @@ from ccbench.faults import inject
 from ccbench.harness import Case, Method, measure_size
 from ccbench.launchers import LaunchInfo, detect_launch
 from ccbench.record import Record
+from ccbench.replay.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare, prepare_exchange
 from ccbench.stats import summarize
-from ccbench.trace.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare, prepare_exchange
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
@@ -170,7 +170,7 @@ class _Rank:
         return samples
 
     def _measure_extra(self, sub: Backend, op: CommOp, step: int) -> OpResult | str | None:
-        """barrier, send/recv and alltoallv on their group (ccbench.trace.extra), timed as
+        """barrier, send/recv and alltoallv on their group (ccbench.replay.extra), timed as
         the harness times (warm-up, timed iterations, max over the call's ranks) and checked
         bit for bit; the call's first rank writes its record."""
         call = prepare(sub, op, self.info.rank, self.config.method.timeout)

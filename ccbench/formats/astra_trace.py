@@ -11,7 +11,7 @@ is comparable with its total:
   `comm_groups.json` lists each group's NPUs (--comm-group-configuration); world ops
   name none;
 * all-reduce, all-gather, reduce-scatter and all-to-all are COMM_COLL nodes that ASTRA-sim
-  runs with its own implementation of the fitted formula (ccbench.model.astra);
+  runs with its own implementation of the fitted formula (ccbench.formats.astra);
 * ops ASTRA-sim has no implementation for (broadcast, reduce, a barrier) are compute
   nodes carrying ccbench's predicted time as their duration, rounded to the whole
   microseconds Chakra stores: ASTRA-sim then adds them as given (the manifest says which,
@@ -30,7 +30,7 @@ import numpy as np
 
 from ccbench.collectives import REDUCING
 from ccbench.errors import UsageError
-from ccbench.model.astra import (
+from ccbench.formats.astra import (
     _ASTRA_KEYS,
     NO_REDUCTION_COST,
     _dims,
@@ -42,7 +42,7 @@ from ccbench.model.astra import (
     out_path,
     system_json,
 )
-from ccbench.model.chakra import NODE_TYPES, _attr, classes, comm_coll_node, write_trace
+from ccbench.formats.chakra import NODE_TYPES, _attr, classes, comm_coll_node, write_trace
 from ccbench.model.simulate import LinkOverrides
 from ccbench.model.tracesim import plan_trace, simulate_trace
 from ccbench.trace.ops import Trace
@@ -60,7 +60,7 @@ def _delay_node(node_id: int, name: str, micros: int, row: dict[str, Any], pg: s
                 ) -> Any:
     """A compute node ASTRA-sim replays for `micros` (it has no model of this op). Its
     ccbench_* attributes say which op it stands for, so that ccbench reads the export back
-    as the communication it is (ccbench.trace.chakra_et); ASTRA-sim reads none of them."""
+    as the communication it is (ccbench.formats.chakra_et); ASTRA-sim reads none of them."""
     node = classes()["Node"](id=node_id, name=name, type=NODE_TYPES["COMP_NODE"],
                              duration_micros=micros)
     node.attr.append(_attr("is_cpu_op", False))

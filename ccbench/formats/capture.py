@@ -8,12 +8,12 @@ split sizes (elements), root or peer (global ranks) and reduction, one JSON line
 `ccbench replay` and `simulate --trace` read that file when it lies beside the trace files
 and then take each op's group (group_source "named") and reduction from it.
 
-    python -m ccbench.trace.capture -o traces/job -- train.py --epochs 1
-    torchrun --nproc-per-node 4 -m ccbench.trace.capture -o traces/job -- train.py
+    python -m ccbench.formats.capture -o traces/job -- train.py --epochs 1
+    torchrun --nproc-per-node 4 -m ccbench.formats.capture -o traces/job -- train.py
 
 or in the job itself, around the traced steps:
 
-    from ccbench.trace.capture import capture
+    from ccbench.formats.capture import capture
     with capture("traces/job"):
         observer.start(); step(); observer.stop()
 """
@@ -152,7 +152,7 @@ def capture(folder: str | Path) -> Iterator[Path]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        raise RuntimeError("ccbench.trace.capture: initialise torch.distributed first")
+        raise RuntimeError("ccbench.formats.capture: initialise torch.distributed first")
     path = capture_file(folder, dist.get_rank())
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = path.open("a", encoding="utf-8")
@@ -173,7 +173,7 @@ def capture(folder: str | Path) -> Iterator[Path]:
 
 
 def _install_at_init(folder: str) -> None:
-    """For `-m ccbench.trace.capture -- job.py`: start capturing once the job has called
+    """For `-m ccbench.formats.capture -- job.py`: start capturing once the job has called
     init_process_group, and stop at destroy_process_group (or at exit)."""
     import atexit
 
@@ -201,7 +201,7 @@ def _install_at_init(folder: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ccbench.trace.capture",
+        prog="python -m ccbench.formats.capture",
         description="run a torch.distributed job, writing each communication call's group, "
                     "op, splits, root and reduction beside its execution trace")
     parser.add_argument("-o", "--output", required=True,

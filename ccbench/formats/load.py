@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 from ccbench.errors import UsageError
+from ccbench.formats.chakra_et import parse_chakra_et, read_comm_groups
+from ccbench.formats.pytorch_et import parse_pytorch_et, read_json
 from ccbench.safeio import check_memory, scaled_size
-from ccbench.trace.chakra_et import parse_chakra_et, read_comm_groups
 from ccbench.trace.groups import match_calls
 from ccbench.trace.ops import CommOp, Group, Trace, TraceError
-from ccbench.trace.pytorch_et import parse_pytorch_et, read_json
 
 __all__ = ["load_trace", "rank_files", "require_communication"]
 
@@ -101,8 +101,8 @@ def _canonical_groups(ops: list[list[CommOp]], groups: list[Group]) -> None:
 
 def _captured(path: Path, rank: int, rank_ops: list[CommOp], world: int) -> int:
     """Settle this rank's ops from the capture file beside its trace, if there is one."""
-    from ccbench.trace.capture import capture_file
-    from ccbench.trace.named import apply_capture, read_capture
+    from ccbench.formats.capture import capture_file
+    from ccbench.formats.named import apply_capture, read_capture
 
     beside = capture_file(path.parent, rank)
     if not beside.is_file():
@@ -120,7 +120,7 @@ def _notes(trace: Trace, captured: int) -> None:
         trace.notes.append(
             f"{len(calls)} calls' process groups are ambiguous (the trace does not name them "
             f"and more than one group fits; group_source 'ambiguous' on each): record the job "
-            f"under `python -m ccbench.trace.capture` or settle them with --group NODE=RANKS")
+            f"under `python -m ccbench.formats.capture` or settle them with --group NODE=RANKS")
     assumed = [op for op in ops if op.reduce_op and not op.op_source]
     if assumed:
         trace.notes.append(f"{len({op.call for op in assumed})} reducing calls do not say their "
@@ -167,7 +167,7 @@ def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1,
             rank_ops, schema, _ = parse_chakra_et(path, rank, world, comm_groups)
         ops.append(rank_ops)
     if group_settings:
-        from ccbench.trace.named import apply_user_groups
+        from ccbench.formats.named import apply_user_groups
 
         apply_user_groups(ops, group_settings)
     declared.append({op.group.name: op.group for rank_ops in ops for op in rank_ops

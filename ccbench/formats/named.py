@@ -1,6 +1,6 @@
 """Facts about an op that the trace file itself leaves out, from two other sources:
 
-- the capture file beside a PyTorch trace (`ccbench.trace.capture`): per rank, each call's
+- the capture file beside a PyTorch trace (`ccbench.formats.capture`): per rank, each call's
   group ranks, reduction, root and split sizes, in call order;
 - the user: `--group NODE=RANKS` (or `RANK:NODE=RANKS`) and a groups file of the same
   entries ({"NODE": [ranks], "RANK:NODE": [ranks]}).

@@ -51,7 +51,7 @@ from typing import Any
 
 from ccbench.collectives import COLLECTIVES, every, get
 from ccbench.errors import UsageError
-from ccbench.model.chakra import comm_coll_node, write_trace
+from ccbench.formats.chakra import comm_coll_node, write_trace
 from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import link_dims
 from ccbench.model.modelfile import select_fit

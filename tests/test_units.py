@@ -3,7 +3,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ccbench.errors import UsageError
-from ccbench.sizes import format_size, parse_size, parse_sizes
+from ccbench.units import (
+    bits_per_second,
+    format_rate,
+    format_size,
+    parse_rate,
+    parse_size,
+    parse_sizes,
+    size_label,
+    size_text,
+)
 
 
 def test_examples() -> None:
@@ -44,3 +53,31 @@ def test_range_is_geometric(low_exp: int, span: int, factor: int) -> None:
 @given(st.lists(st.integers(1, 1 << 40), min_size=1, max_size=10))
 def test_list_sorted_unique(values: list[int]) -> None:
     assert parse_sizes(",".join(map(str, values))) == sorted(set(values))
+
+
+def test_one_display_per_use() -> None:
+    """The axis (exact), a column (four digits), prose (KiB/MiB/GiB) and rates (decimal)."""
+    assert [format_size(n) for n in (8, 1536, 3 << 20, 1 << 40)] == ["8", "1536", "3M", "1T"]
+    assert [size_label(n) for n in (8, 1026 * 1024, 2385960)] == ["8", "1026K", "2.275M"]
+    assert [size_text(n) for n in (300, 1536, 12 << 30)] == ["300 B", "1.5 KiB", "12 GiB"]
+    assert size_text(1.0 + (1 << 20) / 3, digits=4) == "341.3 KiB"
+    assert [format_rate(r) for r in (10**9, 2.5e8, 95.6e6)] == ["1Gbit/s", "250Mbit/s",
+                                                                "95.6Mbit/s"]
+
+
+def test_rates_parse_once() -> None:
+    assert bits_per_second("95.6M") == 95.6e6 and bits_per_second("10gbit/s") == 1e10
+    assert parse_rate(format_rate(parse_rate("2.5G"))) == 2_500_000_000
+    with pytest.raises(UsageError, match="bad --link-rate 'x'"):
+        parse_rate("x", "--link-rate")
+    with pytest.raises(UsageError, match="is below 100K"):
+        parse_rate("50K")
+
+
+def test_a_topology_uplink_rate_is_one_of_them() -> None:
+    from ccbench.model.topology import LinkClass, build_topology
+
+    topo = build_topology("fat-tree:8:leaf=4:uplink=800M", None, LinkClass(1e-6, 1e-9))
+    assert topo.cap[topo.klass.index("uplink")] == pytest.approx(4 * 800e6 / 8)
+    with pytest.raises(UsageError, match="uplink rate"):
+        build_topology("fat-tree:8:leaf=4:uplink=fast", None, LinkClass(1e-6, 1e-9))

@@ -52,7 +52,7 @@ _TRACE_ONLY = {"GATHER": "gather", "SCATTER": "scatter", "REDUCE_SCATTER_BLOCK":
 def _collectives() -> dict[int, str]:
     """comm_type code -> ccbench's collective: the registry's Chakra names (`Collective.chakra`),
     then the trace-only ones."""
-    from ccbench.model.chakra import COLL_TYPES
+    from ccbench.formats.chakra import COLL_TYPES
 
     named = {**_TRACE_ONLY, **{c.chakra: c.name for c in every() if c.chakra is not None}}
     return {code: named[name] for name, code in COLL_TYPES.items()}
@@ -116,7 +116,7 @@ def parse_chakra_et(path: Path, rank: int, world: int,
                     groups: dict[str, Group] | None = None) -> tuple[list[CommOp], str, list[str]]:
     """(this rank's comm ops in file order, the schema version, pg names seen); an op whose
     pg_name is in `groups` runs on that group."""
-    from ccbench.model.chakra import node_attrs, read_trace
+    from ccbench.formats.chakra import node_attrs, read_trace
 
     try:
         meta, nodes = read_trace(path)
