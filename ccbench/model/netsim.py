@@ -245,25 +245,33 @@ def _rates(links: np.ndarray, cap: np.ndarray, sharing: str) -> tuple[np.ndarray
     return rate, most
 
 
-def replay(program: Program | ArrayProgram, topo: Topology, gamma: float = 0.0,
-           sharing: str = "max-min") -> ReplayResult:
-    if sharing not in SHARING:
-        raise UsageError(f"unknown sharing {sharing!r} (valid: {', '.join(SHARING)})")
-    prog = program if isinstance(program, ArrayProgram) else to_arrays(program)
-    p = prog.p
-    if p != topo.ranks:
-        raise UsageError(f"schedule has {p} ranks, topology {topo.spec!r} has {topo.ranks}")
-    nsteps, nmsg = prog.num_steps, len(prog.msg_src)
+@dataclass
+class _Subflows:
+    """Every message split into its route's subflows (a multipath route has several): per
+    distinct ordered pair its largest alpha and its hop latency, per subflow its links (rows
+    of `pad`, -1 padded) and bytes."""
 
-    # routes per distinct ordered pair -> subflows per message
-    keys = prog.msg_src * p + prog.msg_dst
-    uniq, inv = np.unique(keys, return_inverse=True)
+    pad: np.ndarray            # links of each pair's subflows, -1 padded
+    cap: np.ndarray            # link capacities, with a last inf entry the padding points at
+    msg_alpha: np.ndarray
+    msg_hop: np.ndarray
+    msg_sub_ptr: np.ndarray    # subflows of message m: msg_sub_ptr[m] .. msg_sub_ptr[m+1]-1
+    sf_pairsub: np.ndarray     # subflow -> row of pad
+    sf_msg: np.ndarray         # subflow -> message
+    sf_bytes: np.ndarray
+    nsub: np.ndarray           # subflows per message
+
+
+def _route_pairs(uniq: list[int], p: int, topo: Topology
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]], list[float]]:
+    """Routes per distinct ordered pair (key src * p + dst): alpha, hop latency, and the
+    subflows' links and fractions, pair i's subflows being sub_first[i] .. sub_first[i+1]-1."""
     pair_alpha = np.zeros(len(uniq))
     pair_hop = np.zeros(len(uniq))
     sub_first = np.zeros(len(uniq) + 1, np.int64)
     sub_links: list[list[int]] = []
     sub_frac: list[float] = []
-    for i, key in enumerate(uniq.tolist()):
+    for i, key in enumerate(uniq):
         paths = topo.routes(key // p, key % p)
         pair_alpha[i] = max((max(topo.alpha[j] for j in links) for links, _ in paths if links),
                             default=0.0)
@@ -272,147 +280,196 @@ def replay(program: Program | ArrayProgram, topo: Topology, gamma: float = 0.0,
             sub_links.append(links)
             sub_frac.append(frac)
         sub_first[i + 1] = len(sub_links)
+    return pair_alpha, pair_hop, sub_first, sub_links, sub_frac
+
+
+def _subflows(prog: ArrayProgram, topo: Topology) -> _Subflows:
+    p, nmsg = prog.p, len(prog.msg_src)
+    keys = prog.msg_src * p + prog.msg_dst
+    uniq, inv = np.unique(keys, return_inverse=True)
+    pair_alpha, pair_hop, sub_first, sub_links, sub_frac = _route_pairs(uniq.tolist(), p, topo)
     hmax = max((len(x) for x in sub_links), default=0) or 1
     pad = np.full((len(sub_links), hmax), -1, np.int64)
     for i, links in enumerate(sub_links):
         pad[i, :len(links)] = links
     cap = np.append(np.asarray(topo.cap, float), np.inf)
-    msg_alpha, msg_hop = pair_alpha[inv], pair_hop[inv]
     nsub = (sub_first[1:] - sub_first[:-1])[inv]
     msg_sub_ptr = np.concatenate(([0], np.cumsum(nsub)))
     sf_pairsub = _ranges(sub_first, inv) if nmsg else np.zeros(0, np.int64)
     sf_msg = np.repeat(np.arange(nmsg), nsub)
     sf_bytes = prog.msg_bytes[sf_msg] * np.asarray(sub_frac, float)[sf_pairsub] \
         if nmsg else np.zeros(0)
-    msg_left = nsub.copy()
+    return _Subflows(pad, cap, pair_alpha[inv], pair_hop[inv], msg_sub_ptr, sf_pairsub, sf_msg,
+                     sf_bytes, nsub)
 
-    # steps
-    send_order = np.argsort(prog.msg_send_step, kind="stable")
-    send_ptr = np.searchsorted(prog.msg_send_step[send_order], np.arange(nsteps + 1))
-    parts = (np.bincount(prog.msg_send_step, minlength=nsteps)
-             + np.bincount(prog.msg_recv_step, minlength=nsteps)) if nsteps else np.zeros(0, int)
-    remaining = parts.astype(np.int64)
-    started = np.zeros(nsteps, bool)
-    step_rank = np.repeat(np.arange(p), np.diff(prog.first))
-    last_of_rank = prog.first[1:] - 1
-    rank_finish = np.zeros(p)
-    rank_done = np.diff(prog.first) == 0
 
-    heap: list[tuple[float, int, int, np.ndarray]] = []
-    seq = [0]
-    START, ACT, ARR = 0, 1, 2
+_START, _ACT, _ARR = 0, 1, 2      # events: steps start, messages leave alpha, messages arrive
 
-    def push_grouped(times: np.ndarray, kind: int, ids: np.ndarray) -> None:
+
+class _EventReplay:
+    """The event loop of `replay`: a heap of timed batches (steps starting, messages whose
+    alpha has passed, messages arriving) and the live flows between them."""
+
+    def __init__(self, prog: ArrayProgram, sub: _Subflows, gamma: float, sharing: str) -> None:
+        self.prog, self.sub, self.gamma, self.sharing = prog, sub, gamma, sharing
+        p, nsteps = prog.p, prog.num_steps
+        self.msg_left = sub.nsub.copy()
+        self.send_order = np.argsort(prog.msg_send_step, kind="stable")
+        self.send_ptr = np.searchsorted(prog.msg_send_step[self.send_order],
+                                        np.arange(nsteps + 1))
+        parts = (np.bincount(prog.msg_send_step, minlength=nsteps)
+                 + np.bincount(prog.msg_recv_step, minlength=nsteps)) if nsteps \
+            else np.zeros(0, int)
+        self.remaining = parts.astype(np.int64)
+        self.started = np.zeros(nsteps, bool)
+        self.step_rank = np.repeat(np.arange(p), np.diff(prog.first))
+        self.last_of_rank = prog.first[1:] - 1
+        self.rank_finish = np.zeros(p)
+        self.rank_done = np.diff(prog.first) == 0
+        self.heap: list[tuple[float, int, int, np.ndarray]] = []
+        self.seq = 0
+        self.flows_sf = np.zeros(0, np.int64)
+        self.flows_rem = np.zeros(0)
+        self.rates = np.zeros(0)
+        self.dirty = False
+        self.most = 0
+        self.batches = 0
+        self.now = 0.0
+
+    def push_grouped(self, times: np.ndarray, kind: int, ids: np.ndarray) -> None:
         if ids.size == 0:
             return
         t0 = times[0]
         if np.all(times == t0):
-            heapq.heappush(heap, (float(t0), seq[0], kind, ids))
-            seq[0] += 1
+            heapq.heappush(self.heap, (float(t0), self.seq, kind, ids))
+            self.seq += 1
             return
         ut, where = np.unique(times, return_inverse=True)
         for j, t in enumerate(ut.tolist()):
-            heapq.heappush(heap, (t, seq[0], kind, ids[where == j] if len(ut) > 1 else ids))
-            seq[0] += 1
+            heapq.heappush(self.heap, (t, self.seq, kind, ids[where == j] if len(ut) > 1 else ids))
+            self.seq += 1
 
-    def complete(steps: np.ndarray, t: float) -> None:
-        done_t = t + gamma * prog.step_reduce[steps]
-        is_last = steps == last_of_rank[step_rank[steps]]
+    def complete(self, steps: np.ndarray, t: float) -> None:
+        done_t = t + self.gamma * self.prog.step_reduce[steps]
+        is_last = steps == self.last_of_rank[self.step_rank[steps]]
         if np.any(is_last):
-            rank_finish[step_rank[steps[is_last]]] = done_t[is_last]
-            rank_done[step_rank[steps[is_last]]] = True
-        push_grouped(done_t[~is_last], START, steps[~is_last] + 1)
+            self.rank_finish[self.step_rank[steps[is_last]]] = done_t[is_last]
+            self.rank_done[self.step_rank[steps[is_last]]] = True
+        self.push_grouped(done_t[~is_last], _START, steps[~is_last] + 1)
 
-    def part_done(steps: np.ndarray, t: float) -> None:
+    def part_done(self, steps: np.ndarray, t: float) -> None:
         u, c = np.unique(steps, return_counts=True)
-        remaining[u] -= c
-        ready = u[(remaining[u] == 0) & started[u]]
+        self.remaining[u] -= c
+        ready = u[(self.remaining[u] == 0) & self.started[u]]
         if ready.size:
-            complete(ready, t)
+            self.complete(ready, t)
 
-    flows_sf = np.zeros(0, np.int64)
-    flows_rem = np.zeros(0)
-    rates = np.zeros(0)
-    dirty = False
-    most = 0
-    batches = 0
-
-    def message_done(msgs: np.ndarray, t: float) -> None:
-        part_done(prog.msg_send_step[msgs], t)
-        arr_t = t + msg_hop[msgs]
+    def message_done(self, msgs: np.ndarray, t: float) -> None:
+        self.part_done(self.prog.msg_send_step[msgs], t)
+        arr_t = t + self.sub.msg_hop[msgs]
         now_mask = arr_t <= t
         if np.any(now_mask):
-            part_done(prog.msg_recv_step[msgs[now_mask]], t)
-        push_grouped(arr_t[~now_mask], ARR, msgs[~now_mask])
+            self.part_done(self.prog.msg_recv_step[msgs[now_mask]], t)
+        self.push_grouped(arr_t[~now_mask], _ARR, msgs[~now_mask])
 
-    if nsteps:
-        push_grouped(np.zeros(int(np.sum(np.diff(prog.first) > 0))), START,
-                     prog.first[:-1][np.diff(prog.first) > 0])
-    now = 0.0
-    while True:
-        if dirty:
-            if flows_sf.size:
-                rates, m = _rates(pad[sf_pairsub[flows_sf]], cap, sharing)
-                most = max(most, m)
+    def subflows_done(self, sfs: np.ndarray) -> None:
+        """Count finished subflows off their messages; a message with none left is done."""
+        np.subtract.at(self.msg_left, self.sub.sf_msg[sfs], 1)
+        um = np.unique(self.sub.sf_msg[sfs])
+        fin = um[self.msg_left[um] == 0]
+        if fin.size:
+            self.message_done(fin, self.now)
+
+    def start_steps(self, ids: np.ndarray) -> None:
+        self.started[ids] = True
+        msgs = self.send_order[_ranges(self.send_ptr, ids)]
+        ready = ids[self.remaining[ids] == 0]
+        if ready.size:
+            self.complete(ready, self.now)
+        self.push_grouped(self.now + self.sub.msg_alpha[msgs], _ACT, msgs)
+
+    def activate(self, msgs: np.ndarray) -> None:
+        """Messages past their alpha: their subflows join the fluid (empty ones finish now)."""
+        sub = self.sub
+        sfs = _ranges(sub.msg_sub_ptr, msgs)
+        instant = (sub.sf_bytes[sfs] <= 0) | (sub.pad[sub.sf_pairsub[sfs], 0] < 0)
+        live = sfs[~instant]
+        if live.size:
+            self.flows_sf = np.concatenate((self.flows_sf, live))
+            self.flows_rem = np.concatenate((self.flows_rem, sub.sf_bytes[live]))
+            self.dirty = True
+        if np.any(instant):
+            self.subflows_done(sfs[instant])
+
+    def update_rates(self) -> None:
+        if self.flows_sf.size:
+            self.rates, m = _rates(self.sub.pad[self.sub.sf_pairsub[self.flows_sf]], self.sub.cap,
+                                   self.sharing)
+            self.most = max(self.most, m)
+        else:
+            self.rates = np.zeros(0)
+        self.dirty = False
+
+    def handle_events(self, t_ev: float) -> None:
+        if self.flows_sf.size:
+            self.flows_rem = self.flows_rem - self.rates * (t_ev - self.now)
+        self.now = t_ev
+        while self.heap and self.heap[0][0] <= self.now:
+            _, _, kind, ids = heapq.heappop(self.heap)
+            if kind == _START:
+                self.start_steps(ids)
+            elif kind == _ACT:
+                self.activate(ids)
             else:
-                rates = np.zeros(0)
-            dirty = False
-        if flows_sf.size:
-            dts = flows_rem / rates
-            dtmin = float(dts.min())
-            t_fin = now + dtmin
-        else:
-            t_fin = np.inf
-        t_ev = heap[0][0] if heap else np.inf
-        if t_ev == np.inf and t_fin == np.inf:
-            break
-        batches += 1
-        if t_ev <= t_fin:
-            if flows_sf.size:
-                flows_rem = flows_rem - rates * (t_ev - now)
-            now = t_ev
-            while heap and heap[0][0] <= now:
-                _, _, kind, ids = heapq.heappop(heap)
-                if kind == START:
-                    started[ids] = True
-                    msgs = send_order[_ranges(send_ptr, ids)]
-                    ready = ids[remaining[ids] == 0]
-                    if ready.size:
-                        complete(ready, now)
-                    push_grouped(now + msg_alpha[msgs], ACT, msgs)
-                elif kind == ACT:
-                    sfs = _ranges(msg_sub_ptr, ids)
-                    instant = (sf_bytes[sfs] <= 0) | (pad[sf_pairsub[sfs], 0] < 0)
-                    if np.any(instant):
-                        np.subtract.at(msg_left, sf_msg[sfs[instant]], 1)
-                    live = sfs[~instant]
-                    if live.size:
-                        flows_sf = np.concatenate((flows_sf, live))
-                        flows_rem = np.concatenate((flows_rem, sf_bytes[live]))
-                        dirty = True
-                    if np.any(instant):
-                        um = np.unique(sf_msg[sfs[instant]])
-                        fin = um[msg_left[um] == 0]
-                        if fin.size:
-                            message_done(fin, now)
-                else:
-                    part_done(prog.msg_recv_step[ids], now)
-        else:
-            now = t_fin
-            done = dts <= dtmin * (1 + 1e-9) + 1e-18
-            flows_rem = flows_rem - rates * dtmin
-            fin_sf = flows_sf[done]
-            flows_sf, flows_rem = flows_sf[~done], flows_rem[~done]
-            dirty = True
-            np.subtract.at(msg_left, sf_msg[fin_sf], 1)
-            um = np.unique(sf_msg[fin_sf])
-            fin = um[msg_left[um] == 0]
-            if fin.size:
-                message_done(fin, now)
-    if not rank_done.all():
-        stuck = np.flatnonzero(~rank_done)[:8].tolist()
+                self.part_done(self.prog.msg_recv_step[ids], self.now)
+
+    def finish_flows(self, dts: np.ndarray, dtmin: float) -> None:
+        self.now += dtmin
+        done = dts <= dtmin * (1 + 1e-9) + 1e-18
+        self.flows_rem = self.flows_rem - self.rates * dtmin
+        fin_sf = self.flows_sf[done]
+        self.flows_sf, self.flows_rem = self.flows_sf[~done], self.flows_rem[~done]
+        self.dirty = True
+        self.subflows_done(fin_sf)
+
+    def run(self) -> None:
+        first = self.prog.first
+        if self.prog.num_steps:
+            self.push_grouped(np.zeros(int(np.sum(np.diff(first) > 0))), _START,
+                              first[:-1][np.diff(first) > 0])
+        while True:
+            if self.dirty:
+                self.update_rates()
+            dts, dtmin, t_fin = np.zeros(0), 0.0, np.inf
+            if self.flows_sf.size:
+                dts = self.flows_rem / self.rates
+                dtmin = float(dts.min())
+                t_fin = self.now + dtmin
+            t_ev = self.heap[0][0] if self.heap else np.inf
+            if t_ev == np.inf and t_fin == np.inf:
+                return
+            self.batches += 1
+            if t_ev <= t_fin:
+                self.handle_events(t_ev)
+            else:
+                self.finish_flows(dts, dtmin)
+
+
+def replay(program: Program | ArrayProgram, topo: Topology, gamma: float = 0.0,
+           sharing: str = "max-min") -> ReplayResult:
+    if sharing not in SHARING:
+        raise UsageError(f"unknown sharing {sharing!r} (valid: {', '.join(SHARING)})")
+    prog = program if isinstance(program, ArrayProgram) else to_arrays(program)
+    p = prog.p
+    if p != topo.ranks:
+        raise UsageError(f"schedule has {p} ranks, topology {topo.spec!r} has {topo.ranks}")
+    loop = _EventReplay(prog, _subflows(prog, topo), gamma, sharing)
+    loop.run()
+    if not loop.rank_done.all():
+        stuck = np.flatnonzero(~loop.rank_done)[:8].tolist()
         raise UsageError(f"schedule deadlocked: ranks {stuck} wait for messages that never come")
-    return ReplayResult(float(rank_finish.max()) if p else 0.0, rank_finish, nmsg, batches, most)
+    return ReplayResult(float(loop.rank_finish.max()) if p else 0.0, loop.rank_finish,
+                        len(prog.msg_src), loop.batches, loop.most)
 
 
 # -- the rounds engine: one fluid solve per round, arrays of O(p) -------------------------------
