@@ -32,12 +32,12 @@ A bare P (`--ranks P`) fills in P when the spec omits it (`ring` = `ring:P`).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ccbench.errors import UsageError, choices_error
+from ccbench.units import bits_per_second
 
 KINDS = ("ring", "fully-connected", "switch", "fat-tree", "torus", "hypercube", "dual-plane")
 
@@ -115,67 +115,77 @@ class Topology:
         return [self.link(a, b) for a, b in zip(nodes, nodes[1:], strict=False)]
 
     def _route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
-        p, k = self.ranks, self.kind
         if src == dst:
             return [([], 1.0)]
-        if k == "ring":
-            fwd = (dst - src) % p
-            step = 1 if fwd <= p - fwd else -1
-            nodes = [src]
-            while nodes[-1] != dst:
-                nodes.append((nodes[-1] + step) % p)
-            return [(self._path(nodes), 1.0)]
-        if k == "fully-connected":           # links made on first use (p^2 of them)
-            assert self._inter is not None
-            return [([self.add_link(src, dst, self._inter, "net")], 1.0)]
-        if k == "switch":
-            return [(self._path([src, p, dst]), 1.0)]
-        if k == "fat-tree":
-            leaf = int(self.params["leaf"])
-            ls, ld = p + src // leaf, p + dst // leaf
-            if ls == ld:
-                return [(self._path([src, ls, dst]), 1.0)]
-            spine = int(self.params["spine"])
-            return [(self._path([src, ls, spine, ld, dst]), 1.0)]
-        if k == "hypercube":
-            nodes, cur, diff, bit = [src], src, src ^ dst, 0
-            while diff:
-                if diff & 1:
-                    cur ^= 1 << bit
-                    nodes.append(cur)
-                diff >>= 1
-                bit += 1
-            return [(self._path(nodes), 1.0)]
-        if k == "torus":
-            shape = [n for _, n in self.dims]
-            coord: list[int] = [int(x) for x in np.unravel_index(src, shape)]
-            goal = [int(x) for x in np.unravel_index(dst, shape)]
-            nodes = [src]
-            for d, n in enumerate(shape):
-                fwd = (goal[d] - coord[d]) % n
-                step = 1 if fwd <= n - fwd else -1
-                while coord[d] != goal[d]:
-                    coord[d] = (coord[d] + step) % n
-                    nodes.append(int(np.ravel_multi_index(coord, shape)))
-            return [(self._path(nodes), 1.0)]
-        if k == "dual-plane":
-            g, tor = int(self.params["gpus"]), int(self.params["tor"])
-            hs, hd = src // g, dst // g
-            if hs == hd:
-                host_switch = int(self.params["host_base"]) + hs
-                return [(self._path([src, host_switch, dst]), 1.0)]
-            out = []
-            ntor = int(self.params["tors_per_plane"])
-            for plane in (0, 1):
-                base = int(self.params["tor_base"]) + plane * ntor
-                ts, td = base + hs // tor, base + hd // tor
-                if ts == td:
-                    nodes = [src, ts, dst]
-                else:
-                    nodes = [src, ts, int(self.params["spine_base"]) + plane, td, dst]
-                out.append((self._path(nodes), 0.5))
-            return out
-        raise choices_error("topology", k, KINDS)
+        route = _ROUTES.get(self.kind)
+        if route is None:
+            raise choices_error("topology", self.kind, KINDS)
+        return route(self, src, dst)
+
+    def _ring_route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        p = self.ranks
+        fwd = (dst - src) % p
+        step = 1 if fwd <= p - fwd else -1
+        nodes = [src]
+        while nodes[-1] != dst:
+            nodes.append((nodes[-1] + step) % p)
+        return [(self._path(nodes), 1.0)]
+
+    def _fully_connected_route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        assert self._inter is not None           # links made on first use (p^2 of them)
+        return [([self.add_link(src, dst, self._inter, "net")], 1.0)]
+
+    def _switch_route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        return [(self._path([src, self.ranks, dst]), 1.0)]
+
+    def _fat_tree_route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        p, leaf = self.ranks, int(self.params["leaf"])
+        ls, ld = p + src // leaf, p + dst // leaf
+        if ls == ld:
+            return [(self._path([src, ls, dst]), 1.0)]
+        spine = int(self.params["spine"])
+        return [(self._path([src, ls, spine, ld, dst]), 1.0)]
+
+    def _hypercube_route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        nodes, cur, diff, bit = [src], src, src ^ dst, 0
+        while diff:
+            if diff & 1:
+                cur ^= 1 << bit
+                nodes.append(cur)
+            diff >>= 1
+            bit += 1
+        return [(self._path(nodes), 1.0)]
+
+    def _torus_route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        shape = [n for _, n in self.dims]
+        coord: list[int] = [int(x) for x in np.unravel_index(src, shape)]
+        goal = [int(x) for x in np.unravel_index(dst, shape)]
+        nodes = [src]
+        for d, n in enumerate(shape):
+            fwd = (goal[d] - coord[d]) % n
+            step = 1 if fwd <= n - fwd else -1
+            while coord[d] != goal[d]:
+                coord[d] = (coord[d] + step) % n
+                nodes.append(int(np.ravel_multi_index(coord, shape)))
+        return [(self._path(nodes), 1.0)]
+
+    def _dual_plane_route(self, src: int, dst: int) -> list[tuple[list[int], float]]:
+        g, tor = int(self.params["gpus"]), int(self.params["tor"])
+        hs, hd = src // g, dst // g
+        if hs == hd:
+            host_switch = int(self.params["host_base"]) + hs
+            return [(self._path([src, host_switch, dst]), 1.0)]
+        out = []
+        ntor = int(self.params["tors_per_plane"])
+        for plane in (0, 1):
+            base = int(self.params["tor_base"]) + plane * ntor
+            ts, td = base + hs // tor, base + hd // tor
+            if ts == td:
+                nodes = [src, ts, dst]
+            else:
+                nodes = [src, ts, int(self.params["spine_base"]) + plane, td, dst]
+            out.append((self._path(nodes), 0.5))
+        return out
 
     # -- vectorised routing (one call per round of a schedule) ---------------------------
     def paths(self, src: np.ndarray, dst: np.ndarray) -> Paths:
@@ -460,12 +470,10 @@ def parse_topology(spec: str, ranks: int | None = None) -> tuple[str, list[str],
 
 def _rate_bytes(text: str) -> float:
     """'95.6M' (bits per second, decimal K/M/G) -> bytes per second."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)", text.strip(), re.IGNORECASE)
-    if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"malformed uplink rate {text!r} (bits per second with K, M or G: "
-                         f"95.6M, 10G)")
-    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[
-        match.group(2).lower()] / 8
+    bits = bits_per_second(text, "uplink rate")
+    if bits <= 0:
+        raise UsageError(f"uplink rate {text!r} must be above 0 (bits per second: 95.6M, 10G)")
+    return bits / 8
 
 
 def _int(value: str, what: str) -> int:
@@ -478,104 +486,151 @@ def _int(value: str, what: str) -> int:
     return out
 
 
-def build_topology(spec: str, ranks: int | None, inter: LinkClass,
-                   intra: LinkClass | None = None) -> Topology:
-    """A topology from its spec; `inter` for network links, `intra` for in-host links."""
-    kind, positional, opts = parse_topology(spec, ranks)
-    intra = intra or inter
+def _rank_count(kind: str, positional: list[str], spec: str) -> tuple[int, list[int]]:
+    """The spec's rank count, and a torus's shape (empty for the other kinds)."""
     if not positional:
         raise UsageError(f"topology {spec!r} needs a rank count (e.g. {kind}:8 or --ranks 8)")
-    if kind == "torus":
-        try:
-            shape = [int(x) for x in positional[0].lower().split("x")]
-        except ValueError:
-            raise UsageError(f"malformed torus shape {positional[0]!r} (examples: 4x4, 4x4x4)") from None
-        if len(shape) not in (2, 3) or min(shape) < 1:
-            raise UsageError(f"torus shape {positional[0]!r} must be 2D or 3D (4x4, 4x4x4)")
-        p = int(np.prod(shape))
-    else:
-        p = _int(positional[0], "topology rank count")
-    if ranks is not None and ranks != p:
-        raise UsageError(f"--ranks {ranks} does not match topology {spec!r} ({p} ranks)")
+    if kind != "torus":
+        return _int(positional[0], "topology rank count"), []
+    try:
+        shape = [int(x) for x in positional[0].lower().split("x")]
+    except ValueError:
+        raise UsageError(f"malformed torus shape {positional[0]!r} (examples: 4x4, 4x4x4)") from None
+    if len(shape) not in (2, 3) or min(shape) < 1:
+        raise UsageError(f"torus shape {positional[0]!r} must be 2D or 3D (4x4, 4x4x4)")
+    return int(np.prod(shape)), shape
+
+
+def _check_options(kind: str, opts: dict[str, str]) -> None:
     unknown = set(opts) - {"leaf", "oversub", "gpus", "tor", "uplink"}
     if unknown:
         raise UsageError(f"unknown topology option {sorted(unknown)[0]!r} (valid: leaf, "
                          f"oversub, uplink for fat-tree; gpus, tor, oversub for dual-plane)")
     if "uplink" in opts and kind != "fat-tree":
         raise UsageError(f"topology option 'uplink' is for fat-tree, not {kind}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Build:
+    """What a kind's builder needs: the spec's options, the link classes, a torus's shape."""
+
+    opts: dict[str, str]
+    inter: LinkClass
+    intra: LinkClass
+    shape: list[int]
+
+
+def _build_ring(topo: Topology, b: _Build) -> None:
+    p = topo.ranks
+    for r in range(p):
+        if p > 1:
+            topo.add_pair(r, (r + 1) % p, b.inter, "net")
+    topo.dims = [("Ring", p)]
+
+
+def _build_fully_connected(topo: Topology, b: _Build) -> None:
+    if topo.ranks > 1:
+        topo.add_link(0, 1, b.inter, "net")   # the rest on first use
+    topo.dims = [("FullyConnected", topo.ranks)]
+
+
+def _build_switch(topo: Topology, b: _Build) -> None:
+    p = topo.ranks
+    for r in range(p):
+        topo.add_pair(r, p, b.inter, "net")
+    topo.dims = [("Switch", p)]
+
+
+def _build_fat_tree(topo: Topology, b: _Build) -> None:
+    p, opts, inter = topo.ranks, b.opts, b.inter
+    leaf = _int(opts.get("leaf", "16"), "leaf")
+    oversub = float(opts.get("oversub", "1"))
+    if oversub <= 0:
+        raise UsageError(f"oversub must be > 0, got {oversub}")
+    nleaf = math.ceil(p / leaf)
+    spine = p + nleaf
+    # uplinks of a rank link's bandwidth each, or of the given rate (bytes/s)
+    per_link = _rate_bytes(opts["uplink"]) * inter.beta if "uplink" in opts else 1.0
+    topo.params.update(leaf=leaf, oversub=oversub, spine=spine)
+    for r in range(p):
+        topo.add_pair(r, p + r // leaf, inter, "net")
+    for i in range(nleaf):
+        members = min(leaf, p - i * leaf)
+        topo.add_pair(p + i, spine, inter, "uplink", scale=members / oversub * per_link)
+    topo.dims = [("Switch", p)] if nleaf == 1 else [("Switch", min(leaf, p)), ("Switch", nleaf)]
+
+
+def _build_hypercube(topo: Topology, b: _Build) -> None:
+    p = topo.ranks
+    if p & (p - 1):
+        raise UsageError(f"hypercube needs a power-of-two rank count, got {p}")
+    for r in range(p):
+        bit = 1
+        while bit < p:
+            topo.add_link(r, r ^ bit, b.inter, "net")
+            bit <<= 1
+    topo.dims = [("Ring", 2)] * int(math.log2(p)) if p > 1 else [("Ring", 1)]
+
+
+def _build_torus(topo: Topology, b: _Build) -> None:
+    shape = b.shape
+    topo.dims = [("Ring", n) for n in shape]
+    coords = np.array(np.unravel_index(np.arange(topo.ranks), shape))
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        nxt = coords.copy()
+        nxt[d] = (nxt[d] + 1) % n
+        for r, q in enumerate(np.ravel_multi_index(tuple(nxt), shape).tolist()):
+            topo.add_pair(r, q, b.inter, "net")
+
+
+def _build_dual_plane(topo: Topology, b: _Build) -> None:
+    p, opts, inter = topo.ranks, b.opts, b.inter
+    g = _int(opts.get("gpus", "8"), "gpus")
+    tor = _int(opts.get("tor", "16"), "tor")
+    oversub = float(opts.get("oversub", "1"))
+    hosts = math.ceil(p / g)
+    ntor = math.ceil(hosts / tor)
+    host_base = p
+    tor_base = host_base + hosts
+    spine_base = tor_base + 2 * ntor
+    topo.params.update(gpus=g, tor=tor, oversub=oversub, host_base=host_base,
+                       tor_base=tor_base, spine_base=spine_base, tors_per_plane=ntor)
+    for r in range(p):
+        topo.add_pair(r, host_base + r // g, b.intra, "intra")
+        for plane in (0, 1):
+            topo.add_pair(r, tor_base + plane * ntor + (r // g) // tor, inter, "inter")
+    if ntor > 1:
+        for plane in (0, 1):
+            for t in range(ntor):
+                ranks_here = min(tor * g, p - t * tor * g)
+                topo.add_pair(tor_base + plane * ntor + t, spine_base + plane, inter,
+                              "uplink", scale=ranks_here / oversub)
+    topo.dims = [("Switch", min(g, p))]
+    if hosts > 1:
+        topo.dims.append(("Switch", hosts))
+
+
+_BUILDERS = {"ring": _build_ring, "fully-connected": _build_fully_connected,
+             "switch": _build_switch, "fat-tree": _build_fat_tree, "hypercube": _build_hypercube,
+             "torus": _build_torus, "dual-plane": _build_dual_plane}
+_ROUTES = {"ring": Topology._ring_route, "fully-connected": Topology._fully_connected_route,
+           "switch": Topology._switch_route, "fat-tree": Topology._fat_tree_route,
+           "hypercube": Topology._hypercube_route, "torus": Topology._torus_route,
+           "dual-plane": Topology._dual_plane_route}
+
+
+def build_topology(spec: str, ranks: int | None, inter: LinkClass,
+                   intra: LinkClass | None = None) -> Topology:
+    """A topology from its spec; `inter` for network links, `intra` for in-host links."""
+    kind, positional, opts = parse_topology(spec, ranks)
+    p, shape = _rank_count(kind, positional, spec)
+    if ranks is not None and ranks != p:
+        raise UsageError(f"--ranks {ranks} does not match topology {spec!r} ({p} ranks)")
+    _check_options(kind, opts)
     topo = Topology(kind, p, spec)
     topo._inter = inter
-    if kind == "ring":
-        for r in range(p):
-            if p > 1:
-                topo.add_pair(r, (r + 1) % p, inter, "net")
-        topo.dims = [("Ring", p)]
-    elif kind == "fully-connected":
-        if p > 1:
-            topo.add_link(0, 1, inter, "net")   # the rest on first use
-        topo.dims = [("FullyConnected", p)]
-    elif kind == "switch":
-        for r in range(p):
-            topo.add_pair(r, p, inter, "net")
-        topo.dims = [("Switch", p)]
-    elif kind == "fat-tree":
-        leaf = _int(opts.get("leaf", "16"), "leaf")
-        oversub = float(opts.get("oversub", "1"))
-        if oversub <= 0:
-            raise UsageError(f"oversub must be > 0, got {oversub}")
-        nleaf = math.ceil(p / leaf)
-        spine = p + nleaf
-        # uplinks of a rank link's bandwidth each, or of the given rate (bytes/s)
-        per_link = _rate_bytes(opts["uplink"]) * inter.beta if "uplink" in opts else 1.0
-        topo.params.update(leaf=leaf, oversub=oversub, spine=spine)
-        for r in range(p):
-            topo.add_pair(r, p + r // leaf, inter, "net")
-        for i in range(nleaf):
-            members = min(leaf, p - i * leaf)
-            topo.add_pair(p + i, spine, inter, "uplink", scale=members / oversub * per_link)
-        topo.dims = [("Switch", p)] if nleaf == 1 else [("Switch", min(leaf, p)), ("Switch", nleaf)]
-    elif kind == "hypercube":
-        if p & (p - 1):
-            raise UsageError(f"hypercube needs a power-of-two rank count, got {p}")
-        for r in range(p):
-            bit = 1
-            while bit < p:
-                topo.add_link(r, r ^ bit, inter, "net")
-                bit <<= 1
-        topo.dims = [("Ring", 2)] * int(math.log2(p)) if p > 1 else [("Ring", 1)]
-    elif kind == "torus":
-        topo.dims = [("Ring", n) for n in shape]
-        coords = np.array(np.unravel_index(np.arange(p), shape))
-        for d, n in enumerate(shape):
-            if n == 1:
-                continue
-            nxt = coords.copy()
-            nxt[d] = (nxt[d] + 1) % n
-            for r, q in enumerate(np.ravel_multi_index(tuple(nxt), shape).tolist()):
-                topo.add_pair(r, q, inter, "net")
-    elif kind == "dual-plane":
-        g = _int(opts.get("gpus", "8"), "gpus")
-        tor = _int(opts.get("tor", "16"), "tor")
-        oversub = float(opts.get("oversub", "1"))
-        hosts = math.ceil(p / g)
-        ntor = math.ceil(hosts / tor)
-        host_base = p
-        tor_base = host_base + hosts
-        spine_base = tor_base + 2 * ntor
-        topo.params.update(gpus=g, tor=tor, oversub=oversub, host_base=host_base,
-                           tor_base=tor_base, spine_base=spine_base, tors_per_plane=ntor)
-        for r in range(p):
-            topo.add_pair(r, host_base + r // g, intra, "intra")
-            for plane in (0, 1):
-                topo.add_pair(r, tor_base + plane * ntor + (r // g) // tor, inter, "inter")
-        if ntor > 1:
-            for plane in (0, 1):
-                for t in range(ntor):
-                    ranks_here = min(tor * g, p - t * tor * g)
-                    topo.add_pair(tor_base + plane * ntor + t, spine_base + plane, inter,
-                                  "uplink", scale=ranks_here / oversub)
-        topo.dims = [("Switch", min(g, p))]
-        if hosts > 1:
-            topo.dims.append(("Switch", hosts))
+    _BUILDERS[kind](topo, _Build(opts, inter, intra or inter, shape))
     topo.num_nodes = max(p, 1 + max((max(k) for k in topo.link_ids), default=p - 1))
     return topo
