@@ -46,6 +46,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,37 @@ def _piece_name(fit: dict[str, Any], index: int) -> str:
     return f"piece {index + 1} of {len(pieces)}: {span}"
 
 
+@dataclass
+class _Export:
+    """What an export writes: the manifest as it grows, its notes, the implementations
+    chosen, and the link parameters of the configs."""
+
+    manifest: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    implementations: dict[str, str] = field(default_factory=dict)
+    alpha: float = 0.0
+    beta: float = 0.0
+    dims: list[dict[str, Any]] = field(default_factory=list)
+    local_mem_bw: float = NO_REDUCTION_COST
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The arguments of export_astra for a collective workload."""
+
+    model: dict[str, Any]
+    out_dir: str | os.PathLike[str]
+    ranks: int
+    topology: str
+    collective: str
+    sizes: Sequence[int]
+    backend: str | None
+    prefix: str
+    intra_beta: float | None
+    intra_alpha: float | None
+    algorithm: str | None
+
+
 def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: int,
                  topology: str | None = None, collective: str | None = None,
                  sizes: Sequence[int] = (), backend: str | None = None,
@@ -209,133 +241,177 @@ def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: 
     """Write network.yml, system.json, remote_memory.json, ccbench-export.json and, with a
     collective, one Chakra workload per rank; refuse (UsageError) what ASTRA-sim's
     analytical backend would time differently from `ccbench simulate`."""
+    topology = topology or f"switch:{ranks}"
+    export = _Export({"ranks": ranks, "topology": topology})
+    if collective:
+        _collective_workload(_Request(model, out_dir, ranks, topology, collective, sizes, backend,
+                                      prefix, intra_beta, intra_alpha, algorithm), export)
+    else:
+        _configs_only(model, ranks, topology, backend, intra_alpha, intra_beta, export)
+    _write_configs(out_path(out_dir), export)
+    return export.manifest
+
+
+def _predict(req: _Request) -> dict[str, Any]:
+    """`simulate --fidelity analytical` of the workload, refused where ASTRA-sim cannot run it
+    as one workload: no element per rank, or sizes in several pieces of the fit."""
     from ccbench.model.simulate import LinkOverrides, simulate
 
-    topology = topology or f"switch:{ranks}"
-    notes: list[str] = []
-    implementations: dict[str, str] = {}
-    manifest: dict[str, Any] = {"ranks": ranks, "topology": topology}
-    if collective:
-        if collective not in _ASTRA_KEYS:
-            raise UsageError(f"ASTRA-sim has no {collective} implementation "
-                             f"(valid: {', '.join(_ASTRA_KEYS)})")
-        if not sizes:
-            raise UsageError("--collective needs --sizes")
-        pred = simulate(model, collective, ranks, topology, sizes, algorithm, "analytical",
-                        backend=backend, links=LinkOverrides(intra_alpha=intra_alpha,
-                                                             intra_beta=intra_beta))
-        rows = pred["rows"]
-        for row in rows:
-            if row["size_used"] <= 0 or astra_comm_size(collective, row["size_used"], ranks) <= 0:
-                raise UsageError(f"cannot export size {row['size_asked']} of {collective} at "
-                                 f"{ranks} ranks: it holds no float32 element per rank")
-        used_pieces = sorted({row["piece"] for row in rows})
-        if len(used_pieces) > 1:
-            fit = pred["fit"]
-            raise UsageError(f"cannot export sizes {sizes[0]}-{sizes[-1]} in one run: they fall "
-                             f"in {len(used_pieces)} pieces of the piecewise fit (break at "
-                             f"{int(fit['pieces'][0]['max_bytes'])} B) and ASTRA-sim has one set "
-                             f"of link parameters per run; export each piece's sizes separately")
-        fit, algo = pred["fit"], pred["algorithm"]
-        alpha, beta, gamma = rows[0]["alpha_s"], rows[0]["beta_s_per_byte"], rows[0]["gamma_s_per_byte"]
-        piece = _piece_name(fit, used_pieces[0])
-        # direct all-to-all runs as direct1's p-1 steps: each step gets 1/(p-1) of the one
-        # alpha its formula charges (see the module doc)
-        share = ranks - 1 if (collective, algo) == ("alltoall", "direct") else 1
-        link_alpha = alpha / share
-        dims = _dims(topology, ranks, link_alpha, beta,
-                     _intra(link_alpha, beta, None if intra_alpha is None
-                            else intra_alpha / share, intra_beta))
-        if share > 1:
-            notes.append(f"direct all-to-all as direct1: link latency = alpha / {share} "
-                         f"(its p-1 steps charge the formula's one alpha)")
-        if len(dims) > 1 and algo != HIER:
-            raise UsageError(f"cannot export the {collective} {algo} workload on {topology}: "
-                             f"ASTRA-sim runs it dimension by dimension ({len(dims)} "
-                             f"dimensions), which ccbench's flat {algo} formula does not describe "
-                             f"(use -a {HIER}, or a one-dimension topology: switch, ring, "
-                             f"fully-connected)")
-        impl, mult = astra_implementation(collective, "ring" if algo == HIER else algo, ranks,
-                                          dims[0]["topology"], gamma)
-        if impl == "doubleBinaryTree" and len(sizes) > 1:
-            raise UsageError("cannot export several sizes of the tree allreduce in one run: "
-                             "ASTRA-sim's doubleBinaryTree releases ranks at different times, "
-                             "so its consecutive collectives overlap; export one size per run")
-        implementations[collective] = impl
-        local_mem_bw = 3.0 * mult / gamma / 1e9 if gamma > 0 and mult > 0 else NO_REDUCTION_COST
-        used = _fit_line(fit, algo, piece)
-        notes.append(f"fit used: {used}")
-        notes.append(f"{_ASTRA_KEYS[collective]}: {impl} (formula {algo})")
-        notes.append(f"local-mem-bw {local_mem_bw:.6g} (gamma {gamma:.3e} s/B, 3 x bytes per "
-                     f"reducing receive)" if gamma > 0 else
-                     "local-mem-bw: no reduction cost (gamma 0)")
-        flags = list(pred.get("flags", []))
-        for row in rows:
-            flags += [f for f in row.get("flags", []) if f not in flags]
-        notes.extend(f"warning: {f}" for f in flags)
-        manifest["flags"] = flags
-        nodes = []
-        expected = []
-        for i, row in enumerate(rows):
-            comm = astra_comm_size(collective, row["size_used"], ranks)
-            nodes.append(comm_coll_node(i, f"{collective}_{row['size_used']}", collective, comm,
-                                        deps=[i - 1] if i else [],
-                                        involved_dim=[True] * len(dims)))
-            expected.append({"size": row["size_asked"], "size_used": row["size_used"],
-                             "comm_size": comm, "ccbench_analytical_us": row["time_us"]})
-        for rank in range(ranks):
-            write_trace(out_path(out_dir) / f"{_safe(prefix)}.{rank}.et", nodes,
-                        metadata={"source": "ccbench export astra-sim"})
-        work = out_path(out_dir) / _safe(prefix)
-        manifest["workload"] = {"prefix": str(work), "collective": collective,
-                                "algorithm": algo, "implementation": impl, "nodes": expected,
-                                "total_us": sum(e["ccbench_analytical_us"] for e in expected),
-                                "comm_size_rule": "all-gather: per-rank shard; "
-                                                  "others: whole buffer"}
-        manifest["fit_used"] = used
-        manifest["run"] = (f"AstraSim_Analytical_Congestion_Unaware "
-                           f"--workload-configuration={work} "
-                           f"--system-configuration={out_path(out_dir) / 'system.json'} "
-                           f"--network-configuration={out_path(out_dir) / 'network.yml'} "
-                           f"--remote-memory-configuration="
-                           f"{out_path(out_dir) / 'remote_memory.json'}")
-    else:
-        # configs only: the links from the all-gather fit (no reduction in its beta)
-        fit, why = select_fit(model, "allgather", ranks, backend)
-        alpha, beta = fit["alpha"], fit["beta"]
-        dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
-        reducing = [f for f in model["fits"] if f is not fit and f["collective"] == "allreduce"
-                    and f["backend"] == fit["backend"] and f["library"] == fit["library"]
-                    and f["gamma"] > 0]
-        gamma = max((f["gamma"] for f in reducing), default=0.0)
-        local_mem_bw = 3.0 / gamma / 1e9 if gamma > 0 else NO_REDUCTION_COST
-        used = _fit_line(fit, fit["model_algorithm"], "first piece" if fit.get("pieces")
-                         else "one piece")
-        notes.append(f"fit used for the links: {used}")
-        notes.append(f"local-mem-bw {local_mem_bw:.6g} from the allreduce gamma {gamma:.3e} s/B"
-                     if gamma > 0 else "local-mem-bw: no reduction cost (no allreduce gamma)")
-        notes.append("implementations: ring, all-to-all direct1 (pass --collective and --sizes "
-                     "for a workload checked against ccbench simulate)")
-        manifest["fit_used"] = used
-        if len(dims) > 1:
-            notes.append(f"{len(dims)} dimensions: ASTRA-sim runs collectives dimension by "
-                         f"dimension; its times are not comparable with ccbench's flat formulas")
-    out = out_path(out_dir)
+    collective, ranks, sizes = req.collective, req.ranks, req.sizes
+    if collective not in _ASTRA_KEYS:
+        raise UsageError(f"ASTRA-sim has no {collective} implementation "
+                         f"(valid: {', '.join(_ASTRA_KEYS)})")
+    if not sizes:
+        raise UsageError("--collective needs --sizes")
+    pred = simulate(req.model, collective, ranks, req.topology, sizes, req.algorithm,
+                    "analytical", backend=req.backend,
+                    links=LinkOverrides(intra_alpha=req.intra_alpha, intra_beta=req.intra_beta))
+    for row in pred["rows"]:
+        if row["size_used"] <= 0 or astra_comm_size(collective, row["size_used"], ranks) <= 0:
+            raise UsageError(f"cannot export size {row['size_asked']} of {collective} at "
+                             f"{ranks} ranks: it holds no float32 element per rank")
+    used_pieces = sorted({row["piece"] for row in pred["rows"]})
+    if len(used_pieces) > 1:
+        fit = pred["fit"]
+        raise UsageError(f"cannot export sizes {sizes[0]}-{sizes[-1]} in one run: they fall "
+                         f"in {len(used_pieces)} pieces of the piecewise fit (break at "
+                         f"{int(fit['pieces'][0]['max_bytes'])} B) and ASTRA-sim has one set "
+                         f"of link parameters per run; export each piece's sizes separately")
+    return pred
+
+
+def _collective_links(req: _Request, algo: str, gamma: float,
+                      export: _Export) -> tuple[str, float]:
+    """The network dims of the workload's links and its ASTRA-sim implementation:
+    (implementation, gamma multiplier for local-mem-bw)."""
+    collective, ranks = req.collective, req.ranks
+    # direct all-to-all runs as direct1's p-1 steps: each step gets 1/(p-1) of the one
+    # alpha its formula charges (see the module doc)
+    share = ranks - 1 if (collective, algo) == ("alltoall", "direct") else 1
+    link_alpha = export.alpha / share
+    export.dims = _dims(req.topology, ranks, link_alpha, export.beta,
+                        _intra(link_alpha, export.beta, None if req.intra_alpha is None
+                               else req.intra_alpha / share, req.intra_beta))
+    if share > 1:
+        export.notes.append(f"direct all-to-all as direct1: link latency = alpha / {share} "
+                            f"(its p-1 steps charge the formula's one alpha)")
+    if len(export.dims) > 1 and algo != HIER:
+        raise UsageError(f"cannot export the {collective} {algo} workload on {req.topology}: "
+                         f"ASTRA-sim runs it dimension by dimension ({len(export.dims)} "
+                         f"dimensions), which ccbench's flat {algo} formula does not describe "
+                         f"(use -a {HIER}, or a one-dimension topology: switch, ring, "
+                         f"fully-connected)")
+    return astra_implementation(collective, "ring" if algo == HIER else algo, ranks,
+                                export.dims[0]["topology"], gamma)
+
+
+def _collective_workload(req: _Request, export: _Export) -> None:
+    collective = req.collective
+    pred = _predict(req)
+    rows = pred["rows"]
+    fit, algo = pred["fit"], pred["algorithm"]
+    export.alpha, export.beta = rows[0]["alpha_s"], rows[0]["beta_s_per_byte"]
+    gamma = rows[0]["gamma_s_per_byte"]
+    piece = _piece_name(fit, sorted({row["piece"] for row in rows})[0])
+    impl, mult = _collective_links(req, algo, gamma, export)
+    if impl == "doubleBinaryTree" and len(req.sizes) > 1:
+        raise UsageError("cannot export several sizes of the tree allreduce in one run: "
+                         "ASTRA-sim's doubleBinaryTree releases ranks at different times, "
+                         "so its consecutive collectives overlap; export one size per run")
+    export.implementations[collective] = impl
+    export.local_mem_bw = 3.0 * mult / gamma / 1e9 if gamma > 0 and mult > 0 \
+        else NO_REDUCTION_COST
+    used = _fit_line(fit, algo, piece)
+    export.notes.append(f"fit used: {used}")
+    export.notes.append(f"{_ASTRA_KEYS[collective]}: {impl} (formula {algo})")
+    export.notes.append(f"local-mem-bw {export.local_mem_bw:.6g} (gamma {gamma:.3e} s/B, 3 x "
+                        f"bytes per reducing receive)" if gamma > 0 else
+                        "local-mem-bw: no reduction cost (gamma 0)")
+    flags = list(pred.get("flags", []))
+    for row in rows:
+        flags += [f for f in row.get("flags", []) if f not in flags]
+    export.notes.extend(f"warning: {f}" for f in flags)
+    export.manifest["flags"] = flags
+    _write_workload(req, rows, algo, impl, len(export.dims), export.manifest)
+    export.manifest["fit_used"] = used
+    out = out_path(req.out_dir)
+    work = out / _safe(req.prefix)
+    export.manifest["run"] = (f"AstraSim_Analytical_Congestion_Unaware "
+                              f"--workload-configuration={work} "
+                              f"--system-configuration={out / 'system.json'} "
+                              f"--network-configuration={out / 'network.yml'} "
+                              f"--remote-memory-configuration={out / 'remote_memory.json'}")
+
+
+def _write_workload(req: _Request, rows: list[dict[str, Any]], algo: str, impl: str,
+                    ndims: int, manifest: dict[str, Any]) -> None:
+    """One Chakra file per rank: a COMM_COLL node per size, each after the one before."""
+    collective, ranks = req.collective, req.ranks
+    nodes = []
+    expected = []
+    for i, row in enumerate(rows):
+        comm = astra_comm_size(collective, row["size_used"], ranks)
+        nodes.append(comm_coll_node(i, f"{collective}_{row['size_used']}", collective, comm,
+                                    deps=[i - 1] if i else [], involved_dim=[True] * ndims))
+        expected.append({"size": row["size_asked"], "size_used": row["size_used"],
+                         "comm_size": comm, "ccbench_analytical_us": row["time_us"]})
+    for rank in range(ranks):
+        write_trace(out_path(req.out_dir) / f"{_safe(req.prefix)}.{rank}.et", nodes,
+                    metadata={"source": "ccbench export astra-sim"})
+    work = out_path(req.out_dir) / _safe(req.prefix)
+    manifest["workload"] = {"prefix": str(work), "collective": collective,
+                            "algorithm": algo, "implementation": impl, "nodes": expected,
+                            "total_us": sum(e["ccbench_analytical_us"] for e in expected),
+                            "comm_size_rule": "all-gather: per-rank shard; "
+                                              "others: whole buffer"}
+
+
+def _configs_only(model: dict[str, Any], ranks: int, topology: str, backend: str | None,
+                  intra_alpha: float | None, intra_beta: float | None, export: _Export) -> None:
+    """Configs without a workload: the links from the all-gather fit (no reduction in its
+    beta), local-mem-bw from the same library's allreduce gamma."""
+    fit, _why = select_fit(model, "allgather", ranks, backend)
+    alpha, beta = fit["alpha"], fit["beta"]
+    export.alpha, export.beta = alpha, beta
+    export.dims = _dims(topology, ranks, alpha, beta,
+                        _intra(alpha, beta, intra_alpha, intra_beta))
+    reducing = [f for f in model["fits"] if f is not fit and f["collective"] == "allreduce"
+                and f["backend"] == fit["backend"] and f["library"] == fit["library"]
+                and f["gamma"] > 0]
+    gamma = max((f["gamma"] for f in reducing), default=0.0)
+    export.local_mem_bw = 3.0 / gamma / 1e9 if gamma > 0 else NO_REDUCTION_COST
+    used = _fit_line(fit, fit["model_algorithm"], "first piece" if fit.get("pieces")
+                     else "one piece")
+    notes = export.notes
+    notes.append(f"fit used for the links: {used}")
+    notes.append(f"local-mem-bw {export.local_mem_bw:.6g} from the allreduce gamma "
+                 f"{gamma:.3e} s/B" if gamma > 0 else
+                 "local-mem-bw: no reduction cost (no allreduce gamma)")
+    notes.append("implementations: ring, all-to-all direct1 (pass --collective and --sizes "
+                 "for a workload checked against ccbench simulate)")
+    export.manifest["fit_used"] = used
+    if len(export.dims) > 1:
+        notes.append(f"{len(export.dims)} dimensions: ASTRA-sim runs collectives dimension by "
+                     f"dimension; its times are not comparable with ccbench's flat formulas")
+
+
+def _write_configs(out: Path, export: _Export) -> None:
+    """network.yml, system.json, remote_memory.json and the manifest, ccbench-export.json."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "network.yml").write_text(network_yaml(dims), encoding="utf-8")
-    sysconf = system_json(implementations, len(dims), round(local_mem_bw, 9))
+    (out / "network.yml").write_text(network_yaml(export.dims), encoding="utf-8")
+    sysconf = system_json(export.implementations, len(export.dims), round(export.local_mem_bw, 9))
     (out / "system.json").write_text(json.dumps(sysconf, indent=2) + "\n", encoding="utf-8")
     (out / "remote_memory.json").write_text(
         json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n", encoding="utf-8")
-    manifest.update({
-        "alpha_s": alpha, "beta_s_per_byte": beta, "dims": dims, "system_notes": notes,
+    export.manifest.update({
+        "alpha_s": export.alpha, "beta_s_per_byte": export.beta, "dims": export.dims,
+        "system_notes": export.notes,
         "units": "network.yml bandwidth = bytes/s / 2^30 (ASTRA-sim reads GB/s as GiB/s); "
                  "latency ns per hop = (alpha - endpoint-delay) / hops (Switch 2, Ring 1, "
                  "FullyConnected 1); local-mem-bw x 1e9 bytes/s",
     })
-    (out / "ccbench-export.json").write_text(json.dumps(manifest, indent=1) + "\n",
+    (out / "ccbench-export.json").write_text(json.dumps(export.manifest, indent=1) + "\n",
                                              encoding="utf-8")
-    return manifest
 
 
 def out_path(out_dir: str | os.PathLike[str]) -> Path:
