@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -104,109 +106,24 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
     rows = pred["ops"]
     if not rows:
         raise UsageError("the trace has no op that can be exported (see simulate --trace)")
-    alpha = _one_value(rows, "alpha_s", "alpha", links.inter_alpha, "--inter-alpha-us")
-    beta = _one_value(rows, "beta_s_per_byte", "beta", links.inter_beta, "--inter-bw")
-    intra_alpha, intra_beta = links.intra_alpha, links.intra_beta
-    dims = _dims(topology, ranks, alpha, beta, _intra(alpha, beta, intra_alpha, intra_beta))
-    if len(dims) > 1:
-        raise UsageError(f"cannot export a trace on {topology}: ASTRA-sim runs each collective "
-                         f"dimension by dimension ({len(dims)} dimensions), which the flat "
-                         f"formulas of simulate --trace do not describe (use a one-dimension "
-                         f"topology: switch, ring, fully-connected)")
-    network = dims[0]["topology"]
-    if network == "Ring" and any(op.shape != "world" for op in ops):
-        raise UsageError(f"cannot export this trace on {topology}: its process groups' ring "
-                         f"neighbours are several hops apart on a Ring network, where ASTRA-sim "
-                         f"charges the latency per hop and ccbench's alpha once per message "
-                         f"(use switch or fully-connected)")
-    implementations: dict[str, str] = {}
-    reducing_bw: set[float] = set()
-    native = []
-    for row in rows:
-        coll = _astra_collective(row)
-        if coll not in _ASTRA_KEYS:
-            native.append(False)
-            continue
-        gamma = row["gamma_s_per_byte"] if coll in REDUCING else 0.0
-        impl, mult = astra_implementation(coll, row["algorithm"], row["group_size"], network,
-                                          gamma)
-        if impl == "doubleBinaryTree" and (sum(r["collective"] == coll for r in rows) > 1
-                                           or row["group_shape"] != "world"):
-            raise UsageError("cannot export this trace's tree allreduce: ASTRA-sim's "
-                             "doubleBinaryTree releases ranks at different times, so a chain "
-                             "of them (or one per group) overlaps where ccbench's formula runs "
-                             "them one after the other; pass --algorithm allreduce=ring to "
-                             "export and to simulate --trace alike")
-        if implementations.setdefault(coll, impl) != impl:
-            raise UsageError(f"cannot export this trace: its {coll} ops need ASTRA-sim "
-                             f"implementations {implementations[coll]} and {impl} (group sizes "
-                             f"differ) and a run has one per collective")
-        if gamma > 0 and mult > 0 and row["group_size"] > 1:
-            reducing_bw.add(round(3.0 * mult / gamma / 1e9, 9))
-        native.append(True)
-    if len(reducing_bw) > 1:
-        raise UsageError(f"cannot export this trace in one ASTRA-sim run: its reducing ops need "
-                         f"local-mem-bw {sorted(reducing_bw)} (different gamma or "
-                         f"halvingDoubling at different group sizes)")
-    local_mem_bw = reducing_bw.pop() if reducing_bw else NO_REDUCTION_COST
-
-    # communicator groups: one id per distinct group of a sub-world op
-    group_ids: dict[tuple[int, ...], int] = {}
-    for op in ops:
-        if op.shape != "world":
-            for row in op.table:
-                group_ids.setdefault(tuple(int(x) for x in row), len(group_ids) + 1)
-    # NPU q's ops: those one of whose active copies holds q, in trace order
-    holds = np.zeros((len(ops), ranks), bool)
-    pg_of = np.zeros((len(ops), ranks), np.int64)
-    for i, op in enumerate(ops):
-        holds[i, op.table.ravel()] = True
-        if op.shape != "world":
-            for row in op.table:
-                pg_of[i, row] = group_ids[tuple(int(x) for x in row)]
+    alpha, beta, dims = _network(rows, ops, links, topology, ranks)
+    impls = _implementations(rows, dims[0]["topology"])
+    groups = _npu_groups(ops, ranks)
     out = out_path(out_dir)
     work = out / _safe(prefix)
     per_npu_us = []
     for q in range(ranks):
-        nodes: list[Any] = []
-        expected = 0.0
-        for j in np.flatnonzero(holds[:, q]).tolist():
-            row, op = rows[j], ops[j]
-            deps = [len(nodes) - 1] if nodes else []
-            name = f"{row['collective']}:{row['size']}B:node{row['node_id']}"
-            pg = str(pg_of[j, q]) if op.shape != "world" else None
-            if native[j]:
-                comm = astra_comm_size(_astra_collective(row), row["size"], op.group_size)
-                node = comm_coll_node(len(nodes), name, _astra_collective(row), comm,
-                                      pg_name=pg, involved_dim=[True])
-                expected += row["time_us"]
-            else:
-                micros = max(1, round(row["time_us"]))
-                node = _delay_node(len(nodes), f"ccbench-predicted:{name}", micros, row, pg)
-                expected += micros
-            # ASTRA-sim's feeder orders nodes by data_deps only; a comm op may otherwise
-            # run beside a compute node. Chakra readers that follow ctrl_deps see the same.
-            node.ctrl_deps.extend(deps)
-            node.data_deps.extend(deps)
-            nodes.append(node)
+        nodes, expected = _npu_nodes(q, rows, ops, impls.native, groups)
         write_trace(f"{work}.{q}.et", nodes, metadata={"source": "ccbench export astra-sim "
                                                                  "--trace"})
         per_npu_us.append(expected)
-    (out / "comm_groups.json").write_text(
-        json.dumps({str(gid): list(g) for g, gid in group_ids.items()}) + "\n",
-        encoding="utf-8")
-    (out / "network.yml").write_text(network_yaml(dims), encoding="utf-8")
-    (out / "system.json").write_text(
-        json.dumps(system_json(implementations, 1, local_mem_bw), indent=2) + "\n",
-        encoding="utf-8")
-    (out / "remote_memory.json").write_text(
-        json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n", encoding="utf-8")
-    delayed = sorted({r["collective"] for r, n in zip(rows, native, strict=True) if not n})
+    _write_configs(out, groups.ids, dims, impls)
+    delayed = sorted({r["collective"] for r, n in zip(rows, impls.native, strict=True) if not n})
     manifest: dict[str, Any] = {
         "ranks": ranks, "topology": topology, "trace": pred["trace"],
         "recorded_world_size": pred["recorded_world_size"], "dims": dims,
-        "alpha_s": alpha, "beta_s_per_byte": beta, "local_mem_bw": local_mem_bw,
-        "implementations": implementations, "comm_groups": len(group_ids),
+        "alpha_s": alpha, "beta_s_per_byte": beta, "local_mem_bw": impls.local_mem_bw,
+        "implementations": impls.names, "comm_groups": len(groups.ids),
         "workload": {"prefix": str(work), "ops": len(rows),
                      "simulate_total_us": pred["total_us"],
                      "total_us": max(per_npu_us), "per_npu_us": per_npu_us,
@@ -221,6 +138,144 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
     (out / "ccbench-export.json").write_text(json.dumps(manifest, indent=1) + "\n",
                                              encoding="utf-8")
     return manifest
+
+
+def _network(rows: list[dict[str, Any]], ops: list[Any], links: LinkOverrides, topology: str,
+             ranks: int) -> tuple[float, float, list[dict[str, Any]]]:
+    """The one set of link parameters of the run (alpha, beta, network dims), refused where
+    ASTRA-sim would time the trace's ops otherwise than simulate --trace."""
+    alpha = _one_value(rows, "alpha_s", "alpha", links.inter_alpha, "--inter-alpha-us")
+    beta = _one_value(rows, "beta_s_per_byte", "beta", links.inter_beta, "--inter-bw")
+    dims = _dims(topology, ranks, alpha, beta,
+                 _intra(alpha, beta, links.intra_alpha, links.intra_beta))
+    if len(dims) > 1:
+        raise UsageError(f"cannot export a trace on {topology}: ASTRA-sim runs each collective "
+                         f"dimension by dimension ({len(dims)} dimensions), which the flat "
+                         f"formulas of simulate --trace do not describe (use a one-dimension "
+                         f"topology: switch, ring, fully-connected)")
+    if dims[0]["topology"] == "Ring" and any(op.shape != "world" for op in ops):
+        raise UsageError(f"cannot export this trace on {topology}: its process groups' ring "
+                         f"neighbours are several hops apart on a Ring network, where ASTRA-sim "
+                         f"charges the latency per hop and ccbench's alpha once per message "
+                         f"(use switch or fully-connected)")
+    return alpha, beta, dims
+
+
+@dataclass
+class _Implementations:
+    """ASTRA-sim's implementation per collective, whether each op runs as a COMM_COLL node
+    (else as a compute node of its predicted time), and the one local-mem-bw."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    native: list[bool] = field(default_factory=list)
+    local_mem_bw: float = NO_REDUCTION_COST
+
+
+def _implementation(row: dict[str, Any], rows: list[dict[str, Any]], coll: str, network: str,
+                    chosen: dict[str, str]) -> tuple[str, float]:
+    """One op's implementation, refused where it cannot share the run with the others."""
+    gamma = row["gamma_s_per_byte"] if coll in REDUCING else 0.0
+    impl, mult = astra_implementation(coll, row["algorithm"], row["group_size"], network, gamma)
+    if impl == "doubleBinaryTree" and (sum(r["collective"] == coll for r in rows) > 1
+                                       or row["group_shape"] != "world"):
+        raise UsageError("cannot export this trace's tree allreduce: ASTRA-sim's "
+                         "doubleBinaryTree releases ranks at different times, so a chain "
+                         "of them (or one per group) overlaps where ccbench's formula runs "
+                         "them one after the other; pass --algorithm allreduce=ring to "
+                         "export and to simulate --trace alike")
+    if chosen.setdefault(coll, impl) != impl:
+        raise UsageError(f"cannot export this trace: its {coll} ops need ASTRA-sim "
+                         f"implementations {chosen[coll]} and {impl} (group sizes "
+                         f"differ) and a run has one per collective")
+    return impl, mult
+
+
+def _implementations(rows: list[dict[str, Any]], network: str) -> _Implementations:
+    out = _Implementations()
+    reducing_bw: set[float] = set()
+    for row in rows:
+        coll = _astra_collective(row)
+        if coll not in _ASTRA_KEYS:
+            out.native.append(False)
+            continue
+        _impl, mult = _implementation(row, rows, coll, network, out.names)
+        gamma = row["gamma_s_per_byte"] if coll in REDUCING else 0.0
+        if gamma > 0 and mult > 0 and row["group_size"] > 1:
+            reducing_bw.add(round(3.0 * mult / gamma / 1e9, 9))
+        out.native.append(True)
+    if len(reducing_bw) > 1:
+        raise UsageError(f"cannot export this trace in one ASTRA-sim run: its reducing ops need "
+                         f"local-mem-bw {sorted(reducing_bw)} (different gamma or "
+                         f"halvingDoubling at different group sizes)")
+    out.local_mem_bw = reducing_bw.pop() if reducing_bw else NO_REDUCTION_COST
+    return out
+
+
+@dataclass
+class _NpuGroups:
+    """Communicator groups (one id per distinct group of a sub-world op, from 1) and, per op
+    and NPU, whether one of the op's active copies holds the NPU and that copy's group id."""
+
+    ids: dict[tuple[int, ...], int]
+    holds: np.ndarray
+    pg_of: np.ndarray
+
+
+def _npu_groups(ops: list[Any], ranks: int) -> _NpuGroups:
+    group_ids: dict[tuple[int, ...], int] = {}
+    for op in ops:
+        if op.shape != "world":
+            for row in op.table:
+                group_ids.setdefault(tuple(int(x) for x in row), len(group_ids) + 1)
+    holds = np.zeros((len(ops), ranks), bool)
+    pg_of = np.zeros((len(ops), ranks), np.int64)
+    for i, op in enumerate(ops):
+        holds[i, op.table.ravel()] = True
+        if op.shape != "world":
+            for row in op.table:
+                pg_of[i, row] = group_ids[tuple(int(x) for x in row)]
+    return _NpuGroups(group_ids, holds, pg_of)
+
+
+def _npu_nodes(q: int, rows: list[dict[str, Any]], ops: list[Any], native: list[bool],
+               groups: _NpuGroups) -> tuple[list[Any], float]:
+    """NPU q's nodes (its ops in trace order, each after the one before) and the time they
+    should take."""
+    nodes: list[Any] = []
+    expected = 0.0
+    for j in np.flatnonzero(groups.holds[:, q]).tolist():
+        row, op = rows[j], ops[j]
+        deps = [len(nodes) - 1] if nodes else []
+        name = f"{row['collective']}:{row['size']}B:node{row['node_id']}"
+        pg = str(groups.pg_of[j, q]) if op.shape != "world" else None
+        if native[j]:
+            comm = astra_comm_size(_astra_collective(row), row["size"], op.group_size)
+            node = comm_coll_node(len(nodes), name, _astra_collective(row), comm,
+                                  pg_name=pg, involved_dim=[True])
+            expected += row["time_us"]
+        else:
+            micros = max(1, round(row["time_us"]))
+            node = _delay_node(len(nodes), f"ccbench-predicted:{name}", micros, row, pg)
+            expected += micros
+        # ASTRA-sim's feeder orders nodes by data_deps only; a comm op may otherwise
+        # run beside a compute node. Chakra readers that follow ctrl_deps see the same.
+        node.ctrl_deps.extend(deps)
+        node.data_deps.extend(deps)
+        nodes.append(node)
+    return nodes, expected
+
+
+def _write_configs(out: Path, group_ids: dict[tuple[int, ...], int], dims: list[dict[str, Any]],
+                   impls: _Implementations) -> None:
+    (out / "comm_groups.json").write_text(
+        json.dumps({str(gid): list(g) for g, gid in group_ids.items()}) + "\n",
+        encoding="utf-8")
+    (out / "network.yml").write_text(network_yaml(dims), encoding="utf-8")
+    (out / "system.json").write_text(
+        json.dumps(system_json(impls.names, 1, impls.local_mem_bw), indent=2) + "\n",
+        encoding="utf-8")
+    (out / "remote_memory.json").write_text(
+        json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n", encoding="utf-8")
 
 
 def trace_export_lines(manifest: dict[str, Any]) -> list[str]:
