@@ -478,9 +478,23 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
     recs = [r for r in recs if r.world_size > 1 and r.collective in COLLECTIVES]
     if not recs:
         raise UsageError("no records to calibrate on (need world size > 1)")
+    by_group, sources = _fit_groups(recs, skipped)
+    _drop_one_size_groups(by_group, skipped)
+    order = sorted(by_group, key=lambda k: (k.collective not in NON_REDUCING, _order(k)))
+    fits: list[GroupFit] = []
+    betas: dict[CaseId, tuple[int, float | None]] = {}    # link key -> (points, beta)
+    for gkey in order:
+        _fit_one_group(gkey, by_group[gkey], sources.get(gkey, ""),
+                       _Budget(bootstrap, seed, skipped), fits, betas)
+    return fits
+
+
+def _fit_groups(recs: list[Record], skipped: list[str] | None
+                ) -> tuple[dict[CaseId, list[Record]], dict[CaseId, str]]:
+    """The records per fit group, and per group why its formula is the library's own; an
+    algorithm with no cost formula is left out (its reason once in `skipped`)."""
     by_group: dict[CaseId, list[Record]] = defaultdict(list)
     sources: dict[CaseId, str] = {}
-    unidentified: list[str] = []
     for r in recs:
         if r.algorithm != "native":
             try:
@@ -496,6 +510,13 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
     if not by_group:
         raise UsageError("no records with a cost formula to calibrate on"
                          + (f" ({skipped[0]})" if skipped else ""))
+    return by_group, sources
+
+
+def _drop_one_size_groups(by_group: dict[CaseId, list[Record]], skipped: list[str] | None) -> None:
+    """Alpha and beta cannot be told apart from one size: such groups go, each said why;
+    none left is an error."""
+    unidentified: list[str] = []
     for gkey in list(by_group):
         sizes = {r.size_used for r in by_group[gkey]}
         if len(sizes) < 2:
@@ -511,50 +532,73 @@ def calibrate(records: Sequence[Record], bootstrap: int = 200, seed: int = 0,
         raise UsageError(f"cannot fit: {unidentified[0]}"
                          + (f" (and {len(unidentified) - 1} more groups)"
                             if len(unidentified) > 1 else ""))
-    order = sorted(by_group, key=lambda k: (k.collective not in NON_REDUCING, _order(k)))
-    fits: list[GroupFit] = []
-    betas: dict[CaseId, tuple[int, float | None]] = {}    # link key -> (points, beta)
-    for gkey in order:
-        group = by_group[gkey]
-        key = {name: getattr(gkey, name) for name in FIT_GROUP_FIELDS}
-        link = gkey.only(LINK_FIELDS)
-        fixed = None if key["collective"] in NON_REDUCING else betas.get(link, (0, None))[1]
-        worlds = sorted({r.world_size for r in group})
-        across = None
-        if len(worlds) > 1:
-            sharing = _ports_shared(gkey, group)
-            across = fit_group(key, points_from_records(sharing), "all-world-sizes", fixed,
-                               bootstrap, seed)
-            if len(sharing) < len(group):
-                across.notes.append("2 ranks left out: a direct all-to-all there is one flow "
-                                    "per port, which cannot tell how p-1 flows share one")
-        for w in worlds:
-            sub = [r for r in group if r.world_size == w]
-            if len({r.size_used for r in sub}) < 2:
-                if skipped is not None:
-                    skipped.append(f"{gkey.backend} ({gkey.library}) {gkey.collective} "
-                                   f"{gkey.algorithm} at {w} ranks "
-                                   f"alone: one size, no per-world-size fit (it is in the fit "
-                                   f"across world sizes)")
-                continue
-            forced = across.line.algorithm if (across and key["algorithm"] == "native") else None
-            gf = fit_group(key, points_from_records(sub), "world-size", fixed, bootstrap, seed,
-                           forced)
-            if forced:
-                gf.notes.append(f"native: formula chosen by the across-world-size fit ({forced})")
-            _flag_mixed_networks(gf, sub)
-            _library_source(gf, sources.get(gkey, ""))
-            fits.append(gf)
-        if across is not None:
-            _flag_mixed_networks(across, group)
-            _library_source(across, sources.get(gkey, ""))
-            fits.append(across)
-        if key["collective"] in NON_REDUCING and (across or any(f.key == key for f in fits)):
-            best = across or max((f for f in fits if f.key == key), key=lambda f: f.goodness["points"])
-            npts = int(best.goodness["points"])
-            if npts > betas.get(link, (0, None))[0] and best.line.beta > 0:
-                betas[link] = (npts, best.line.beta)
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """The bootstrap resamples and seed of every fit, and where skipped fits are said."""
+
+    bootstrap: int
+    seed: int
+    skipped: list[str] | None
+
+
+def _fit_across(gkey: CaseId, group: list[Record], key: dict[str, Any], fixed: float | None,
+                budget: _Budget) -> GroupFit:
+    sharing = _ports_shared(gkey, group)
+    across = fit_group(key, points_from_records(sharing), "all-world-sizes", fixed,
+                       budget.bootstrap, budget.seed)
+    if len(sharing) < len(group):
+        across.notes.append("2 ranks left out: a direct all-to-all there is one flow "
+                            "per port, which cannot tell how p-1 flows share one")
+    return across
+
+
+def _fit_per_world(gkey: CaseId, group: list[Record], key: dict[str, Any], fixed: float | None,
+                   across: GroupFit | None, source: str, budget: _Budget) -> list[GroupFit]:
+    """One fit per world size with two sizes or more (a native one takes the formula the
+    fit across world sizes chose)."""
+    fits = []
+    for w in sorted({r.world_size for r in group}):
+        sub = [r for r in group if r.world_size == w]
+        if len({r.size_used for r in sub}) < 2:
+            if budget.skipped is not None:
+                budget.skipped.append(f"{gkey.backend} ({gkey.library}) {gkey.collective} "
+                                      f"{gkey.algorithm} at {w} ranks "
+                                      f"alone: one size, no per-world-size fit (it is in the "
+                                      f"fit across world sizes)")
+            continue
+        forced = across.line.algorithm if (across and key["algorithm"] == "native") else None
+        gf = fit_group(key, points_from_records(sub), "world-size", fixed, budget.bootstrap,
+                       budget.seed, forced)
+        if forced:
+            gf.notes.append(f"native: formula chosen by the across-world-size fit ({forced})")
+        _flag_mixed_networks(gf, sub)
+        _library_source(gf, source)
+        fits.append(gf)
     return fits
+
+
+def _fit_one_group(gkey: CaseId, group: list[Record], source: str, budget: _Budget,
+                   fits: list[GroupFit], betas: dict[CaseId, tuple[int, float | None]]) -> None:
+    """A group's fits appended to `fits`; a reducing collective takes its beta from the
+    non-reducing fit of the same link with the most points (`betas`), which a
+    non-reducing group updates."""
+    key = {name: getattr(gkey, name) for name in FIT_GROUP_FIELDS}
+    link = gkey.only(LINK_FIELDS)
+    fixed = None if key["collective"] in NON_REDUCING else betas.get(link, (0, None))[1]
+    across = _fit_across(gkey, group, key, fixed, budget) \
+        if len({r.world_size for r in group}) > 1 else None
+    fits.extend(_fit_per_world(gkey, group, key, fixed, across, source, budget))
+    if across is not None:
+        _flag_mixed_networks(across, group)
+        _library_source(across, source)
+        fits.append(across)
+    if key["collective"] in NON_REDUCING and (across or any(f.key == key for f in fits)):
+        best = across or max((f for f in fits if f.key == key), key=lambda f: f.goodness["points"])
+        npts = int(best.goodness["points"])
+        if npts > betas.get(link, (0, None))[0] and best.line.beta > 0:
+            betas[link] = (npts, best.line.beta)
 
 
 def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: Sequence[int],
