@@ -104,3 +104,33 @@ def test_published_address_is_not_loopback_for_a_remote_peer(
     assert published_address("127.0.0.1") == "127.0.0.1"
     monkeypatch.setenv("CCBENCH_CONTROL_ADDR", "10.1.2.3")
     assert published_address("127.0.0.1") == "10.1.2.3"
+
+
+@pytest.mark.parametrize(("hosts", "topology", "planes", "spec"), [
+    (4, "switch", 1, "switch:4"),
+    (8, "two-tier:2:oversub=2", 1, "fat-tree:8:leaf=4:oversub=2"),
+    (6, "two-tier:3", 1, "fat-tree:6:leaf=2:oversub=1"),
+    (4, "dual-plane", 1, "dual-plane:4:gpus=1:tor=4"),
+    (4, "switch", 2, "dual-plane:4:gpus=1:tor=4"),
+])
+def test_a_testbed_is_a_model_topology(hosts: int, topology: str, planes: int, spec: str) -> None:
+    """The testbed and the model name one network alike: the model's topology of the same
+    spec has the testbed's hosts and, link for link, its rates (model links are directed)."""
+    from ccbench.model.topology import LinkClass, build_topology
+
+    rate = parse_rate("1G")
+    plan = build_plan(hosts, rate, parse_topology(topology), planes=planes)
+    assert plan.model_spec() == spec
+    model = build_topology(spec, None, LinkClass(1e-6, 8 / rate))
+    assert model.ranks == len(plan.hosts)
+    bits = sorted(round(model.cap[i] * 8) for (u, v), i in model.link_ids.items()
+                  if u < v and model.klass[i] != "intra")
+    assert bits == sorted(link.rate for link in plan.links)
+
+
+@pytest.mark.parametrize(("hosts", "topology", "ranks_per_host"),
+                         [(4, "switch", 2), (7, "two-tier:3", 1)])
+def test_no_model_topology_where_none_is_the_same(hosts: int, topology: str,
+                                                  ranks_per_host: int) -> None:
+    plan = build_plan(hosts, parse_rate("1G"), parse_topology(topology), ranks_per_host)
+    assert plan.model_spec() is None

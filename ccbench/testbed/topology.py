@@ -19,7 +19,7 @@ from typing import Any
 
 from ccbench.errors import UsageError
 
-__all__ = ["Bridge", "HostPlan", "Link", "Plan", "build_plan",
+__all__ = ["MODEL_KIND", "Bridge", "HostPlan", "Link", "Plan", "Topology", "build_plan",
            "parse_topology"]
 
 PREFIX = "ccb-"
@@ -28,6 +28,11 @@ ROOT_HOST_ID = 254             # the root namespace's address on plane 0
 HOST_SUBNET = 8                # with planes: host i's own address 10.213.8.(i+1)/32 on lo
 MAX_HOSTS = 64
 TOPOLOGY_FORMS = "switch, two-tier:LEAVES[:oversub=R], dual-plane"
+
+# the testbed's kinds in the model's terms (ccbench.model.topology): switch and dual-plane are
+# the same networks; two-tier is a fat-tree counted by its leaves instead of its ranks per leaf
+MODEL_KIND = {"switch": "switch", "two-tier": "fat-tree", "dual-plane": "dual-plane"}
+
 
 @dataclass(frozen=True, slots=True)
 class Topology:
@@ -39,6 +44,23 @@ class Topology:
         if self.kind == "two-tier":
             return f"two-tier:{self.leaves}:oversub={self.oversub:g}"
         return self.kind
+
+    def model_spec(self, num_hosts: int, ranks_per_host: int = 1) -> str | None:
+        """The same network as `ccbench simulate --topology` names it, one rank per host:
+        `two-tier:2:oversub=2` on 8 hosts is `fat-tree:8:leaf=4:oversub=2` (its leaves' hosts
+        numbered leaf by leaf, as the model numbers them). None where the model has no
+        such network: several ranks share a host's NIC (the model gives each rank its own),
+        or the leaves differ in size other than as the model's last leaf does."""
+        if ranks_per_host != 1:
+            return None
+        kind = MODEL_KIND[self.kind]
+        if self.kind == "switch":
+            return f"{kind}:{num_hosts}"
+        if self.kind == "dual-plane":          # one ToR per plane: the plane's bridge
+            return f"{kind}:{num_hosts}:gpus=1:tor={num_hosts}"
+        if num_hosts % self.leaves:
+            return None
+        return f"{kind}:{num_hosts}:leaf={num_hosts // self.leaves}:oversub={self.oversub:g}"
 
 
 def parse_topology(text: str) -> Topology:
@@ -122,6 +144,10 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def model_spec(self) -> str | None:
+        """This testbed as the model's topology spec (`Topology.model_spec`)."""
+        return parse_topology(self.topology).model_spec(len(self.hosts), self.ranks_per_host)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
