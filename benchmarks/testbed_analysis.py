@@ -28,6 +28,7 @@ from ccbench.model.library_algorithms import INTEL_MPI_ADJUST, MPICH_CVARS
 from ccbench.model.modelfile import build_model
 from ccbench.model.simulate import simulate
 from ccbench.records import Record, load_records
+from ccbench.testbed.topology import parse_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "testbed"
@@ -38,6 +39,7 @@ DATA = OUT / "data"
 PAYLOAD_PER_FRAME, FRAME_BYTES = 1448, 1514
 EFFICIENCY = PAYLOAD_PER_FRAME / FRAME_BYTES
 CALIBRATIONS = ("shared",)
+TWO_TIER = parse_topology("two-tier:2:oversub=2")      # the twotier2x2 runs' network
 TARGET_MEDIAN, TARGET_P90, TARGET_TWO_TIER = 0.10, 0.25, 0.20
 
 
@@ -299,7 +301,9 @@ def analyze(train: list[int], link: str) -> None:
                 continue
             for r in recs:
                 p = r.world_size
-                topo = f"fat-tree:{p}:leaf={p // 2}:oversub=2"
+                topo = TWO_TIER.model_spec(p)      # the model's fat-tree of the same network
+                if topo is None:
+                    continue
                 # the spine's links at the link's payload rate: the fitted beta is what a
                 # rank's endpoint reaches (gloo's all-to-all: 0.5-0.7 of the link on one
                 # switch), not the rate of a link between switches
