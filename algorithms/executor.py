@@ -247,41 +247,50 @@ class Executor:
         _, _, snapshot, steps, reduce = bound
         if snapshot is not None:
             snapshot[...] = send
-        t, timeout = self.transport, self.timeout
         for copies, sends, recvs, reds, ordered, prepared in steps:
             for src, dst in copies:
                 dst[...] = src
             if prepared is not None:
-                prepared.start()
-                if ordered:
-                    i = 0
-                    for *_, red in recvs:
-                        prepared.wait_recv(i, timeout)
-                        if red is not None:
-                            reduce(*red)
-                        i += 1
-                    prepared.wait_all(timeout)
-                    continue
-                prepared.wait_all(timeout)
-                for red in reds:
-                    reduce(*red)
-                continue
-            rreqs = [t.irecv(buf, peer, tag) for peer, tag, buf, _ in recvs]
-            sreqs = [t.isend(buf, peer, tag) for peer, tag, buf in sends]
-            if ordered:
-                for q, (*_, red) in zip(rreqs, recvs, strict=True):
-                    q.wait(timeout)
-                    if red is not None:
-                        reduce(*red)
-                for q in sreqs:
-                    q.wait(timeout)
-                continue
-            for q in rreqs:
-                q.wait(timeout)
-            for q in sreqs:
-                q.wait(timeout)
-            for red in reds:
+                _run_prepared(prepared, recvs, reds, ordered, reduce, self.timeout)
+            else:
+                _run_posted(self.transport, sends, recvs, reds, ordered, reduce, self.timeout)
+
+
+def _run_prepared(prepared: Any, recvs: Any, reds: Any, ordered: bool, reduce: Any,
+                  timeout: float | None) -> None:
+    """One step on the transport's prepared (persistent) requests."""
+    prepared.start()
+    if ordered:             # each received block is reduced as soon as it is in
+        for i, (*_, red) in enumerate(recvs):
+            prepared.wait_recv(i, timeout)
+            if red is not None:
                 reduce(*red)
+        prepared.wait_all(timeout)
+        return
+    prepared.wait_all(timeout)
+    for red in reds:
+        reduce(*red)
+
+
+def _run_posted(transport: Any, sends: Any, recvs: Any, reds: Any, ordered: bool,
+                reduce: Any, timeout: float | None) -> None:
+    """One step posted as nonblocking receives, then sends."""
+    rreqs = [transport.irecv(buf, peer, tag) for peer, tag, buf, _ in recvs]
+    sreqs = [transport.isend(buf, peer, tag) for peer, tag, buf in sends]
+    if ordered:
+        for q, (*_, red) in zip(rreqs, recvs, strict=True):
+            q.wait(timeout)
+            if red is not None:
+                reduce(*red)
+        for q in sreqs:
+            q.wait(timeout)
+        return
+    for q in rreqs:
+        q.wait(timeout)
+    for q in sreqs:
+        q.wait(timeout)
+    for red in reds:
+        reduce(*red)
 
 
 def _free(bound: tuple[Any, ...]) -> None:

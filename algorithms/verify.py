@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from algorithms.schedule import Schedule, Span
+from algorithms.schedule import Schedule, Span, Step
 
 __all__ = ["VerifyResult", "verify"]
 
@@ -49,6 +49,19 @@ class VerifyResult:
         if self.ok:
             return f"{head}: ok ({self.num_steps} steps, {self.num_messages} messages)"
         return f"{head}: FAILED\n  " + "\n  ".join(self.errors)
+
+
+Key = tuple[int, int, int]      # a message: (source rank, destination rank, sequence number)
+
+
+@dataclass
+class _Run:
+    """A simulation in progress: every rank's buffers, its messages' keys per step, the data
+    in flight, and the step each rank is at."""
+    state: list[dict[str, list[Content]]]
+    keys: list[list[tuple[list[Key], list[Key]]]]
+    payload: dict[Key, list[Content]]
+    pos: list[int]
 
 
 class _Fail(Exception):
@@ -96,40 +109,50 @@ class _Verifier:
         for r, program in enumerate(s.steps):
             for i, step in enumerate(program):
                 where = f"rank {r} step {i}"
-                spans: list[Span] = []
-                for c in step.copies:
-                    spans += [c.src, c.dst]
-                    if c.dst.buf == "send":
-                        self.error(f"{where}: copy writes the input buffer ({c.dst})")
-                    if not self.same_shape(c.src, c.dst):
-                        self.error(f"{where}: copy {c.src} -> {c.dst} changes size")
-                    a, b = self.canon(r, c.src), self.canon(r, c.dst)
-                    if a.overlaps(b) and a != b:
-                        self.error(f"{where}: copy {c.src} -> {c.dst} overlaps itself")
-                for snd in step.sends:
-                    spans.append(snd.span)
-                    if not 0 <= snd.peer < self.p or snd.peer == r:
-                        self.error(f"{where}: send to invalid peer {snd.peer}")
-                for rcv in step.recvs:
-                    spans.append(rcv.span)
-                    if not 0 <= rcv.peer < self.p or rcv.peer == r:
-                        self.error(f"{where}: recv from invalid peer {rcv.peer}")
-                    if rcv.span.buf == "send":
-                        self.error(f"{where}: recv writes the input buffer ({rcv.span})")
-                    if rcv.base is not None:
-                        spans.append(rcv.base)
-                        if not rcv.reduce:
-                            self.error(f"{where}: a base on a copying recv")
-                        if not self.same_shape(rcv.base, rcv.span):
-                            self.error(f"{where}: base {rcv.base} and {rcv.span} differ in size")
+                spans = (self._check_copies(r, where, step) + self._check_sends(r, where, step)
+                         + self._check_recvs(r, where, step))
                 for sp in spans:
                     if sp.hi > s.num_blocks(sp.buf):
                         self.error(f"{where}: {sp} outside the buffer "
                                    f"({s.num_blocks(sp.buf)} blocks)")
                 self.check_hazards(r, i, step)
 
+    def _check_copies(self, r: int, where: str, step: Step) -> list[Span]:
+        spans: list[Span] = []
+        for c in step.copies:
+            spans += [c.src, c.dst]
+            if c.dst.buf == "send":
+                self.error(f"{where}: copy writes the input buffer ({c.dst})")
+            if not self.same_shape(c.src, c.dst):
+                self.error(f"{where}: copy {c.src} -> {c.dst} changes size")
+            a, b = self.canon(r, c.src), self.canon(r, c.dst)
+            if a.overlaps(b) and a != b:
+                self.error(f"{where}: copy {c.src} -> {c.dst} overlaps itself")
+        return spans
+
+    def _check_sends(self, r: int, where: str, step: Step) -> list[Span]:
+        for snd in step.sends:
+            if not 0 <= snd.peer < self.p or snd.peer == r:
+                self.error(f"{where}: send to invalid peer {snd.peer}")
+        return [snd.span for snd in step.sends]
+
+    def _check_recvs(self, r: int, where: str, step: Step) -> list[Span]:
+        spans: list[Span] = []
+        for rcv in step.recvs:
+            spans.append(rcv.span)
+            if not 0 <= rcv.peer < self.p or rcv.peer == r:
+                self.error(f"{where}: recv from invalid peer {rcv.peer}")
+            if rcv.span.buf == "send":
+                self.error(f"{where}: recv writes the input buffer ({rcv.span})")
+            if rcv.base is not None:
+                spans.append(rcv.base)
+                if not rcv.reduce:
+                    self.error(f"{where}: a base on a copying recv")
+                if not self.same_shape(rcv.base, rcv.span):
+                    self.error(f"{where}: base {rcv.base} and {rcv.span} differ in size")
+        return spans
+
     def check_hazards(self, r: int, i: int, step: object) -> None:
-        from algorithms.schedule import Step
         assert isinstance(step, Step)
         sends = [self.canon(r, x.span) for x in step.sends]
         recvs = [(self.canon(r, x.span), x) for x in step.recvs]
@@ -205,15 +228,12 @@ class _Verifier:
         c = self.canon(r, span)
         state[r][c.buf][c.lo:c.hi] = values
 
-    def simulate(self, send_step: dict[tuple[int, int, int], int],
-                 recv_step: dict[tuple[int, int, int], int]) -> list[dict[str, list[Content]]]:
-        s, p = self.s, self.p
-        state = self.initial_state()
-        # per rank and step: the (src, dst, seq) keys of its sends and recvs
+    def _message_keys(self) -> list[list[tuple[list[Key], list[Key]]]]:
+        """Per rank and step: the (src, dst, seq) keys of its sends and of its recvs."""
         seqs: dict[tuple[int, int], int] = defaultdict(int)
         rseqs: dict[tuple[int, int], int] = defaultdict(int)
-        keys: list[list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]]] = []
-        for r, program in enumerate(s.steps):
+        keys = []
+        for r, program in enumerate(self.s.steps):
             per_step = []
             for step in program:
                 sk, rk = [], []
@@ -225,66 +245,73 @@ class _Verifier:
                     rseqs[(rcv.peer, r)] += 1
                 per_step.append((sk, rk))
             keys.append(per_step)
-        payload: dict[tuple[int, int, int], list[Content]] = {}
-        pos = [0] * p
+        return keys
 
-        def post(r: int) -> None:
-            step = s.steps[r][pos[r]]
-            for c in step.copies:
-                self.write(state, r, c.dst, list(self.read(state, r, c.src)))
-            for snd, key in zip(step.sends, keys[r][pos[r]][0], strict=True):
-                data = list(self.read(state, r, snd.span))
-                if any(x is None for x in data):
-                    self.error(f"rank {r} step {pos[r]}: sends undefined data from {snd.span}")
-                payload[key] = data
-
-        def ready(r: int) -> bool:
-            sk, rk = keys[r][pos[r]]
-            return (all(recv_step.get(k, 1 << 60) <= pos[k[1]] for k in sk)
-                    and all(send_step.get(k, 1 << 60) <= pos[k[0]] for k in rk))
-
-        def complete(r: int) -> None:
-            step = s.steps[r][pos[r]]
-            where = f"rank {r} step {pos[r]}"
-            for rcv, key in zip(step.recvs, keys[r][pos[r]][1], strict=True):
-                data = payload.pop(key)
-                if not rcv.reduce:
-                    self.write(state, r, rcv.span, data)
-                    continue
-                base = self.read(state, r, rcv.base if rcv.base is not None else rcv.span)
-                out: list[Content] = []
-                for b, (mine, theirs) in enumerate(zip(base, data, strict=True)):
-                    if mine is None or theirs is None:
-                        self.error(f"{where}: reduces undefined data into {rcv.span} (block {b})")
-                        out.append(None)
-                        continue
-                    twice = mine & theirs
-                    if twice:
-                        self.error(f"{where}: contributions counted twice in {rcv.span}: "
-                                   f"{self.atoms(twice)}")
-                    out.append(mine | theirs)
-                self.write(state, r, rcv.span, out)
-
+    def simulate(self, send_step: dict[Key, int], recv_step: dict[Key, int]
+                 ) -> list[dict[str, list[Content]]]:
+        s, p = self.s, self.p
+        run = _Run(self.initial_state(), self._message_keys(), {}, [0] * p)
         for r in range(p):
             if s.steps[r]:
-                post(r)
+                self._post(run, r)
         active = [r for r in range(p) if s.steps[r]]
         while active:
             progressed = []
             for r in active:
-                if ready(r):
-                    complete(r)
-                    pos[r] += 1
-                    if pos[r] < len(s.steps[r]):
-                        post(r)
+                if self._ready(run, r, send_step, recv_step):
+                    self._complete(run, r)
+                    run.pos[r] += 1
+                    if run.pos[r] < len(s.steps[r]):
+                        self._post(run, r)
                     progressed.append(r)
             if not progressed:
-                stuck = ", ".join(f"rank {r} at step {pos[r]}" for r in active[:8])
+                stuck = ", ".join(f"rank {r} at step {run.pos[r]}" for r in active[:8])
                 self.error(f"deadlock: {stuck}")
                 raise _Fail
-            active = [r for r in active if pos[r] < len(s.steps[r])]
+            active = [r for r in active if run.pos[r] < len(s.steps[r])]
         self.result.num_steps = max((len(x) for x in s.steps), default=0)
-        return state
+        return run.state
+
+    def _post(self, run: _Run, r: int) -> None:
+        """Rank r starts its current step: local copies, then its sends take their data."""
+        step = self.s.steps[r][run.pos[r]]
+        for c in step.copies:
+            self.write(run.state, r, c.dst, list(self.read(run.state, r, c.src)))
+        for snd, key in zip(step.sends, run.keys[r][run.pos[r]][0], strict=True):
+            data = list(self.read(run.state, r, snd.span))
+            if any(x is None for x in data):
+                self.error(f"rank {r} step {run.pos[r]}: sends undefined data from {snd.span}")
+            run.payload[key] = data
+
+    @staticmethod
+    def _ready(run: _Run, r: int, send_step: dict[Key, int], recv_step: dict[Key, int]) -> bool:
+        """Every peer of rank r's current step has reached the step that matches it."""
+        sk, rk = run.keys[r][run.pos[r]]
+        return (all(recv_step.get(k, 1 << 60) <= run.pos[k[1]] for k in sk)
+                and all(send_step.get(k, 1 << 60) <= run.pos[k[0]] for k in rk))
+
+    def _complete(self, run: _Run, r: int) -> None:
+        """Rank r's recvs land: copied, or reduced into their base (each atom at most once)."""
+        step = self.s.steps[r][run.pos[r]]
+        where = f"rank {r} step {run.pos[r]}"
+        for rcv, key in zip(step.recvs, run.keys[r][run.pos[r]][1], strict=True):
+            data = run.payload.pop(key)
+            if not rcv.reduce:
+                self.write(run.state, r, rcv.span, data)
+                continue
+            base = self.read(run.state, r, rcv.base if rcv.base is not None else rcv.span)
+            out: list[Content] = []
+            for b, (mine, theirs) in enumerate(zip(base, data, strict=True)):
+                if mine is None or theirs is None:
+                    self.error(f"{where}: reduces undefined data into {rcv.span} (block {b})")
+                    out.append(None)
+                    continue
+                twice = mine & theirs
+                if twice:
+                    self.error(f"{where}: contributions counted twice in {rcv.span}: "
+                               f"{self.atoms(twice)}")
+                out.append(mine | theirs)
+            self.write(run.state, r, rcv.span, out)
 
     def atoms(self, content: int) -> str:
         n = max(self.src_blocks, 1)
