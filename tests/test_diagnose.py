@@ -310,3 +310,48 @@ def test_one_pairs_latency_outlier_needs_an_absolute_expectation():
     assert analyse(measures, Expectation(), NAMES8) == []
     assert _kinds(analyse(measures, Expectation(None, 300.0, "--latency-us"), NAMES8)) == [
         ("high latency", "pair h5-h7 path")]
+
+
+# a rank that is still reading the --planes gather when rank 0 has found the bad input: the
+# delay makes the race of a loaded machine (srun: extra "lost the control store" lines,
+# exit 3) happen every time
+_SLOW_GATHER = '''
+import time
+from ccbench import control
+
+_gather = control.ControlClient.gather
+
+def gather(self, key, value, world_size, timeout):
+    if key == "diag/planes" and self.rank != 0:
+        self.set(f"{key}/{self.rank}", value)
+        time.sleep(2.0)
+    return _gather(self, key, value, world_size, timeout)
+
+control.ControlClient.gather = gather
+'''
+
+
+def test_planes_missing_under_ranks_started_by_hand_is_one_line_exit_2(tmp_path):
+    import os
+    import secrets
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ccbench.addresses import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "sitecustomize.py").write_text(_SLOW_GATHER)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}", "WORLD_SIZE": "3",
+           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "CCBENCH_CONTROL": f"127.0.0.1:{free_port('127.0.0.1')}",
+           "CCBENCH_CONTROL_SECRET": secrets.token_hex(32)}
+    ranks = [subprocess.Popen([sys.executable, "-m", "ccbench", "diagnose", "--planes",
+                               "eth0,ccbnosuch9"], env={**env, "RANK": str(rank)}, cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(3)]
+    ended = [(proc.returncode, err) for proc in ranks
+             for _out, err in [proc.communicate(timeout=120)]]
+    lines = [line for _rc, err in ended for line in err.splitlines() if line.strip()]
+    assert [rc for rc, _err in ended] == [2, 2, 2], ended
+    assert len(lines) == 1 and "lacks ccbnosuch9" in lines[0], lines

@@ -507,6 +507,7 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
     watchdog = _DiagnoseWatchdog(store, info.rank, info.world_size, timeout)
     watchdog.start()
     rank = _Rank(config, info, store, watchdog)
+    bad_input: UsageError | None = None
     try:
         # as the benchmark: rank 0 waits for late ranks and names a dead one at once
         limit = start_limit(connect_timeout) + 5
@@ -534,9 +535,16 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
                 backend.finalize()
         with watchdog.waiting():
             store.barrier("diag/end", info.world_size, timeout)
+    except UsageError as exc:
+        # every rank finds the same bad input (--planes, --leaves: from the same gathered
+        # values); rank 0 hosts the store, so it leaves only after the others' byes, or a
+        # rank still reading the gather loses the store (exit 3) instead of exiting 2 quietly
+        bad_input = exc
     finally:
         watchdog.stop()
     _close(store, server, info)
+    if bad_input is not None:
+        raise bad_input
     return rank.collected
 
 
