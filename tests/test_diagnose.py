@@ -355,3 +355,46 @@ def test_planes_missing_under_ranks_started_by_hand_is_one_line_exit_2(tmp_path)
     lines = [line for _rc, err in ended for line in err.splitlines() if line.strip()]
     assert [rc for rc, _err in ended] == [2, 2, 2], ended
     assert len(lines) == 1 and "lacks ccbnosuch9" in lines[0], lines
+
+
+def test_percent_of_expected_in_the_pairs_table_and_json():
+    from types import SimpleNamespace
+
+    from ccbench.diagnose.verdict import pair_lines, verdict_json
+
+    measures = [PairMeasure("pairs", 0, 0, 1, 600.0, 0.5 * LINK, 0.25 * LINK),
+                PairMeasure("pairs", 0, 2, 3, 150.0, 0.9 * LINK, 0.9 * LINK)]
+    collected = SimpleNamespace(names=NAMES8[:4], measures=measures, steps=[], world=None,
+                                compute_s={}, expect=Expectation(LINK, 300.0, "--link-rate"))
+    lines = pair_lines(collected)
+    assert "% of expected" in lines[0] and "latency % of expected" in lines[0]
+    assert lines[1].split()[0] == "h0-h1" and lines[1].split()[-4:] == ["25", "%", "50", "%"]
+    out = verdict_json(collected, [])
+    assert out["pairs"][0]["pct_of_expected"] == 25.0           # the slower direction
+    assert out["pairs"][0]["latency_pct_of_expected"] == 50.0   # 300 us expected, 600 measured
+    assert out["measurements"][1]["pct_of_expected"] == 90.0
+    relative = SimpleNamespace(**{**vars(collected), "expect": Expectation()})
+    assert "pct_of_expected" not in verdict_json(relative, [])["pairs"][0]
+    assert pair_lines(relative)[1].split()[-1] == "-"
+
+
+def test_records_carry_percent_of_expected(tmp_path):
+    import json
+
+    records = tmp_path / "diag.jsonl"
+    proc = _ccbench("launch", "-n", "2", "diagnose", "--link-rate", "1G", "--latency-us", "100",
+                    "--no-compute", "--no-repeat", "--iters", "2", "-O", str(records))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "% of expected" in proc.stdout
+    seen = set()
+    for line in records.read_text().splitlines():
+        record = json.loads(line)
+        median, pct = record["time_us"]["median"], record["method"]["pct_of_expected"]
+        if record["collective"] == "sendrecv":
+            assert pct == pytest.approx(100 * 100.0 / median, abs=0.1)
+        elif record["collective"] == "broadcast":
+            assert pct == pytest.approx(100 * record["size_used"] * 8 / median / 1e3, abs=0.1)
+        else:
+            assert pct == pytest.approx(100 * record["busbw_gbps"] * 8, abs=0.1)
+        seen.add(record["collective"])
+    assert seen == {"allreduce", "sendrecv", "broadcast"}

@@ -94,22 +94,22 @@ def _leaves(text: str | None) -> str | int | None:
     return text
 
 
-def _config(args: argparse.Namespace) -> Any:
-    from ccbench.backends import parse_backends
-    from ccbench.diagnose.analyse import Expectation
-    from ccbench.diagnose.measure import DiagnoseConfig
-    from ccbench.harness import Method
-    from ccbench.units import parse_rate, parse_sizes
-
-    backends = parse_backends(args.backend)
-    if len(backends) != 1:
-        raise UsageError(f"diagnose runs one backend, got --backend {args.backend!r}")
+def _check_numbers(args: argparse.Namespace) -> None:
     for name in ("iters", "ranks_per_host"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}")
     if args.warmup < 0 or args.timeout <= 0 or args.oversub < 1:
         raise UsageError("--warmup must be >= 0, --timeout > 0 and --oversub >= 1")
+    if args.latency_us is not None and args.latency_us <= 0:
+        raise UsageError(f"--latency-us must be > 0, got {args.latency_us:g}")
+
+
+def _expectation(args: argparse.Namespace, backend: str) -> Any:
+    """--link-rate, else --model; --latency-us on top of either."""
+    from ccbench.diagnose.analyse import Expectation
+    from ccbench.units import parse_rate
+
     expect = Expectation()
     if args.link_rate is not None:
         try:
@@ -118,30 +118,52 @@ def _config(args: argparse.Namespace) -> Any:
             raise UsageError(f"unknown --link-rate {args.link_rate!r} (valid: bits per second "
                              f"with K, M, G or T: 100M, 25G, 400G)") from None
     elif args.model is not None:
-        expect = _from_model(args.model, backends[0])
+        expect = _from_model(args.model, backend)
     if args.latency_us is not None:
-        if args.latency_us <= 0:
-            raise UsageError(f"--latency-us must be > 0, got {args.latency_us:g}")
         expect.latency_us = args.latency_us
         if expect.link_bps is None:
             expect.source = "--latency-us"
+    return expect
+
+
+def _bandwidth_size(args: argparse.Namespace, link_bps: float | None) -> int:
+    """--size, else TRANSFER_S of traffic at the expected rate (64 KiB to 64 MiB)."""
+    from ccbench.units import parse_sizes
+
     if args.size is not None:
         sizes = parse_sizes(args.size)
         if len(sizes) != 1:
             raise UsageError(f"--size takes one size, got {args.size!r}")
-        size = sizes[0]
-    elif expect.link_bps is not None:
-        size = max(64 << 10, min(64 << 20, int(expect.link_bps / 8 * TRANSFER_S) >> 16 << 16))
-    else:
-        size = DEFAULT_SIZE
+        return sizes[0]
+    if link_bps is not None:
+        return max(64 << 10, min(64 << 20, int(link_bps / 8 * TRANSFER_S) >> 16 << 16))
+    return DEFAULT_SIZE
+
+
+def _planes(args: argparse.Namespace, backend: str) -> list[str] | None:
     planes = [p.strip() for p in args.planes.split(",") if p.strip()] if args.planes else None
     if args.planes is not None and (not planes or len(planes) < 2):
         raise UsageError(f"--planes needs 2 or more interfaces, got {args.planes!r}")
-    if planes and _interface_variable(backends[0]) is None:
+    if planes and _interface_variable(backend) is None:
         pinning = [name for name in backend_names() if _interface_variable(name)]
         raise UsageError(f"--planes pins traffic to a plane through the library's interface "
-                         f"setting; backend {backends[0]!r} has none (use --backend "
+                         f"setting; backend {backend!r} has none (use --backend "
                          f"{' or '.join(pinning)})")
+    return planes
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from ccbench.backends import parse_backends
+    from ccbench.diagnose.measure import DiagnoseConfig
+    from ccbench.harness import Method
+
+    backends = parse_backends(args.backend)
+    if len(backends) != 1:
+        raise UsageError(f"diagnose runs one backend, got --backend {args.backend!r}")
+    _check_numbers(args)
+    expect = _expectation(args, backends[0])
+    size = _bandwidth_size(args, expect.link_bps)
+    planes = _planes(args, backends[0])
     leaves = _leaves(args.leaves)
     return DiagnoseConfig(
         backend=backends[0], size=size, latency_size=8,

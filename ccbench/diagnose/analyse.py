@@ -68,6 +68,20 @@ class Expectation:
     latency_us: float | None = None
     source: str = "relative"          # link-rate | model | nic | relative
 
+    def rate_percent(self, bps: float | None) -> float | None:
+        """A measured rate as % of the expected link rate (None: no absolute expectation)."""
+        return _percent(bps, self.link_bps)
+
+    def latency_percent(self, us: float | None) -> float | None:
+        """Expected / measured latency as %: below 100 is worse than expected, as a rate's."""
+        return _percent(self.latency_us, us)
+
+
+def _percent(part: float | None, whole: float | None) -> float | None:
+    if part is None or whole is None or part <= 0 or whole <= 0:
+        return None
+    return round(100.0 * part / whole, 1)
+
 
 @dataclass(slots=True)
 class Finding:

@@ -403,6 +403,17 @@ class _Rank:
         return {"link_bps": expect.link_bps, "latency_us": expect.latency_us,
                 "source": expect.source}
 
+    def _percent(self, key: str, got: dict[str, Any]) -> float | None:
+        """A measurement as % of what was expected (None without an absolute expectation):
+        a one-way payload rate or the world's bus bandwidth against the link rate, a latency
+        as expected / measured."""
+        expect = self.collected.expect if self.collected is not None else self.config.expect
+        if key == "lat":
+            return expect.latency_percent(got["time_us"]["median"])
+        if key == "world":
+            return expect.rate_percent(got["busbw_gbps"] * 8e9)
+        return expect.rate_percent(got["size_used"] * 8 / (got["time_us"]["median"] * 1e-6))
+
     def _records(self, step: Step, a: int | None, b: int | None, got: dict[str, Any]) -> None:
         if not self.config.output:
             return
@@ -433,6 +444,7 @@ class _Rank:
                 method={"timing": "per-op", "check": self.config.method.check,
                         "combine": "max over ranks", "launcher": self.info.launcher,
                         "timeout_s": self.timeout,
+                        "pct_of_expected": self._percent(key, value),
                         "diagnose": {"step": step.kind, "label": step.label,
                                      "round": step.round, "pair": pair, "plane": step.plane,
                                      "direction": {"ab": "a->b", "ba": "b->a"}.get(key),

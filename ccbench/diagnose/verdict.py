@@ -9,7 +9,7 @@ from typing import Any, TextIO
 from ccbench.diagnose.analyse import Expectation, Finding, analyse, pair_table
 from ccbench.diagnose.plan import Step
 
-__all__ = ["findings_of", "format_plan", "print_verdict", "verdict_json"]
+__all__ = ["findings_of", "format_plan", "pair_lines", "print_verdict", "verdict_json"]
 
 COLUMNS = ("component", "kind", "measured", "expected", "evidence", "confidence")
 
@@ -37,20 +37,57 @@ def findings_of(collected: Any, oversub: float = 1.0) -> list[Finding]:
 
 
 def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
-    names = collected.names
+    names, expect = collected.names, collected.expect
     table = pair_table(collected.measures)
     pairs = [{"a": names[a], "b": names[b], "bw_ab_bps": row["bw_ab"],
-              "bw_ba_bps": row["bw_ba"], "latency_us": row["lat_us"], "tries": row["tries"]}
+              "bw_ba_bps": row["bw_ba"], "latency_us": row["lat_us"], "tries": row["tries"],
+              **_percents(expect, row["bw"], row["lat_us"])}
              for (a, b), row in sorted(table.items())]
     return {"findings": [f.to_json() for f in findings], "pairs": pairs,
             "plan": [s.to_json() for s in collected.steps],
-            "measurements": [{**m.to_json(), "a": names[m.a], "b": names[m.b]}
+            "measurements": [{**m.to_json(), "a": names[m.a], "b": names[m.b],
+                              **_percents(expect, m.bw, m.lat_us)}
                              for m in collected.measures],
             "hosts": names, "world": collected.world,
             "compute_s": {names[h]: v for h, v in collected.compute_s.items()},
             "expected": {"link_bps": collected.expect.link_bps,
                          "latency_us": collected.expect.latency_us,
                          "source": collected.expect.source}}
+
+
+def _percents(expect: Expectation, bps: float | None, lat_us: float | None
+              ) -> dict[str, float]:
+    """`pct_of_expected` (the slower direction's rate) and `latency_pct_of_expected`
+    (expected / measured), where there is an absolute expectation."""
+    out = {"pct_of_expected": expect.rate_percent(bps),
+           "latency_pct_of_expected": expect.latency_percent(lat_us)}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _percent_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} %"
+
+
+def pair_lines(collected: Any) -> list[str]:
+    """Every pair's best try, with `% of expected` where an expectation exists."""
+    names, expect = collected.names, collected.expect
+    table = pair_table(collected.measures)
+    if not table:
+        return []
+    latency = expect.latency_us is not None
+    header = ["pair", "a->b", "b->a", "latency", "% of expected"] + (
+        ["latency % of expected"] if latency else [])
+    rows = []
+    for (a, b), row in sorted(table.items()):
+        cells = [f"{names[a]}-{names[b]}", _rate(row["bw_ab"]), _rate(row["bw_ba"]),
+                 "-" if row["lat_us"] is None else f"{row['lat_us']:.0f} us",
+                 _percent_text(expect.rate_percent(row["bw"]))]
+        if latency:
+            cells.append(_percent_text(expect.latency_percent(row["lat_us"])))
+        rows.append(cells)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    return ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+            for cells in [header, *rows]]
 
 
 def print_verdict(collected: Any, findings: list[Finding], fmt: str,
@@ -68,6 +105,8 @@ def print_verdict(collected: Any, findings: list[Finding], fmt: str,
     if collected.world:
         print(f"# world {collected.world['label']}: {collected.world['time_us']:.0f} us, "
               f"bus bandwidth {_rate(collected.world['busbw_bps'])}", file=stream)
+    for line in pair_lines(collected):
+        print(line, file=stream)
     if not findings:
         print("verdict: healthy (no finding)", file=stream)
         return

@@ -63,7 +63,7 @@ class Record:
     algbw_gbps: float                 # size_used / median time
     busbw_gbps: float                 # algbw x nccl-tests factor
     wrong: int | None                 # wrong elements summed over ranks; None = not checked
-    method: dict[str, Any] = field(default_factory=dict)       # timing settings, launcher
+    method: dict[str, Any] = field(default_factory=dict)       # timing, launcher; diagnose, pct_of_expected
     environment: dict[str, Any] = field(default_factory=dict)  # CPU/GPU, versions, NCCL_/CCL_/MPI variables
     schema: str = SCHEMA              # always ccbench.record
     schema_version: int = SCHEMA_VERSION  # see the history above
