@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -53,24 +54,36 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
+def _start(hosts: int, args: list[str], port: int, launcher: str) -> list[subprocess.Popen[str]]:
+    """The ranks, one per host; the first process's output is rank 0's (srun: all of it)."""
+    diagnose = [sys.executable, "-m", "ccbench", "diagnose", *args, "--format", "json"]
+    # the run's secret: srun passes the environment on; ranks started by hand also need the
+    # control store's address, as `ccbench launch` hands them over (docs/security.md)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CCBENCH_CONTROL_SECRET=secrets.token_hex(32))
+    if launcher == "srun":
+        from ccbench.testbed.slurm import slurm_env
+
+        return [subprocess.Popen(["srun", "-N", str(hosts), "--ntasks-per-node", "1",
+                                  *diagnose], env={**env, **slurm_env()}, cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)]
+    env.update(WORLD_SIZE=str(hosts), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               CCBENCH_CONTROL=f"h0:{port}")
+    return [subprocess.Popen(
+        [sys.executable, "-m", "ccbench", "testbed", "exec", f"h{rank}", "--", *diagnose],
+        env={**env, "RANK": str(rank)}, cwd=ROOT,
+        stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+        stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True,
+        start_new_session=True) for rank in range(hosts)]
+
+
 def run_diagnose(hosts: int, args: list[str], port: int,
-                 mid_fault: tuple[float, list[str]] | None = None) -> dict[str, Any]:
-    """One rank per host (`testbed exec hI`, the local launcher); rank 0's JSON verdict."""
-    # ranks started by hand: the control store's address and the run's secret, as
-    # `ccbench launch` hands them over (docs/security.md)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WORLD_SIZE=str(hosts), LOCAL_RANK="0",
-               LOCAL_WORLD_SIZE="1", CCBENCH_CONTROL=f"h0:{port}",
-               CCBENCH_CONTROL_SECRET=secrets.token_hex(32))
-    procs = []
+                 mid_fault: tuple[float, list[str]] | None = None,
+                 launcher: str = "exec") -> dict[str, Any]:
+    """One rank per host (`testbed exec hI` and the local launcher, or srun); rank 0's JSON
+    verdict, the plan's estimated seconds and the wall time."""
     start = time.monotonic()
-    for rank in range(hosts):
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ccbench", "testbed", "exec", f"h{rank}", "--", sys.executable,
-             "-m", "ccbench", "diagnose", *args, "--format", "json"],
-            env={**env, "RANK": str(rank)}, cwd=ROOT,
-            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-            stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True,
-            start_new_session=True))
+    procs = _start(hosts, args, port, launcher)
     lines: list[str] = []
     planned = threading.Event()
 
@@ -107,14 +120,33 @@ def run_diagnose(hosts: int, args: list[str], port: int,
             pass
     left = [p for p in procs if p.poll() is None]
     for proc in left:                   # only the process groups this function started
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _end(proc, launcher)
     try:
         verdict = json.loads(out)
     except ValueError:
         verdict = {"findings": None}
+    plan = [line for line in lines if line.startswith("ccbench diagnose:")]
+    estimate = re.search(r"estimated (\d+) s", plan[0]) if plan else None
     return {"rc": procs[0].returncode, "seconds": round(elapsed, 1), "verdict": verdict,
+            "estimated_s": int(estimate.group(1)) if estimate else None,
+            "plan_line": plan[0].strip() if plan else None,
             "stderr_tail": err.strip().splitlines()[-3:], "ranks_killed": len(left)}
+
+
+def _end(proc: subprocess.Popen[str], launcher: str) -> None:
+    """srun: two interrupts within a second end the step's tasks too; then (or with the
+    local launcher at once) SIGKILL to the process group."""
+    if launcher == "srun":
+        for _ in range(2):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.3)
+        try:
+            proc.wait(timeout=20)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def score(kind: str | None, victim: str | None, findings: list[dict[str, Any]] | None
@@ -132,10 +164,11 @@ def _names(victim: str, component: str) -> bool:
     return victim in words
 
 
-def testbed_up(hosts: int, link: str, two_tier: bool) -> None:
+def testbed_up(hosts: int, link: str, two_tier: bool, slurm: bool = False) -> None:
     ccbench("testbed", "down")
     topology = ["--topology", f"two-tier:{hosts // 2}"] if two_tier else ["--planes", "2"]
-    ccbench("testbed", "up", "--hosts", str(hosts), "--link", link, *topology)
+    ccbench("testbed", "up", "--hosts", str(hosts), "--link", link, *topology,
+            *(["--slurm"] if slurm else []))
 
 
 def victims_for(kind: str, hosts: int, count: int) -> list[str]:
@@ -148,8 +181,8 @@ def victims_for(kind: str, hosts: int, count: int) -> list[str]:
 
 
 def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
-         quick: bool = False, cpu_percent: float = 20.0, records: Path | None = None
-         ) -> dict[str, Any]:
+         quick: bool = False, cpu_percent: float = 20.0, records: Path | None = None,
+         launcher: str = "exec") -> dict[str, Any]:
     rate = parse_rate(link)
     args = ["--link-rate", link] + (["--quick"] if quick else [])
     if records is not None:          # every measurement's record, for `ccbench report`
@@ -173,7 +206,7 @@ def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
         mid = (MID_PLAN_DELAY_S, [str(victim), "down"])
     load = load_average()
     try:
-        run = run_diagnose(hosts, args, port, mid)
+        run = run_diagnose(hosts, args, port, mid, launcher)
     finally:
         if kind is not None:
             ccbench("testbed", "fault", str(victim), "clear")
@@ -181,7 +214,9 @@ def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
     result = {"hosts": hosts, "kind": kind or "healthy", "victim": victim, "quick": quick,
               **({"cpu_percent": cpu_percent} if kind == "cpu" else {}),
               "link": link, "load_before": load, "load_after": load_average(),
-              "rc": run["rc"], "seconds": run["seconds"], "ranks_killed": run["ranks_killed"],
+              "launcher": launcher, "rc": run["rc"], "seconds": run["seconds"],
+              "estimated_s": run["estimated_s"], "plan_line": run["plan_line"],
+              "ranks_killed": run["ranks_killed"],
               **score(kind, victim, findings), "findings": findings,
               "pair_rates_bps": [p["bw_ab_bps"] for p in run["verdict"].get("pairs", [])],
               "compute_s": run["verdict"].get("compute_s"),
@@ -196,16 +231,49 @@ def write(results: list[dict[str, Any]], stamp: str) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"validation-{stamp}.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [f"# ccbench diagnose on the testbed, {stamp}", "",
-             "| hosts | fault | victim | quick | found | false findings | exit | seconds | "
-             "load before/after |", "|---|---|---|---|---|---|---|---|---|"]
+             "| hosts | launcher | fault | victim | quick | found | false findings | exit | "
+             "seconds | plan's estimate (s) | load before/after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         false = "; ".join(r["false"]) if r["false"] else ("none" if r["false"] == [] else "?")
         found = {True: "found", False: "MISSED", None: "-"}[r["found"]]
         kind = r["kind"] + (f" {r['cpu_percent']:g} %" if "cpu_percent" in r else "")
-        lines.append(f"| {r['hosts']} | {kind} | {r['victim'] or '-'} | "
-                     f"{'yes' if r['quick'] else 'no'} | {found} | {false} | {r['rc']} | "
-                     f"{r['seconds']} | {r['load_before']:.1f}/{r['load_after']:.1f} |")
+        lines.append(f"| {r['hosts']} | {r.get('launcher', 'exec')} | {kind} | "
+                     f"{r['victim'] or '-'} | {'yes' if r['quick'] else 'no'} | {found} | "
+                     f"{false} | {r['rc']} | {r['seconds']} | {r.get('estimated_s') or '-'} | "
+                     f"{r['load_before']:.1f}/{r['load_after']:.1f} |")
     (OUT / f"validation-{stamp}.md").write_text("\n".join(lines) + "\n")
+
+
+def _runs(args: argparse.Namespace, hosts: int, two_tier: bool
+          ) -> list[tuple[str | None, str | None, bool]]:
+    """(kind, victim, quick) of one testbed: healthy first, each kind's victims; with
+    --quick, the same again with --quick after all of them."""
+    kinds = [k for k in args.kinds.split(",") if k and (k == "uplink") == two_tier]
+    chosen = dict(item.split("=", 1) for item in args.victim.split(",") if "=" in item)
+    runs: list[tuple[str | None, str | None]] = [] if two_tier else [(None, None)] * args.healthy
+    for kind in kinds:
+        victims = ([chosen[kind]] if kind in chosen
+                   else victims_for(kind, hosts, args.victims))
+        runs += [(kind, victim) for victim in victims]
+    return [(k, v, quick) for quick in ((False, True) if args.quick else (False,))
+            for k, v in runs]
+
+
+def plan_growth(host_counts: list[int], link: str) -> list[str]:
+    """The plan `diagnose --link-rate LINK --planes eth0,eth1` prints, full and --quick, per
+    host count: steps, pair rounds and the estimated seconds (nothing is run)."""
+    from ccbench.commands.diagnose import plan_of
+
+    lines = ["| hosts | plan | steps | pair rounds | estimated (s) |", "|---|---|---|---|---|"]
+    for hosts in host_counts:
+        for quick in (False, True):
+            steps, seconds = plan_of(["--link-rate", link, "--planes", "eth0,eth1",
+                                      *(["--quick"] if quick else [])], hosts)
+            rounds = sum(step.kind == "pairs" for step in steps)
+            lines.append(f"| {hosts} | {'--quick' if quick else 'full'} | {len(steps)} | "
+                         f"{rounds} | {seconds:.0f} |")
+    return lines
 
 
 def main() -> int:
@@ -213,34 +281,39 @@ def main() -> int:
     parser.add_argument("--hosts", default="4")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--victims", type=int, default=3)
+    parser.add_argument("--victim", default="",
+                        help="KIND=HOST,...: that kind's one victim (instead of --victims)")
     parser.add_argument("--healthy", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="also each cell with --quick")
+    parser.add_argument("--quick", action="store_true",
+                        help="also each cell with --quick (after all of them)")
+    parser.add_argument("--launcher", choices=("exec", "srun"), default="exec",
+                        help="exec: `testbed exec` per host and the local launcher; srun: the "
+                             "testbed's Slurm (`up --slurm`), `srun -N H --ntasks-per-node 1`")
     parser.add_argument("--link", default="50M")
     parser.add_argument("--cpu-percent", type=float, default=20.0,
                         help="the cpu fault's quota, percent of one core (default 20)")
     parser.add_argument("--stamp", default=datetime.date.today().isoformat())
+    parser.add_argument("--plan-only", action="store_true",
+                        help="print the plans' estimated times per host count; run nothing")
     args = parser.parse_args()
-    kinds = [k for k in args.kinds.split(",") if k]
+    if args.plan_only:
+        print("\n".join(plan_growth([int(h) for h in args.hosts.split(",")], args.link)))
+        return 0
     results: list[dict[str, Any]] = []
     port = 29700
     try:
         for hosts in [int(h) for h in args.hosts.split(",")]:
             for two_tier in (False, True):
-                todo = [k for k in kinds if (k == "uplink") == two_tier]
-                if not todo and not (args.healthy and not two_tier):
+                runs = _runs(args, hosts, two_tier)
+                if not runs:
                     continue
-                testbed_up(hosts, args.link, two_tier)
-                runs: list[tuple[str | None, str | None]] = []
-                if not two_tier:
-                    runs += [(None, None)] * args.healthy
-                runs += [(k, v) for k in todo for v in victims_for(k, hosts, args.victims)]
-                for kind, victim in runs:
-                    for quick in ((False, True) if args.quick else (False,)):
-                        port += 1
-                        results.append(cell(hosts, kind, victim, args.link, port, quick,
-                                            args.cpu_percent,
-                                            OUT / f"records-{args.stamp}"))
-                        write(results, args.stamp)
+                testbed_up(hosts, args.link, two_tier, slurm=args.launcher == "srun")
+                for kind, victim, quick in runs:
+                    port += 1
+                    results.append(cell(hosts, kind, victim, args.link, port, quick,
+                                        args.cpu_percent, OUT / f"records-{args.stamp}",
+                                        args.launcher))
+                    write(results, args.stamp)
     finally:
         ccbench("testbed", "down", check=False)
     return 0

@@ -398,3 +398,17 @@ def test_records_carry_percent_of_expected(tmp_path):
             assert pct == pytest.approx(100 * record["busbw_gbps"] * 8, abs=0.1)
         seen.add(record["collective"])
     assert seen == {"allreduce", "sendrecv", "broadcast"}
+
+
+def test_plan_of_grows_with_the_hosts_and_quick_grows_slower():
+    from ccbench.commands.diagnose import plan_of
+
+    full = {n: plan_of(["--link-rate", "50M", "--planes", "eth0,eth1"], n) for n in (4, 8, 16)}
+    quick = {n: plan_of(["--link-rate", "50M", "--planes", "eth0,eth1", "--quick"], n)
+             for n in (4, 8, 16)}
+    assert [sum(s.kind == "pairs" for s in full[n][0]) for n in (4, 8, 16)] == [3, 7, 15]
+    assert [sum(s.kind == "pairs" for s in quick[n][0]) for n in (4, 8, 16)] == [2, 3, 4]
+    assert full[4][1] < full[8][1] < full[16][1]
+    assert all(quick[n][1] < full[n][1] for n in (4, 8, 16))
+    two_tier, _ = plan_of(["--leaves", "2"], 8)
+    assert [s.kind for s in two_tier].count("leaves") == 1

@@ -21,7 +21,7 @@ from ccbench.backends import HOST_BACKEND, backend_class, backend_names
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import UsageError
 
-__all__ = ["launch_plan", "main", "register"]
+__all__ = ["launch_plan", "main", "plan_of", "plan_seconds", "register"]
 
 DEFAULT_SIZE = 4 << 20
 TRANSFER_S = 0.05               # with a known link rate: a bandwidth sample takes about this
@@ -188,6 +188,37 @@ def _from_model(path: str, backend: str) -> Any:
                        f"model {path}")
 
 
+def _by_count(leaves: str | int | None, hosts: int) -> list[list[int]] | None:
+    """--leaves L: host i (of the sorted names) on leaf i mod L; host lists: None here (the
+    ranks resolve the names)."""
+    if not isinstance(leaves, int):
+        return None
+    return [list(range(hosts))[leaf::leaves] for leaf in range(leaves)]
+
+
+def plan_seconds(config: Any, steps: list[Any], hosts: int, link_bps: float | None) -> float:
+    """The plan's estimated time as printed (an unknown link rate counts as 10 Gbit/s)."""
+    from ccbench.diagnose.plan import estimate_seconds
+
+    return estimate_seconds(steps, hosts, config.size, link_bps or 10e9,
+                            2 * (config.method.iters + config.method.warmup + 1))
+
+
+def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
+    """The steps and estimated seconds `ccbench diagnose ARGV` plans for `hosts` hosts (with
+    --leaves, a count), without running anything."""
+    from ccbench.cli import OneLineParser
+    from ccbench.diagnose.plan import build_plan
+
+    parser = OneLineParser(prog="ccbench diagnose")
+    _arguments(parser)
+    args = parser.parse_args(argv)
+    config, leaves = _config(args)
+    steps = build_plan(hosts, config.quick, _by_count(leaves, hosts), config.planes,
+                       compute=not args.no_compute)
+    return steps, plan_seconds(config, steps, hosts, config.expect.link_bps)
+
+
 def launch_plan(argv: list[str]) -> tuple[list[str], float, int | None]:
     """(backends, connect timeout, rank count: None, the launcher's default) for
     `ccbench launch`."""
@@ -202,7 +233,7 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int | None]:
 
 def main(args: argparse.Namespace) -> int:
     from ccbench.diagnose.measure import diagnose_rank
-    from ccbench.diagnose.plan import build_plan, estimate_seconds
+    from ccbench.diagnose.plan import build_plan
     from ccbench.diagnose.verdict import findings_of, format_plan, print_verdict
 
     config, leaves = _config(args)
@@ -214,14 +245,12 @@ def main(args: argparse.Namespace) -> int:
 
     def build(hosts: int, leaf_hosts: list[list[int]] | None) -> list[Any]:
         if isinstance(leaves, int):
-            leaf_hosts = [list(range(hosts))[leaf::leaves] for leaf in range(leaves)]
+            leaf_hosts = _by_count(leaves, hosts)
         return build_plan(hosts, config.quick, leaf_hosts, config.planes,
                           compute=not args.no_compute)
 
     def on_plan(steps: list[Any], names: list[str], expect: Any) -> None:
-        seconds = estimate_seconds(steps, len(names), config.size,
-                                   expect.link_bps or 10e9, 2 * (config.method.iters
-                                                                 + config.method.warmup + 1))
+        seconds = plan_seconds(config, steps, len(names), expect.link_bps)
         for line in format_plan(steps, names, expect, seconds, config.backend):
             print(line, file=plan_stream, flush=True)
 
@@ -235,8 +264,7 @@ def main(args: argparse.Namespace) -> int:
     if collected is None:
         return 0
     if isinstance(leaves, int):
-        hosts = len(collected.names)
-        collected.leaves = [list(range(hosts))[leaf::leaves] for leaf in range(leaves)]
+        collected.leaves = _by_count(leaves, len(collected.names))
     findings = findings_of(collected, args.oversub)
     print_verdict(collected, findings, args.format)
     if findings:                  # the reason for the exit status, for launchers that ask
