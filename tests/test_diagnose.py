@@ -412,3 +412,21 @@ def test_plan_of_grows_with_the_hosts_and_quick_grows_slower():
     assert all(quick[n][1] < full[n][1] for n in (4, 8, 16))
     two_tier, _ = plan_of(["--leaves", "2"], 8)
     assert [s.kind for s in two_tier].count("leaves") == 1
+
+
+def test_report_of_a_leaf_run_uses_the_recorded_leaves():
+    from types import SimpleNamespace
+
+    from ccbench.report.diagnose import leaves_of
+
+    leaves = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    measures = _pairs(8, lambda a, b, r: 0.9 * LINK)
+    measures += [PairMeasure("leaves", 0, a, b, 150, 0.3 * LINK, 0.3 * LINK, leaves=(0, 1))
+                 for a, b in leaf_pairs(leaves)[0][2]]
+    # records that do not name the leaves (the 2026-12-04 runs'): a finding, no crash
+    assert [f.kind for f in analyse(measures, Expectation(), NAMES8)] == ["slow uplink"]
+    record = SimpleNamespace(method={"diagnose": {"step": "leaves", "leaf_hosts": [
+        [NAMES8[h] for h in members] for members in leaves]}})
+    assert leaves_of([record], NAMES8) == leaves
+    found = analyse(measures, Expectation(), NAMES8, leaves=leaves_of([record], NAMES8))
+    assert [f.kind for f in found] == ["slow uplink"] and found[0].hosts == NAMES8

@@ -320,7 +320,8 @@ def _uplink_findings(measures: list[PairMeasure], ref: _Reference, names: list[s
         evidence = "; ".join(
             f"leaf{a} x leaf{b}: {len(by_run[(a, b)])} flows at once, median "
             f"{_rate(per_flow[(a, b)])} per flow" for a, b in keys)
-        hosts = sorted(names[h] for leaf in group for h in leaves[leaf])
+        # (`report` of records that do not name the leaves' hosts: none named)
+        hosts = sorted(names[h] for leaf in group if leaf < len(leaves) for h in leaves[leaf])
         out.append(Finding(component, "slow uplink",
                            _rate(statistics.median(per_flow[k] for k in keys)),
                            ref.expected_text(scale) + (f", oversub {oversub:g}"

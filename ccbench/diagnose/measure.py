@@ -414,6 +414,14 @@ class _Rank:
             return expect.rate_percent(got["busbw_gbps"] * 8e9)
         return expect.rate_percent(got["size_used"] * 8 / (got["time_us"]["median"] * 1e-6))
 
+    def _leaf_hosts(self, step: Step) -> dict[str, Any]:
+        """A leaf step's records name every leaf's hosts, so that `report` can tell which
+        pairs cross an uplink."""
+        leaves = self.collected.leaves if self.collected is not None else None
+        if step.kind != "leaves" or not leaves:
+            return {}
+        return {"leaf_hosts": [[self.names[h] for h in members] for members in leaves]}
+
     def _records(self, step: Step, a: int | None, b: int | None, got: dict[str, Any]) -> None:
         if not self.config.output:
             return
@@ -448,7 +456,8 @@ class _Rank:
                         "diagnose": {"step": step.kind, "label": step.label,
                                      "round": step.round, "pair": pair, "plane": step.plane,
                                      "direction": {"ab": "a->b", "ba": "b->a"}.get(key),
-                                     "expected": self._expected()}},
+                                     "expected": self._expected(),
+                                     **self._leaf_hosts(step)}},
                 environment={"hostname": socket.gethostname()})
             append_record(self.config.output, record)
 

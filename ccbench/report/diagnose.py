@@ -17,7 +17,7 @@ from typing import Any
 
 from ccbench.diagnose.analyse import Expectation, Finding, PairMeasure, analyse, pair_table
 
-__all__ = ["diagnose_figures", "is_diagnose_record", "measures_of", "split_diagnose"]
+__all__ = ["diagnose_figures", "is_diagnose_record", "leaves_of", "measures_of", "split_diagnose"]
 
 
 def is_diagnose_record(record: Any) -> bool:
@@ -63,6 +63,16 @@ def measures_of(records: Sequence[Any]) -> tuple[list[str], list[PairMeasure], E
         else:
             measure.bw_ba = r.size_used * 8 / seconds
     return names, list(by_key.values()), expect
+
+
+def leaves_of(records: Sequence[Any], names: list[str]) -> list[list[int]] | None:
+    """The leaves' hosts a run's leaf steps recorded (None: no leaf step, or records from
+    before they were recorded)."""
+    for r in records:
+        hosts = r.method["diagnose"].get("leaf_hosts")
+        if hosts:
+            return [[names.index(h) for h in members if h in names] for members in hosts]
+    return None
 
 
 def _matrices(names: list[str], measures: list[PairMeasure]) -> tuple[Any, Any]:
@@ -139,7 +149,7 @@ def diagnose_figures(records: Sequence[Any], directory: str | Path,
         names, measures, expect = measures_of(mine)
         if len(names) < 2 or not measures:
             continue
-        findings = analyse(measures, expect, names)
+        findings = analyse(measures, expect, names, leaves=leaves_of(mine, names))
         first = min(r.timestamp for r in mine)
         fig = _figure(names, measures, findings, f"ccbench diagnose {run_id} ({first}, "
                       f"{mine[0].backend}, {len(names)} hosts)")
