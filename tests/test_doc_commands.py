@@ -220,6 +220,9 @@ SHORTEN: list[tuple[re.Pattern[str], Callable[[Env, str], str], str]] = [
 STATUS: list[tuple[re.Pattern[str], set[int], str]] = [
     (re.compile(r"^ccbench compare "), {0, 1},
      "compare exits 1 when a case regressed by a verdict that counts (several runs a side)"),
+    (re.compile(r"^ccbench launch -n \d+ diagnose "), {0, 1},
+     "diagnose exits 1 when it flags a component (one machine's loopback under load can be "
+     "out of line)"),
     (re.compile(r"(^|\s)tests/gpu/check\.sh$"), {0, 3},
      "tests/gpu/check.sh: exit 3 when no GPU is visible (nothing checked), 0 when every step passed"),
 ]
