@@ -277,6 +277,7 @@ def plan_growth(host_counts: list[int], link: str) -> list[str]:
 
 
 def main() -> int:
+    global RUN_LIMIT_S
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="4")
     parser.add_argument("--kinds", default=",".join(KINDS))
@@ -293,12 +294,16 @@ def main() -> int:
     parser.add_argument("--cpu-percent", type=float, default=20.0,
                         help="the cpu fault's quota, percent of one core (default 20)")
     parser.add_argument("--stamp", default=datetime.date.today().isoformat())
+    parser.add_argument("--run-limit", type=float, default=RUN_LIMIT_S,
+                        help=f"seconds one run may take before it is ended (default "
+                             f"{RUN_LIMIT_S})")
     parser.add_argument("--plan-only", action="store_true",
                         help="print the plans' estimated times per host count; run nothing")
     args = parser.parse_args()
     if args.plan_only:
         print("\n".join(plan_growth([int(h) for h in args.hosts.split(",")], args.link)))
         return 0
+    RUN_LIMIT_S = args.run_limit
     results: list[dict[str, Any]] = []
     port = 29700
     try:
