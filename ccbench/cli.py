@@ -341,10 +341,10 @@ def _run_subcommand(name: str, argv: Sequence[str]) -> int:
 
 def _note_spoken() -> None:
     """Under a bare mpiexec, the store host must not add a line of its own to this one."""
-    from ccbench.launchers import under_mpi_launcher
+    from ccbench.run.launchers import under_mpi_launcher
 
     if under_mpi_launcher():
-        from ccbench.storehost import note_spoken
+        from ccbench.run.storehost import note_spoken
 
         note_spoken(os.getppid())
 
@@ -385,7 +385,7 @@ def rank_python() -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from ccbench.lifeline import hold
+    from ccbench.run.lifeline import hold
 
     hold()                             # a rank or case ends with the ccbench that started it
     try:

@@ -2,7 +2,7 @@
 """The whole fault-injection matrix: backend x fault x phase x victim at 2 and 3 ranks.
 
 Each cell launches a small allreduce run with `ccbench launch`, makes one rank really die,
-stop or exit at the chosen phase (CCBENCH_FAULT, see ccbench/faults.py), and checks what a
+stop or exit at the chosen phase (CCBENCH_FAULT, see ccbench/run/faults.py), and checks what a
 user would: non-zero exit, exactly one `ccbench: error:` line naming the phase and the rank
 that did not arrive, no process of the run left, every record on disk whole. It prints one
 row per cell with the stop time (fault to launcher exit) and a summary of stop times.
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ccbench.faults import ACTIONS, PHASES, Cell, run_cell
+from ccbench.run.faults import ACTIONS, PHASES, Cell, run_cell
 
 BACKENDS = ("gloo", "mpi", "oneccl", "ring@mpi")
 

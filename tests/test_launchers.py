@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import MPIEXEC, PYTHON, have_mpi
 
-from ccbench.launchers import detect_launch, expand_nodelist
 from ccbench.records import RecordKey, load_records
+from ccbench.run.launchers import detect_launch, expand_nodelist
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 BENCH = ["allreduce,alltoall", "--sizes", "1K,3000", "--iters", "2", "--warmup", "1", "-q"]

@@ -222,13 +222,13 @@ def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
 def launch_plan(argv: list[str]) -> tuple[list[str], float, int | None]:
     """(backends, connect timeout, rank count: None, the launcher's default) for
     `ccbench launch`."""
+    from ccbench.bench_options import connect_timeout
     from ccbench.cli import OneLineParser
-    from ccbench.control import CONNECT_TIMEOUT_S
 
     parser = OneLineParser(prog="ccbench diagnose")
     _arguments(parser)
     config, _ = _config(parser.parse_args(argv))
-    return [config.backend], min(CONNECT_TIMEOUT_S, config.method.timeout), None
+    return [config.backend], connect_timeout(config.method.timeout), None
 
 
 def main(args: argparse.Namespace) -> int:

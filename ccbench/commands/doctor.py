@@ -34,7 +34,7 @@ _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_
                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CCBENCH_CONTROL", "PMI_RANK", "PMI_SIZE",
                 "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID",
                 "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST")
-#: the (rank, size) pairs from which ccbench.launchers reads an MPI launch without MPI itself
+#: the (rank, size) pairs from which ccbench.run.launchers reads an MPI launch without MPI itself
 _MPI_PAIRS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
               ("PMIX_RANK", "PMIX_SIZE"))
 
@@ -93,7 +93,7 @@ def _gpus() -> dict[str, Any]:
 
 
 def _launch() -> dict[str, Any]:
-    from ccbench.launchers import detect_launch, under_mpi_launcher
+    from ccbench.run.launchers import detect_launch, under_mpi_launcher
 
     env = os.environ
     seen = {k: env[k] for k in _LAUNCH_VARS if k in env}

@@ -24,14 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from ccbench.addresses import free_port
-from ccbench.arrivals import LAUNCHER_PID_VAR
-from ccbench.control import SECRET_VAR, ControlServer, new_secret
 from ccbench.errors import BackendUnavailable, UsageError
-from ccbench.launchers import MPI_CONTROL_VAR
-from ccbench.lifeline import lifeline_env
-from ccbench.rankexits import RankExits
-from ccbench.storehost import LABEL_KEY, unexplained_end
+from ccbench.run.addresses import free_port
+from ccbench.run.arrivals import LAUNCHER_PID_VAR
+from ccbench.run.control import SECRET_VAR, ControlServer, new_secret
+from ccbench.run.launchers import MPI_CONTROL_VAR
+from ccbench.run.lifeline import lifeline_env
+from ccbench.run.rankexits import RankExits
+from ccbench.run.storehost import LABEL_KEY, unexplained_end
 from ccbench.sysinfo import available_memory, usable_cores
 
 
@@ -154,8 +154,8 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
         return [[mpiexec, *flags, "-n", str(nprocs), *python]], \
             [{LAUNCHER_PID_VAR: str(os.getpid()), **lifeline_env()}]
     control = f"127.0.0.1:{free_port('127.0.0.1')}"
-    # the launcher's pid tells each rank that all were started together (ccbench.arrivals);
-    # the secret, that a connection to rank 0's store is one of them (ccbench.control)
+    # the launcher's pid tells each rank that all were started together (ccbench.run.arrivals);
+    # the secret, that a connection to rank 0's store is one of them (ccbench.run.control)
     secret = new_secret()
     envs = [{"RANK": str(r), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(r),
              "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control, SECRET_VAR: secret,

@@ -9,10 +9,10 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from ccbench.control import SECRET_VAR, new_secret
 from ccbench.errors import UsageError
-from ccbench.lifeline import lifeline_env
 from ccbench.records import cut_torn_tail
+from ccbench.run.control import SECRET_VAR, new_secret
+from ccbench.run.lifeline import lifeline_env
 from ccbench.sweep.plan import build_case_command, case_environment, case_label, plan_runs
 from ccbench.sweep.spec import Sweep
 from ccbench.sweep.state import (
@@ -43,7 +43,7 @@ def _run_with_timeout(argv: list[str], env: dict[str, str], timeout: float,
                       log: Callable[[str], None]) -> int:
     """Run one case in its own process group; kill the group at the deadline. Interrupted,
     the case is stopped too (the same signal, then SIGKILL), the interruption named, and the
-    sweep exits 128 + the signal. Killed outright, the case goes with it (ccbench.lifeline)."""
+    sweep exits 128 + the signal. Killed outright, the case goes with it (ccbench.run.lifeline)."""
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
 
     def interrupt(signum: int, _frame: object) -> None:
@@ -100,7 +100,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
         log(f"ccbench sweep {sweep.name}: task {task_id}: {len(task.cases)} cases, "
             f"{skipped} complete, {len(runs)} runs to do")
         env = case_environment(sweep)
-        if where == "local":          # the case ends with this sweep (ccbench.lifeline)
+        if where == "local":          # the case ends with this sweep (ccbench.run.lifeline)
             env = {**env, **lifeline_env()}
         marker = current_case_file(sweep, task_id)
         for run in runs:
@@ -109,7 +109,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
             log(f"ccbench sweep: {label}: {len(run.sizes)} sizes: {shlex.join(argv)}")
             write_current_cases(sweep, task_id, run.cases)
             started = time.monotonic()
-            # each case's ranks prove they belong to it (ccbench.control); srun hands them
+            # each case's ranks prove they belong to it (ccbench.run.control); srun hands them
             # nothing but the environment
             status = _run_with_timeout(argv, {**env, SECRET_VAR: new_secret()},
                                        sweep.case_timeout, log)

@@ -107,7 +107,7 @@ def _default_mpiexec(python: str) -> str:
     return str(beside) if beside.exists() else "mpiexec"
 
 
-# Variables by which a process learns its rank from a launcher (ccbench.launchers reads them,
+# Variables by which a process learns its rank from a launcher (ccbench.run.launchers reads them,
 # MPI and torchrun first, srun last). The process that runs a sweep is not a rank of the
 # cases it starts, but it can carry such variables from where it was started: an MPI
 # singleton (Intel MPI's MPI_Init with no mpiexec) sets MPI_LOCALRANKID and MPI_LOCALNRANKS

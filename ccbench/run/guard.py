@@ -15,9 +15,9 @@ import sys
 import time
 from types import TracebackType
 
-from ccbench import procfs
-from ccbench.arrivals import LATE_GRACE_S
-from ccbench.storehost import note_spoken
+from ccbench.run import procfs
+from ccbench.run.arrivals import LATE_GRACE_S
+from ccbench.run.storehost import note_spoken
 
 __all__ = ["StartGuard", "local_peer_ranks"]
 

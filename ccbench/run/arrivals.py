@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ccbench import procfs
+from ccbench.run import procfs
 
 __all__ = ["LATE_GRACE_S", "LAUNCHER_PID_VAR", "RankStates", "await_ranks", "rank_states", "start_limit"]
 

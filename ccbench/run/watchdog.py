@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ccbench.arrivals import LATE_GRACE_S, RankStates
-from ccbench.control import ControlClient, StoreLost
 from ccbench.errors import RunFailure
-from ccbench.storehost import LABEL_KEY
+from ccbench.run.arrivals import LATE_GRACE_S, RankStates
+from ccbench.run.control import ControlClient, StoreLost
+from ccbench.run.storehost import LABEL_KEY
 
 __all__ = ["Watchdog"]
 
@@ -33,7 +33,7 @@ class Watchdog:
         self.store = store.second_connection()
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self._label = "start-up"
-        # with the store outside rank 0 (ccbench.storehost, or the `ccbench launch` that
+        # with the store outside rank 0 (ccbench.run.storehost, or the `ccbench launch` that
         # started the ranks under mpiexec), each step's label goes there too, so that it can
         # name the step when every rank was killed at once; the count orders them across ranks
         self.post_labels = False

@@ -20,11 +20,12 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ccbench import procfs
-from ccbench.addresses import listen_address, published_address
-from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
-from ccbench.control import (
+from ccbench.errors import RunFailure, UsageError
+from ccbench.run import procfs
+from ccbench.run.addresses import listen_address, published_address
+from ccbench.run.arrivals import LAUNCHER_PID_VAR, rank_states
+from ccbench.run.control import (
     CONNECT_TIMEOUT_S,
     SECRET_VAR,
     ControlClient,
@@ -32,13 +33,15 @@ from ccbench.control import (
     new_secret,
     secret_from_env,
 )
-from ccbench.errors import RunFailure, UsageError
-from ccbench.faults import UNREACHABLE_HOST, inject, planned
-from ccbench.guard import StartGuard
-from ccbench.storehost import start_store_host
+from ccbench.run.faults import UNREACHABLE_HOST, inject, planned
+from ccbench.run.guard import StartGuard
+from ccbench.run.storehost import start_store_host
 
-__all__ = ["MPI_CONTROL_VAR", "LaunchInfo", "connect_control", "detect_launch", "expand_nodelist",
-           "published_address"]
+__all__ = ["MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control", "detect_launch",
+           "expand_nodelist", "published_address", "require_mpi_launcher"]
+
+# the launchers whose ranks are MPI processes (single: MPI_Init with no mpiexec, one rank)
+MPI_LAUNCHERS = ("mpiexec", "srun", "single")
 
 # set by `ccbench launch` for ranks it starts under mpiexec: the address of the control store it
 # hosts itself (it outlives every rank, whatever the mpiexec does to them when one dies)
@@ -131,11 +134,19 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+def require_mpi_launcher(info: LaunchInfo, backend: str) -> None:
+    """Refuse, before any rendezvous, a backend that needs MPI in ranks some other launcher
+    started (the caller asks the backend whether it needs one)."""
+    if info.launcher not in MPI_LAUNCHERS:
+        raise UsageError(f"backend {backend!r} needs ranks started by mpiexec (or srun), not "
+                         f"{info.launcher}; `ccbench launch` starts it under mpiexec")
+
+
 def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = CONNECT_TIMEOUT_S
                     ) -> tuple[ControlClient, ControlServer | None]:
     """Rank 0 starts the store; every rank (rank 0 too) connects to it, giving up after
     `connect_timeout`; every reply is bounded by the op `timeout`. A fault planned for
-    start-up (ccbench.faults) happens here: before connecting, or, where the store is up
+    start-up (ccbench.run.faults) happens here: before connecting, or, where the store is up
     before any rank starts (the launcher's, under mpiexec), between connecting and MPI_Init."""
     server: ControlServer | None = None
     host, port = "127.0.0.1", 0
@@ -222,7 +233,7 @@ def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, st
     """MPI_Init and the broadcast of the address hold the interpreter (no watchdog thread can
     run) and wait for every rank: a guard process ends this rank if they do not finish.
     Under a bare mpiexec (not `ccbench launch`, which keeps the ranks alive to speak), the
-    store runs in a process of its own (ccbench.storehost), which outlives the ranks. Rank 0
+    store runs in a process of its own (ccbench.run.storehost), which outlives the ranks. Rank 0
     makes the run's secret and sends it to the others with the address, over MPI."""
     server: ControlServer | None = None
     port = 0
@@ -231,7 +242,7 @@ def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, st
     secret = new_secret() if info.rank == 0 else ""
     if info.rank == 0:
         if hosted_apart():
-            # every rank on this host: the store host can watch them all (ccbench.rankexits)
+            # every rank on this host: the store host can watch them all (ccbench.run.rankexits)
             port = start_store_host("mpiexec", bound, secret, info.world_size,
                                     watch=all_local)
         else:
@@ -258,7 +269,7 @@ def _mpi_init(info: LaunchInfo, timeout: float) -> None:
 def hosted_apart() -> bool:
     """Whether the control store of an MPI-launched run lives outside rank 0: in the
     `ccbench launch` that started the ranks, or, when none supervises them, in a process of
-    its own (ccbench.storehost)."""
+    its own (ccbench.run.storehost)."""
     return LAUNCHER_PID_VAR not in os.environ or MPI_CONTROL_VAR in os.environ
 
 
