@@ -26,7 +26,7 @@ from ccbench.bench_options import (
 )
 from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
-from ccbench.errors import RunFailure, UsageError
+from ccbench.errors import RunFailure, UsageError, error_line
 from ccbench.familiar import add_familiar_arguments, resolve_familiar
 from ccbench.units import parse_sizes
 
@@ -376,13 +376,6 @@ def _note_other_package() -> None:
               flush=True)
 
 
-def rank_python() -> list[str]:
-    """How to start a Python that runs ccbench's ranks: in safe-path mode (3.11+), so that a
-    `ccbench/` folder in the working directory (a checkout's parent) is not imported instead
-    of the installed package; PYTHONPATH is still honoured."""
-    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from ccbench.run.lifeline import hold
@@ -403,10 +396,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_benchmark(config)
     except UsageError as exc:
         if not _quiet_rank():
-            print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
+            print(error_line(exc), file=sys.stderr, flush=True)
         return 2
     except RunFailure as exc:
-        print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
+        print(error_line(exc), file=sys.stderr, flush=True)
         _note_spoken()
         return 1
     except BrokenPipeError:            # `ccbench ... | head`: the reader left, not an error of ours

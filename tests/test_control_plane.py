@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MPIEXEC, have_mpi
+from fault_cells import tagged_processes
 
 from ccbench.errors import RunFailure
 from ccbench.records import load_records
@@ -34,7 +35,6 @@ from ccbench.run.control import (
     ControlClient,
     ControlServer,
 )
-from ccbench.run.faults import tagged_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 GONE_BOUND_S = 60          # how long a test waits for processes that should end within seconds

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from conftest import have_mpi, missing_prerequisite
+from fault_cells import Cell, run_cell
 
 from ccbench.records import load_records
-from ccbench.run.faults import Cell, run_cell
 
 TIMEOUT_S = 5.0
 # "no hang" bounds, in minutes: a loaded CI machine is slow, never stuck (stop times are
@@ -464,9 +464,9 @@ def _supervise_fake_mpiexec(script: str, timeout: float, capfd: pytest.CaptureFi
     """Run `script` as the mpiexec of a 2-rank `ccbench launch`, the control store hosted by
     the launcher as under a real mpiexec: (exit status, the error lines, the ranks that
     connected to the store)."""
-    from ccbench.commands.launch import Supervisor
     from ccbench.run.control import SECRET_VAR, ControlServer
     from ccbench.run.launchers import MPI_CONTROL_VAR
+    from ccbench.run.supervisor import Supervisor
 
     store = ControlServer("127.0.0.1", 0)
     env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}", SECRET_VAR: store.secret,

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 from conftest import have_mpi
+from fault_cells import Cell, tagged_processes
 
-from ccbench.run.faults import ERROR_PREFIX, Cell, tagged_processes
+from ccbench.errors import ERROR_PREFIX
+from ccbench.run.supervisor import kill_group
 
 NO_HANG_S = 5 + 30 + 180      # a loaded machine is slow, never stuck
 
@@ -41,7 +43,7 @@ def test_rank_killed_mid_replay_is_named_in_one_line(parallel_job: Path, tmp_pat
     try:
         _, stderr = proc.communicate(timeout=NO_HANG_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         proc.communicate()
         pytest.fail("the replay was still running at the bound")
     left = tagged_processes(tag)

@@ -1,5 +1,6 @@
 """The direction of dependencies: cli -> sweep/runner -> harness -> backends -> algorithms;
-commands -> replay -> harness/backends; formats -> model -> trace; model/ and report/ read
+commands -> replay -> harness/backends; formats -> model -> trace; the rank lifecycle (run/)
+sits under the benchmark, the replay and diagnose; model/ and report/ read
 records and never reach a backend; trace/ holds no file format; records/ is data only;
 algorithms/ is pure. Every package states its layer here, and no two packages (or top-level
 modules) import each other, directly or round a longer loop. Checked on the source (every

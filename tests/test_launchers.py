@@ -104,7 +104,7 @@ def test_expand_nodelist() -> None:
 
 
 def test_mixed_backends_each_launched_in_its_own_environment() -> None:
-    from ccbench.commands.launch import launch_groups, with_backends
+    from ccbench.run.supervisor import launch_groups, with_backends
 
     groups = launch_groups({"mpi": True, "gloo": False, "ring@mpi": True, "oneccl": False})
     assert groups == [(["gloo", "oneccl"], False), (["mpi", "ring@mpi"], True)]

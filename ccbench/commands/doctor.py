@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import shutil
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -93,14 +92,12 @@ def _gpus() -> dict[str, Any]:
 
 
 def _launch() -> dict[str, Any]:
-    from ccbench.run.launchers import detect_launch, under_mpi_launcher
+    from ccbench.run.launchers import detect_launch, mpiexec_beside, under_mpi_launcher
 
     env = os.environ
     seen = {k: env[k] for k in _LAUNCH_VARS if k in env}
     tools = {name: shutil.which(name) for name in ("mpiexec", "torchrun", "srun")}
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(beside):
-        tools["mpiexec"] = beside
+    tools["mpiexec"] = mpiexec_beside() or tools["mpiexec"]
     out: dict[str, Any] = {"variables": seen, "tools": tools}
     earlier = ("CCBENCH_CONTROL" in env and "RANK" in env) or "TORCHELASTIC_RUN_ID" in env \
         or ("RANK" in env and "MASTER_ADDR" in env)

@@ -24,20 +24,20 @@ from typing import Any
 import numpy as np
 
 from ccbench import __version__
-from ccbench.run.arrivals import start_limit
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
-from ccbench.run.control import ControlClient
 from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_pairs
 from ccbench.diagnose.plan import Step
-from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.errors import BackendUnavailable, RunFailure, UsageError, error_line
 from ccbench.harness import Case, Method, SizeResult, measure_size
-from ccbench.run.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.records import Record, append_record
+from ccbench.run.arrivals import start_limit
+from ccbench.run.control import ControlClient
+from ccbench.run.launchers import LaunchInfo, connect_control, detect_launch
+from ccbench.run.watchdog import Watchdog
 from ccbench.trace.ops import Group
 from ccbench.trace.subcomm import free_groups, split_groups
-from ccbench.run.watchdog import Watchdog
 
 __all__ = ["DiagnoseConfig", "diagnose_rank"]
 
@@ -95,8 +95,8 @@ class _DiagnoseWatchdog(Watchdog):
             with contextlib.suppress(Exception):
                 if self.store.peek("aborted") is None:
                     lost = missing if missing is not None else self._missing_ranks(None)
-                    print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
-                          f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}",
+                    print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
+                                     f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}"),
                           file=sys.stderr, flush=True)
                     self.on_stop(why, lost)
                     self._linger_as_store_host(None, lost)

@@ -19,6 +19,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure, UsageError
@@ -38,7 +39,7 @@ from ccbench.run.guard import StartGuard
 from ccbench.run.storehost import start_store_host
 
 __all__ = ["MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control", "detect_launch",
-           "expand_nodelist", "published_address", "require_mpi_launcher"]
+           "expand_nodelist", "mpiexec_beside", "published_address", "require_mpi_launcher"]
 
 # the launchers whose ranks are MPI processes (single: MPI_Init with no mpiexec, one rank)
 MPI_LAUNCHERS = ("mpiexec", "srun", "single")
@@ -132,6 +133,13 @@ def expand_nodelist(nodelist: str) -> list[str]:
             for number in range(int(low), int(high or low) + 1):
                 hosts.append(f"{prefix}{number:0{len(low)}d}")
     return hosts
+
+
+def mpiexec_beside(python: str = sys.executable) -> str | None:
+    """The mpiexec in the same bin/ as `python` (its venv's MPI, from impi-rt or mpich), if any:
+    the MPI that python's mpi4py was built against."""
+    beside = Path(python).parent / "mpiexec"
+    return str(beside) if beside.exists() else None
 
 
 def require_mpi_launcher(info: LaunchInfo, backend: str) -> None:

@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any
 
+from ccbench.errors import error_line
 from ccbench.run.control import ControlServer
 from ccbench.run.rankexits import RankExits, first_ended
 
@@ -167,10 +168,10 @@ def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launch
     which = f"rank {culprits[0]}" if len(culprits) == 1 else \
         f"ranks {', '.join(map(str, culprits))}"
     if set(culprits) <= set(never):        # none of them ever connected
-        return (f"ccbench: error: start-up: {which} ended before connecting to the control "
-                f"store and {launcher} then ended the others; ranks that did not arrive: "
-                f"{names}")
+        return error_line(f"start-up: {which} ended before connecting to the control store "
+                          f"and {launcher} then ended the others; ranks that did not arrive: "
+                          f"{names}")
     labels = [value for key, value in data.items() if key.startswith(LABEL_KEY)]
     label = max(labels, key=lambda item: int(item[0]))[1] if labels else "start-up"
-    return (f"ccbench: error: {label}: {which} ended without a word and {launcher} then "
-            f"ended the others; ranks that did not arrive: {names}")
+    return error_line(f"{label}: {which} ended without a word and {launcher} then ended the "
+                      f"others; ranks that did not arrive: {names}")

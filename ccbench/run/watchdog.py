@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ccbench.errors import RunFailure
+from ccbench.errors import RunFailure, error_line
 from ccbench.run.arrivals import LATE_GRACE_S, RankStates
 from ccbench.run.control import ControlClient, StoreLost
 from ccbench.run.storehost import LABEL_KEY
@@ -140,7 +140,7 @@ class Watchdog:
         """This rank hit an error of its own (a full disk): it alone says why, the others
         leave quietly instead of reporting it as dead (never returns)."""
         with self._giving_up:
-            print(f"ccbench: error: {self.label}: {why}", file=sys.stderr, flush=True)
+            print(error_line(f"{self.label}: {why}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(None, {})
             os._exit(status)
 
@@ -247,8 +247,8 @@ class Watchdog:
             if store_lost is not None and store_lost.unresponsive:
                 why = f"{why}: {store_lost}"
             names = ", ".join(f"{r}{f' ({d})' if d else ''}" for r, d in sorted(missing.items()))
-            print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
-                  f"{names or 'unknown'}", file=sys.stderr, flush=True)
+            print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
+                             f"{names or 'unknown'}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(store_lost, missing)
             os._exit(EXIT_HUNG)
         self._giving_up.release()

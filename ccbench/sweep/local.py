@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from ccbench.errors import UsageError
 from ccbench.records import cut_torn_tail
 from ccbench.run.control import SECRET_VAR, new_secret
 from ccbench.run.lifeline import lifeline_env
+from ccbench.run.supervisor import kill_group
 from ccbench.sweep.plan import build_case_command, case_environment, case_label, plan_runs
 from ccbench.sweep.spec import Sweep
 from ccbench.sweep.state import (
@@ -68,19 +68,12 @@ def _run_with_timeout(argv: list[str], env: dict[str, str], timeout: float,
 
 
 def _stop_case(proc: subprocess.Popen[bytes], signum: int) -> None:
-    _kill_group(proc, signum)
+    kill_group(proc.pid, signum)
     try:
         proc.wait(timeout=_STOP_GRACE_S)
     except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGKILL)
+        kill_group(proc.pid, signal.SIGKILL)
         proc.wait(timeout=_STOP_GRACE_S)
-
-
-def _kill_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(proc.pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def run_task(sweep: Sweep, task_id: int, where: str,

@@ -7,11 +7,11 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from ccbench.bench_options import option_argv
 from ccbench.errors import UsageError
 from ccbench.records import CaseId
+from ccbench.run.launchers import mpiexec_beside
 from ccbench.sweep.spec import Sweep, SweepCase
 
 __all__ = ["CaseRun", "missing_sizes", "plan_runs", "case_label", "bench_arguments",
@@ -103,8 +103,7 @@ def build_case_command(sweep: Sweep, run: CaseRun, output: str | os.PathLike[str
 
 
 def _default_mpiexec(python: str) -> str:
-    beside = Path(python).parent / "mpiexec"
-    return str(beside) if beside.exists() else "mpiexec"
+    return mpiexec_beside(python) or "mpiexec"
 
 
 # Variables by which a process learns its rank from a launcher (ccbench.run.launchers reads them,
