@@ -99,7 +99,9 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str],
 
 def _quiet_rank() -> bool:
     """Only one rank speaks about bad input; the others just exit 2."""
-    for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+    from ccbench.run.launcher_env import RANK_VARS
+
+    for name in RANK_VARS:
         if os.environ.get(name, "0") not in ("0", ""):
             return True
     return False

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import MPIEXEC, PYTHON, have_mpi
 
+from ccbench.errors import error_line, is_error_line
 from ccbench.records import RecordKey, load_records
+from ccbench.run import launcher_env
+from ccbench.run.launcher_env import MPI_ENVS, LauncherEnv
 from ccbench.run.launchers import detect_launch, expand_nodelist
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -95,6 +98,35 @@ def test_env_mappings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert detect_launch().launcher == "torchrun"
 
+
+
+@pytest.mark.parametrize("mpi", MPI_ENVS, ids=lambda mpi: mpi.name)
+def test_every_mpi_in_the_launcher_table_is_read_without_mpi(
+        monkeypatch: pytest.MonkeyPatch, mpi: LauncherEnv) -> None:
+    _clean_env(monkeypatch)
+    for name, value in ((mpi.rank, "3"), (mpi.size, "4"), (mpi.local_rank, "1"),
+                        (mpi.local_size, "2")):
+        if name:
+            monkeypatch.setenv(name, value)
+    info = detect_launch()
+    expected_local = (1, 2) if mpi.local_rank else (0, 1)
+    assert (info.launcher, info.rank, info.world_size) == ("mpiexec", 3, 4)
+    assert (info.local_rank, info.local_world_size) == expected_local
+
+
+def test_a_sweep_case_drops_inherited_rank_variables_but_keeps_its_slurm_job() -> None:
+    from ccbench.sweep.plan import LAUNCHER_IDENTITY_VARS
+
+    for launcher in (launcher_env.LOCAL, launcher_env.TORCHRUN, *MPI_ENVS):
+        assert {launcher.rank, launcher.size} <= set(LAUNCHER_IDENTITY_VARS)
+    assert not set(launcher_env.SRUN.names()) & set(LAUNCHER_IDENTITY_VARS)
+
+
+def test_one_error_line_format_is_written_and_recognised() -> None:
+    line = error_line("start-up: ranks that did not arrive: 1")
+    assert line == "ccbench: error: start-up: ranks that did not arrive: 1"
+    assert is_error_line(line) and is_error_line(line.encode())
+    assert not is_error_line("ccbench: note: x") and not is_error_line(b" ccbench: error: x")
 
 def test_expand_nodelist() -> None:
     assert expand_nodelist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07",

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure, UsageError
-from ccbench.run import procfs
 from ccbench.run.addresses import listen_address, published_address
 from ccbench.run.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.run.control import (
@@ -36,6 +35,15 @@ from ccbench.run.control import (
 )
 from ccbench.run.faults import UNREACHABLE_HOST, inject, planned
 from ccbench.run.guard import StartGuard
+from ccbench.run.launcher_env import (
+    CONTROL_VAR,
+    LOCAL,
+    MPI_ENVS,
+    MPI_RANK_VARS,
+    SRUN,
+    TORCHRUN,
+    LauncherEnv,
+)
 from ccbench.run.storehost import start_store_host
 
 __all__ = ["MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control", "detect_launch",
@@ -70,35 +78,40 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 def under_mpi_launcher() -> bool:
-    return any(name in os.environ for name in procfs.MPI_RANK_VARS) or "PMI_SIZE" in os.environ
+    return any(name in os.environ for name in (*MPI_RANK_VARS, "PMI_SIZE"))
 
 
 def detect_launch() -> LaunchInfo:
     env = os.environ
-    if "CCBENCH_CONTROL" in env and "RANK" in env:
-        return LaunchInfo("local", _env_int("RANK"), _env_int("WORLD_SIZE"),
-                          _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
-    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "MASTER_ADDR" in env):
-        return LaunchInfo("torchrun", _env_int("RANK"), _env_int("WORLD_SIZE"),
-                          _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
+    if CONTROL_VAR in env and LOCAL.rank in env:
+        return _plain_launch_info(LOCAL)
+    if "TORCHELASTIC_RUN_ID" in env or (TORCHRUN.rank in env and "MASTER_ADDR" in env):
+        return _plain_launch_info(TORCHRUN)
     if under_mpi_launcher():
         return _mpi_launch_info()
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
-        return LaunchInfo("srun", _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS"),
-                          _env_int("SLURM_LOCALID", 0),
-                          _tasks_on_this_node(env.get("SLURM_TASKS_PER_NODE", "1")))
+    if SRUN.rank in env and "SLURM_STEP_ID" in env:
+        return LaunchInfo("srun", _env_int(SRUN.rank), _env_int(SRUN.size),
+                          _env_int(SRUN.local_rank, 0),
+                          _tasks_on_this_node(env.get(SRUN.local_size, "1")))
     return LaunchInfo("single", 0, 1, 0, 1)
+
+
+def _plain_launch_info(launcher: LauncherEnv) -> LaunchInfo:
+    return LaunchInfo(launcher.name, _env_int(launcher.rank), _env_int(launcher.size),
+                      _env_int(launcher.local_rank, 0), _env_int(launcher.local_size, 1))
+
+
+def _first_set(names: list[str], default: str) -> str:
+    return next((os.environ[name] for name in names if os.environ.get(name)), default)
 
 
 def _mpi_launch_info() -> LaunchInfo:
     env = os.environ
-    for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
-        if rank_var in env and size_var in env:
-            local = env.get("OMPI_COMM_WORLD_LOCAL_RANK") or env.get("MPI_LOCALRANKID") \
-                or env.get("MPI_LOCALRANKID") or "0"
-            local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS") or "1"
-            return LaunchInfo("mpiexec", _env_int(rank_var), _env_int(size_var),
+    for mpi in MPI_ENVS:
+        if mpi.rank in env and mpi.size in env:
+            local = _first_set([m.local_rank for m in MPI_ENVS if m.local_rank], "0")
+            local_size = _first_set([m.local_size for m in MPI_ENVS if m.local_size], "1")
+            return LaunchInfo("mpiexec", _env_int(mpi.rank), _env_int(mpi.size),
                               int(local), int(local_size))
     with StartGuard("MPI start-up (MPI_Init)", _MPI_INIT_LIMIT_S, -1, 0):
         from mpi4py import MPI  # the variables differ between MPIs: ask MPI itself
@@ -164,7 +177,7 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
     if not (info.launcher == "mpiexec" and MPI_CONTROL_VAR in env):
         inject("start-up", info.rank)
     if info.launcher == "local":
-        host, _, port_text = env["CCBENCH_CONTROL"].rpartition(":")
+        host, _, port_text = env[CONTROL_VAR].rpartition(":")
         port = int(port_text)
         if secret is None:
             raise UsageError(f"CCBENCH_CONTROL is set but {SECRET_VAR} is not: ranks started "

@@ -18,6 +18,7 @@ from ccbench.errors import ERROR_PREFIX, BackendUnavailable, UsageError, error_l
 from ccbench.run.addresses import free_port
 from ccbench.run.arrivals import LAUNCHER_PID_VAR
 from ccbench.run.control import SECRET_VAR, ControlServer, new_secret
+from ccbench.run.launcher_env import CONTROL_VAR, LOCAL
 from ccbench.run.launchers import MPI_CONTROL_VAR, mpiexec_beside
 from ccbench.run.lifeline import lifeline_env
 from ccbench.run.rankexits import RankExits
@@ -107,8 +108,8 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
     # the launcher's pid tells each rank that all were started together (ccbench.run.arrivals);
     # the secret, that a connection to rank 0's store is one of them (ccbench.run.control)
     secret = new_secret()
-    envs = [{"RANK": str(r), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(r),
-             "LOCAL_WORLD_SIZE": str(nprocs), "CCBENCH_CONTROL": control, SECRET_VAR: secret,
+    envs = [{LOCAL.rank: str(r), LOCAL.size: str(nprocs), LOCAL.local_rank: str(r),
+             LOCAL.local_size: str(nprocs), CONTROL_VAR: control, SECRET_VAR: secret,
              LAUNCHER_PID_VAR: str(os.getpid()), **lifeline_env()}
             for r in range(nprocs)]
     return [python for _ in range(nprocs)], envs
