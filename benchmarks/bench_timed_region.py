@@ -89,8 +89,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     else:
         rank = args.rank
     from ccbench.backends.base import RankContext
-    from ccbench.control import ControlClient, ControlServer, secret_from_env
-    from ccbench.watchdog import Watchdog
+    from ccbench.run.control import ControlClient, ControlServer, secret_from_env
+    from ccbench.run.watchdog import Watchdog
 
     server = ControlServer("127.0.0.1", args.port, secret_from_env()) if rank == 0 else None
     store = ControlClient("127.0.0.1", args.port, rank)
@@ -235,14 +235,14 @@ def _compile(folder: Path) -> None:
 
 
 def _launch(args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
-    from ccbench.addresses import free_port
+    from ccbench.run.addresses import free_port
 
     port = str(free_port("127.0.0.1"))
     me = [sys.executable, str(Path(__file__).resolve()), "--backend", args.backend, "--as-rank",
           "--port", port, "--out", str(folder), "--blocks", str(args.blocks), "--samples",
           str(args.samples), "--pipelined-samples", str(args.pipelined_samples),
           "--sizes", ",".join(map(str, args.sizes))]
-    from ccbench.control import SECRET_VAR, new_secret
+    from ccbench.run.control import SECRET_VAR, new_secret
 
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
            SECRET_VAR: new_secret()}                  # shared by the two ranks' store

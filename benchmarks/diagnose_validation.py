@@ -32,6 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ccbench.run.supervisor import kill_group  # noqa: E402
 from ccbench.units import format_rate, parse_rate  # noqa: E402
 
 OUT = ROOT / "results" / "diagnose"
@@ -138,14 +139,14 @@ def _end(proc: subprocess.Popen[str], launcher: str) -> None:
     local launcher at once) SIGKILL to the process group."""
     if launcher == "srun":
         for _ in range(2):
-            os.killpg(proc.pid, signal.SIGINT)
+            kill_group(proc.pid, signal.SIGINT)
             time.sleep(0.3)
         try:
             proc.wait(timeout=20)
             return
         except subprocess.TimeoutExpired:
             pass
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_group(proc.pid)
     proc.wait()
 
 

@@ -22,13 +22,17 @@ from typing import Any, cast
 
 from ccbench.errors import UsageError
 
-__all__ = ["AT_LEAST", "BENCH_OPTIONS", "DEFAULT_TIMEOUT_S", "ENV_AXES", "METHOD_OPTIONS",
+__all__ = ["AT_LEAST", "BENCH_OPTIONS", "CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "ENV_AXES",
+           "METHOD_OPTIONS",
            "RUN_OPTIONS", "BenchOption", "Conflict", "GivenStore", "Method", "add_options",
            "check_flags", "conflict", "connect_timeout", "env_name", "environment_settings",
            "given", "method_from", "option_argv", "option_named"]
 
 #: seconds one operation (and a library's initialisation) may take before the run is stopped
 DEFAULT_TIMEOUT_S = 300.0
+#: seconds a rank may take to reach the control store (at most --timeout); the control plane
+#: (ccbench.run) reads it from here, so that options never import the control plane
+CONNECT_TIMEOUT_S = 30.0
 
 
 class GivenStore(argparse.Action):
@@ -268,8 +272,6 @@ def connect_timeout(timeout: float, given: float | None = None) -> float:
     --timeout, at most CONNECT_TIMEOUT_S."""
     if given is not None:
         return given
-    from ccbench.control import CONNECT_TIMEOUT_S
-
     return min(CONNECT_TIMEOUT_S, timeout)
 
 

@@ -26,7 +26,7 @@ from ccbench.bench_options import (
 )
 from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
-from ccbench.errors import RunFailure, UsageError
+from ccbench.errors import RunFailure, UsageError, error_line
 from ccbench.familiar import add_familiar_arguments, resolve_familiar
 from ccbench.units import parse_sizes
 
@@ -99,7 +99,9 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str],
 
 def _quiet_rank() -> bool:
     """Only one rank speaks about bad input; the others just exit 2."""
-    for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+    from ccbench.run.launcher_env import RANK_VARS
+
+    for name in RANK_VARS:
         if os.environ.get(name, "0") not in ("0", ""):
             return True
     return False
@@ -341,10 +343,10 @@ def _run_subcommand(name: str, argv: Sequence[str]) -> int:
 
 def _note_spoken() -> None:
     """Under a bare mpiexec, the store host must not add a line of its own to this one."""
-    from ccbench.launchers import under_mpi_launcher
+    from ccbench.run.launchers import under_mpi_launcher
 
     if under_mpi_launcher():
-        from ccbench.storehost import note_spoken
+        from ccbench.run.storehost import note_spoken
 
         note_spoken(os.getppid())
 
@@ -376,16 +378,9 @@ def _note_other_package() -> None:
               flush=True)
 
 
-def rank_python() -> list[str]:
-    """How to start a Python that runs ccbench's ranks: in safe-path mode (3.11+), so that a
-    `ccbench/` folder in the working directory (a checkout's parent) is not imported instead
-    of the installed package; PYTHONPATH is still honoured."""
-    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from ccbench.lifeline import hold
+    from ccbench.run.lifeline import hold
 
     hold()                             # a rank or case ends with the ccbench that started it
     try:
@@ -403,10 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_benchmark(config)
     except UsageError as exc:
         if not _quiet_rank():
-            print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
+            print(error_line(exc), file=sys.stderr, flush=True)
         return 2
     except RunFailure as exc:
-        print(f"ccbench: error: {exc}", file=sys.stderr, flush=True)
+        print(error_line(exc), file=sys.stderr, flush=True)
         _note_spoken()
         return 1
     except BrokenPipeError:            # `ccbench ... | head`: the reader left, not an error of ours

@@ -24,3 +24,19 @@ class RunFailure(Exception):
 def choices_error(what: str, value: object, valid: Iterable[str]) -> UsageError:
     """`unknown collective 'foo' (valid: a, b, c)` in one place so every message looks alike."""
     return UsageError(f"unknown {what} {value!r} (valid: {', '.join(valid)})")
+
+
+#: how every ccbench error line begins; a launcher finds the ranks' error lines by it
+ERROR_PREFIX = "ccbench: error:"
+
+
+def error_line(message: object) -> str:
+    """The one line a failed command prints on stderr: `ccbench: error: MESSAGE`."""
+    return f"{ERROR_PREFIX} {message}"
+
+
+def is_error_line(line: str | bytes) -> bool:
+    """Whether a line of a rank's or a command's stderr is its error line."""
+    if isinstance(line, bytes):
+        return line.startswith(ERROR_PREFIX.encode())
+    return line.startswith(ERROR_PREFIX)

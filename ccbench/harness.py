@@ -23,8 +23,9 @@ import numpy as np
 from ccbench.backends.base import Backend
 from ccbench.bench_options import Method  # the method options; re-exported
 from ccbench.collectives import Layout, busbw_factor, get, layout
-from ccbench.control import ControlClient
 from ccbench.dtypes import numpy_dtype
+from ccbench.run.control import ControlClient
+from ccbench.run.watchdog import Watchdog
 from ccbench.stats import summarize
 from ccbench.units import format_size
 from ccbench.validation import (
@@ -35,7 +36,6 @@ from ccbench.validation import (
     initial_output,
     make_input,
 )
-from ccbench.watchdog import Watchdog
 
 # fault injection for the test suite: flip one received element on rank 0 before validation
 _INJECT_CORRUPTION = os.environ.get("CCBENCH_CORRUPT") == "1"

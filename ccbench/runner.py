@@ -2,47 +2,39 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
-import hashlib
-import json
 import os
 import platform
-import signal
 import socket
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ccbench import __version__
-from ccbench.arrivals import RankStates, await_ranks, rank_states, start_limit
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.collectives import REDUCING, layout
 from ccbench.collectives import get as get_collective
-from ccbench.control import CONNECT_TIMEOUT_S, ControlClient, ControlServer, StoreLost, StoreTimeout
 from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
 from ccbench.familiar import COMBINE_LABELS
-from ccbench.faults import MID_RUN_STEP, inject
 from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
-from ccbench.launchers import LaunchInfo, connect_control, detect_launch, hosted_apart
 from ccbench.output import Progress, TableWriter, make_writer
-from ccbench.records import Record, append_record
-from ccbench.records.table import finish_parquet, journal_path
-from ccbench.records.writer import torn_warning
+from ccbench.records import Record
+from ccbench.records.table import finish_parquet
 from ccbench.repeats import repeat_from_env
+from ccbench.run.control import CONNECT_TIMEOUT_S, ControlClient
+from ccbench.run.faults import MID_RUN_STEP, inject
+from ccbench.run.launchers import LaunchInfo, detect_launch, require_mpi_launcher
+from ccbench.run.lifecycle import append_output, rank_lifecycle
+from ccbench.run.watchdog import Watchdog
 from ccbench.sysinfo import available_memory, cpu_model, node_cores, oversubscription_note
-from ccbench.watchdog import Watchdog
 
 __all__ = ["BenchConfig", "run_benchmark"]
 
-MPI_LAUNCHERS = ("mpiexec", "srun", "single")
 #: what a backend's info() may say that changes what is measured: copied into record.method
 METHOD_KEYS = ("buffers", "nccl_algo", "nccl_proto", "allreduce_out_of_place", "mpi_thread_level",
                "torch_threads", "timed_call", "cuda_graph")
@@ -88,54 +80,6 @@ def _environment() -> dict[str, Any]:
     prefixes = ("NCCL_", "CCL_", "MPIR_", "OMPI_MCA_", "I_MPI_", "FI_", "GLOO_", "UCX_", "CUDA_VISIBLE")
     env["variables"] = {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
     return env
-
-
-def _agree_on_arguments(store: ControlClient, info: LaunchInfo, argv: list[str], timeout: float,
-                        watchdog: Watchdog | None = None, connect_timeout: float | None = None
-                        ) -> None:
-    """Every rank checks in with its arguments; rank 0 compares them. With a watchdog and a
-    connect timeout, rank 0 first waits for every rank the way ccbench.arrivals says (a late
-    rank is waited for, a dead one named at once)."""
-    digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
-    store.set(f"args/{info.rank}", {"digest": digest, "argv": argv})
-    if info.rank == 0:
-        if watchdog is not None and connect_timeout is not None:
-            _await_ranks(store, info, watchdog, connect_timeout)
-        verdict = None
-        for rank in range(1, info.world_size):
-            other = store.get(f"args/{rank}", timeout)
-            if other["digest"] != digest:
-                verdict = (f"ranks launched with different arguments: rank 0 has "
-                           f"{' '.join(argv)!r}, rank {rank} has {' '.join(other['argv'])!r}")
-                break
-        store.set("args/verdict", verdict)
-    verdict = store.get("args/verdict", timeout)
-    if verdict:
-        if info.rank == 0:      # it hosts the store: the others read the verdict before it goes
-            for rank in range(1, info.world_size):
-                store.get(f"args/read/{rank}", timeout)
-        else:
-            store.set(f"args/read/{info.rank}", 1)
-        raise UsageError(verdict)
-
-
-def _await_ranks(store: ControlClient, info: LaunchInfo, watchdog: Watchdog,
-                 connect_timeout: float) -> None:
-    def arrived() -> set[int]:
-        return {int(key.split("/")[1]) for key in store.prefix("args/")
-                if key.split("/")[1].isdigit()}
-
-    def states() -> RankStates | None:
-        return rank_states(info.launcher, info.world_size, info.local_world_size)
-
-    started = time.monotonic()
-    missing = await_ranks(arrived, info.world_size, connect_timeout, states)
-    if missing:
-        if all(why == "dead" for why in missing.values()):
-            why = "a rank exited before it reached the control store"
-        else:
-            why = f"not every rank arrived within {time.monotonic() - started:.0f} s"
-        watchdog.ranks_missing(why, missing)
 
 
 def _check_memory(config: BenchConfig, info: LaunchInfo) -> None:
@@ -350,27 +294,12 @@ class _Run:
         append_output(self.config.output, record, self.watchdog)
 
 
-def append_output(output: str, record: Record, watchdog: Watchdog) -> None:
-    """Append one record to --output, for the benchmark and the replay alike: whole lines
-    only (ccbench.records.writer: a torn last line moved to .torn first, with a warning) and
-    a failed write ends the run in one line naming the file."""
-    journal = journal_path(output)     # itself, unless it is .parquet
-    try:
-        torn = append_record(journal, record)
-    except OSError as exc:
-        watchdog.fail(f"cannot append to --output {output!r}: "
-                      f"{exc.strerror or exc} (records before are kept)")
-    if torn:
-        print(torn_warning(journal, torn), file=sys.stderr, flush=True)
-
-
 def run_benchmark(config: BenchConfig) -> int:
     """One rank's whole run; returns the exit status."""
     info = detect_launch()
     for name in config.backends:            # before any rendezvous, so nothing waits on it
-        if backend_class(name).needs_mpi_launcher and info.launcher not in MPI_LAUNCHERS:
-            raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
-                             f"{info.launcher}; `ccbench launch` starts it under mpiexec")
+        if backend_class(name).needs_mpi_launcher:
+            require_mpi_launcher(info, name)
     if config.root >= info.world_size:
         raise UsageError(f"--root {config.root} is not a rank of this run of {info.world_size} "
                          f"(valid: 0 to {info.world_size - 1})")
@@ -383,69 +312,3 @@ def run_benchmark(config: BenchConfig) -> int:
 
     return rank_lifecycle(info, config.method.timeout, config.connect_timeout,
                           config.argv or [], body)
-
-
-def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, argv: list[str],
-                   body: Callable[[ControlClient, Watchdog], int]) -> int:
-    """One rank's life around `body` (the benchmark's runs, or a trace's replay): connect to
-    the control store, start the watchdog, wait for late ranks and agree on the arguments,
-    run the body, meet at the end (a step of its own, with its fault point), close, and arm
-    the exit alarm. Returns the body's exit status."""
-    store, server = connect_control(info, timeout, connect_timeout)
-    watchdog = Watchdog(store, info.rank, info.world_size, timeout)
-    apart = info.launcher == "mpiexec" and hosted_apart()
-    watchdog.post_labels = apart
-    watchdog.rank_states = functools.partial(rank_states, info.launcher, info.world_size,
-                                             info.local_world_size)
-    watchdog.start()
-    try:
-        # the others connect within the connect timeout or say why not; rank 0 waits for late
-        # ranks (ccbench.arrivals) and decides, the others wait for its verdict a little longer
-        limit = start_limit(connect_timeout) + 5
-        with watchdog.waiting(limit=limit + (5 if info.rank else 0)):
-            _agree_on_arguments(store, info, argv, limit, watchdog, connect_timeout)
-        status = body(store, watchdog)
-        # a step of its own, and reaching the closing barrier counts as its one op: a rank that
-        # never gets there is behind the others' posted progress and named (with the store
-        # outside rank 0 nothing else would tell a stopped rank 0 from a slow one)
-        watchdog.begin_step(watchdog.position[0] + 1, "the end of the run")
-        inject("shutdown", info.rank)
-        watchdog.reached()
-        with watchdog.waiting():
-            store.barrier("end", info.world_size, timeout)
-    except (StoreLost, StoreTimeout) as failure:
-        watchdog.store_failed(failure)
-        raise
-    except BaseException:
-        if apart:               # this rank says why (the CLI prints it): the store host must not
-            with contextlib.suppress(RunFailure):
-                store.set("aborted", info.rank)
-        raise
-    finally:
-        watchdog.stop()
-    _close(store, server, info)
-    # what runs after us (MPI_Finalize at interpreter exit, library destructors) is collective
-    # too and runs when no Python thread can act any more: if a peer never gets there, the
-    # alarm's default action ends this process instead of letting it hang. Not sooner than
-    # 25 s beyond the timeout: tearing torch down took over 10 s on a loaded machine (load 20
-    # on 2 cores), and a healthy run must not end killed by this alarm
-    signal.alarm(int(timeout) + 25)
-    return status
-
-
-def _close(store: ControlClient, server: ControlServer | None, info: LaunchInfo) -> None:
-    """Rank 0 hosts the store and leaves last: once its interpreter shuts down (MPI_Finalize
-    runs after Python's threads are frozen) the store can no longer answer, so it waits for
-    a bye on both connections of every other rank (main and watchdog) first."""
-    if server is None:
-        store.close()
-        return
-    expected = 2 * (info.world_size - 1)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        byes = store.prefix("byes/")
-        if sum(int(v) for k, v in byes.items() if k != "byes/0") >= expected:
-            break
-        time.sleep(0.01)
-    store.close()
-    server.close()

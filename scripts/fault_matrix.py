@@ -2,10 +2,11 @@
 """The whole fault-injection matrix: backend x fault x phase x victim at 2 and 3 ranks.
 
 Each cell launches a small allreduce run with `ccbench launch`, makes one rank really die,
-stop or exit at the chosen phase (CCBENCH_FAULT, see ccbench/faults.py), and checks what a
-user would: non-zero exit, exactly one `ccbench: error:` line naming the phase and the rank
-that did not arrive, no process of the run left, every record on disk whole. It prints one
-row per cell with the stop time (fault to launcher exit) and a summary of stop times.
+stop or exit at the chosen phase (CCBENCH_FAULT, see ccbench/run/faults.py; one cell is
+tests/fault_cells.py), and checks what a user would: non-zero exit, exactly one
+`ccbench: error:` line naming the phase and the rank that did not arrive, no process of the
+run left, every record on disk whole. It prints one row per cell with the stop time (fault to
+launcher exit) and a summary of stop times.
 
     python scripts/fault_matrix.py                       # everything (about an hour, loaded)
     python scripts/fault_matrix.py --backends gloo --worlds 2 --json faults.json
@@ -22,7 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ccbench.faults import ACTIONS, PHASES, Cell, run_cell
+from ccbench.run.faults import ACTIONS, PHASES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fault_cells import Cell, run_cell  # noqa: E402  (the harness lives beside the tests)
 
 BACKENDS = ("gloo", "mpi", "oneccl", "ring@mpi")
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends.base import Backend, RankContext
-from ccbench.control import StoreTimeout
+from ccbench.run.control import StoreTimeout
 
 _REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 

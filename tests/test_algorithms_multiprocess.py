@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ccbench.addresses import free_port
+from ccbench.run.addresses import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"

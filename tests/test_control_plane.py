@@ -23,18 +23,18 @@ from pathlib import Path
 
 import pytest
 from conftest import MPIEXEC, have_mpi
+from fault_cells import tagged_processes
 
-from ccbench import procfs
-from ccbench.control import (
+from ccbench.errors import RunFailure
+from ccbench.records import load_records
+from ccbench.run import procfs
+from ccbench.run.control import (
     HELLO_DEADLINE_S,
     MAX_LINE_BYTES,
     SECRET_VAR,
     ControlClient,
     ControlServer,
 )
-from ccbench.errors import RunFailure
-from ccbench.faults import tagged_processes
-from ccbench.records import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
 GONE_BOUND_S = 60          # how long a test waits for processes that should end within seconds
@@ -252,7 +252,7 @@ import resource, sys
 limit = int(sys.argv[1])
 if limit:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-from ccbench.control import ControlServer
+from ccbench.run.control import ControlServer
 server = ControlServer("127.0.0.1", 0, world_size=2)
 print(server.port, server.secret, flush=True)
 sys.stdin.read()
@@ -578,7 +578,7 @@ def test_only_this_users_processes_can_silence_the_store_host() -> None:
     abstract socket anyone on the host can send to: another user's datagram does not count."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to send as another user")
-    from ccbench.storehost import _spoken_address, _spoken_by_us, note_spoken
+    from ccbench.run.storehost import _spoken_address, _spoken_by_us, note_spoken
 
     proxy = 900000 + os.getpid() % 1000
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as spoken:
@@ -599,7 +599,7 @@ def test_only_this_users_processes_can_silence_the_store_host() -> None:
 
 
 def test_a_server_binds_where_its_peers_reach_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ccbench import addresses
+    from ccbench.run import addresses
 
     monkeypatch.setattr(addresses, "published_address", lambda peer=None: "192.0.2.9")
     assert addresses.listen_address("10.1.2.3", all_local=True) == "127.0.0.1"

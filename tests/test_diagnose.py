@@ -317,7 +317,7 @@ def test_one_pairs_latency_outlier_needs_an_absolute_expectation():
 # exit 3) happen every time
 _SLOW_GATHER = '''
 import time
-from ccbench import control
+from ccbench.run import control
 
 _gather = control.ControlClient.gather
 
@@ -338,7 +338,7 @@ def test_planes_missing_under_ranks_started_by_hand_is_one_line_exit_2(tmp_path)
     import sys
     from pathlib import Path
 
-    from ccbench.addresses import free_port
+    from ccbench.run.addresses import free_port
 
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "sitecustomize.py").write_text(_SLOW_GATHER)

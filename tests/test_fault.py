@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import have_mpi, missing_prerequisite
+from fault_cells import Cell, run_cell
 
-from ccbench.faults import Cell, run_cell
 from ccbench.records import load_records
 
 TIMEOUT_S = 5.0
@@ -173,7 +173,7 @@ def test_fault_cell_other_mpi(cell: Cell, python: str, tmp_path: Path,
 
 # The same promise when the ranks are started by a bare launcher instead of `ccbench launch`:
 # a rank killed mid-run gives one line naming the step and that rank, and nothing is left.
-# A bare Intel MPI mpiexec kills every rank at once (ccbench.storehost speaks for them).
+# A bare Intel MPI mpiexec kills every rank at once (ccbench.run.storehost speaks for them).
 LAUNCHER_CELLS = [
     Cell("mpi", 2, 1, "kill", "mid-run", launcher="mpiexec"),
     Cell("gloo", 2, 1, "kill", "mid-run", launcher="srun"),
@@ -307,7 +307,7 @@ def test_a_late_rank_is_waited_for_not_blamed(tmp_path: Path) -> None:
 
 def test_await_ranks_names_the_dead_at_once_and_waits_for_the_late(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ccbench import arrivals
+    from ccbench.run import arrivals
 
     monkeypatch.setattr(arrivals, "LATE_GRACE_S", 1.0)
     monkeypatch.setattr(arrivals, "_POLL_S", 0.01)
@@ -332,7 +332,7 @@ def test_await_ranks_names_the_dead_at_once_and_waits_for_the_late(
 
 
 def test_store_host_names_the_rank_that_went_first_and_only_when_nobody_spoke() -> None:
-    from ccbench.storehost import unexplained_end
+    from ccbench.run.storehost import unexplained_end
 
     labels = {"label/0": [3, "allreduce float32 sum out-of-place at 2K"],
               "label/1": [2, "allreduce float32 sum in-place at 1K"]}
@@ -354,9 +354,9 @@ def test_store_host_names_the_rank_that_went_first_and_only_when_nobody_spoke() 
 
 
 def test_store_verdict_goes_by_which_rank_process_ended_first() -> None:
-    """With the order in which the rank processes ended (ccbench.rankexits), the rank that
+    """With the order in which the rank processes ended (ccbench.run.rankexits), the rank that
     ended first is named, not the rank whose connection closed first."""
-    from ccbench.storehost import unexplained_end
+    from ccbench.run.storehost import unexplained_end
 
     def named(closed: list[tuple[int, bool]], arrived: set[int], order: list[list[int]],
               seen: set[int]) -> str:
@@ -398,7 +398,7 @@ def test_store_verdict_goes_by_which_rank_process_ended_first() -> None:
 # and that tie named rank 1, which never connected.
 _WATCHER = """
 import json, sys, time
-from ccbench.rankexits import RankExits
+from ccbench.run.rankexits import RankExits
 exits = RankExits(int(sys.argv[1]), 3).start()
 deadline = time.monotonic() + 60
 while len(exits.snapshot()[1]) < 3 and time.monotonic() < deadline:
@@ -442,7 +442,7 @@ _ENDS_ALL = '''
 import os, signal, subprocess, sys, time
 rank = """
 import os, signal, sys, time
-from ccbench.control import ControlClient
+from ccbench.run.control import ControlClient
 client = ControlClient(*os.environ["CCBENCH_MPI_CONTROL"].split(":"), int(sys.argv[1]))
 client.set("label/" + sys.argv[1], [1, "allreduce float32 sum out-of-place at 2K"])
 time.sleep(1)
@@ -464,9 +464,9 @@ def _supervise_fake_mpiexec(script: str, timeout: float, capfd: pytest.CaptureFi
     """Run `script` as the mpiexec of a 2-rank `ccbench launch`, the control store hosted by
     the launcher as under a real mpiexec: (exit status, the error lines, the ranks that
     connected to the store)."""
-    from ccbench.commands.launch import Supervisor
-    from ccbench.control import SECRET_VAR, ControlServer
-    from ccbench.launchers import MPI_CONTROL_VAR
+    from ccbench.run.control import SECRET_VAR, ControlServer
+    from ccbench.run.launchers import MPI_CONTROL_VAR
+    from ccbench.run.supervisor import Supervisor
 
     store = ControlServer("127.0.0.1", 0)
     env = {MPI_CONTROL_VAR: f"127.0.0.1:{store.port}", SECRET_VAR: store.secret,
@@ -501,7 +501,7 @@ import os, signal, sys, time
 if sys.argv[1] == "1":
     time.sleep(1.5)
     os.kill(os.getpid(), signal.SIGKILL)
-from ccbench.control import ControlClient
+from ccbench.run.control import ControlClient
 client = ControlClient(*os.environ["CCBENCH_MPI_CONTROL"].split(":"), int(sys.argv[1]))
 client.set("label/" + sys.argv[1], [1, "start-up"])
 time.sleep(120)
@@ -531,7 +531,7 @@ _WAITS_FOR_ALL = '''
 import os, subprocess, sys, time
 rank = """
 import os, sys, time
-from ccbench.control import ControlClient
+from ccbench.run.control import ControlClient
 client = ControlClient(*os.environ["CCBENCH_MPI_CONTROL"].split(":"), int(sys.argv[1]))
 client.set("label/" + sys.argv[1], [1, "allreduce float32 sum out-of-place at 2K"])
 time.sleep(1)

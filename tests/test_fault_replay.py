@@ -1,6 +1,6 @@
 """A rank killed (or stopped) mid-replay (the trace's whole-sequence phase, CCBENCH_FAULT
 mid-run) under `ccbench launch` or torchrun: the run ends, with one error line naming the
-rank, no traceback and no process left (the benchmark's guarantees, ccbench.faults)."""
+rank, no traceback and no process left (the benchmark's guarantees, ccbench.run.faults)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 from conftest import have_mpi
+from fault_cells import Cell, tagged_processes
 
-from ccbench.faults import ERROR_PREFIX, Cell, tagged_processes
+from ccbench.errors import ERROR_PREFIX
+from ccbench.run.supervisor import kill_group
 
 NO_HANG_S = 5 + 30 + 180      # a loaded machine is slow, never stuck
 
@@ -41,7 +43,7 @@ def test_rank_killed_mid_replay_is_named_in_one_line(parallel_job: Path, tmp_pat
     try:
         _, stderr = proc.communicate(timeout=NO_HANG_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         proc.communicate()
         pytest.fail("the replay was still running at the bound")
     left = tagged_processes(tag)
@@ -54,7 +56,7 @@ def test_rank_killed_mid_replay_is_named_in_one_line(parallel_job: Path, tmp_pat
     assert re.search(r'File "[^"]*ccbench[/\\]', stderr) is None, stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith(ERROR_PREFIX)]
     assert len(errors) == 1, stderr[-3000:]
-    named = re.search(r"did not arrive: (.*)$", errors[0])      # as ccbench.faults judges
+    named = re.search(r"did not arrive: (.*)$", errors[0])      # as ccbench.run.faults judges
     assert named and re.findall(r"(?<![\w.:])(\d+)(?![\w.:])", named.group(1)) == ["1"], \
         errors[0]
     assert "whole sequence" in errors[0]                         # the step it stopped in

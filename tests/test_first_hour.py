@@ -13,8 +13,8 @@ from conftest import PYTHON, have_mpi
 from ccbench.backends.base import STARMAP_LOOP
 from ccbench.backends.mpi_loop import C_LOOP
 from ccbench.collectives import COLLECTIVES
-from ccbench.commands.launch import default_nprocs
 from ccbench.record import load_records
+from ccbench.run.supervisor import default_nprocs
 from ccbench.sysinfo import oversubscription_note, usable_cores
 
 QUICK = ["allreduce", "--backend", "gloo", "--sizes", "1K", "--iters", "2", "--warmup", "1", "-q"]

@@ -12,7 +12,7 @@ from seams import LoopbackBackend, MemoryStore, ThreadWorld, rank_context
 
 from ccbench.collectives import COLLECTIVES, REDUCING, busbw_factor, get, layout
 from ccbench.harness import Case, Method, _agree_iterations, _summarize, measure_size
-from ccbench.watchdog import Watchdog
+from ccbench.run.watchdog import Watchdog
 
 FAST = Method(iters=3, warmup=1, check=1, timeout=30)
 
@@ -121,7 +121,7 @@ def test_memory_store_barrier_and_timeout() -> None:
     world = ThreadWorld(3)
     for _ in range(2):                                         # reusable, like the real one
         world.run(lambda r: store.barrier("b", 3, timeout=10))
-    from ccbench.control import StoreTimeout
+    from ccbench.run.control import StoreTimeout
 
     with pytest.raises(StoreTimeout):
         store.get("never", timeout=0.05)

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import MPIEXEC, PYTHON, have_mpi
 
-from ccbench.launchers import detect_launch, expand_nodelist
+from ccbench.errors import error_line, is_error_line
 from ccbench.records import RecordKey, load_records
+from ccbench.run import launcher_env
+from ccbench.run.launcher_env import MPI_ENVS, LauncherEnv
+from ccbench.run.launchers import detect_launch, expand_nodelist
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 BENCH = ["allreduce,alltoall", "--sizes", "1K,3000", "--iters", "2", "--warmup", "1", "-q"]
@@ -96,6 +99,35 @@ def test_env_mappings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert detect_launch().launcher == "torchrun"
 
 
+
+@pytest.mark.parametrize("mpi", MPI_ENVS, ids=lambda mpi: mpi.name)
+def test_every_mpi_in_the_launcher_table_is_read_without_mpi(
+        monkeypatch: pytest.MonkeyPatch, mpi: LauncherEnv) -> None:
+    _clean_env(monkeypatch)
+    for name, value in ((mpi.rank, "3"), (mpi.size, "4"), (mpi.local_rank, "1"),
+                        (mpi.local_size, "2")):
+        if name:
+            monkeypatch.setenv(name, value)
+    info = detect_launch()
+    expected_local = (1, 2) if mpi.local_rank else (0, 1)
+    assert (info.launcher, info.rank, info.world_size) == ("mpiexec", 3, 4)
+    assert (info.local_rank, info.local_world_size) == expected_local
+
+
+def test_a_sweep_case_drops_inherited_rank_variables_but_keeps_its_slurm_job() -> None:
+    from ccbench.sweep.plan import LAUNCHER_IDENTITY_VARS
+
+    for launcher in (launcher_env.LOCAL, launcher_env.TORCHRUN, *MPI_ENVS):
+        assert {launcher.rank, launcher.size} <= set(LAUNCHER_IDENTITY_VARS)
+    assert not set(launcher_env.SRUN.names()) & set(LAUNCHER_IDENTITY_VARS)
+
+
+def test_one_error_line_format_is_written_and_recognised() -> None:
+    line = error_line("start-up: ranks that did not arrive: 1")
+    assert line == "ccbench: error: start-up: ranks that did not arrive: 1"
+    assert is_error_line(line) and is_error_line(line.encode())
+    assert not is_error_line("ccbench: note: x") and not is_error_line(b" ccbench: error: x")
+
 def test_expand_nodelist() -> None:
     assert expand_nodelist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07",
                                                       "gpu5"]
@@ -104,7 +136,7 @@ def test_expand_nodelist() -> None:
 
 
 def test_mixed_backends_each_launched_in_its_own_environment() -> None:
-    from ccbench.commands.launch import launch_groups, with_backends
+    from ccbench.run.supervisor import launch_groups, with_backends
 
     groups = launch_groups({"mpi": True, "gloo": False, "ring@mpi": True, "oneccl": False})
     assert groups == [(["gloo", "oneccl"], False), (["mpi", "ring@mpi"], True)]

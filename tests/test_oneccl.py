@@ -92,8 +92,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def worker(rank: int, world: int, port: int) -> int:
     from ccbench.backends.base import RankContext
     from ccbench.backends.oneccl import OneCCLBackend
-    from ccbench.control import ControlClient
     from ccbench.dtypes import numpy_dtype
+    from ccbench.run.control import ControlClient
 
     store = ControlClient("127.0.0.1", port, rank)
     ctx = RankContext(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
@@ -201,7 +201,7 @@ def _availability() -> str | None:
 
 def launch(world: int, env: dict[str, str] | None = None,
            timeout: float = 240) -> list[dict[str, Any]]:
-    from ccbench.control import ControlServer
+    from ccbench.run.control import ControlServer
 
     server = ControlServer("127.0.0.1", 0)
     try:

@@ -370,7 +370,7 @@ def test_case_environment_drops_inherited_launcher_identity() -> None:
 
 def test_detect_launch_under_srun_ignores_what_case_environment_drops(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ccbench.launchers import detect_launch
+    from ccbench.run.launchers import detect_launch
     from ccbench.sweep import case_environment
 
     leaked = {"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}

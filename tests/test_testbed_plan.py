@@ -8,7 +8,7 @@ import pytest
 
 from ccbench import cli
 from ccbench.errors import UsageError
-from ccbench.launchers import published_address
+from ccbench.run.launchers import published_address
 from ccbench.testbed.slurm import render_conf
 from ccbench.testbed.topology import build_plan, parse_topology, root_bridge
 from ccbench.units import parse_rate

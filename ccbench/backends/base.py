@@ -26,7 +26,7 @@ from ccbench.errors import RunFailure
 
 if TYPE_CHECKING:
     from algorithms.transport import Transport
-    from ccbench.control import ControlClient
+    from ccbench.run.control import ControlClient
 
 __all__ = ["Backend", "BackendFactory", "BackendOptions", "Builder", "HostBuffers", "Library",
            "RankContext", "Support", "in_sequence"]

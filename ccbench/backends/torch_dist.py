@@ -12,7 +12,6 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from ccbench.addresses import interface_of, loopback_interface, published_address
 from ccbench.backends.base import (
     Backend,
     Library,
@@ -24,6 +23,7 @@ from ccbench.backends.base import (
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.backends.p2p import raw_bytes
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
+from ccbench.run.addresses import interface_of, loopback_interface, published_address
 from ccbench.sysinfo import node_cores, usable_cores
 
 #: process groups this rank has created (every rank creates them in the same order)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ccbench.errors import UsageError, choices_error
+from ccbench.errors import UsageError, choices_error, error_line
 
 __all__ = ["main", "parse_ranks", "register"]
 
@@ -183,5 +183,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main(_parser.parse_args(sys.argv[1:])))
     except UsageError as exc:
-        print(f"ccbench: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         sys.exit(2)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ccbench.backends import HOST_BACKEND, backend_class, backend_names
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
-from ccbench.errors import UsageError
+from ccbench.errors import UsageError, error_line
 
 __all__ = ["launch_plan", "main", "plan_of", "plan_seconds", "register"]
 
@@ -222,13 +222,13 @@ def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
 def launch_plan(argv: list[str]) -> tuple[list[str], float, int | None]:
     """(backends, connect timeout, rank count: None, the launcher's default) for
     `ccbench launch`."""
+    from ccbench.bench_options import connect_timeout
     from ccbench.cli import OneLineParser
-    from ccbench.control import CONNECT_TIMEOUT_S
 
     parser = OneLineParser(prog="ccbench diagnose")
     _arguments(parser)
     config, _ = _config(parser.parse_args(argv))
-    return [config.backend], min(CONNECT_TIMEOUT_S, config.method.timeout), None
+    return [config.backend], connect_timeout(config.method.timeout), None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -268,7 +268,7 @@ def main(args: argparse.Namespace) -> int:
     findings = findings_of(collected, args.oversub)
     print_verdict(collected, findings, args.format)
     if findings:                  # the reason for the exit status, for launchers that ask
-        print(f"ccbench: error: diagnose flagged {len(findings)} component"
-              f"{'s' if len(findings) > 1 else ''} (the verdict above)", file=sys.stderr,
-              flush=True)
+        print(error_line(f"diagnose flagged {len(findings)} component"
+                         f"{'s' if len(findings) > 1 else ''} (the verdict above)"),
+              file=sys.stderr, flush=True)
     return 1 if findings else 0

@@ -18,25 +18,22 @@ import json
 import os
 import platform
 import shutil
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from ccbench import __version__
 from ccbench.backends.base import Backend, Library, library_line
 from ccbench.errors import UsageError
+from ccbench.run.launcher_env import MPI_ENVS
+from ccbench.run.launcher_env import variables as launcher_variables
 from ccbench.sysinfo import cpu_model
 
 __all__ = ["collect", "main", "register", "render_table"]
 
 #: launcher variables worth showing (values of secrets never live in these)
-_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CCBENCH_CONTROL", "PMI_RANK", "PMI_SIZE",
-                "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALRANKID",
-                "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST")
-#: the (rank, size) pairs from which ccbench.launchers reads an MPI launch without MPI itself
-_MPI_PAIRS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-              ("PMIX_RANK", "PMIX_SIZE"))
+_LAUNCH_VARS = launcher_variables()
+#: the (rank, size) pairs from which ccbench.run.launchers reads an MPI launch without MPI itself
+_MPI_PAIRS = tuple((mpi.rank, mpi.size) for mpi in MPI_ENVS)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,14 +90,12 @@ def _gpus() -> dict[str, Any]:
 
 
 def _launch() -> dict[str, Any]:
-    from ccbench.launchers import detect_launch, under_mpi_launcher
+    from ccbench.run.launchers import detect_launch, mpiexec_beside, under_mpi_launcher
 
     env = os.environ
     seen = {k: env[k] for k in _LAUNCH_VARS if k in env}
     tools = {name: shutil.which(name) for name in ("mpiexec", "torchrun", "srun")}
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(beside):
-        tools["mpiexec"] = beside
+    tools["mpiexec"] = mpiexec_beside() or tools["mpiexec"]
     out: dict[str, Any] = {"variables": seen, "tools": tools}
     earlier = ("CCBENCH_CONTROL" in env and "RANK" in env) or "TORCHELASTIC_RUN_ID" in env \
         or ("RANK" in env and "MASTER_ADDR" in env)

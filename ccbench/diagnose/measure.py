@@ -24,20 +24,20 @@ from typing import Any
 import numpy as np
 
 from ccbench import __version__
-from ccbench.arrivals import start_limit
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
-from ccbench.control import ControlClient
 from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_pairs
 from ccbench.diagnose.plan import Step
-from ccbench.errors import BackendUnavailable, RunFailure, UsageError
+from ccbench.errors import BackendUnavailable, RunFailure, UsageError, error_line
 from ccbench.harness import Case, Method, SizeResult, measure_size
-from ccbench.launchers import LaunchInfo, connect_control, detect_launch
 from ccbench.records import Record, append_record
+from ccbench.run.arrivals import start_limit
+from ccbench.run.control import ControlClient
+from ccbench.run.launchers import LaunchInfo, connect_control, detect_launch
+from ccbench.run.watchdog import Watchdog
 from ccbench.trace.ops import Group
 from ccbench.trace.subcomm import free_groups, split_groups
-from ccbench.watchdog import Watchdog
 
 __all__ = ["DiagnoseConfig", "diagnose_rank"]
 
@@ -95,8 +95,8 @@ class _DiagnoseWatchdog(Watchdog):
             with contextlib.suppress(Exception):
                 if self.store.peek("aborted") is None:
                     lost = missing if missing is not None else self._missing_ranks(None)
-                    print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
-                          f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}",
+                    print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
+                                     f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}"),
                           file=sys.stderr, flush=True)
                     self.on_stop(why, lost)
                     self._linger_as_store_host(None, lost)
@@ -518,12 +518,12 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
                   on_stop: Callable[[Collected, str, dict[int, str]], None]
                   ) -> Collected | None:
     """One rank's diagnosis. Returns rank 0's collected measurements (others: None)."""
-    from ccbench.control import CONNECT_TIMEOUT_S
-    from ccbench.runner import _agree_on_arguments, _close
+    from ccbench.bench_options import connect_timeout as connect_timeout_of
+    from ccbench.run.lifecycle import agree_on_arguments, close_control
 
     info = detect_launch()
     timeout = config.method.timeout
-    connect_timeout = min(CONNECT_TIMEOUT_S, timeout)
+    connect_timeout = connect_timeout_of(timeout)
     store, server = connect_control(info, timeout, connect_timeout)
     watchdog = _DiagnoseWatchdog(store, info.rank, info.world_size, timeout)
     watchdog.start()
@@ -533,7 +533,7 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
         # as the benchmark: rank 0 waits for late ranks and names a dead one at once
         limit = start_limit(connect_timeout) + 5
         with watchdog.waiting(limit=limit + (5 if info.rank else 0)):
-            _agree_on_arguments(store, info, config.argv, limit, watchdog, connect_timeout)
+            agree_on_arguments(store, info, config.argv, limit, watchdog, connect_timeout)
         with watchdog.waiting():
             rank.learn_hosts()
             expect = rank.expectation()
@@ -563,7 +563,7 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
         bad_input = exc
     finally:
         watchdog.stop()
-    _close(store, server, info)
+    close_control(store, server, info)
     if bad_input is not None:
         raise bad_input
     return rank.collected

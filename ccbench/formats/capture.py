@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ccbench.errors import error_line
+
 __all__ = ["CAPTURE_NAME", "capture", "capture_file", "main"]
 
 #: the file name, per rank, beside the trace
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     script = Path(options.script)
     if not script.is_file():
-        print(f"ccbench: error: no such job script: {str(script)!r}", file=sys.stderr)
+        print(error_line(f"no such job script: {str(script)!r}"), file=sys.stderr)
         return 2
     _install_at_init(options.output)
     sys.argv = [str(script), *options.args]

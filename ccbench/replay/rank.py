@@ -28,19 +28,19 @@ from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.collectives import busbw_factor, layout
-from ccbench.control import ControlClient
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
-from ccbench.faults import inject
 from ccbench.harness import Case, Method, measure_size
-from ccbench.launchers import LaunchInfo, detect_launch
 from ccbench.record import Record
 from ccbench.replay.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare, prepare_exchange
+from ccbench.run.control import ControlClient
+from ccbench.run.faults import inject
+from ccbench.run.launchers import LaunchInfo, detect_launch
+from ccbench.run.watchdog import Watchdog
 from ccbench.stats import summarize
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
-from ccbench.watchdog import Watchdog
 
 __all__ = ["ReplayConfig", "replay_rank"]
 
@@ -110,7 +110,7 @@ class _Rank:
     def _append(self, record: Record) -> None:
         """Every call's first rank appends its record (ccbench.records.writer locks each
         append and moves a torn tail aside, once, whichever rank comes first)."""
-        from ccbench.runner import append_output
+        from ccbench.run.lifecycle import append_output
 
         if self.config.output:
             append_output(self.config.output, record, self.watchdog)
@@ -382,11 +382,12 @@ def _collect(store: ControlClient, number: int, world: int, calls: int) -> dict[
 
 
 def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]:
-    """One rank's replay, in the benchmark's rank lifecycle (ccbench.runner.rank_lifecycle:
+    """One rank's replay, in the benchmark's rank lifecycle (ccbench.run.lifecycle.rank_lifecycle:
     start-up waits, watchdog, step labels, fault points, exit alarm). Returns (exit status,
     rank 0: per backend its results)."""
-    from ccbench.control import CONNECT_TIMEOUT_S
-    from ccbench.runner import MPI_LAUNCHERS, rank_lifecycle
+    from ccbench.bench_options import connect_timeout
+    from ccbench.run.launchers import require_mpi_launcher
+    from ccbench.run.lifecycle import rank_lifecycle
 
     info = detect_launch()
     trace = config.trace
@@ -399,9 +400,8 @@ def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]
         raise UsageError(f"the trace has {trace.world_size} ranks but {info.world_size} were "
                          f"started (start {trace.world_size}{hint})")
     for name in config.backends:
-        if backend_class(name).needs_mpi_launcher and info.launcher not in MPI_LAUNCHERS:
-            raise UsageError(f"backend {name!r} needs ranks started by mpiexec (or srun), not "
-                             f"{info.launcher}; `ccbench launch` starts it under mpiexec")
+        if backend_class(name).needs_mpi_launcher:
+            require_mpi_launcher(info, name)
     timeout = config.method.timeout
     collected: list[dict[str, Any]] = []
 
@@ -422,6 +422,6 @@ def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]
                                  for n in range(len(config.backends)))
         return 0
 
-    rank_lifecycle(info, timeout, min(CONNECT_TIMEOUT_S, timeout), config.argv, body)
+    rank_lifecycle(info, timeout, connect_timeout(timeout), config.argv, body)
     status = 1 if any(r.wrong for c in collected for r in c["results"]) else 0
     return status, collected if info.rank == 0 else None

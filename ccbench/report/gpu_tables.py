@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ccbench.collectives import busbw_factor
-from ccbench.errors import UsageError
+from ccbench.errors import UsageError, error_line
 from ccbench.records import load_records
 from ccbench.records.schema import Record
 
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         text = render(load_steps(args.runs))
     except UsageError as exc:
-        print(f"ccbench: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return exc.exit_code
     if args.output:
         Path(args.output).write_text(text)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 
-from ccbench.control import SECRET_VAR, new_secret
 from ccbench.errors import UsageError
-from ccbench.lifeline import lifeline_env
 from ccbench.records import cut_torn_tail
+from ccbench.run.control import SECRET_VAR, new_secret
+from ccbench.run.lifeline import lifeline_env
+from ccbench.run.supervisor import kill_group
 from ccbench.sweep.plan import build_case_command, case_environment, case_label, plan_runs
 from ccbench.sweep.spec import Sweep
 from ccbench.sweep.state import (
@@ -43,7 +43,7 @@ def _run_with_timeout(argv: list[str], env: dict[str, str], timeout: float,
                       log: Callable[[str], None]) -> int:
     """Run one case in its own process group; kill the group at the deadline. Interrupted,
     the case is stopped too (the same signal, then SIGKILL), the interruption named, and the
-    sweep exits 128 + the signal. Killed outright, the case goes with it (ccbench.lifeline)."""
+    sweep exits 128 + the signal. Killed outright, the case goes with it (ccbench.run.lifeline)."""
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
 
     def interrupt(signum: int, _frame: object) -> None:
@@ -68,19 +68,12 @@ def _run_with_timeout(argv: list[str], env: dict[str, str], timeout: float,
 
 
 def _stop_case(proc: subprocess.Popen[bytes], signum: int) -> None:
-    _kill_group(proc, signum)
+    kill_group(proc.pid, signum)
     try:
         proc.wait(timeout=_STOP_GRACE_S)
     except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGKILL)
+        kill_group(proc.pid, signal.SIGKILL)
         proc.wait(timeout=_STOP_GRACE_S)
-
-
-def _kill_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(proc.pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def run_task(sweep: Sweep, task_id: int, where: str,
@@ -100,7 +93,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
         log(f"ccbench sweep {sweep.name}: task {task_id}: {len(task.cases)} cases, "
             f"{skipped} complete, {len(runs)} runs to do")
         env = case_environment(sweep)
-        if where == "local":          # the case ends with this sweep (ccbench.lifeline)
+        if where == "local":          # the case ends with this sweep (ccbench.run.lifeline)
             env = {**env, **lifeline_env()}
         marker = current_case_file(sweep, task_id)
         for run in runs:
@@ -109,7 +102,7 @@ def run_task(sweep: Sweep, task_id: int, where: str,
             log(f"ccbench sweep: {label}: {len(run.sizes)} sizes: {shlex.join(argv)}")
             write_current_cases(sweep, task_id, run.cases)
             started = time.monotonic()
-            # each case's ranks prove they belong to it (ccbench.control); srun hands them
+            # each case's ranks prove they belong to it (ccbench.run.control); srun hands them
             # nothing but the environment
             status = _run_with_timeout(argv, {**env, SECRET_VAR: new_secret()},
                                        sweep.case_timeout, log)

@@ -7,11 +7,13 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from ccbench.bench_options import option_argv
 from ccbench.errors import UsageError
 from ccbench.records import CaseId
+from ccbench.run.launcher_env import LOCAL, MPI_ENVS, TORCHRUN
+from ccbench.run.launcher_env import variables as launcher_variables
+from ccbench.run.launchers import mpiexec_beside
 from ccbench.sweep.spec import Sweep, SweepCase
 
 __all__ = ["CaseRun", "missing_sizes", "plan_runs", "case_label", "bench_arguments",
@@ -103,11 +105,10 @@ def build_case_command(sweep: Sweep, run: CaseRun, output: str | os.PathLike[str
 
 
 def _default_mpiexec(python: str) -> str:
-    beside = Path(python).parent / "mpiexec"
-    return str(beside) if beside.exists() else "mpiexec"
+    return mpiexec_beside(python) or "mpiexec"
 
 
-# Variables by which a process learns its rank from a launcher (ccbench.launchers reads them,
+# Variables by which a process learns its rank from a launcher (ccbench.run.launchers reads them,
 # MPI and torchrun first, srun last). The process that runs a sweep is not a rank of the
 # cases it starts, but it can carry such variables from where it was started: an MPI
 # singleton (Intel MPI's MPI_Init with no mpiexec) sets MPI_LOCALRANKID and MPI_LOCALNRANKS
@@ -115,12 +116,8 @@ def _default_mpiexec(python: str) -> str:
 # Left in, every srun task of a case finds them, takes itself for rank 0 of a one-rank MPI
 # world, and writes its own record of every size. The launcher of the case sets the ones
 # that apply to it; the sweep's `env:` can still set any of them on purpose.
-LAUNCHER_IDENTITY_VARS = (
-    "CCBENCH_CONTROL", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
-    "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "PMIX_RANK", "PMIX_SIZE",
-    "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-)
+# (srun's stay: a case runs inside the sbatch job they name)
+LAUNCHER_IDENTITY_VARS = launcher_variables((LOCAL, TORCHRUN, *MPI_ENVS))
 _LAUNCHER_IDENTITY_PREFIXES = ("OMPI_COMM_WORLD_",)
 
 

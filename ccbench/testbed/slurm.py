@@ -79,7 +79,7 @@ Waittime=0
 # srun <-> slurmstepd connections: probe after 5 s idle, give up after 4 unanswered probes 5 s
 # apart. Without it, srun waits for ever on a host whose link went down (nothing is sent on
 # the idle connection, so nothing fails). At least 20 s, so that rank 0 (which finds the
-# silent host in ccbench.control.PEER_SILENT_S) names the rank before srun kills the step.
+# silent host in ccbench.run.control.PEER_SILENT_S) names the rank before srun kills the step.
 CommunicationParameters={KEEPALIVE}
 {nodes}
 PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4

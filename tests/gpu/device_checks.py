@@ -18,8 +18,8 @@ import numpy as np
 
 from ccbench.backends.base import RankContext
 from ccbench.collectives import COLLECTIVES, REDUCING, layout
-from ccbench.control import ControlClient, ControlServer
 from ccbench.dtypes import DTYPES
+from ccbench.run.control import ControlClient, ControlServer
 from ccbench.validation import count_wrong, initial_output, make_input
 
 #: an HBM bandwidth no current device reaches (bytes/s): a bound below any honest timing

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ccbench.addresses import free_port
 from ccbench.records import load_records
+from ccbench.run.addresses import free_port
 
 HERE = Path(__file__).resolve().parent
 DRIVER = str(HERE / "ccbench_with.py")

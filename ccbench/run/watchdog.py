@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ccbench.arrivals import LATE_GRACE_S, RankStates
-from ccbench.control import ControlClient, StoreLost
-from ccbench.errors import RunFailure
-from ccbench.storehost import LABEL_KEY
+from ccbench.errors import RunFailure, error_line
+from ccbench.run.arrivals import LATE_GRACE_S, RankStates
+from ccbench.run.control import ControlClient, StoreLost
+from ccbench.run.storehost import LABEL_KEY
 
 __all__ = ["Watchdog"]
 
@@ -33,7 +33,7 @@ class Watchdog:
         self.store = store.second_connection()
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self._label = "start-up"
-        # with the store outside rank 0 (ccbench.storehost, or the `ccbench launch` that
+        # with the store outside rank 0 (ccbench.run.storehost, or the `ccbench launch` that
         # started the ranks under mpiexec), each step's label goes there too, so that it can
         # name the step when every rank was killed at once; the count orders them across ranks
         self.post_labels = False
@@ -140,7 +140,7 @@ class Watchdog:
         """This rank hit an error of its own (a full disk): it alone says why, the others
         leave quietly instead of reporting it as dead (never returns)."""
         with self._giving_up:
-            print(f"ccbench: error: {self.label}: {why}", file=sys.stderr, flush=True)
+            print(error_line(f"{self.label}: {why}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(None, {})
             os._exit(status)
 
@@ -247,8 +247,8 @@ class Watchdog:
             if store_lost is not None and store_lost.unresponsive:
                 why = f"{why}: {store_lost}"
             names = ", ".join(f"{r}{f' ({d})' if d else ''}" for r, d in sorted(missing.items()))
-            print(f"ccbench: error: {self.label}: {why}; ranks that did not arrive: "
-                  f"{names or 'unknown'}", file=sys.stderr, flush=True)
+            print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
+                             f"{names or 'unknown'}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(store_lost, missing)
             os._exit(EXIT_HUNG)
         self._giving_up.release()

@@ -11,7 +11,7 @@ error line naming the step and the rank that went first. Where the ranks could s
 
 A rank killed during start-up, before MPI_Init, never connects (the ranks learn the store's
 address from rank 0 through MPI), and hydra then ends the others: where every rank runs on
-this host, the store host also watches the rank processes (ccbench.rankexits, below rank 0's
+this host, the store host also watches the rank processes (ccbench.run.rankexits, below rank 0's
 parent, the MPI's proxy) and names the one that ended first, provided rank 0 had forked it by
 then. A rank that speaks before connecting (the MPI_Init guard, an error line) says so with a
 datagram to the store host (`note_spoken`), which then stays silent.
@@ -26,8 +26,9 @@ import sys
 import time
 from typing import Any
 
-from ccbench.control import ControlServer
-from ccbench.rankexits import RankExits, first_ended
+from ccbench.errors import error_line
+from ccbench.run.control import ControlServer
+from ccbench.run.rankexits import RankExits, first_ended
 
 __all__ = ["LABEL_KEY", "note_spoken", "start_store_host", "unexplained_end"]
 
@@ -127,7 +128,7 @@ def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launch
 
     Which rank went first: by default the rank whose connection closed first. With
     `world_size` and `arrived` (the ranks that ever connected) and `exits` (the order in which
-    the rank processes ended, and the ranks whose process was ever seen: ccbench.rankexits),
+    the rank processes ended, and the ranks whose process was ever seen: ccbench.run.rankexits),
     the processes decide, since a rank that dies while its interpreter starts never connects
     (its healthy peers' connections are the ones that close), and connections closed within
     milliseconds of each other may be seen in either order:
@@ -167,10 +168,10 @@ def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launch
     which = f"rank {culprits[0]}" if len(culprits) == 1 else \
         f"ranks {', '.join(map(str, culprits))}"
     if set(culprits) <= set(never):        # none of them ever connected
-        return (f"ccbench: error: start-up: {which} ended before connecting to the control "
-                f"store and {launcher} then ended the others; ranks that did not arrive: "
-                f"{names}")
+        return error_line(f"start-up: {which} ended before connecting to the control store "
+                          f"and {launcher} then ended the others; ranks that did not arrive: "
+                          f"{names}")
     labels = [value for key, value in data.items() if key.startswith(LABEL_KEY)]
     label = max(labels, key=lambda item: int(item[0]))[1] if labels else "start-up"
-    return (f"ccbench: error: {label}: {which} ended without a word and {launcher} then "
-            f"ended the others; ranks that did not arrive: {names}")
+    return error_line(f"{label}: {which} ended without a word and {launcher} then ended the "
+                      f"others; ranks that did not arrive: {names}")

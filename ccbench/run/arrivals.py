@@ -17,7 +17,8 @@ import os
 import time
 from collections.abc import Callable
 
-from ccbench import procfs
+from ccbench.run import procfs
+from ccbench.run.launcher_env import LOCAL, SRUN, TORCHRUN
 
 __all__ = ["LATE_GRACE_S", "LAUNCHER_PID_VAR", "RankStates", "await_ranks", "rank_states", "start_limit"]
 
@@ -29,9 +30,8 @@ _POLL_S = 0.5
 LAUNCHER_PID_VAR = "CCBENCH_LAUNCHER_PID"
 
 # what identifies one run's ranks in their environment, per launcher, and the rank variable
-_RUN_KEYS = {"local": ((b"CCBENCH_CONTROL",), b"RANK"),
-             "torchrun": ((b"TORCHELASTIC_RUN_ID", b"MASTER_PORT"), b"RANK"),
-             "srun": ((b"SLURM_JOB_ID", b"SLURM_STEP_ID"), b"SLURM_PROCID")}
+_RUN_KEYS = {env.name: (tuple(key.encode() for key in env.run_keys), env.rank.encode())
+             for env in (LOCAL, SRUN, TORCHRUN)}
 _STOPPED = ("T", "t")
 
 RankStates = dict[int, str]        # rank -> 'alive', 'stopped' or 'gone'

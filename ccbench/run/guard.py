@@ -15,9 +15,10 @@ import sys
 import time
 from types import TracebackType
 
-from ccbench import procfs
-from ccbench.arrivals import LATE_GRACE_S
-from ccbench.storehost import note_spoken
+from ccbench.errors import error_line
+from ccbench.run import procfs
+from ccbench.run.arrivals import LATE_GRACE_S
+from ccbench.run.storehost import note_spoken
 
 __all__ = ["StartGuard", "local_peer_ranks"]
 
@@ -91,8 +92,8 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
         return
     names = ", ".join(map(str, missing)) if complete and missing else "unknown"
     waited = time.monotonic() - started
-    line = (f"ccbench: error: {phase}: did not finish within {waited:.0f} s (a rank died or hangs "
-            f"during start-up); ranks that did not arrive: {names}\n")
+    line = error_line(f"{phase}: did not finish within {waited:.0f} s (a rank died or hangs "
+                      f"during start-up); ranks that did not arrive: {names}") + "\n"
     note_spoken(_parent_of(parent))        # the store host of a bare mpiexec stays silent
     try:
         os.write(sys.stderr.fileno(), line.encode())

@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from ccbench.run.launcher_env import MPI_RANK_VARS
+
 __all__ = ["ENDED", "MPI_RANK_VARS", "environ", "mpi_rank", "pids", "stat"]
 
-# Set by an MPI launcher for its ranks: hydra (MPICH, Intel MPI), Open MPI, PMIx. Not
-# MPI_LOCALRANKID: Intel MPI also sets that in a process that merely called MPI_Init, and
-# every child of that process inherits it.
-MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 # process states of a process that has ended (zombie, dead)
 ENDED = ("Z", "X")
 

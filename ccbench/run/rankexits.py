@@ -29,7 +29,7 @@ import select
 import threading
 import time
 
-from ccbench import procfs
+from ccbench.run import procfs
 
 __all__ = ["RankExits", "first_ended"]
 

@@ -1,18 +1,8 @@
-"""Fault injection for the fault-matrix tests and benchmark: `CCBENCH_FAULT=PHASE:RANK:ACTION`
-makes one rank really die, stop or exit at a chosen point, so every phase can be hit on time.
-
-Phases: before-connect (start-up, while the rank has not connected to the control store yet:
-the victim first waits CCBENCH_FAULT_LATE_S seconds, default 12, so that the other ranks have
-connected and wait for it, as when a rank dies while its interpreter starts on a loaded
-machine), start-up (before the control store and MPI_Init; where the store is up before any
-rank starts, between connecting and MPI_Init), init (the backend's initialisation), mid-run
-(the third measured size), shutdown (after the last record, before the closing barrier).
-Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
-unreachable (start-up only: the control store address becomes one that does not resolve).
-Not a fault but the same hook: late (start-up or init: sleep CCBENCH_FAULT_LATE_S seconds, default
-12, as a rank on a loaded machine may take to start; the run must not fail for it).
-Unset, every call is a dictionary lookup that does nothing.
-"""
+"""One cell of the fault matrix (tests/test_fault.py, tests/test_fault_replay.py and
+scripts/fault_matrix.py): launch a small run with a fault planned at one of the fault points
+ranks call (ccbench/run/faults.py), then check what a user would see: a non-zero exit, exactly
+one `ccbench: error:` line naming the phase and the rank that did not arrive, no process of
+the run left, every record on disk whole."""
 
 from __future__ import annotations
 
@@ -27,59 +17,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ccbench.errors import UsageError
+from ccbench.errors import UsageError, is_error_line
+from ccbench.run.launchers import mpiexec_beside
+from ccbench.run.supervisor import kill_group
 
-__all__ = ["ACTIONS", "LATE", "LAUNCHERS", "PHASES", "UNREACHABLE_HOST", "Cell", "Outcome",
-           "inject", "planned", "run_cell", "tagged_processes"]
+__all__ = ["LAUNCHERS", "Cell", "Outcome", "run_cell", "tagged_processes"]
 
-PHASES = ("before-connect", "start-up", "init", "mid-run", "shutdown")
-ACTIONS = ("kill", "stop", "exit", "unreachable")
-LATE = "late"                                  # not a fault: a rank that starts late
-UNREACHABLE_HOST = "control-store.invalid"     # .invalid never resolves (RFC 2606)
-MID_RUN_STEP = 3
-
-
-def planned(rank: int) -> tuple[str, str] | None:
-    """(phase, action) planned for this rank, or None."""
-    spec = os.environ.get("CCBENCH_FAULT")
-    if not spec:
-        return None
-    try:
-        phase, victim, action = spec.split(":")
-        victim_rank = int(victim)
-    except ValueError:
-        raise UsageError(f"CCBENCH_FAULT={spec!r} (valid: PHASE:RANK:ACTION)") from None
-    if phase not in PHASES or action not in (*ACTIONS, LATE):
-        raise UsageError(f"CCBENCH_FAULT={spec!r} (valid phases: {', '.join(PHASES)}; "
-                         f"actions: {', '.join((*ACTIONS, LATE))})")
-    return (phase, action) if victim_rank == rank else None
-
-
-def inject(phase: str, rank: int) -> None:
-    """Carry out the planned fault if it is for this phase and rank."""
-    plan = planned(rank)
-    if plan is None or plan[0] != phase:
-        return
-    action = plan[1]
-    if action == LATE or phase == "before-connect":
-        time.sleep(float(os.environ.get("CCBENCH_FAULT_LATE_S", "12")))
-    if action == LATE:
-        return
-    log = os.environ.get("CCBENCH_FAULT_LOG")
-    if log:                              # when the fault happened, for the stop-time figures
-        with open(log, "a", encoding="utf-8") as handle:
-            handle.write(f"{time.time()}\n")
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
-    elif action == "exit":
-        os._exit(1)
-
-
-# -- running one cell of the fault matrix (tests and scripts/fault_matrix.py) -----------------
-
-ERROR_PREFIX = "ccbench: error:"
 # what the error line must name for each phase (the label of the step that stopped)
 PHASE_WORDS = {"before-connect": ("start-up",), "start-up": ("start-up",),
                "init": ("initialisation", "start-up"),
@@ -115,7 +58,7 @@ class Cell:
         if self.launcher == "launch":
             return [self.python, "-m", "ccbench", "launch", "-n", n, *bench]
         if self.launcher == "mpiexec":
-            return [str(beside / "mpiexec"), "-n", n, *python]
+            return [mpiexec_beside(self.python) or "mpiexec", "-n", n, *python]
         if self.launcher == "srun":
             return ["srun", "-n", n, *python]
         if self.launcher == "torchrun":
@@ -159,7 +102,7 @@ def run_cell(cell: Cell, workdir: Path, timeout: float = 5.0, bound: float = 240
         _, stderr = proc.communicate(timeout=bound)
         ended = time.time()
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid)
         _, stderr = proc.communicate()
         ended = None
     time.sleep(0.5)
@@ -171,7 +114,7 @@ def run_cell(cell: Cell, workdir: Path, timeout: float = 5.0, bound: float = 240
             pass
     fault_at = float(log.read_text().split()[0]) if log.exists() else None
     stop = ended - fault_at if ended is not None and fault_at is not None else None
-    errors = [line for line in stderr.splitlines() if line.startswith(ERROR_PREFIX)]
+    errors = [line for line in stderr.splitlines() if is_error_line(line)]
     outcome = Outcome(cell, proc.returncode if ended is not None else None, stop, errors,
                       leftovers, _records_whole(out))
     outcome.problems = _judge(outcome, stderr, fault_at)

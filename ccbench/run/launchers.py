@@ -19,12 +19,13 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-from ccbench import procfs
-from ccbench.addresses import listen_address, published_address
-from ccbench.arrivals import LAUNCHER_PID_VAR, rank_states
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
-from ccbench.control import (
+from ccbench.errors import RunFailure, UsageError
+from ccbench.run.addresses import listen_address, published_address
+from ccbench.run.arrivals import LAUNCHER_PID_VAR, rank_states
+from ccbench.run.control import (
     CONNECT_TIMEOUT_S,
     SECRET_VAR,
     ControlClient,
@@ -32,13 +33,24 @@ from ccbench.control import (
     new_secret,
     secret_from_env,
 )
-from ccbench.errors import RunFailure, UsageError
-from ccbench.faults import UNREACHABLE_HOST, inject, planned
-from ccbench.guard import StartGuard
-from ccbench.storehost import start_store_host
+from ccbench.run.faults import UNREACHABLE_HOST, inject, planned
+from ccbench.run.guard import StartGuard
+from ccbench.run.launcher_env import (
+    CONTROL_VAR,
+    LOCAL,
+    MPI_ENVS,
+    MPI_RANK_VARS,
+    SRUN,
+    TORCHRUN,
+    LauncherEnv,
+)
+from ccbench.run.storehost import start_store_host
 
-__all__ = ["MPI_CONTROL_VAR", "LaunchInfo", "connect_control", "detect_launch", "expand_nodelist",
-           "published_address"]
+__all__ = ["MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control", "detect_launch",
+           "expand_nodelist", "mpiexec_beside", "published_address", "require_mpi_launcher"]
+
+# the launchers whose ranks are MPI processes (single: MPI_Init with no mpiexec, one rank)
+MPI_LAUNCHERS = ("mpiexec", "srun", "single")
 
 # set by `ccbench launch` for ranks it starts under mpiexec: the address of the control store it
 # hosts itself (it outlives every rank, whatever the mpiexec does to them when one dies)
@@ -66,35 +78,40 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 def under_mpi_launcher() -> bool:
-    return any(name in os.environ for name in procfs.MPI_RANK_VARS) or "PMI_SIZE" in os.environ
+    return any(name in os.environ for name in (*MPI_RANK_VARS, "PMI_SIZE"))
 
 
 def detect_launch() -> LaunchInfo:
     env = os.environ
-    if "CCBENCH_CONTROL" in env and "RANK" in env:
-        return LaunchInfo("local", _env_int("RANK"), _env_int("WORLD_SIZE"),
-                          _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
-    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "MASTER_ADDR" in env):
-        return LaunchInfo("torchrun", _env_int("RANK"), _env_int("WORLD_SIZE"),
-                          _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1))
+    if CONTROL_VAR in env and LOCAL.rank in env:
+        return _plain_launch_info(LOCAL)
+    if "TORCHELASTIC_RUN_ID" in env or (TORCHRUN.rank in env and "MASTER_ADDR" in env):
+        return _plain_launch_info(TORCHRUN)
     if under_mpi_launcher():
         return _mpi_launch_info()
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
-        return LaunchInfo("srun", _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS"),
-                          _env_int("SLURM_LOCALID", 0),
-                          _tasks_on_this_node(env.get("SLURM_TASKS_PER_NODE", "1")))
+    if SRUN.rank in env and "SLURM_STEP_ID" in env:
+        return LaunchInfo("srun", _env_int(SRUN.rank), _env_int(SRUN.size),
+                          _env_int(SRUN.local_rank, 0),
+                          _tasks_on_this_node(env.get(SRUN.local_size, "1")))
     return LaunchInfo("single", 0, 1, 0, 1)
+
+
+def _plain_launch_info(launcher: LauncherEnv) -> LaunchInfo:
+    return LaunchInfo(launcher.name, _env_int(launcher.rank), _env_int(launcher.size),
+                      _env_int(launcher.local_rank, 0), _env_int(launcher.local_size, 1))
+
+
+def _first_set(names: list[str], default: str) -> str:
+    return next((os.environ[name] for name in names if os.environ.get(name)), default)
 
 
 def _mpi_launch_info() -> LaunchInfo:
     env = os.environ
-    for rank_var, size_var in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                               ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")):
-        if rank_var in env and size_var in env:
-            local = env.get("OMPI_COMM_WORLD_LOCAL_RANK") or env.get("MPI_LOCALRANKID") \
-                or env.get("MPI_LOCALRANKID") or "0"
-            local_size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS") or "1"
-            return LaunchInfo("mpiexec", _env_int(rank_var), _env_int(size_var),
+    for mpi in MPI_ENVS:
+        if mpi.rank in env and mpi.size in env:
+            local = _first_set([m.local_rank for m in MPI_ENVS if m.local_rank], "0")
+            local_size = _first_set([m.local_size for m in MPI_ENVS if m.local_size], "1")
+            return LaunchInfo("mpiexec", _env_int(mpi.rank), _env_int(mpi.size),
                               int(local), int(local_size))
     with StartGuard("MPI start-up (MPI_Init)", _MPI_INIT_LIMIT_S, -1, 0):
         from mpi4py import MPI  # the variables differ between MPIs: ask MPI itself
@@ -131,11 +148,26 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+def mpiexec_beside(python: str = sys.executable) -> str | None:
+    """The mpiexec in the same bin/ as `python` (its venv's MPI, from impi-rt or mpich), if any:
+    the MPI that python's mpi4py was built against."""
+    beside = Path(python).parent / "mpiexec"
+    return str(beside) if beside.exists() else None
+
+
+def require_mpi_launcher(info: LaunchInfo, backend: str) -> None:
+    """Refuse, before any rendezvous, a backend that needs MPI in ranks some other launcher
+    started (the caller asks the backend whether it needs one)."""
+    if info.launcher not in MPI_LAUNCHERS:
+        raise UsageError(f"backend {backend!r} needs ranks started by mpiexec (or srun), not "
+                         f"{info.launcher}; `ccbench launch` starts it under mpiexec")
+
+
 def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = CONNECT_TIMEOUT_S
                     ) -> tuple[ControlClient, ControlServer | None]:
     """Rank 0 starts the store; every rank (rank 0 too) connects to it, giving up after
     `connect_timeout`; every reply is bounded by the op `timeout`. A fault planned for
-    start-up (ccbench.faults) happens here: before connecting, or, where the store is up
+    start-up (ccbench.run.faults) happens here: before connecting, or, where the store is up
     before any rank starts (the launcher's, under mpiexec), between connecting and MPI_Init."""
     server: ControlServer | None = None
     host, port = "127.0.0.1", 0
@@ -145,7 +177,7 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
     if not (info.launcher == "mpiexec" and MPI_CONTROL_VAR in env):
         inject("start-up", info.rank)
     if info.launcher == "local":
-        host, _, port_text = env["CCBENCH_CONTROL"].rpartition(":")
+        host, _, port_text = env[CONTROL_VAR].rpartition(":")
         port = int(port_text)
         if secret is None:
             raise UsageError(f"CCBENCH_CONTROL is set but {SECRET_VAR} is not: ranks started "
@@ -222,7 +254,7 @@ def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, st
     """MPI_Init and the broadcast of the address hold the interpreter (no watchdog thread can
     run) and wait for every rank: a guard process ends this rank if they do not finish.
     Under a bare mpiexec (not `ccbench launch`, which keeps the ranks alive to speak), the
-    store runs in a process of its own (ccbench.storehost), which outlives the ranks. Rank 0
+    store runs in a process of its own (ccbench.run.storehost), which outlives the ranks. Rank 0
     makes the run's secret and sends it to the others with the address, over MPI."""
     server: ControlServer | None = None
     port = 0
@@ -231,7 +263,7 @@ def _via_mpi(info: LaunchInfo, timeout: float) -> tuple[ControlServer | None, st
     secret = new_secret() if info.rank == 0 else ""
     if info.rank == 0:
         if hosted_apart():
-            # every rank on this host: the store host can watch them all (ccbench.rankexits)
+            # every rank on this host: the store host can watch them all (ccbench.run.rankexits)
             port = start_store_host("mpiexec", bound, secret, info.world_size,
                                     watch=all_local)
         else:
@@ -258,7 +290,7 @@ def _mpi_init(info: LaunchInfo, timeout: float) -> None:
 def hosted_apart() -> bool:
     """Whether the control store of an MPI-launched run lives outside rank 0: in the
     `ccbench launch` that started the ranks, or, when none supervises them, in a process of
-    its own (ccbench.storehost)."""
+    its own (ccbench.run.storehost)."""
     return LAUNCHER_PID_VAR not in os.environ or MPI_CONTROL_VAR in os.environ
 
 

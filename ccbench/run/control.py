@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ccbench.arrivals import LATE_GRACE_S
-from ccbench.bench_options import DEFAULT_TIMEOUT_S
+from ccbench.bench_options import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure
+from ccbench.run.arrivals import LATE_GRACE_S
 
 __all__ = ["CONNECT_TIMEOUT_S", "MAX_LINE_BYTES", "MAX_RANK_LINE_BYTES", "SECRET_VAR",
            "ControlClient", "ControlServer", "StoreLost", "StoreTimeout", "new_secret",
@@ -59,7 +59,6 @@ _CHALLENGE_BYTES = 32
 _WARNINGS_SHOWN = 10                 # offenders named one line each; after that, one more line
 _ACCEPT_BACKOFF_S = 0.1
 
-CONNECT_TIMEOUT_S = 30.0
 # a `get` waits on the server up to its own timeout plus this, so that the watchdog, bounded by
 # the same timeout, speaks first and names the ranks that did not arrive
 _GET_SLACK_S = 5.0
@@ -173,7 +172,7 @@ class ControlServer:
         self._data: dict[str, Any] = {}
         self._cond = threading.Condition()
         # ranks' main connections: how many are open, and each one that closed, in the order
-        # seen, with whether it said bye (for ccbench.storehost, which outlives rank 0)
+        # seen, with whether it said bye (for ccbench.run.storehost, which outlives rank 0)
         self.open_ranks = 0
         self.closed: list[tuple[int, bool]] = []
         self.arrived: set[int] = set()          # every rank whose main connection said hello

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 
-from ccbench import procfs
+from ccbench.run import procfs
 
 __all__ = ["LIFELINE_VAR", "hold", "lifeline_env"]
 
