@@ -239,6 +239,11 @@ def test_values_are_checked_before_they_are_stored(server: ControlServer) -> Non
         rank.add("end/count", 10**9)
     assert server.snapshot()[2] == before
     rank.set("m/2/times/0", {"samples": [0.0, 3e-6], "wrong": 0, "copy_us": 1.5})
+    # the local copy's time is in microseconds: 0.2 s of it (a host held to 5 % of a core,
+    # diagnose's CPU cell) is a time, not more than a day's worth
+    rank.set("m/4/times/0", {"samples": [0.3], "wrong": 0, "copy_us": 200000.0})
+    with pytest.raises(RunFailure, match="control store"):
+        rank.set("m/4/times/1", {"samples": [0.3], "wrong": 0, "copy_us": 86400.0 * 1e6})
     # a proven rank's largest real value: a size's times at the default --max-iters (2.4 MB)
     many = {"samples": [1.2345678901234567e-05] * 100000, "wrong": 0, "copy_us": None}
     rank.set("m/3/times/0", many)
