@@ -30,3 +30,20 @@ def test_ruff_clean() -> None:
 def test_mypy_clean() -> None:
     proc = subprocess.run([_tool("mypy")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_no_function_over_80_lines() -> None:
+    """The house rule beside ruff's complexity bound (C90, max 15, pyproject.toml): a function
+    of the package, the algorithms, benchmarks or scripts fits on a screen."""
+    import ast
+
+    long = []
+    for folder in ("ccbench", "algorithms", "benchmarks", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > 80:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                                    f"({lines} lines)")
+    assert not long, long

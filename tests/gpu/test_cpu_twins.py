@@ -46,7 +46,7 @@ def _run_local(world: int, flags: list[str], bench: list[str], env: dict[str, st
     return done
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.matrix), 2])
 @pytest.mark.parametrize("timing", ["per-op", "pipelined"])
 def test_nccl_code_on_cpu_twin(world: int, timing: str, tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
@@ -93,7 +93,8 @@ needs_mpi = pytest.mark.skipif(not Path(MPIEXEC).exists(), reason=f"no {MPIEXEC}
 
 
 @needs_mpi
-@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.matrix), 2,
+                                   pytest.param(3, marks=pytest.mark.matrix)])
 @pytest.mark.parametrize("aware, label", [("0", "host-staging"), ("1", "cuda-aware")])
 def test_mpi_cupy_buffers_on_fake_cupy(world: int, aware: str, label: str, tmp_path: Path
                                        ) -> None:
@@ -213,6 +214,7 @@ def _check_outputs(out: Path) -> tuple[str, dict[str, int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix                  # the whole script; CI runs its time guard and no-device runs
 @pytest.mark.timeout(2400)          # the whole check script: minutes, more on a loaded machine
 @needs_mpi
 def test_check_script_steps_on_cpu_twin(tmp_path: Path) -> None:
