@@ -152,8 +152,7 @@ class _Verifier:
                     self.error(f"{where}: base {rcv.base} and {rcv.span} differ in size")
         return spans
 
-    def check_hazards(self, r: int, i: int, step: object) -> None:
-        assert isinstance(step, Step)
+    def check_hazards(self, r: int, i: int, step: Step) -> None:
         sends = [self.canon(r, x.span) for x in step.sends]
         recvs = [(self.canon(r, x.span), x) for x in step.recvs]
         bases = [self.canon(r, x.base) for x in step.recvs if x.base is not None]

@@ -45,7 +45,7 @@ def _interface_addresses() -> list[str]:
 
 def loopback_interface() -> str | None:
     """The name of the interface that carries 127.0.0.1 ('lo' on Linux), if any."""
-    return next((name for name, address in _interfaces() if address == "127.0.0.1"), None)
+    return interface_of("127.0.0.1")
 
 
 def interface_of(address: str) -> str | None:
