@@ -19,6 +19,71 @@ def run_ccbench(*args: str, timeout: float = 300, env: dict[str, str] | None = N
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
+class _ForkServer:
+    """tests/cli_server.py, started at first use and kept for the session."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    pending = b""
+
+    @classmethod
+    def _line(cls, timeout: float | None = None) -> dict | None:
+        """The server's next answer, or None when none came within `timeout` seconds."""
+        import json
+        import select
+        import time
+
+        assert cls.proc and cls.proc.stdout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in cls.pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([cls.proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(cls.proc.stdout.fileno(), 4096)
+            assert chunk, "tests/cli_server.py ended"
+            cls.pending += chunk
+        line, _, cls.pending = cls.pending.partition(b"\n")
+        return json.loads(line)
+
+    @classmethod
+    def run(cls, argv: list[str], env: dict[str, str], cwd: str,
+            timeout: float) -> subprocess.CompletedProcess[str]:
+        import json
+        import signal
+        import tempfile
+
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.proc = subprocess.Popen([PYTHON, str(Path(__file__).with_name("cli_server.py"))],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+            cls.pending = b""
+        assert cls.proc.stdin
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder, "stdout"), Path(folder, "stderr")
+            request = {"argv": argv, "env": env, "cwd": cwd, "stdout": str(out),
+                       "stderr": str(err)}
+            cls.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            pid = cls._line()["pid"]
+            answer = cls._line(timeout)
+            if answer is None:
+                os.kill(pid, signal.SIGKILL)
+                cls._line()
+                raise subprocess.TimeoutExpired(["ccbench", *argv], timeout)
+            return subprocess.CompletedProcess([PYTHON, "-m", "ccbench", *argv],
+                                               answer["status"], out.read_text(),
+                                               err.read_text())
+
+
+def run_ccbench_forked(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
+                       cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """run_ccbench in a fork of one Python that has imported ccbench and torch already: the
+    same argv, environment, folder, output and exit status, without a Python start per call.
+    For command-line checks; a run whose interpreter start matters (PYTHON* variables, the
+    package it imports) goes through run_ccbench."""
+    if any(name.startswith("PYTHON") for name in env or {}):
+        return run_ccbench(*args, timeout=timeout, env=env, cwd=cwd)
+    return _ForkServer.run(list(args), {**os.environ, **(env or {})}, cwd or os.getcwd(),
+                           timeout)
+
+
 def have_mpi() -> bool:
     return Path(MPIEXEC).exists()
 

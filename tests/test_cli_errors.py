@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, run_ccbench
+from conftest import PYTHON, run_ccbench, run_ccbench_forked
 
 CASES = {
     "unknown collective": (["allsum", "--sizes", "1K"], "unknown collective 'allsum'"),
@@ -124,7 +124,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input(name: str) -> None:
     args, needle = CASES[name]
-    assert_one_line_error(run_ccbench(*args, timeout=120), needle)
+    assert_one_line_error(run_ccbench_forked(*args, timeout=120), needle)
 
 
 # cases whose argument is an existing file or folder, which must be left byte-identical
@@ -152,8 +152,17 @@ def test_bad_output_leaves_files_alone(name: str, tmp_path: Path) -> None:
     (tmp_path / "other.jsonl").write_text('{"event": "login", "user": 7}\n')
     before = _snapshot(tmp_path)
     make_args, needle = FILE_CASES[name]
-    assert_one_line_error(run_ccbench(*make_args(tmp_path), timeout=120), needle)
+    assert_one_line_error(run_ccbench_forked(*make_args(tmp_path), timeout=120), needle)
     assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [["allreduce", "--op", "mean"], ["launch", "-n", "0", "x"],
+                                  ["allreduce", "--help"]])
+def test_a_forked_run_is_what_a_started_python_gives(args: list[str]) -> None:
+    """run_ccbench_forked (the error cases above) answers what `python -m ccbench` answers."""
+    forked, started = run_ccbench_forked(*args), run_ccbench(*args)
+    assert (forked.returncode, forked.stdout, forked.stderr) == \
+        (started.returncode, started.stdout, started.stderr)
 
 
 def test_device_cuda_without_gpu() -> None:
@@ -161,7 +170,7 @@ def test_device_cuda_without_gpu() -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert_one_line_error(run_ccbench("allreduce", "--device", "cuda", "--backend", "gloo"),
+    assert_one_line_error(run_ccbench_forked("allreduce", "--device", "cuda", "--backend", "gloo"),
                           "--device cuda: no CUDA GPU is visible here")
 
 
@@ -173,9 +182,9 @@ def test_check_0_does_not_say_ok(tmp_path: Path) -> None:
 
 
 def test_valid_choices_are_listed() -> None:
-    proc = run_ccbench("allreduce", "--dtype", "float8")
+    proc = run_ccbench_forked("allreduce", "--dtype", "float8")
     assert "float32" in proc.stderr and "bfloat16" in proc.stderr
-    proc = run_ccbench("allreduce", "--backend", "foo")
+    proc = run_ccbench_forked("allreduce", "--backend", "foo")
     assert "gloo" in proc.stderr and "mpi" in proc.stderr
 
 

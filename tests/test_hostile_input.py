@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import run_ccbench
+from conftest import run_ccbench, run_ccbench_forked
 
 from ccbench.errors import UsageError
 from ccbench.formats import load_trace
@@ -89,7 +89,7 @@ def test_json_nested_100000_deep_is_one_line(tmp_path: Path, command: str) -> No
                          str(tmp_path / "fig")],
         "simulate-model": ["simulate", str(deep_json), "allreduce"],
     }[command]
-    line = _one_error_line(run_ccbench(*argv))
+    line = _one_error_line(run_ccbench_forked(*argv))
     assert "JSON nested more than 100 levels deep" in line
     assert ("deep.jsonl:3:" in line) or ("rank0.json:1:" in line) or ("deep.json:1:" in line)
 
@@ -168,7 +168,7 @@ def test_commands_refuse_impossible_records_with_one_line(tmp_path: Path, comman
             "calibrate": ["calibrate", str(path), "-o", str(tmp_path / "m.json")],
             "report": ["report", str(path), "-o", str(tmp_path / "fig")],
             "merge": ["merge", str(path), "-o", str(tmp_path / "m.jsonl")]}[command]
-    line = _one_error_line(run_ccbench(*argv))
+    line = _one_error_line(run_ccbench_forked(*argv))
     assert f"{path}:1: " in line and "(a damaged or forged record)" in line
     assert "inf" not in line.replace("info", "")
 
@@ -271,7 +271,8 @@ def test_chakra_garbage_is_refused(tmp_path: Path, content: bytes, says: str) ->
 def test_chakra_file_of_nul_bytes_is_one_line_in_simulate(tmp_path: Path) -> None:
     trace = tmp_path / "nulls.0.et"
     trace.write_bytes(b"\0" * (1 << 20))
-    line = _one_error_line(run_ccbench("simulate", str(_model(tmp_path)), "--trace", str(trace)))
+    line = _one_error_line(run_ccbench_forked("simulate", str(_model(tmp_path)), "--trace",
+                                              str(trace)))
     assert "not a Chakra trace (an empty message at byte 0)" in line
 
 
@@ -318,7 +319,7 @@ def test_yaml_alias_bomb_in_a_sweep_is_refused(tmp_path: Path, where: str) -> No
     path.write_text(f"name: bomb\ncollectives: [allreduce]\nbackends: [gloo]\n{BOMBS[where]}\n")
     with pytest.raises(UsageError, match=r"bomb.yaml: YAML aliases expand to more than 100,000"):
         load_sweep(path)
-    line = _one_error_line(run_ccbench("sweep", str(path), "--dry-run", timeout=60))
+    line = _one_error_line(run_ccbench_forked("sweep", str(path), "--dry-run", timeout=60))
     assert "alias bomb" in line
 
 
