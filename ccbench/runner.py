@@ -32,6 +32,7 @@ from ccbench.run.launchers import LaunchInfo, detect_launch, require_mpi_launche
 from ccbench.run.lifecycle import append_output, rank_lifecycle
 from ccbench.run.watchdog import Watchdog
 from ccbench.sysinfo import available_memory, cpu_model, node_cores, oversubscription_note
+from ccbench.units import size_text
 
 __all__ = ["BenchConfig", "run_benchmark"]
 
@@ -96,8 +97,8 @@ def _check_memory(config: BenchConfig, info: LaunchInfo) -> None:
     # measured by benchmarks/host_memory.py
     needed = (largest + RANK_BASELINE_BYTES) * info.local_world_size
     if needed > available:
-        raise UsageError(f"size {max(config.sizes)} needs about {needed / 2**30:.1f} GiB on this "
-                         f"node ({info.local_world_size} ranks) but {available / 2**30:.1f} GiB "
+        raise UsageError(f"size {max(config.sizes)} needs about {size_text(needed)} on this "
+                         f"node ({info.local_world_size} ranks) but {size_text(available)} "
                          f"is free (use smaller --sizes)")
 
 

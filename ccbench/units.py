@@ -2,12 +2,15 @@
 
 Sizes: the --sizes syntax, `1K-1G` (powers of two), `1K-1G:4` (factor 4), `8,1K,1M` (a
 list). Suffixes are binary, as in nccl-tests: K = 2**10, M = 2**20, G = 2**30, T = 2**40.
-A bare number is bytes; a trailing `B` is allowed (`8B`, `1KB`, `1KiB`). Shown as the axis
-writes them (`format_size`: 1K, exact), in a column of one style (`size_label`: 2.275M) or
-in prose (`size_text`: 1.5 MiB).
+A bare number is bytes; a trailing `B` is allowed (`8B`, `1KB`, `1KiB`). Shown three ways:
+as the --sizes syntax writes them (`format_size`: 1K, 1536, exact), as a compact label of a
+column, axis or tick (`size_label`: 2.275M, or 2.3M at two digits) and in prose
+(`size_text`: 1.5 MiB, or 3000 B where every byte counts).
 
 Rates: `500M`, `1G`, `1gbit`, `250mbit` are bits per second with decimal units, as tc and
-link speeds are (`parse_rate`, `format_rate`).
+link speeds are (`parse_rate`). Shown as tc writes them (`format_rate`: 250Mbit/s), in prose
+(`rate_text`: 95.6 Mbit/s) or in one unit for a column that compares rows
+(`rate_text(bps, unit="M")`: 95.6 Mbit/s, 1000.0 Mbit/s).
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 _BINARY = (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
 _RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_DECIMAL = (("G", 10**9), ("M", 10**6), ("k", 10**3))
 _RATE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:bit|bps|b)?(?:/s)?\s*", re.IGNORECASE)
 
 __all__ = ["bits_per_second", "format_rate", "format_size", "parse_rate", "parse_size",
-           "parse_sizes", "size_label", "size_text"]
+           "parse_sizes", "rate_text", "size_label", "size_text"]
 
 
 def parse_size(text: str) -> int:
@@ -85,24 +89,35 @@ def format_size(num_bytes: int) -> str:
     return str(num_bytes)
 
 
-def size_label(num_bytes: int) -> str:
-    """Every size of a column in one unit style: 1026K exactly, 2385960 as 2.275M (binary
-    units, four significant digits), bytes below 1 KiB."""
-    exact = format_size(num_bytes)
-    if not exact.isdigit() or num_bytes < 1024:
+def size_label(num_bytes: float, digits: int = 4) -> str:
+    """A compact label, one style for a whole column or axis: the exact form when it has at
+    most `digits` digits (1026K, 16M), else `digits` significant digits of the largest binary
+    unit (2385960 -> 2.275M; at digits=2, 2040 -> 2K, 131064 -> 128K); bytes below 1 KiB.
+    Interpolated (float) sizes are rounded to whole bytes first."""
+    whole = int(round(num_bytes))
+    exact = format_size(whole)
+    if whole < 1024 or (not exact.isdigit() and len(exact) - 1 <= digits):
         return exact
-    for suffix, unit in _BINARY:
-        if num_bytes >= unit:
-            return f"{num_bytes / unit:.4g}{suffix}"
-    return exact
+    suffix, unit = next((suffix, unit) for suffix, unit in _BINARY if whole >= unit)
+    return f"{_significant(whole / unit, digits)}{suffix}"
 
 
-def size_text(count: float, digits: int = 3) -> str:
-    """A size in prose, to `digits` significant digits: 1.5 MiB, 12 GiB, 300 B."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+def size_text(count: float, digits: int = 3, exact: bool = False) -> str:
+    """A size in prose, to `digits` significant digits: 1.5 MiB, 12 GiB, 300 B. With
+    `exact`, a whole number of its largest unit or else every byte: 64 KiB, 3000 B."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if count >= scale:
-            return f"{count / scale:.{digits}g} {unit}"
-    return f"{count:.0f} B" if float(count).is_integer() else f"{count:.{digits}g} B"
+            if exact and count % scale:
+                break
+            return f"{_significant(count / scale, digits)} {unit}"
+    if exact or float(count).is_integer():
+        return f"{count:.0f} B"
+    return f"{_significant(count, digits)} B"
+
+
+def _significant(value: float, digits: int) -> str:
+    """`digits` significant digits, never an exponent: 1.99 -> 2, 99.7 -> 100 at two."""
+    return f"{value:.{digits}g}" if value < 10 ** (digits - 1) else f"{value:.0f}"
 
 
 def bits_per_second(text: str, name: str = "rate") -> float:
@@ -125,7 +140,20 @@ def parse_rate(text: str, name: str = "--link rate") -> int:
 
 def format_rate(bits_per_s: float) -> str:
     """1e9 -> '1Gbit/s', 2.5e8 -> '250Mbit/s' (decimal units, as tc)."""
-    for unit, scale in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
+    for unit, scale in _DECIMAL:
         if bits_per_s >= scale:
-            return f"{bits_per_s / scale:g}{unit}bit/s"
+            return f"{bits_per_s / scale:g}{unit.upper()}bit/s"
     return f"{bits_per_s:g}bit/s"
+
+
+def rate_text(bits_per_s: float, digits: int = 3, unit: str | None = None) -> str:
+    """A rate in prose, to `digits` significant digits of its largest decimal unit:
+    95.6 Mbit/s, 1 Gbit/s, 512 bit/s. With `unit` ('k', 'M' or 'G'), always that unit
+    with one decimal, so that a column of rates compares row by row: 1000.0 Mbit/s."""
+    if unit is not None:
+        scale = dict(_DECIMAL)[unit]
+        return f"{bits_per_s / scale:.1f} {unit}bit/s"
+    for name, scale in _DECIMAL:
+        if bits_per_s >= scale:
+            return f"{_significant(bits_per_s / scale, digits)} {name}bit/s"
+    return f"{_significant(bits_per_s, digits)} bit/s"

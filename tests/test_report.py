@@ -13,7 +13,8 @@ from test_compare import make_record, write
 from ccbench.errors import UsageError
 from ccbench.report import build_report
 from ccbench.report.data import half_peak_size, key_numbers, series_label, to_frame
-from ccbench.report.style import colour, set_size_axis, size_label
+from ccbench.report.style import colour, set_size_axis
+from ccbench.units import size_label
 
 SIZES = [8 << (4 * k) for k in range(6)]          # 8 B ... 8 MiB, factor 16
 

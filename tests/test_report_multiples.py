@@ -14,6 +14,7 @@ from test_compare import make_record
 from ccbench.report import build_report
 from ccbench.report.data import to_frame
 from ccbench.report.multiples import CONTEXT_COLOUR, is_crowded, per_collective_figure
+from ccbench.units import size_label
 
 SIZES = [8 << (4 * k) for k in range(5)]          # 8 B ... 512 KiB
 
@@ -123,12 +124,12 @@ def test_report_uses_small_multiples_and_names_the_sizes(tmp_path: Path) -> None
 
 def test_heat_map_sizes_are_labelled_when_they_are_not_powers_of_two() -> None:
     """3 ranks of float32: 12, 24, 48 ... bytes, none a power of two; still 4 labels."""
-    from ccbench.report.figures import _heat_label, _heat_ticks
+    from ccbench.report.figures import _heat_ticks
 
     assert _heat_ticks([12 << k for k in range(20)]) == [0, 6, 13, 19]
     assert _heat_ticks([8 << k for k in range(24)]) == [1, 7, 13, 19]    # 16, 1K, 64K, 4M
     assert _heat_ticks([12]) == [0]
-    assert [_heat_label(n) for n in (12, 768, 1536, 2040, 131064, 16 << 20)] == \
+    assert [size_label(n, digits=2) for n in (12, 768, 1536, 2040, 131064, 16 << 20)] == \
         ["12", "768", "1.5K", "2K", "128K", "16M"]
 
 

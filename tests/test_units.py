@@ -10,6 +10,7 @@ from ccbench.units import (
     parse_rate,
     parse_size,
     parse_sizes,
+    rate_text,
     size_label,
     size_text,
 )
@@ -63,6 +64,43 @@ def test_one_display_per_use() -> None:
     assert size_text(1.0 + (1 << 20) / 3, digits=4) == "341.3 KiB"
     assert [format_rate(r) for r in (10**9, 2.5e8, 95.6e6)] == ["1Gbit/s", "250Mbit/s",
                                                                 "95.6Mbit/s"]
+
+
+def test_axis_style_is_exact_and_odd_sizes_stay_bytes() -> None:
+    """format_size: the --sizes syntax, so an odd size (3 ranks: 3000, 2040) is every byte."""
+    assert [format_size(n) for n in (3000, 2040, 1 << 30, 3 << 30)] == \
+        ["3000", "2040", "1G", "3G"]
+
+
+def test_column_style_keeps_four_digits_of_odd_sizes() -> None:
+    """size_label: exact up to four digits of a unit, else four significant digits."""
+    assert [size_label(n) for n in (3000, 2040, 1536, 1023, 1 << 30, 12345 << 10)] == \
+        ["2.93K", "1.992K", "1.5K", "1023", "1G", "12.06M"]
+    assert size_label(4096.0) == "4K" and size_label(1536.4) == "1.5K"     # axis ticks: floats
+
+
+def test_two_digit_style_of_ticks_and_interpolated_sizes() -> None:
+    """size_label(digits=2): heat-map ticks and half-peak sizes; never an exponent."""
+    assert [size_label(n, digits=2) for n in (12, 768, 3000, 2040, 1026 << 10, 16 << 20)] == \
+        ["12", "768", "2.9K", "2K", "1M", "16M"]
+    assert [size_label(n, digits=2) for n in (99.7 * 1024, 131064, 1536.6)] == \
+        ["100K", "128K", "1.5K"]
+
+
+def test_prose_styles() -> None:
+    """size_text: rounded prose (2.93 KiB) or exact prose, whole units else bytes (3000 B)."""
+    assert [size_text(n) for n in (3000, 2040, 1023.6 * 1024, 4 << 40)] == \
+        ["2.93 KiB", "1.99 KiB", "1024 KiB", "4 TiB"]
+    assert [size_text(n, exact=True) for n in (8, 3000, 2040, 1536, 64 << 10, 1 << 40)] == \
+        ["8 B", "3000 B", "2040 B", "1536 B", "64 KiB", "1 TiB"]
+
+
+def test_rate_prose_and_column_styles() -> None:
+    """rate_text: three significant digits of a decimal unit, or one unit for a column."""
+    assert [rate_text(r) for r in (95.63e6, 1e9, 999.7e6, 1500, 512)] == \
+        ["95.6 Mbit/s", "1 Gbit/s", "1000 Mbit/s", "1.5 kbit/s", "512 bit/s"]
+    assert [rate_text(r, unit="M") for r in (95.63e6, 1e9)] == ["95.6 Mbit/s", "1000.0 Mbit/s"]
+    assert format_rate(3000) == "3Kbit/s"        # tc's spelling, which parse_rate reads back
 
 
 def test_rates_parse_once() -> None:

@@ -24,6 +24,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ccbench.units import rate_text
+
 __all__ = ["SLOW", "Expectation", "Finding", "PairMeasure", "analyse", "pair_table",
            "suspicious_pairs"]
 
@@ -98,13 +100,6 @@ class Finding:
         return asdict(self)
 
 
-def _rate(bps: float) -> str:
-    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:.3g} {unit}"
-    return f"{bps:.3g} bit/s"
-
-
 def pair_table(measures: list[PairMeasure]) -> dict[tuple[int, int], dict[str, Any]]:
     """(a, b) -> the best of its tries (pairs and repeat steps): the highest rate per
     direction and the lowest latency, and how many tries there were. A noisy try does not
@@ -170,7 +165,7 @@ class _Reference:
 
     def expected_text(self, scale: float = 1.0) -> str:
         source = "pairs' median" if self.bw == self.median_bw else self.expect.source
-        return f"{_rate(self.bw * scale)} ({source})"
+        return f"{rate_text(self.bw * scale)} ({source})"
 
 
 def suspicious_pairs(measures: list[PairMeasure], expect: Expectation) -> list[tuple[int, int]]:
@@ -203,8 +198,8 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
                                 "it stopped answering during the plan", "high", [names[host]]))
         explained.add(host)
     if ref.cluster_slow:
-        findings.append(Finding("every path", "below expected", _rate(ref.median_bw),
-                                _rate(float(expect.link_bps or 0)) + f" ({expect.source})",
+        findings.append(Finding("every path", "below expected", rate_text(ref.median_bw),
+                                rate_text(float(expect.link_bps or 0)) + f" ({expect.source})",
                                 f"median of {len(table)} pairs", "high"))
     compute = _compute_findings(compute_s or {}, names)
     findings += compute
@@ -245,7 +240,7 @@ def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
                         + f"; each measured {tries}+ times")
             if metric == "bw":
                 out.append(Finding(f"host {names[host]}'s link", "slow link",
-                                   _rate(statistics.median(values)), ref.expected_text(),
+                                   rate_text(statistics.median(values)), ref.expected_text(),
                                    evidence, _confidence(tries, len(bad)), [names[host]],
                                    names_bad))
             else:
@@ -270,9 +265,9 @@ def _pair_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
         both = f"{names[a]}-{names[b]}"
         extra = " (or either host's link: 2 hosts cannot tell)" if len(names) == 2 else ""
         if ref.slow(row["bw"]):
-            direction = (f"{names[a]}->{names[b]} {_rate(row['bw_ab'])}, "
-                         f"{names[b]}->{names[a]} {_rate(row['bw_ba'])}")
-            out.append(Finding(f"pair {both} path{extra}", "slow path", _rate(row["bw"]),
+            direction = (f"{names[a]}->{names[b]} {rate_text(row['bw_ab'])}, "
+                         f"{names[b]}->{names[a]} {rate_text(row['bw_ba'])}")
+            out.append(Finding(f"pair {both} path{extra}", "slow path", rate_text(row["bw"]),
                                ref.expected_text(), f"{direction}; tries: {rounds}",
                                _confidence(row["tries"], 1), [], [[names[a], names[b]]]))
         # one pair's latency against the pairs' own median: too noisy to blame a path with
@@ -319,11 +314,11 @@ def _uplink_findings(measures: list[PairMeasure], ref: _Reference, names: list[s
         component = " or ".join(f"uplink leaf{leaf}-spine" for leaf in group)
         evidence = "; ".join(
             f"leaf{a} x leaf{b}: {len(by_run[(a, b)])} flows at once, median "
-            f"{_rate(per_flow[(a, b)])} per flow" for a, b in keys)
+            f"{rate_text(per_flow[(a, b)])} per flow" for a, b in keys)
         # (`report` of records that do not name the leaves' hosts: none named)
         hosts = sorted(names[h] for leaf in group if leaf < len(leaves) for h in leaves[leaf])
         out.append(Finding(component, "slow uplink",
-                           _rate(statistics.median(per_flow[k] for k in keys)),
+                           rate_text(statistics.median(per_flow[k] for k in keys)),
                            ref.expected_text(scale) + (f", oversub {oversub:g}"
                                                        if oversub != 1 else ""),
                            evidence + ("" if len(group) == 1 or len(leaves) > 2 else
@@ -343,7 +338,7 @@ def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[st
         bad = [m for m in pairs if m.error or ref.slow(m.bw)]
         if len(pairs) >= 3 and len(bad) == len(pairs):
             out.append(Finding(f"plane {plane}", "slow plane" if not any(m.error for m in bad)
-                               else "plane down", _rate(statistics.median(
+                               else "plane down", rate_text(statistics.median(
                                    [m.bw or 0.0 for m in bad])), ref.expected_text(),
                                f"all {len(pairs)} ring pairs on plane {plane}", "medium"))
             continue
@@ -358,10 +353,10 @@ def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[st
             down = all(m.error for m in mine)
             evidence = "; ".join(
                 f"{names[m.a]}-{names[m.b]} on {plane}: "
-                + (m.error or f"{_rate(m.bw or 0.0)}") for m in mine)
+                + (m.error or f"{rate_text(m.bw or 0.0)}") for m in mine)
             out.append(Finding(f"host {names[host]}'s plane {plane} port",
                                "port down" if down else "slow port",  # merged below
-                               "no answer" if down else _rate(statistics.median(
+                               "no answer" if down else rate_text(statistics.median(
                                    [m.bw for m in mine if m.bw is not None])),
                                ref.expected_text(), evidence,
                                "high" if len(mine) >= 2 else "low", [names[host]],
@@ -427,7 +422,7 @@ def _world_finding(world: dict[str, Any] | None, ref: _Reference) -> list[Findin
     floor = ref.expect.link_bps * 0.35
     if world["busbw_bps"] >= floor:
         return []
-    return [Finding("cluster (world allreduce)", "slow collective", _rate(world["busbw_bps"]),
-                    f"{_rate(ref.expect.link_bps)} bus bandwidth ({ref.expect.source})",
+    return [Finding("cluster (world allreduce)", "slow collective", rate_text(world["busbw_bps"]),
+                    f"{rate_text(ref.expect.link_bps)} bus bandwidth ({ref.expect.source})",
                     f"{world.get('label', 'allreduce')}: {world.get('time_us', 0):.0f} us",
                     "low")]

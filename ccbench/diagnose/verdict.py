@@ -8,6 +8,7 @@ from typing import Any, TextIO
 
 from ccbench.diagnose.analyse import Expectation, Finding, analyse, pair_table
 from ccbench.diagnose.plan import Step
+from ccbench.units import rate_text
 
 __all__ = ["findings_of", "format_plan", "pair_lines", "print_verdict", "verdict_json"]
 
@@ -15,7 +16,8 @@ COLUMNS = ("component", "kind", "measured", "expected", "evidence", "confidence"
 
 
 def _rate(bps: float | None) -> str:
-    return "-" if bps is None else f"{bps / 1e6:.1f} Mbit/s"
+    """In Mbit/s throughout, so that the rows of a pair table compare at a glance."""
+    return "-" if bps is None else rate_text(bps, unit="M")
 
 
 def format_plan(steps: list[Step], names: list[str], expect: Expectation, seconds: float,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ccbench.report import style  # noqa: F401  (selects the Agg backend first)
+from ccbench.units import size_label, size_text
 
 __all__ = ["Report", "build_report"]
 
@@ -76,26 +77,8 @@ def _fmt_us(x: float) -> str:
 
 
 def _fmt_size(x: float) -> str:
-    from ccbench.report.style import size_label
-
-    if not math.isfinite(x):
-        return "-"
-    # half-peak sizes are interpolated: show them to two significant digits
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if x >= scale:
-            v = x / scale
-            return f"{v:.2g}{unit}" if v < 100 else f"{v:.0f}{unit}"
-    return size_label(x)
-
-
-def _bytes(n: int) -> str:
-    """8 -> '8 B', 65536 -> '64 KiB': a size in prose."""
-    from ccbench.report.style import size_label
-
-    label = size_label(n)
-    if label[-1].isdigit() or len(label) > 5:      # bytes, or an odd size: 3000 B
-        return f"{n} B"
-    return f"{label[:-1]} {label[-1]}iB"
+    # half-peak sizes are interpolated: two significant digits say all they know
+    return size_label(x, digits=2) if math.isfinite(x) else "-"
 
 
 class _Doc:
@@ -256,7 +239,8 @@ def _method_bullets(records, frame) -> list[str]:
     worlds = sorted(int(p) for p in frame["world_size"].unique())
     sizes = sorted(int(s) for s in frame["size"].unique())
     return [
-        f"sizes measured: {_bytes(sizes[0])} to {_bytes(sizes[-1])} ({len(sizes)} sizes)",
+        f"sizes measured: {size_text(sizes[0], exact=True)} to {size_text(sizes[-1], exact=True)} "
+        f"({len(sizes)} sizes)",
         f"world sizes: {', '.join(map(str, worlds))}; nodes: "
         f"{', '.join(map(str, sorted(frame['nodes'].unique())))}; hosts: "
         f"{', '.join(sorted(set(','.join(frame['hosts']).split(','))))}",

@@ -16,7 +16,8 @@ from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 
 from ccbench.report import style
-from ccbench.report.style import LINESTYLE, colour, marker, set_size_axis, size_label
+from ccbench.report.style import LINESTYLE, colour, marker, set_size_axis
+from ccbench.units import size_label
 
 __all__ = ["collective_figure", "overview_figure", "rank_spread_figure", "model_figure",
            "context_line"]
@@ -276,7 +277,7 @@ def rank_spread_figure(frame, world_size: int):
                                   else "magma_r", norm=norm, interpolation="nearest")
                 sizes = data["size"].tolist()
                 idx = _heat_ticks(sizes)
-                ax.set_xticks(idx, [_heat_label(sizes[k]) for k in idx])
+                ax.set_xticks(idx, [size_label(sizes[k], digits=2) for k in idx])
                 ax.set_yticks(range(world_size), [str(r) for r in range(world_size)])
                 ax.tick_params(length=2)
                 for spine in ax.spines.values():
@@ -317,15 +318,6 @@ def _heat_ticks(sizes: list[int], most: int = 4) -> list[int]:
         return idx or [0]
     count = min(most, len(sizes))
     return sorted({round(k * (len(sizes) - 1) / (count - 1)) for k in range(count)})
-
-
-def _heat_label(n: float) -> str:
-    """A size to two significant digits: 3-rank sizes are not powers of two (2040 -> 2K)."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.2g}{unit}" if v < 10 else f"{v:.0f}{unit}"
-    return size_label(n)
 
 
 def _has_seaborn() -> bool:

@@ -28,6 +28,7 @@ from ccbench.collectives import busbw_factor
 from ccbench.errors import UsageError, error_line
 from ccbench.records import load_records
 from ccbench.records.schema import Record
+from ccbench.units import format_size
 
 __all__ = ["load_steps", "bandwidth_table", "ratio_tables", "render", "main"]
 
@@ -70,13 +71,6 @@ def _case(record: Record) -> Case:
             record.world_size)
 
 
-def _size(nbytes: int) -> str:
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
-
 def _placement(inplace: bool) -> str:
     return "in place" if inplace else "out of place"
 
@@ -92,7 +86,7 @@ def bandwidth_table(records: Sequence[Record]) -> list[str]:
     rows = []
     for collective, size, inplace in sorted({k[:3] for k in by_case}):
         world = next(r.world_size for r in records if r.collective == collective)
-        row = [collective, _size(size), _placement(inplace), f"{busbw_factor(collective, world):g}"]
+        row = [collective, format_size(size), _placement(inplace), f"{busbw_factor(collective, world):g}"]
         for backend in backends:
             rec = by_case.get((collective, size, inplace, backend))
             row += ([f"{rec.time_us['median']:.2f}", f"{rec.algbw_gbps:.1f}", f"{rec.busbw_gbps:.1f}"]
@@ -122,7 +116,7 @@ def ratio_tables(native: Sequence[Record], algorithms: Sequence[Record]) -> list
     lines = [_row(head), _row(["---", "---"] + ["---:"] * (len(head) - 2))]
     for case in sorted({c for _, c in ratios if _headline(c)}):
         cells = [_x(ratios.get((a, case))) for a in ALGORITHMS]
-        lines.append(_row([case[0], _size(case[4]), f"{library[case]:.1f}", *cells]))
+        lines.append(_row([case[0], format_size(case[4]), f"{library[case]:.1f}", *cells]))
     lines += ["", "Every matched case (each collective, dtype, op and placement): median ratio "
               "[lowest, highest] (cases)", "",
               _row(["size (B)", *ALGORITHMS]), _row(["---"] + ["---:"] * len(ALGORITHMS))]
@@ -132,7 +126,7 @@ def ratio_tables(native: Sequence[Record], algorithms: Sequence[Record]) -> list
             found = [v for (a, c), v in ratios.items() if a == algorithm and c[4] == size]
             cells.append(f"{_x(statistics.median(found))} [{_x(min(found))}, {_x(max(found))}] "
                          f"({len(found)})" if found else "-")
-        lines.append(_row([_size(size), *cells]))
+        lines.append(_row([format_size(size), *cells]))
     return lines
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ccbench.units import size_label
+
 __all__ = ["load", "predictions"]
 
 
@@ -67,12 +69,6 @@ def _choose(fits: list[dict[str, Any]], p: int) -> tuple[dict[str, Any] | None, 
     return None, "no fit"
 
 
-def _size(n: float) -> str:
-    from ccbench.report.style import size_label
-
-    return size_label(n)
-
-
 def predictions(frame, model: dict[str, Any]):
     """{(collective, series, world size): (sizes, predicted us)} and the same keys: note."""
     preds: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
@@ -101,5 +97,5 @@ def predictions(frame, model: dict[str, Any]):
         split = next((pc.get("max_bytes") for pc in pieces if pc.get("max_bytes")), None)
         notes[(row["collective"],) + key] = (
             f"{why}, {chosen.get('model_algorithm', '?')}"
-            + (f", two pieces split at {_size(split)}" if split else ""))
+            + (f", two pieces split at {size_label(split)}" if split else ""))
     return preds, notes

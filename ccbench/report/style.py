@@ -18,7 +18,9 @@ matplotlib.use("Agg")
 
 import matplotlib.ticker as mticker  # noqa: E402
 
-__all__ = ["colour", "marker", "size_label", "set_size_axis", "LINESTYLE", "RC"]
+from ccbench.units import size_label  # noqa: E402
+
+__all__ = ["colour", "marker", "set_size_axis", "LINESTYLE", "RC"]
 
 # Okabe-Ito and Paul Tol's colour-blind-safe sets, chosen so that the series one figure
 # shows together differ in hue, not only in lightness: the libraries (blue, vermillion, green,
@@ -77,16 +79,6 @@ def colour(key: str) -> str:
 
 def marker(key: str) -> str:
     return _pick(key, MARKERS, RESERVE_MARKERS)
-
-
-def size_label(n: float) -> str:
-    """1024 -> 1K, 4 MiB -> 4M, 8 -> 8 (binary units, as the --sizes syntax)."""
-    n = int(round(n))
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:g}{unit}"
-    return str(n)
 
 
 def set_size_axis(ax, lo: float, hi: float, label: str = "size (bytes)",

@@ -36,6 +36,7 @@ from typing import Any
 from ccbench.bench_options import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure
 from ccbench.run.arrivals import LATE_GRACE_S
+from ccbench.units import size_text
 
 __all__ = ["CONNECT_TIMEOUT_S", "MAX_LINE_BYTES", "MAX_RANK_LINE_BYTES", "SECRET_VAR",
            "ControlClient", "ControlServer", "StoreLost", "StoreTimeout", "new_secret",
@@ -388,14 +389,10 @@ def _read_line(stream: Any, limit: int) -> bytes:
     having read no more than `limit` bytes of it."""
     line = stream.readline(limit + 1)
     if len(line) > limit:
-        raise _Dropped(f"a line longer than {_in_units(limit)}")
+        raise _Dropped(f"a line longer than {size_text(limit)}")
     if line and not line.endswith(b"\n"):
         raise _Dropped("a last line without its newline")
     return bytes(line)
-
-
-def _in_units(size: int) -> str:
-    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 
 def _read_request(stream: Any, limit: int = MAX_LINE_BYTES) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from ccbench.run.lifeline import lifeline_env
 from ccbench.run.rankexits import RankExits
 from ccbench.run.storehost import LABEL_KEY, unexplained_end
 from ccbench.sysinfo import available_memory, usable_cores
+from ccbench.units import size_text
 
 __all__ = ["Supervisor", "build_commands", "check_mpiexec", "check_rank_count", "default_nprocs",
            "find_mpiexec", "kill_group", "launch_groups", "rank_python", "run_ranks",
@@ -168,8 +169,8 @@ def check_rank_count(nprocs: int) -> None:
     limit = max(1, available // _RANK_MEMORY)
     if nprocs > limit:
         raise UsageError(f"-n {nprocs} is more ranks than this machine can run: at most {limit} "
-                         f"(each rank needs about {_RANK_MEMORY // 2**20} MiB and "
-                         f"{available / 2**30:.1f} GiB is available); use a cluster launcher "
+                         f"(each rank needs about {size_text(_RANK_MEMORY)} and "
+                         f"{size_text(available)} is available); use a cluster launcher "
                          f"(srun, mpiexec -hosts) for more")
 
 
