@@ -1,8 +1,9 @@
 """A backend is one module under ccbench/backends/ that owns what it can do (availability,
 version, display name, libraries, default device, the options it reads, its point-to-point
 transport, its sub-communicators, whether it carries the algorithms): no other
-module names a backend in a string literal, except the short list below, each with its
-reason. Checked on the source, every string constant."""
+module names a backend in a string literal, except the registry's data (ccbench/backend_facts.py,
+which imports nothing so that report/ and model/ may read it). Checked on the source, every
+string constant."""
 
 from __future__ import annotations
 
@@ -16,13 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent / "ccbench"
 
 #: module (relative to ccbench/) -> why it may name backends
 ALLOWED = {
-    "report/data.py": "report/ may not import backends/ (import contract); it labels series by "
-                      "the backend and library each record names",
-    "report/style.py": "colours keyed by the library a record names, as report/data.py",
-    "report/traces.py": "colours keyed by the library a record names, as report/data.py",
-    "model/library_algorithms.py": "model/ may not import backends/ (import contract); it "
-                                   "prices a library's documented algorithm by the backend a "
-                                   "record names",
+    "backend_facts.py": "the registry as data: each backend's module, display name, colour and "
+                        "documented algorithms, for the layers that may not import backends/",
 }
 
 _NAMED = re.compile(r"^(?:[\w:.-]+@)?(" + "|".join(map(re.escape, REGISTRY)) + r")$")
@@ -48,9 +44,23 @@ def test_no_backend_name_outside_backends() -> None:
 
 
 def test_the_allow_list_is_short_and_still_needed() -> None:
-    assert len(ALLOWED) <= 4
+    assert list(ALLOWED) == ["backend_facts.py"], "a backend's facts belong in its entry"
     for relative in ALLOWED:
         assert _literals(ROOT / relative), f"{relative} names no backend any more: drop it"
+
+
+def test_the_registry_is_its_data() -> None:
+    """backends/ registers exactly the entries of backend_facts.py, and each class shows the
+    display name its entry gives (reports read the entry; doctor asks the class)."""
+    from ccbench.backend_facts import BACKENDS
+    from ccbench.backends import backend_class
+
+    assert list(REGISTRY) == list(BACKENDS)
+    for name, facts in BACKENDS.items():
+        assert REGISTRY[name] == facts.target
+        module, _, cls = facts.target.partition(":")
+        assert module.startswith("ccbench.backends.") and cls
+    assert backend_class("mpi").display_name == BACKENDS["mpi"].display_name
 
 
 def test_the_check_sees_a_name() -> None:

@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # package or module (dotted prefix) -> the prefixes it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
+    # the registry's data, read by backends/, report/ and model/ alike: imports nothing
+    "ccbench.backend_facts": ("ccbench", "torch", "mpi4py", "numpy"),
     "algorithms": ("ccbench", "torch", "mpi4py"),
     "ccbench.records": ("ccbench.backends", "ccbench.harness", "ccbench.runner", "ccbench.sweep",
                         "ccbench.cli", "ccbench.commands", "ccbench.model", "ccbench.report",

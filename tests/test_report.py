@@ -12,7 +12,14 @@ from test_compare import make_record, write
 
 from ccbench.errors import UsageError
 from ccbench.report import build_report
-from ccbench.report.data import half_peak_size, key_numbers, series_label, to_frame
+from ccbench.report.data import (
+    colour_key,
+    half_peak_size,
+    key_numbers,
+    series_label,
+    short_version,
+    to_frame,
+)
 from ccbench.report.style import colour, set_size_axis
 from ccbench.units import size_label
 
@@ -58,7 +65,7 @@ def test_report_writes_figures_and_documents(tmp_path: Path) -> None:
     md = report.markdown.read_text()
     assert "![" in md and "allreduce.png" in md
     assert "| series | ranks | mode | peak busbw GB/s | time 8 B | time 1 KiB | half-peak size |" in md
-    assert "Intel MPI" in md and "gloo" in md
+    assert "Intel MPI" in md and "Gloo (torch.distributed)" in md      # the display names
     page = report.html.read_text()
     assert page.startswith("<!DOCTYPE html>") and '<img src="allreduce.png"' in page
     assert (tmp_path / "out" / "key-numbers.csv").exists()
@@ -91,11 +98,28 @@ def test_half_peak_size_interpolates() -> None:
 def test_labels_and_colours_are_stable() -> None:
     rec = make_record(backend="mpi", library="MPICH", version="MPICH Version: 5.0.2")
     assert series_label(rec) == "MPICH"
-    assert colour("gloo") == colour("gloo") != colour("Intel MPI")
+    assert colour("Gloo (torch.distributed)") == "#0072B2" != colour("Intel MPI")
     assert colour("ring@mpi") == colour("ring")
     assert colour("some-new-lib") == colour("some-new-lib")
     assert [size_label(s) for s in (8, 1024, 4096, 1 << 20, 1 << 30)] == \
         ["8", "1K", "4K", "1M", "1G"]
+
+
+def test_series_are_labelled_by_the_display_name_of_their_entry() -> None:
+    """The registry's data names a native series; MPI by the implementation its record names
+    (the most specific: MVAPICH's text also says MPICH); a plugin backend by its library."""
+    from ccbench.backend_facts import BACKENDS
+
+    assert series_label(make_record(backend="nccl-cupy", library="nccl", version="2.21.5")) \
+        == BACKENDS["nccl-cupy"].display_name == "NCCL (CuPy)"
+    mvapich = make_record(backend="mpi", library="MVAPICH", version="MVAPICH2 2.3.7 (MPICH 3.2)")
+    assert series_label(mvapich) == "MVAPICH" and colour_key(mvapich) == "MVAPICH"
+    ring = make_record(backend="ring@mpi", library="MPICH", version="MPICH Version: 5.0.2")
+    assert series_label(ring) == "ring@mpi (MPICH)" and colour_key(ring) == "ring"
+    assert series_label(make_record(backend="copyonly", library="copylib", version="1.2")) \
+        == "copylib"
+    assert short_version(make_record(backend="gloo", library="gloo", version="torch 2.13.0")) \
+        == "Gloo (torch.distributed) 2.13.0"
 
 
 def test_size_axis_ticks() -> None:
@@ -204,7 +228,7 @@ def test_library_colours_differ_in_hue() -> None:
         h, lightness, _ = colorsys.rgb_to_hls(*to_rgb(colour(name)))
         return h * 360, lightness
 
-    for group in (["gloo", "Intel MPI", "MPICH", "Open MPI", "oneCCL"],
+    for group in (["Gloo (torch.distributed)", "Intel MPI", "MPICH", "Open MPI", "oneCCL"],
                   ["Intel MPI", "ring@mpi", "tree@mpi", "hypercube@mpi"]):
         for i, a in enumerate(group):
             for b in group[i + 1:]:

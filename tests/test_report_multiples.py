@@ -27,7 +27,7 @@ SERIES = {
     "tree@mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 6.0, 4.0),
     "hypercube@mpi": ("Intel MPI", "Intel(R) MPI Library 2021.18.1 for Linux* OS", 5.0, 4.5),
 }
-LABELS = {"gloo": "gloo\n(torch 2.13.0+cpu)", "mpi": "Intel MPI\n2021.18.1",
+LABELS = {"gloo": "Gloo (torch.distributed)\n2.13.0", "mpi": "Intel MPI\n2021.18.1",
           "oneccl": "oneCCL\n2022.2.0", "ring@mpi": "ring@mpi\n(Intel MPI 2021.18.1)",
           "tree@mpi": "tree@mpi\n(Intel MPI 2021.18.1)",
           "hypercube@mpi": "hypercube@mpi\n(Intel MPI 2021.18.1)"}

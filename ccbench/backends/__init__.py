@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import importlib
 
+from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import Backend, BackendFactory, RankContext
 from ccbench.errors import BackendUnavailable, choices_error
 
-# name -> "module:Class". Each backend is one file; its library is imported only inside it.
-REGISTRY: dict[str, str] = {
-    "gloo": "ccbench.backends.gloo:GlooBackend",
-    "mpi": "ccbench.backends.mpi:MPIBackend",
-    "oneccl": "ccbench.backends.oneccl:OneCCLBackend",
-    "nccl": "ccbench.backends.nccl:NCCLBackend",
-    "nccl-cupy": "ccbench.backends.nccl_cupy:NCCLCupyBackend",
-    "rccl": "ccbench.backends.nccl:RCCLBackend",
-}
+# name -> "module:Class", from ccbench/backend_facts.py (where report/ and model/ read the
+# rest of an entry). Each backend is one file; its library is imported only inside it.
+REGISTRY: dict[str, str] = {name: facts.target for name, facts in BACKENDS.items()}
 
 # (name, device) -> a class that replaces the registry's for that device
 DEVICE_VARIANTS: dict[tuple[str, str], str] = {

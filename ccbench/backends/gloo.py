@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ccbench.backend_facts import BACKENDS
 from ccbench.backends.torch_dist import (
     TORCH_TIMED_CALL,
     TorchDistBackend,
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 class GlooBackend(TorchDistBackend):
     name = "gloo"
-    display_name = "Gloo (torch.distributed)"
+    display_name = BACKENDS[name].display_name
     process_group_backend = "gloo"
     carries_algorithms = True
     interface_variable = "GLOO_SOCKET_IFNAME"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import Backend, Batch, Library, RankContext, found_or_why, library_line
 from ccbench.backends.buffers import spans_overlap
 from ccbench.backends.mpi_loop import (
@@ -122,7 +123,7 @@ MPI_LIBRARY = Library("mpi", _mpi_facts, _mpi_lines)
 
 class MPIBackend(Backend):
     name = "mpi"
-    display_name = "MPI"
+    display_name = BACKENDS[name].display_name
     libraries: ClassVar[tuple[Library, ...]] = (MPI_LIBRARY,)
     needs_mpi_launcher = True
     carries_algorithms = True

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import RankContext
 from ccbench.backends.torch_dist import (
     GroupedTorchTransport,
@@ -88,7 +89,7 @@ class NCCLBackend(TorchDistBackend):
     """NCCL through torch.distributed on CUDA tensors."""
 
     name = "nccl"
-    display_name = "NCCL (torch.distributed)"
+    display_name = BACKENDS[name].display_name
     process_group_backend = "nccl"
     default_device = "cuda"
     reads_options = frozenset({"nccl_algo", "nccl_proto"})
@@ -250,7 +251,7 @@ class RCCLBackend(NCCLBackend):
     """RCCL: the same process group on a ROCm build of torch (devices are still 'cuda' there)."""
 
     name = "rccl"
-    display_name = "RCCL (torch.distributed)"
+    display_name = BACKENDS[name].display_name
     library = "rccl"
     carries_algorithms = False       # ring@rccl has not been run on a ROCm device
     env_prefixes = ("NCCL_", "RCCL_", "TORCH_NCCL_", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",

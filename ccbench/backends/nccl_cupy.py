@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import CUPY, cupy_missing_reason
@@ -107,7 +108,7 @@ class NCCLCupyBackend(Backend):
     """NCCL through cupy.cuda.nccl.NcclCommunicator on CuPy device buffers."""
 
     name = "nccl-cupy"
-    display_name = "NCCL (CuPy)"
+    display_name = BACKENDS[name].display_name
     libraries = (CUPY,)
     default_device = "cuda"
     reads_options = frozenset({"nccl_algo", "nccl_proto", "cuda_graph"})

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ccbench.backend_facts import BACKENDS
 from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
 from ccbench.backends.base import Backend, Library, RankContext, found_or_why, library_line
 from ccbench.backends.p2p import Done, GroupPrepared
@@ -85,7 +86,7 @@ def _oneccl_lines(oneccl: dict[str, Any]) -> list[str]:
 
 class OneCCLBackend(Backend):
     name = "oneccl"
-    display_name = "oneCCL"
+    display_name = BACKENDS[name].display_name
     libraries = (Library("oneccl", _oneccl_facts, _oneccl_lines),)
     carries_algorithms = True
 

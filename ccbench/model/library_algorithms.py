@@ -8,6 +8,7 @@ fixed:
   every recv at once and then waits for all of them: the `direct` schedule, whatever the
   size or world size. On one switch it costs like pairwise; where links beyond the rank's
   own are shared (an oversubscribed spine) only a replay of the direct schedule prices it.
+  A backend's fixed algorithms are facts of its entry in ccbench/backend_facts.py.
 * Intel MPI chooses its algorithm per size and world size from tuning tables ccbench
   cannot see, unless I_MPI_ADJUST_<COLLECTIVE> fixes it: the records keep the variable
   (environment.variables, read by the MPI backend from the rank's environment), and the
@@ -27,10 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ccbench.backend_facts import BACKENDS
+
 __all__ = ["INTEL_MPI_ADJUST", "MPICH_CVARS", "library_algorithm"]
 
-GLOO_ALLTOALL = ("direct", "gloo's all-to-all posts every send and recv at once "
-                 "(gloo/alltoall.cc)")
 
 #: collective -> (variable, {id: (formula key, Intel MPI's name)})
 INTEL_MPI_ADJUST: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
@@ -83,8 +84,9 @@ def library_algorithm(record: Any) -> tuple[str, str] | None:
     """(formula key, why) for a native record whose library's algorithm is fixed, else None."""
     if record.algorithm != "native":
         return None
-    if record.backend == "gloo" and record.collective == "alltoall":
-        return GLOO_ALLTOALL
+    facts = BACKENDS.get(record.backend)
+    if facts is not None and record.collective in facts.fixed_algorithms:
+        return facts.fixed_algorithms[record.collective]
     library = str(record.library).lower()
     variables = _variables(record.environment or {})
     if "intel" in library:

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from ccbench.backend_facts import facts_of
 from ccbench.collectives import COLLECTIVES
 from ccbench.records import CaseId, Record
 from ccbench.stats import summarize
 
-__all__ = ["series_label", "colour_key", "to_frame", "library_versions", "key_numbers",
+__all__ = ["series_label", "colour_key", "library_name", "to_frame", "library_versions", "key_numbers",
            "half_peak_size", "COLLECTIVE_ORDER", "RUN_VIEWS", "combine_runs", "runs_note"]
 
 # How a case measured in several runs is shown: its runs' iterations together, each run as
@@ -21,50 +22,46 @@ RUN_VIEWS = ("pooled", "each", "latest")
 
 #: the order figures and tables show collectives in: the registry's
 COLLECTIVE_ORDER = COLLECTIVES
-_DISPLAY = {"gloo": "gloo", "oneccl": "oneCCL", "nccl": "NCCL", "rccl": "RCCL"}
 
 
-def _mpi_name(record: Record) -> str:
-    text = f"{record.library} {record.library_version}"
-    for marker, name in (("Intel", "Intel MPI"), ("Open MPI", "Open MPI"),
-                         ("MVAPICH", "MVAPICH"), ("MPICH", "MPICH")):
-        if marker in text:
-            return name
-    return record.library or "MPI"
+def library_name(record: Record) -> str:
+    """What a native series is called: the implementation its record names where its
+    backend may be several (`Intel MPI`, `MPICH`), else the backend's display name (`oneCCL`,
+    `Gloo (torch.distributed)`); a backend without an entry (a plugin) by its library."""
+    facts = facts_of(record.backend)
+    if facts is None:
+        return record.library or record.backend
+    found = facts.implementation(f"{record.library} {record.library_version}")
+    if found is not None:
+        return found.name
+    return (record.library or facts.display_name) if facts.implementations \
+        else facts.display_name
 
 
 def colour_key(record: Record) -> str:
     """What the colour is keyed by: library for native backends, algorithm for ccbench's own."""
     if "@" in record.backend:
         return record.backend.split("@", 1)[0]
-    if record.backend == "mpi":
-        return _mpi_name(record)
-    return _DISPLAY.get(record.backend, record.backend)
+    return library_name(record)
 
 
 def series_label(record: Record) -> str:
-    """The legend entry: `Intel MPI`, `gloo`, `ring@mpi (Intel MPI)`."""
+    """The legend entry: `Intel MPI`, `Gloo (torch.distributed)`, `ring@mpi (Intel MPI)`."""
     if "@" in record.backend:
-        algo, transport = record.backend.split("@", 1)
-        if transport == "mpi":
-            return f"{record.backend} ({_mpi_name(record)})"
+        facts = facts_of(record.backend)
+        if facts is not None and facts.implementations:
+            return f"{record.backend} ({library_name(record)})"
         return record.backend
-    if record.backend == "mpi":
-        return _mpi_name(record)
-    name = _DISPLAY.get(record.backend, record.backend)
+    name = library_name(record)
     if record.algorithm not in ("native", "", None):
         name = f"{name} {record.algorithm}"
     return name
 
 
 def short_version(record: Record) -> str:
-    """`Intel MPI 2021.18.1`, `gloo (torch 2.13.0+cpu)`, `MPICH 5.0.2`."""
-    text = record.library_version or ""
-    if record.backend == "gloo":
-        return f"gloo ({text})" if text else "gloo"
-    name = _mpi_name(record) if (record.backend == "mpi" or record.transport == "mpi") \
-        else _DISPLAY.get(record.backend, record.library or record.backend)
-    match = re.search(r"(\d+\.\d+(?:\.\d+)*)", text)
+    """`Intel MPI 2021.18.1`, `Gloo (torch.distributed) 2.13.0`, `MPICH 5.0.2`."""
+    match = re.search(r"(\d+\.\d+(?:\.\d+)*)", record.library_version or "")
+    name = library_name(record)
     return f"{name} {match.group(1)}" if match else name
 
 

@@ -45,8 +45,9 @@ def per_collective_figure(frame: Any, collective: str) -> Any:
 
 
 def _row_label(label: str) -> str:
-    """'ring@mpi (Intel MPI 2021.18.1)' on two lines; a library and its version on two."""
-    if " (" in label:
+    """'ring@mpi (Intel MPI 2021.18.1)' on two lines; a library and its version on two
+    ('Gloo (torch.distributed)' above '2.13.0')."""
+    if label.endswith(")"):
         return label.replace(" (", "\n(", 1)
     name, _, version = label.rpartition(" ")
     return f"{name}\n{version}" if name and len(label) > 14 else label

@@ -18,24 +18,29 @@ matplotlib.use("Agg")
 
 import matplotlib.ticker as mticker  # noqa: E402
 
+from ccbench.backend_facts import BACKENDS  # noqa: E402
 from ccbench.units import size_label  # noqa: E402
 
 __all__ = ["colour", "marker", "set_size_axis", "LINESTYLE", "RC"]
 
+
+def _libraries() -> list[tuple[str, str, str]]:
+    """(name a native series has, colour, marker) of every library, in the registry's order:
+    the implementations of a backend that may be several (MPI), else the backend itself."""
+    out = []
+    for facts in BACKENDS.values():
+        out += [(impl.name, impl.colour, impl.plot_marker) for impl in facts.implementations]
+        if not facts.implementations:
+            out.append((facts.display_name, facts.colour, facts.plot_marker))
+    return out
+
+
 # Okabe-Ito and Paul Tol's colour-blind-safe sets, chosen so that the series one figure
-# shows together differ in hue, not only in lightness: the libraries (blue, vermillion, green,
-# purple, black) and the algorithms against their library's vermillion (sky blue, olive,
-# indigo, wine, teal). No two warm hues side by side (Intel MPI and oneCCL were vermillion
-# and orange, tree brown).
-PALETTE = {
-    "gloo": "#0072B2",        # blue
-    "Intel MPI": "#D55E00",   # vermillion
-    "MPICH": "#009E73",       # bluish green
-    "Open MPI": "#CC79A7",    # reddish purple
-    "oneCCL": "#1A1A1A",      # near black
-    "MVAPICH": "#882255",     # wine
-    "NCCL": "#76B900",
-    "RCCL": "#B40000",
+# shows together differ in hue, not only in lightness: the libraries' (ccbench/backend_facts.py)
+# and the algorithms' against their library's vermillion (sky blue, olive, indigo, wine,
+# teal). No two warm hues side by side (Intel MPI and oneCCL were vermillion and orange,
+# tree brown). The order is that of the legends.
+PALETTE = {name: colour for name, colour, _ in _libraries()} | {
     "ring": "#56B4E9",        # sky blue
     "tree": "#999933",        # olive
     "dbtree": "#117733",      # dark green
@@ -47,8 +52,8 @@ PALETTE = {
 }
 RESERVE = ["#117733", "#AA4499", "#DDCC77", "#661100", "#6699CC", "#888888", "#E7298A",
            "#1B9E77", "#7570B3", "#A6761D"]
-MARKERS = {"gloo": "o", "Intel MPI": "s", "MPICH": "^", "Open MPI": "D", "MVAPICH": "v",
-           "oneCCL": "P", "NCCL": "X", "RCCL": "*", "ring": "<", "tree": ">", "hypercube": "h"}
+MARKERS = {name: mark for name, _, mark in _libraries()} | {"ring": "<", "tree": ">",
+                                                             "hypercube": "h"}
 RESERVE_MARKERS = ["p", "8", "H", "d", "1", "2", "3", "4"]
 LINESTYLE: dict[bool, Any] = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
 

@@ -154,6 +154,7 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]]) -> Any:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from ccbench.report.data import colour_key
     from ccbench.report.style import RC, colour
     from ccbench.trace.summary import SPEEDUP_STATISTIC, speedups
 
@@ -165,9 +166,10 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]]) -> Any:
         width = 0.8 / max(len(per), 1)
         x = np.arange(len(keys))
         for i, (backend, table) in enumerate(per.items()):
-            lib = backends[backend][0].library
+            first = backends[backend][0]
+            lib = first.library
             ax.bar(x + (i - (len(per) - 1) / 2) * width, [table.get(k, 0.0) for k in keys],
-                   width, color=colour(lib if backend == "mpi" else backend),
+                   width, color=colour(colour_key(first)),
                    label=f"{backend} ({lib}): {_us(totals[backend])} in all")
         ax.set_xticks(x, [f"{c}\n{b}" for c, _, b in keys], fontsize=8)
         ax.set_ylabel("communication time (us, summed over calls)")
