@@ -201,6 +201,18 @@ def test_missing_library_is_unavailable(tmp_path: Path) -> None:
     assert_one_line_error(proc, "cannot load an MPI library")
 
 
+def test_a_torch_without_gloo_is_refused_by_the_ranks_in_one_line(tmp_path: Path) -> None:
+    """`ccbench launch` does not import torch to probe gloo (GlooBackend.unavailable_before_launch):
+    the ranks' own probe refuses it, in one line, exit 2."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch.distributed\ntorch.distributed.is_gloo_available = lambda: False\n")
+    proc = run_ccbench("launch", "-n", "2", "allreduce", "--backend", "gloo", "--sizes", "1K",
+                       env={"PYTHONPATH": str(site)}, timeout=120)
+    assert_one_line_error(proc, "backend 'gloo' unavailable: this torch build has no gloo")
+
+
 def test_ranks_with_different_arguments(tmp_path: Path) -> None:
     """Two ranks started by hand with different --sizes are refused at start."""
     import socket

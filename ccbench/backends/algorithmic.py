@@ -114,6 +114,9 @@ class AlgorithmSpec:
     def unavailable_reason(self) -> str | None:
         return self.transport_factory.unavailable_reason()
 
+    def unavailable_before_launch(self) -> str | None:
+        return self.transport_factory.unavailable_before_launch()
+
     def refuses(self, dtype: np.dtype, op: str | None) -> str | None:
         return AlgorithmBackend.refuses(dtype, op)
 

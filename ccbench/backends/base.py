@@ -75,6 +75,8 @@ class BackendFactory(Protocol):
 
     def unavailable_reason(self) -> str | None: ...
 
+    def unavailable_before_launch(self) -> str | None: ...
+
     def refuses(self, dtype: np.dtype, op: str | None) -> str | None: ...
 
     def probe_version(self) -> str | None: ...
@@ -123,6 +125,14 @@ class Backend(ABC):
     def unavailable_reason(cls) -> str | None:
         """None when the backend can be used in this process, else why not (no import side effects
         beyond probing the library)."""
+
+    @classmethod
+    def unavailable_before_launch(cls) -> str | None:
+        """What `ccbench launch` checks before it starts any rank (to refuse in one line, once).
+        The whole probe, unless a backend says less is enough: its ranks run the whole probe
+        anyway, so a probe that only imports a library the launcher itself never uses may stay
+        with them."""
+        return cls.unavailable_reason()
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx

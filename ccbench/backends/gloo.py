@@ -47,6 +47,12 @@ class GlooBackend(TorchDistBackend):
         return None
 
     @classmethod
+    def unavailable_before_launch(cls) -> str | None:
+        # importing torch to ask for gloo would cost the launcher ~1.2 s of CPU before the
+        # first rank starts; a torch without gloo is refused by every rank in one line
+        return torch_missing_reason()
+
+    @classmethod
     def refuses(cls, dtype: np.dtype, op: str | None) -> str | None:
         if is_float8(dtype) and op is not None:
             return (f"unsupported by gloo: {op} on {dtype.name} (gloo has no float8 type: "

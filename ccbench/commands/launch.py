@@ -75,7 +75,7 @@ def _check_backends(names: list[str]) -> dict[str, bool]:
     needs_mpi = {}
     for name in names:
         cls = backend_class(name)
-        reason = cls.unavailable_reason()
+        reason = cls.unavailable_before_launch()
         if reason:
             raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
         needs_mpi[name] = cls.needs_mpi_launcher

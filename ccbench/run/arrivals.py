@@ -26,6 +26,9 @@ __all__ = ["LATE_GRACE_S", "LAUNCHER_PID_VAR", "RankStates", "await_ranks", "ran
 # process runs but has not arrived is waited for
 LATE_GRACE_S = 20.0
 _AFTER_CONNECT_S = 5.0
+# the first look again comes soon (ranks started together arrive within ~100 ms of each
+# other), then less and less often: each look asks the store and reads /proc
+_FIRST_POLL_S = 0.02
 _POLL_S = 0.5
 LAUNCHER_PID_VAR = "CCBENCH_LAUNCHER_PID"
 
@@ -95,6 +98,7 @@ def await_ranks(arrived: Callable[[], set[int]], world_size: int, connect_timeou
     blame: 'dead' (its process is gone), 'stopped', or '' (never arrived within the limit)."""
     started = time.monotonic()
     base = connect_timeout + _AFTER_CONNECT_S
+    poll = _FIRST_POLL_S
     while True:
         missing = set(range(world_size)) - arrived()
         if not missing:
@@ -110,4 +114,5 @@ def await_ranks(arrived: Callable[[], set[int]], world_size: int, connect_timeou
                 return stopped
         if waited > base + LATE_GRACE_S:
             return {r: "" for r in sorted(missing)}
-        time.sleep(_POLL_S)
+        time.sleep(poll)
+        poll = min(_POLL_S, poll * 1.5)

@@ -609,7 +609,7 @@ def _connect(host: str, port: int, timeout: float, rank: int,
                     continue
                 waited = timeout + (LATE_GRACE_S if extended else 0)
                 raise _unreachable(host, port, waited, rank, exc) from None
-            time.sleep(min(0.1 if state is None else 0.5, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 def _unreachable(host: str, port: int, timeout: float, rank: int, exc: OSError,
