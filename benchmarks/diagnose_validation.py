@@ -183,7 +183,10 @@ def victims_for(kind: str, hosts: int, count: int) -> list[str]:
 
 def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
          quick: bool = False, cpu_percent: float = 20.0, records: Path | None = None,
-         launcher: str = "exec") -> dict[str, Any]:
+         launcher: str = "exec", after_plan: bool = False) -> dict[str, Any]:
+    """One diagnose run with one fault, scored. The fault is set before the ranks start, or,
+    `after_plan`, once rank 0 has printed its plan (the ranks are up: a host that turns slow
+    while the job runs; a CPU quota then does not also slow the rank's start-up)."""
     rate = parse_rate(link)
     args = ["--link-rate", link] + (["--quick"] if quick else [])
     if records is not None:          # every measurement's record, for `ccbench report`
@@ -201,7 +204,9 @@ def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
               "cpu": [victim, "cpu", f"{cpu_percent:g}"],
               "uplink": [victim, "rate", format_rate(rate).replace("bit/s", "")]}
     mid = None
-    if kind in faults:
+    if kind in faults and after_plan:
+        mid = (0.0, [str(part) for part in faults[kind]])
+    elif kind in faults:
         ccbench("testbed", "fault", *faults[kind])
     elif kind == "link-down-mid":
         mid = (MID_PLAN_DELAY_S, [str(victim), "down"])
@@ -213,6 +218,7 @@ def cell(hosts: int, kind: str | None, victim: str | None, link: str, port: int,
             ccbench("testbed", "fault", str(victim), "clear")
     findings = run["verdict"].get("findings")
     result = {"hosts": hosts, "kind": kind or "healthy", "victim": victim, "quick": quick,
+              **({"set": "after the plan"} if after_plan else {}),
               **({"cpu_percent": cpu_percent} if kind == "cpu" else {}),
               "link": link, "load_before": load, "load_after": load_average(),
               "launcher": launcher, "rc": run["rc"], "seconds": run["seconds"],
