@@ -100,7 +100,7 @@ def _leftovers() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def testbed() -> Iterator[None]:
+def testbed_up() -> Iterator[None]:
     problem = _prerequisite_problem()
     if problem is not None:
         missing_prerequisite(f"testbed not possible here: {problem}")
@@ -115,6 +115,14 @@ def testbed() -> Iterator[None]:
         assert down.returncode == 0, down.stdout + down.stderr
         left = _leftovers()
         assert not left, f"testbed down left {left}"
+
+
+@pytest.fixture
+def testbed(testbed_up: None) -> None:
+    """The testbed, every node idle: a test that cut a host off leaves its node to come back
+    (up to a minute after the link is up) while the next test, if any, waits for it."""
+    for host in HOSTS:
+        _wait_node_idle(host, 120)
 
 
 def _wire_floor_us(record: Record) -> float:
@@ -415,4 +423,3 @@ def test_remote_link_down_mid_run(testbed: None, tmp_path: Path) -> None:
     assert len(records) == len(lines) >= 2 and all(json.loads(line) for line in lines)
     assert all(r.wrong == 0 and r.nodes == 2 for r in records)
     assert len({RecordKey.of(r) for r in records}) == len(records)
-    _wait_node_idle("h1", 120)                  # for whatever runs next on this testbed
