@@ -350,8 +350,11 @@ def test_slurmd_host_killed_mid_sweep_then_resubmitted(testbed: None, tmp_path: 
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        # Slurm requeues the jobs of a dead node with a delay; h1's slurmd is gone, so they
-        # cannot run: cancel them as a user would, and the sweep ends saying what is missing
+        # an administrator who saw the host go marks its node down (Slurm itself would after
+        # SlurmdTimeout, and hold the jobs as completing till then: ~45 s); its jobs cannot
+        # run: cancel them as a user would, and the sweep ends saying what is missing
+        subprocess.run(["scontrol", "update", "nodename=h1", "state=down",
+                        "reason=host killed"], env=_env(), timeout=30, check=True)
         deadline = time.monotonic() + 120
         while "ccbench-tbk" in " ".join(_squeue_names()) and time.monotonic() < deadline:
             subprocess.run(["scancel", "--name=ccbench-tbk"], env=_env(), timeout=30,
