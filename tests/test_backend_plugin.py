@@ -1,7 +1,9 @@
 """A new backend is its module plus one registry line: a backend class defined here and
 registered by name alone is listed by `ccbench doctor` with its own display name, verdict,
 version and library, and runs a collective in this process (world size 1) with every
-element checked."""
+element checked. Trace replay's calls outside the registry (send/recv, exchanges, alltoallv)
+need nothing more: a backend without them is skipped with its reason, and one that offers
+them (`send`/`recv`, `point_to_point`, `uneven_alltoall`) is replayed on them."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from algorithms.transport import ThreadFabric, Transport
 from ccbench.backends import REGISTRY
-from ccbench.backends.base import Backend, Library, library_line
+from ccbench.backends.base import AlltoallvCall, Backend, Library, RankContext, library_line
 from ccbench.records import load_records
+from ccbench.replay.extra import ExtraCall
+from ccbench.trace.ops import CommOp, Group
 
 NAME = "copyonly"
 
@@ -89,3 +94,78 @@ def test_a_collective_runs_through_it_in_process(registered: None, tmp_path: Pat
     assert {(r.backend, r.library, r.collective) for r in records} == {
         (NAME, "copylib", "allreduce")}
     assert len(records) == 4 and all(r.wrong == 0 for r in records)   # 2 sizes x 2 modes
+
+
+# -- the calls of a trace outside the registry: what a new backend may leave out -----------
+
+def _context() -> RankContext:
+    return RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                       launcher="single", store=None, hostname="test")  # type: ignore[arg-type]
+
+
+def _trace_op(collective: str, **fields: Any) -> CommOp:
+    return CommOp(rank=0, index=0, node_id=1, name=collective, collective=collective,
+                  dtype="float32", elsize=4, in_bytes=48, out_bytes=48,
+                  group=Group("world", (0,)), **fields)
+
+
+_SEND, _RECV = _trace_op("send", peer=0), _trace_op("recv", peer=0)
+_ALLTOALLV = _trace_op("alltoallv", in_splits=(12,), out_splits=(12,))
+
+
+def test_a_backend_need_not_offer_messages_or_an_uneven_all_to_all() -> None:
+    """Nothing beyond the collectives is required: trace replay skips its send/recv,
+    exchanges and alltoallv with a reason naming the backend (the base class's answers)."""
+    from ccbench.replay.extra import prepare, prepare_exchange
+
+    backend = CopyOnlyBackend(_context())
+    assert prepare(backend, _SEND, 0, 10.0) == (
+        f"{NAME}: no point-to-point messages, and no transport to carry them")
+    assert prepare_exchange(backend, [_SEND, _RECV], 0, 10.0) == (
+        f"{NAME}: no non-blocking point-to-point messages to post an exchange with")
+    assert prepare(backend, _ALLTOALLV, 0, 10.0) == f"{NAME}: no uneven all-to-all"
+
+
+class MessagingBackend(CopyOnlyBackend):
+    """The same with messages (to itself, through a one-rank in-process fabric) and an
+    uneven all-to-all: what trace replay's send/recv, exchanges and alltoallv run on."""
+
+    def __init__(self, ctx: RankContext, copies: bool = True) -> None:
+        super().__init__(ctx)
+        self.fabric, self.copies = ThreadFabric(1, timeout=10.0), copies
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        self.fabric.put(self.ctx.rank, peer, tag, buf.copy())
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        buf[...] = self.fabric.take(peer, self.ctx.rank, tag, 10.0)
+
+    def point_to_point(self, device: bool) -> Transport | None:
+        return None if device else self.fabric.transport(self.ctx.rank)
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
+            if self.copies:                     # one rank: its only block is its own
+                np.copyto(recv, send)
+            else:                               # a broken one: zeros arrive
+                recv.fill(0)
+        return alltoallv
+
+
+def _run(call: ExtraCall | str) -> int:
+    assert not isinstance(call, str), call
+    call.run()
+    return call.check()
+
+
+def test_what_a_backend_offers_trace_replay_runs_bit_exact() -> None:
+    """send/recv are its `send` and `recv`; an exchange posts over its `point_to_point`
+    transport (no method of its own needed); alltoallv is its `uneven_alltoall`."""
+    from ccbench.replay.extra import prepare, prepare_exchange
+
+    backend = MessagingBackend(_context())
+    assert _run(prepare(backend, _SEND, 0, 10.0)) == 0
+    assert _run(prepare(backend, _RECV, 0, 10.0)) == 0
+    assert _run(prepare_exchange(backend, [_SEND, _RECV], 0, 10.0)) == 0
+    assert _run(prepare(backend, _ALLTOALLV, 0, 10.0)) == 0
+    assert _run(prepare(MessagingBackend(_context(), copies=False), _ALLTOALLV, 0, 10.0)) > 0

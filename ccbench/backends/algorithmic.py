@@ -35,7 +35,15 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends import transports
-from ccbench.backends.base import Backend, BackendFactory, RankContext, Support
+from ccbench.backends.base import (
+    AlltoallvCall,
+    Backend,
+    BackendFactory,
+    Exchange,
+    MessageCall,
+    RankContext,
+    Support,
+)
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
 from ccbench.collectives import get as get_collective
 from ccbench.errors import RunFailure, UsageError, choices_error
@@ -245,6 +253,20 @@ class AlgorithmBackend(Backend):
             sub.inner, sub._transport, sub._executors = inner, transport, {}
             out.append(sub)
         return out
+
+    # -- a trace's calls outside the registry: the transport's messages ------------------
+    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
+        """The schedules' transport, each message waited for."""
+        transport = self._transport
+        return ((lambda buf, peer: transport.isend(buf, peer, 0).wait(timeout)),
+                (lambda buf, peer: transport.irecv(buf, peer, 0).wait(timeout)))
+
+    def exchanges(self, timeout: float) -> Exchange | str:
+        """The schedules' transport, posted as the wrapped library posts an exchange."""
+        return functools.partial(self.inner.post_exchange, self._transport, timeout=timeout)
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        return f"{self.name}: ccbench's algorithm schedules have no uneven all-to-all"
 
     # -- control: the wrapped backend's ---------------------------------------------------
     def barrier(self) -> None:

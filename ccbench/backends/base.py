@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
     from algorithms.transport import Transport
     from ccbench.run.control import ControlClient
 
-__all__ = ["Backend", "BackendFactory", "BackendOptions", "Builder", "HostBuffers", "Library",
-           "RankContext", "Support", "in_sequence"]
+__all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendOptions", "Builder", "Exchange",
+           "HostBuffers", "Library", "Message", "MessageCall", "RankContext", "Support",
+           "in_sequence"]
 
 
 @dataclass(kw_only=True)
@@ -209,6 +211,42 @@ class Backend(ABC):
         of algorithms run over it (None: CuPy's current stream)."""
         return None
 
+    # -- the calls of a trace outside the registry (trace replay) ---------------------
+    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
+        """(send, recv) of one buffer to or from one peer of this communicator, each complete
+        when it returns (trace replay's send and recv), or why there are none: the library's
+        own `send` and `recv` where the backend has them."""
+        if type(self).send is Backend.send:
+            return f"{self.name}: no point-to-point messages, and no transport to carry them"
+        return self.send, self.recv
+
+    def exchanges(self, timeout: float) -> Exchange | str:
+        """How this communicator moves one exchange (trace replay's sends and receives issued
+        together, on host numpy arrays): a function of (sends, recvs) giving the one call that
+        moves them all whatever order the peers post theirs in, or why it cannot. Here: over
+        `point_to_point(False)`, posted as `post_exchange` posts them."""
+        transport = self.point_to_point(False)
+        if transport is None:
+            return f"{self.name}: no non-blocking point-to-point messages to post an exchange with"
+        return functools.partial(self.post_exchange, transport, timeout=timeout)
+
+    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
+                      timeout: float) -> Callable[[], None]:
+        """The one call that moves an exchange over this library's `transport`: every receive
+        posted, then every send, then all waited for (torch.distributed isend/irecv, MPI
+        Irecv/Isend). A library whose messages complete before they return overrides it."""
+        def post() -> None:
+            posted = [transport.irecv(b, peer, tag) for b, peer, tag in recvs]
+            posted += [transport.isend(b, peer, tag) for b, peer, tag in sends]
+            for request in posted:
+                request.wait(timeout)
+        return post
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """This communicator's all-to-all with a count per peer (MPI's Alltoallv, trace
+        replay's all_to_all_single with split sizes), or why it has none."""
+        return f"{self.name}: no uneven all-to-all"
+
     # -- sub-communicators (trace replay, diagnose) ----------------------------------
     def split(self, groups: Sequence[Sequence[int]], timeout: float
               ) -> list[Backend | str | None]:
@@ -287,6 +325,15 @@ def found_or_why(facts: dict[str, Any], text: str) -> str:
 
 #: (backend, send, recv, op, root) -> the bound call of one collective on those buffers
 Builder = Callable[[Any, Any, Any, str, int], Callable[[], None]]
+#: (buffer, peer) -> None: one message to or from `peer`, complete when it returns
+MessageCall = Callable[[Any, int], None]
+#: (buffer, peer, tag): one message of an exchange
+Message = tuple[Any, int, int]
+#: (sends, recvs) -> the one call that moves them all
+Exchange = Callable[[list[Message], list[Message]], Callable[[], None]]
+#: (send, recv, send counts, receive counts) -> None: one all-to-all with a count (in
+#: elements) per peer, in the group's rank order
+AlltoallvCall = Callable[[Any, Any, list[int], list[int]], None]
 
 
 def in_sequence(*calls: Callable[[], object]) -> Callable[[], None]:

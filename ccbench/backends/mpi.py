@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
-from ccbench.backends.base import Backend, Batch, Library, RankContext, found_or_why, library_line
+from ccbench.backends.base import (
+    AlltoallvCall,
+    Backend,
+    Batch,
+    Library,
+    RankContext,
+    found_or_why,
+    library_line,
+)
 from ccbench.backends.buffers import spans_overlap
 from ccbench.backends.mpi_loop import (
     batch_call,
@@ -413,6 +421,15 @@ class MPIBackend(Backend):
         self.comm.Recv(self.buffers.wire(buf), source=peer, tag=tag)
         self.buffers.stage_out(buf)
 
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """Alltoallv on this communicator, each peer's block at the sum of the counts before
+        it."""
+        comm = self.comm
+
+        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
+            comm.Alltoallv([send, (s_in, _offsets(s_in))], [recv, (s_out, _offsets(s_out))])
+        return alltoallv
+
     def split(self, groups: Sequence[Sequence[int]], timeout: float
               ) -> list[Backend | str | None]:
         """`Comm.Split` per group (every rank calls it; those outside get MPI_COMM_NULL)."""
@@ -435,6 +452,11 @@ class MPIBackend(Backend):
 
     def finalize(self) -> None:
         self.comm.Free()
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    """Where each of `counts` starts when they lie back to back."""
+    return [int(x) for x in np.concatenate(([0], np.cumsum(counts)[:-1]))] if counts else []
 
 
 # -- point to point: algorithms.transport over the communicator --------------------------------

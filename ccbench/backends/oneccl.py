@@ -15,16 +15,27 @@ import functools
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
 from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, load
-from ccbench.backends.base import Backend, Library, RankContext, found_or_why, library_line
+from ccbench.backends.base import (
+    AlltoallvCall,
+    Backend,
+    Library,
+    Message,
+    RankContext,
+    found_or_why,
+    library_line,
+)
 from ccbench.backends.p2p import Done, GroupPrepared
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.errors import RunFailure
+
+if TYPE_CHECKING:
+    from algorithms.transport import Transport
 
 __all__ = ["DTYPES", "OPS", "OneCCLBackend", "OneCCLTransport"]
 
@@ -274,6 +285,22 @@ class OneCCLBackend(Backend):
         if device:
             return None
         return OneCCLTransport(self)
+
+    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
+                      timeout: float) -> Callable[[], None]:
+        """One group (onecclSend/Recv complete before they return: posted one by one, the
+        first would wait for a peer still in its own)."""
+        assert isinstance(transport, OneCCLTransport)
+        step = transport.prepare(sends, recvs)
+
+        def group() -> None:
+            step.start()
+            step.wait_all(timeout)
+        return group
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        return (f"{self.name}: ccbench binds oneCCL's NCCL-style C API, whose all-to-all takes "
+                f"one count for every peer (no all-to-allv)")
 
     # -- sub-communicators -----------------------------------------------------------
     def split(self, groups: Sequence[Sequence[int]], timeout: float

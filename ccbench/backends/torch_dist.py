@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from ccbench.backends.base import (
+    AlltoallvCall,
     Backend,
     Library,
     RankContext,
@@ -286,6 +287,12 @@ class TorchDistBackend(Backend):
             self.dist.recv(buf, src=peer, tag=tag)
         else:
             self.dist.recv(buf, group=self.group, group_src=peer, tag=tag)
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """all_to_all_single with split sizes, on this communicator's group."""
+        dist, group = self.dist, self.group
+        return lambda send, recv, s_in, s_out: dist.all_to_all_single(
+            recv, send, s_out, s_in, group=group)
 
     def split(self, groups: Sequence[Sequence[int]], timeout: float
               ) -> list[Backend | str | None]:

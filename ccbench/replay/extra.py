@@ -6,11 +6,14 @@ check that counts wrong bytes afterwards (bit for bit against what the peers sen
 reason the backend cannot run it:
 
 - barrier: the backend's barrier on the group;
-- send/recv: the backend's own point-to-point messages, else (an <algorithm>@<transport>
-  backend) its transport's, else refused;
-- alltoallv: torch.distributed's all_to_all_single with split sizes (gloo, nccl), MPI's
-  Alltoallv (mpi); refused for oneCCL (ccbench binds its NCCL-style C API, whose all-to-all
-  takes one count for every peer) and for the algorithm backends (no uneven schedule).
+- send/recv: the backend's `blocking_messages` (its own point-to-point messages, or an
+  <algorithm>@<transport> backend's transport), else refused;
+- exchanges (sends and receives issued together): the backend's `exchanges`;
+- alltoallv: the backend's `uneven_alltoall` (torch.distributed's all_to_all_single with
+  split sizes, MPI's Alltoallv), else refused with the backend's reason.
+
+What each backend can do is its own module's answer (ccbench.backends); nothing here asks
+which backend it is.
 """
 
 from __future__ import annotations
@@ -54,20 +57,10 @@ def _wrong(got: np.ndarray, want: np.ndarray) -> int:
     return int(np.count_nonzero(got.view(np.uint8) != want.view(np.uint8)))
 
 
-def _point_to_point(sub: Backend, timeout: float) -> tuple[Any, Any] | str:
-    if type(sub).send is not Backend.send:
-        return sub.send, sub.recv
-    transport = getattr(sub, "_transport", None)
-    if transport is not None:
-        return ((lambda buf, peer: transport.isend(buf, peer, 0).wait(timeout)),
-                (lambda buf, peer: transport.irecv(buf, peer, 0).wait(timeout)))
-    return f"{sub.name}: no point-to-point messages, and no transport to carry them"
-
-
 def _p2p(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str:
     if op.peer is None or op.peer < 0:
         return f"{op.collective} from any source: the peer is not in the trace"
-    pair = _point_to_point(sub, timeout)
+    pair = sub.blocking_messages(timeout)
     if isinstance(pair, str):
         return pair
     send, recv = pair
@@ -84,23 +77,15 @@ def _p2p(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str
                      tuple(sorted((rank, peer))), count)
 
 
-def _transport(sub: Backend) -> Any:
-    """The backend's non-blocking point-to-point messages (an algorithm backend's own
-    transport), or None."""
-    return getattr(sub, "_transport", None) or sub.point_to_point(False)
-
-
 def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
                      ) -> ExtraCall | str:
     """This rank's sends and receives of one exchange (ccbench.trace.groups), posted together
     so that no order of the peers' posts can deadlock: every receive posted, then every send,
-    then all waited for (torch.distributed isend/irecv, MPI Irecv/Isend); oneCCL, whose
-    isend/irecv complete before returning, gets them as one group."""
-    from ccbench.backends.oneccl import OneCCLTransport
-
-    transport = _transport(sub)
-    if transport is None:
-        return f"{sub.name}: no non-blocking point-to-point messages to post an exchange with"
+    then all waited for, or as one group where the library's messages complete before they
+    return (the backend's `exchanges`)."""
+    exchange = sub.exchanges(timeout)
+    if isinstance(exchange, str):
+        return exchange
     sends: list[tuple[np.ndarray, int, int]] = []
     recvs: list[tuple[np.ndarray, int, int]] = []
     checks: list[tuple[np.ndarray, np.ndarray]] = []
@@ -117,49 +102,12 @@ def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
             checks.append((buf, want))
     members = tuple(sorted({rank, *(op.peer for op in ops if op.peer is not None)}))
     check = lambda: sum(_wrong(got, want) for got, want in checks)  # noqa: E731
-    if isinstance(transport, OneCCLTransport):
-        step = transport.prepare(sends, recvs)
-
-        def group() -> None:
-            step.start()
-            step.wait_all(timeout)
-        return ExtraCall(group, check, members, sum(b.size for b, _, _ in sends))
-
-    def post() -> None:
-        posted = [transport.irecv(b, peer, tag) for b, peer, tag in recvs]
-        posted += [transport.isend(b, peer, tag) for b, peer, tag in sends]
-        for request in posted:
-            request.wait(timeout)
-    return ExtraCall(post, check, members, sum(b.size for b, _, _ in sends))
-
-
-def _offsets(splits: tuple[int, ...]) -> list[int]:
-    return [int(x) for x in np.concatenate(([0], np.cumsum(splits)[:-1]))] if splits else []
-
-
-def _alltoallv_call(sub: Backend) -> Callable[[Any, Any, list[int], list[int]], None] | str:
-    if hasattr(sub, "_transport") or hasattr(sub, "inner"):
-        return f"{sub.name}: ccbench's algorithm schedules have no uneven all-to-all"
-    if hasattr(sub, "dist"):
-        dist, group = sub.dist, getattr(sub, "group", None)       # type: ignore[attr-defined]
-        return lambda send, recv, s_in, s_out: dist.all_to_all_single(
-            recv, send, s_out, s_in, group=group)
-    if hasattr(sub, "comm") and hasattr(sub, "MPI"):
-        comm = sub.comm                                           # type: ignore[attr-defined]
-
-        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
-            comm.Alltoallv([send, (s_in, _offsets(tuple(s_in)))],
-                           [recv, (s_out, _offsets(tuple(s_out)))])
-        return alltoallv
-    if hasattr(sub, "lib") and hasattr(sub, "ccl"):
-        return (f"{sub.name}: ccbench binds oneCCL's NCCL-style C API, whose all-to-all takes "
-                f"one count for every peer (no all-to-allv)")
-    return f"{sub.name}: no uneven all-to-all"
+    return ExtraCall(exchange(sends, recvs), check, members, sum(b.size for b, _, _ in sends))
 
 
 def _alltoallv(sub: Backend, op: CommOp, rank: int) -> ExtraCall | str:
     assert op.group is not None
-    call = _alltoallv_call(sub)
+    call = sub.uneven_alltoall()
     if isinstance(call, str):
         return call
     if len(op.in_splits) != op.group.size or len(op.out_splits) != op.group.size:
