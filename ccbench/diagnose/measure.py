@@ -32,9 +32,8 @@ from ccbench.diagnose.plan import Step
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError, error_line
 from ccbench.harness import Case, Method, SizeResult, measure_size
 from ccbench.records import Record, append_record
-from ccbench.run.arrivals import start_limit
 from ccbench.run.control import ControlClient
-from ccbench.run.launchers import LaunchInfo, connect_control, detect_launch
+from ccbench.run.launchers import LaunchInfo, detect_launch
 from ccbench.run.watchdog import Watchdog
 from ccbench.trace.ops import Group
 from ccbench.trace.subcomm import free_groups, split_groups
@@ -517,56 +516,55 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
                                                           list[Step]],
                   on_stop: Callable[[Collected, str, dict[int, str]], None]
                   ) -> Collected | None:
-    """One rank's diagnosis. Returns rank 0's collected measurements (others: None)."""
-    from ccbench.bench_options import connect_timeout as connect_timeout_of
-    from ccbench.run.lifecycle import agree_on_arguments, close_control
+    """One rank's diagnosis, in the benchmark's rank lifecycle (ccbench.run.lifecycle). Returns
+    rank 0's collected measurements (others: None). Bad input found in the gathered values
+    (--planes, --leaves) is found by every rank alike: raised once the control plane is
+    closed in order."""
+    from ccbench.bench_options import connect_timeout
+    from ccbench.run.lifecycle import rank_lifecycle
 
     info = detect_launch()
+    collected: Collected | None = None
+
+    def body(store: ControlClient, watchdog: Watchdog) -> int:
+        nonlocal collected
+        assert isinstance(watchdog, _DiagnoseWatchdog)
+        rank = _Rank(config, info, store, watchdog)
+        _diagnose(rank, watchdog, build, on_stop)
+        collected = rank.collected
+        return 0
+
     timeout = config.method.timeout
-    connect_timeout = connect_timeout_of(timeout)
-    store, server = connect_control(info, timeout, connect_timeout)
-    watchdog = _DiagnoseWatchdog(store, info.rank, info.world_size, timeout)
-    watchdog.start()
-    rank = _Rank(config, info, store, watchdog)
-    bad_input: UsageError | None = None
+    rank_lifecycle(info, timeout, connect_timeout(timeout), config.argv, body,
+                   watchdog_class=_DiagnoseWatchdog, raised_by_every_rank=(UsageError,))
+    return collected
+
+
+def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
+              build: Callable[[int, list[list[int]] | None], list[Step]],
+              on_stop: Callable[[Collected, str, dict[int, str]], None]) -> None:
+    """Learn the hosts, build the plan, and run it on the backend."""
+    config = rank.config
+    with watchdog.waiting():
+        rank.learn_hosts()
+        expect = rank.expectation()
+    leaves = rank._leaf_indices()
+    steps = build(len(rank.names), leaves)
+    if rank.info.rank == 0:
+        rank.collected = Collected(rank.names, expect=expect, leaves=leaves)
+        collected = rank.collected
+        watchdog.on_stop = lambda why, lost: on_stop(
+            collected, why, {rank.host_of[r]: why for r in lost})
+        if config.on_plan is not None:
+            config.on_plan(steps, rank.names, expect)
+    backend = _make_backend(config, rank.info, rank.store, watchdog, len(rank.names))
     try:
-        # as the benchmark: rank 0 waits for late ranks and names a dead one at once
-        limit = start_limit(connect_timeout) + 5
-        with watchdog.waiting(limit=limit + (5 if info.rank else 0)):
-            agree_on_arguments(store, info, config.argv, limit, watchdog, connect_timeout)
-        with watchdog.waiting():
-            rank.learn_hosts()
-            expect = rank.expectation()
-        leaves = rank._leaf_indices()
-        steps = build(len(rank.names), leaves)
-        if info.rank == 0:
-            rank.collected = Collected(rank.names, expect=expect, leaves=leaves)
-            collected = rank.collected
-            watchdog.on_stop = lambda why, lost: on_stop(
-                collected, why, {rank.host_of[r]: why for r in lost})
-            if config.on_plan is not None:
-                config.on_plan(steps, rank.names, expect)
-        backend = _make_backend(config, info, store, watchdog, len(rank.names))
-        try:
-            rank.meta = backend.info()
-            _run_steps(rank, backend, steps)
-        finally:
-            watchdog.label = f"{config.backend}: finalisation"
-            with watchdog.waiting():
-                backend.finalize()
-        with watchdog.waiting():
-            store.barrier("diag/end", info.world_size, timeout)
-    except UsageError as exc:
-        # every rank finds the same bad input (--planes, --leaves: from the same gathered
-        # values); rank 0 hosts the store, so it leaves only after the others' byes, or a
-        # rank still reading the gather loses the store (exit 3) instead of exiting 2 quietly
-        bad_input = exc
+        rank.meta = backend.info()
+        _run_steps(rank, backend, steps)
     finally:
-        watchdog.stop()
-    close_control(store, server, info)
-    if bad_input is not None:
-        raise bad_input
-    return rank.collected
+        watchdog.label = f"{config.backend}: finalisation"
+        with watchdog.waiting():
+            backend.finalize()
 
 
 def _run_steps(rank: _Rank, backend: Backend, steps: list[Step]) -> None:

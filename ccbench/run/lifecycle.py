@@ -1,7 +1,8 @@
-"""One rank's life around the work it does (the benchmark's cases, a trace's replay): connect
-to the control store, start the watchdog, wait for late ranks and agree on the arguments, run
-the work, meet at the end, close, arm the exit alarm. The benchmark (ccbench.runner) and the
-trace replay (ccbench.replay.rank) both run inside `rank_lifecycle`."""
+"""One rank's life around the work it does (the benchmark's cases, a trace's replay, a
+diagnosis): connect to the control store, start the watchdog, wait for late ranks and agree on
+the arguments, run the work, meet at the end, close, arm the exit alarm. The benchmark
+(ccbench.runner), the trace replay (ccbench.replay.rank) and diagnose
+(ccbench.diagnose.measure) all run inside `rank_lifecycle`."""
 
 from __future__ import annotations
 
@@ -28,18 +29,27 @@ __all__ = ["agree_on_arguments", "append_output", "close_control", "rank_lifecyc
 
 
 def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, argv: list[str],
-                   body: Callable[[ControlClient, Watchdog], int]) -> int:
-    """One rank's life around `body` (the benchmark's runs, or a trace's replay): connect to
-    the control store, start the watchdog, wait for late ranks and agree on the arguments,
-    run the body, meet at the end (a step of its own, with its fault point), close, and arm
-    the exit alarm. Returns the body's exit status."""
+                   body: Callable[[ControlClient, Watchdog], int], *,
+                   watchdog_class: type[Watchdog] = Watchdog,
+                   raised_by_every_rank: tuple[type[BaseException], ...] = ()) -> int:
+    """One rank's life around `body` (the benchmark's runs, a trace's replay, a diagnosis):
+    connect to the control store, start the watchdog, wait for late ranks and agree on the
+    arguments, run the body, meet at the end (a step of its own, with its fault point), close,
+    and arm the exit alarm. Returns the body's exit status.
+
+    `watchdog_class`: a Watchdog that does more when it gives up (diagnose's hands rank 0's
+    partial measurements to its verdict first). `raised_by_every_rank`: errors every rank
+    raises together (bad input found in values gathered from every rank): each rank then
+    closes the control plane in order, rank 0 after the others' byes, before raising it, so
+    that no rank still reading loses the store (exit 3) instead of exiting 2 quietly."""
     store, server = connect_control(info, timeout, connect_timeout)
-    watchdog = Watchdog(store, info.rank, info.world_size, timeout)
+    watchdog = watchdog_class(store, info.rank, info.world_size, timeout)
     apart = info.launcher == "mpiexec" and hosted_apart()
     watchdog.post_labels = apart
     watchdog.rank_states = functools.partial(rank_states, info.launcher, info.world_size,
                                              info.local_world_size)
     watchdog.start()
+    shared: BaseException | None = None
     try:
         # the others connect within the connect timeout or say why not; rank 0 waits for late
         # ranks (ccbench.run.arrivals) and decides, the others wait for its verdict a little longer
@@ -58,6 +68,8 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     except (StoreLost, StoreTimeout) as failure:
         watchdog.store_failed(failure)
         raise
+    except raised_by_every_rank as error:
+        shared = error
     except BaseException:
         if apart:               # this rank says why (the CLI prints it): the store host must not
             with contextlib.suppress(RunFailure):
@@ -66,6 +78,8 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     finally:
         watchdog.stop()
     close_control(store, server, info)
+    if shared is not None:
+        raise shared
     # what runs after us (MPI_Finalize at interpreter exit, library destructors) is collective
     # too and runs when no Python thread can act any more: if a peer never gets there, the
     # alarm's default action ends this process instead of letting it hang. Not sooner than
