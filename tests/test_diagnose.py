@@ -274,7 +274,7 @@ def test_records_give_back_the_measurements_and_the_heat_map(tmp_path):
 
 # -- the command's bad input: one line, exit 2 --------------------------------------------
 
-def _ccbench(*args):
+def _ccbench(*args, env=None):
     import os
     import subprocess
     import sys
@@ -283,7 +283,20 @@ def _ccbench(*args):
     root = Path(__file__).resolve().parents[1]
     return subprocess.run([sys.executable, "-m", "ccbench", *args], capture_output=True,
                           text=True, timeout=300, cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+                          env={**os.environ, "PYTHONPATH": str(root), **(env or {})})
+
+
+def test_a_rank_gone_at_the_end_is_named_as_in_the_benchmark():
+    """diagnose runs inside the benchmark's rank lifecycle (ccbench.run.lifecycle): its end is
+    a step of its own with the benchmark's fault point, so a rank that exits there is found
+    at the closing barrier and the verdict names its host as stopped (exit 1)."""
+    proc = _ccbench("launch", "-n", "3", "diagnose", "--quick", "--no-compute",
+                    env={"CCBENCH_FAULT": "shutdown:2:exit"})
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    stopped = [line.split() for line in proc.stdout.splitlines() if "stopped" in line]
+    assert stopped and stopped[0][0] == "host" and stopped[0][1].endswith(":r2"), proc.stdout
+    assert stopped[0][2] == "stopped", proc.stdout
+    assert "the end of the run" in proc.stderr and "did not arrive: 2" in proc.stderr
 
 
 @pytest.mark.parametrize("args, words", [
