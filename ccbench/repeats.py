@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ccbench.errors import UsageError
-from ccbench.records import Record
+from ccbench.records import Record, load_records
 from ccbench.units import format_size
 
-__all__ = ["ENV", "SpreadRow", "format_spread", "repeat_env", "repeat_from_env", "spread_rows"]
+__all__ = ["ENV", "SpreadRow", "format_spread", "repeat_env", "repeat_from_env", "repeat_launches",
+           "spread_rows"]
 
 ENV = "CCBENCH_REPEAT"
 _VALUE = re.compile(r"^(\d+)/(\d+)/([0-9a-f]{1,32})$")
@@ -99,3 +103,28 @@ def format_spread(rows: Sequence[SpreadRow], repeats: int, run_ids: Sequence[str
         lines.append(f"# spread between launches: median {np.median(spreads):.0%}, largest "
                      f"{spreads[-1]:.0%} (slowest minus fastest launch, over their median)")
     return lines
+
+
+def repeat_launches(repeats: int, launch: Callable[[dict[str, str], list[str]], int],
+                    bench: list[str], output: str | None, fmt: str) -> int:
+    """`repeats` launches one after the other (`launch(environment, benchmark arguments)`
+    gives each one's exit status; the first that fails ends them), then the spread between
+    them, printed after the table (on stderr where the output is JSON or CSV). Without
+    --output the records go to a temporary file, read back for the spread and removed."""
+    group = uuid.uuid4().hex[:12]
+    with tempfile.TemporaryDirectory(prefix="ccbench-repeat-") as scratch:
+        if output is None:
+            output = os.path.join(scratch, "records.jsonl")
+            bench = [*bench, "--output", output]
+        for index in range(1, repeats + 1):
+            print(f"ccbench: launch {index} of {repeats}", file=sys.stderr, flush=True)
+            status = launch(repeat_env(index, repeats, group), bench)
+            if status != 0:
+                return status
+        records = [r for r in load_records(output) if r.method.get("repeat_group") == group]
+    records.sort(key=lambda r: (int(r.method["repeat"]), r.timestamp))
+    run_ids = list(dict.fromkeys(r.run_id for r in records))
+    lines = format_spread(spread_rows(records, group), repeats, run_ids)
+    stream = sys.stdout if fmt == "table" else sys.stderr    # JSON and CSV stay parseable
+    print("\n".join(lines), file=stream, flush=True)
+    return 0

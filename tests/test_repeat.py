@@ -86,3 +86,37 @@ def test_without_output_the_records_are_not_left_behind(tmp_path: Path) -> None:
     assert len(proc.stdout.splitlines()) == 2          # JSON lines only: one record a launch
     assert "2 launches" in proc.stderr and "spread between launches" in proc.stderr
     assert not [p for p in os.listdir(tmp_path) if p.startswith("ccbench-repeat-")]
+
+
+def test_repeat_launches_each_with_its_index_and_stops_at_the_first_failure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The launches of --repeat (ccbench.repeats.repeat_launches) without a launcher: each is
+    told its index through the environment and writes to the same output; the spread is read
+    back from there. A failed launch ends them with its status, and no spread is printed."""
+    from ccbench.records import append_record
+    from ccbench.repeats import repeat_launches
+
+    out = tmp_path / "r.jsonl"
+    seen: list[tuple[dict[str, str], list[str]]] = []
+
+    def launch(env: dict[str, str], bench: list[str]) -> int:
+        seen.append((env, bench))
+        index, count, group = env[ENV].split("/")
+        append_record(out, _launch_records(group, [10.0] * int(count))[int(index) - 1])
+        return 0
+
+    assert repeat_launches(2, launch, ["allreduce", "--output", str(out)], str(out),
+                           "table") == 0
+    assert [env[ENV].split("/")[:2] for env, _ in seen] == [["1", "2"], ["2", "2"]]
+    assert all(bench == ["allreduce", "--output", str(out)] for _, bench in seen)
+    assert "2 launches (runs run1, run2)" in capsys.readouterr().out
+    seen.clear()
+
+    def failing(env: dict[str, str], bench: list[str]) -> int:
+        seen.append((env, bench))
+        return 3
+
+    assert repeat_launches(3, failing, ["allreduce"], None, "table") == 3
+    assert len(seen) == 1 and seen[0][1][:2] == ["allreduce", "--output"]
+    captured = capsys.readouterr()
+    assert "launches (runs" not in captured.out and "launch 1 of 3" in captured.err

@@ -6,18 +6,15 @@ plain processes with RANK / WORLD_SIZE / LOCAL_RANK and CCBENCH_CONTROL (the con
 address). A run that mixes the two launches each group in turn (mpiexec pins every rank to one
 core, which would slow gloo down), appending to the same output. A trace replay stays one launch
 (its comparison of backends needs them in one run; torch backends then bootstrap from MPI).
-With --repeat N the whole launch happens N times, each a run of its own (ccbench/repeats.py)."""
+With --repeat N the whole launch happens N times, each a run of its own
+(ccbench.repeats.repeat_launches)."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
-import uuid
-from collections.abc import Callable
 
 from ccbench.errors import BackendUnavailable, UsageError
+from ccbench.repeats import repeat_launches
 from ccbench.run.supervisor import (
     check_mpiexec,
     check_rank_count,
@@ -138,38 +135,11 @@ def main(args: argparse.Namespace) -> int:
                 return status
         return 0
 
-    status = launch({}, bench) if args.repeat == 1 else _repeat(args.repeat, launch, bench,
-                                                                 output, fmt)
+    status = (launch({}, bench) if args.repeat == 1 else
+              repeat_launches(args.repeat, launch, bench, output, fmt))
     if status == 0 and bench[0] != "replay" and saved:
         from ccbench.output import say_where_records_are
 
         say_where_records_are(saved)
     return status
-
-
-def _repeat(repeats: int, launch: Callable[[dict[str, str], list[str]], int], bench: list[str],
-            output: str | None, fmt: str) -> int:
-    """`repeats` launches one after the other, then the spread between them. Without
-    --output the records go to a temporary file, read back for the spread and removed."""
-    from ccbench.records import load_records
-    from ccbench.repeats import format_spread, repeat_env, spread_rows
-
-    group = uuid.uuid4().hex[:12]
-    with tempfile.TemporaryDirectory(prefix="ccbench-repeat-") as scratch:
-        if output is None:
-            output = os.path.join(scratch, "records.jsonl")
-            bench = [*bench, "--output", output]
-        for index in range(1, repeats + 1):
-            print(f"ccbench: launch {index} of {repeats}", file=sys.stderr, flush=True)
-            status = launch(repeat_env(index, repeats, group), bench)
-            if status != 0:
-                return status
-        records = [r for r in load_records(output) if r.method.get("repeat_group") == group]
-    records.sort(key=lambda r: (int(r.method["repeat"]), r.timestamp))
-    run_ids = list(dict.fromkeys(r.run_id for r in records))
-    lines = format_spread(spread_rows(records, group), repeats, run_ids)
-    stream = sys.stdout if fmt == "table" else sys.stderr    # JSON and CSV stay parseable
-    print("\n".join(lines), file=stream, flush=True)
-    return 0
-
 
