@@ -81,6 +81,24 @@ def test_doctor_lists_it_from_its_own_answers(registered: None) -> None:
     assert "  copylib  1.2.3" in table.splitlines()
 
 
+def test_launch_checks_it_once_before_any_rank_starts(registered: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ccbench launch` asks the backend itself (quiet probes first, then availability) and
+    says in one line why it cannot run here."""
+    from ccbench.backends import check_launchable
+    from ccbench.errors import BackendUnavailable
+
+    probed: list[str] = []
+    monkeypatch.setattr(CopyOnlyBackend, "quiet_probes",
+                        classmethod(lambda cls: probed.append(cls.name)))
+    assert check_launchable([NAME]) == {NAME: False} and probed == [NAME]
+    monkeypatch.setattr(CopyOnlyBackend, "unavailable_reason",
+                        classmethod(lambda cls: "copylib is not installed"))
+    with pytest.raises(BackendUnavailable,
+                       match=f"backend '{NAME}' unavailable: copylib is not installed"):
+        check_launchable([NAME])
+
+
 def test_a_collective_runs_through_it_in_process(registered: None, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from ccbench.cli import main

@@ -303,6 +303,8 @@ def test_a_rank_gone_at_the_end_is_named_as_in_the_benchmark():
     (["diagnose", "--link-rate", "fast"], "unknown --link-rate 'fast'"),
     (["diagnose", "--planes", "eth0"], "--planes needs 2 or more interfaces"),
     (["diagnose", "--planes", "eth0,eth1", "--backend", "mpi"], "backend 'mpi' has none"),
+    (["diagnose", "--planes", "eth0,eth1", "--backend", "ring@gloo"],
+     "backend 'ring@gloo' has none"),
     (["diagnose", "--leaves", "1"], "at least 2 leaves"),
     (["diagnose"], "diagnose needs at least 2 hosts"),
     (["launch", "-n", "2", "diagnose", "--planes", "eth0,ccbnosuch9"], "lacks ccbnosuch9"),

@@ -19,7 +19,7 @@ DEVICE_VARIANTS: dict[tuple[str, str], str] = {
 }
 
 __all__ = ["REGISTRY", "Backend", "BackendFactory", "RankContext", "backend_class",
-           "backend_names", "parse_backends"]
+           "backend_names", "check_launchable", "parse_backends"]
 
 
 def backend_names() -> list[str]:
@@ -95,6 +95,22 @@ def canonical_backend(name: str) -> str:
     if base in algorithm_names():
         return f"{name}@{DEFAULT_ALGORITHM_TRANSPORT}"
     return name
+
+
+def check_launchable(names: list[str]) -> dict[str, bool]:
+    """Before any rank starts, in the launching process (which must not become an MPI process
+    by probing): BackendUnavailable for the first of `names` that cannot run here (as far as
+    each backend's `unavailable_before_launch` asks), else per backend whether its ranks must
+    be started by an MPI launcher."""
+    needs_mpi = {}
+    for name in names:
+        factory = backend_class(name)
+        factory.quiet_probes()
+        reason = factory.unavailable_before_launch()
+        if reason:
+            raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
+        needs_mpi[name] = factory.needs_mpi_launcher
+    return needs_mpi
 
 
 def parse_backends(text: str) -> list[str]:

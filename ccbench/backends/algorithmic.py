@@ -119,6 +119,14 @@ class AlgorithmSpec:
         inner = self.transport_factory.display_name or self.transport
         return f"{self.label} over {inner}"
 
+    @property
+    def interface_variable(self) -> str | None:
+        """None, as its backend says (diagnose --planes pins the libraries' own traffic)."""
+        return AlgorithmBackend.interface_variable
+
+    def quiet_probes(self) -> None:
+        self.transport_factory.quiet_probes()
+
     def unavailable_reason(self) -> str | None:
         return self.transport_factory.unavailable_reason()
 

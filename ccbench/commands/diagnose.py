@@ -28,7 +28,7 @@ TRANSFER_S = 0.05               # with a known link rate: a bandwidth sample tak
 
 
 def _interface_variable(name: str) -> str | None:
-    return getattr(backend_class(name), "interface_variable", None)
+    return backend_class(name).interface_variable
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:

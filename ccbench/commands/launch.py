@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from ccbench.errors import BackendUnavailable, UsageError
-from ccbench.repeats import repeat_launches
+from ccbench.errors import UsageError
 from ccbench.run.supervisor import (
     check_mpiexec,
     check_rank_count,
@@ -58,28 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the benchmark arguments: COLLECTIVE [--backend ...]")
 
 
-def _check_backends(names: list[str]) -> dict[str, bool]:
-    """Fail fast here, once, rather than in every rank. Returns, per backend, whether it needs
-    its ranks started by mpiexec."""
-    from ccbench.backends import backend_class
-
-    try:
-        import mpi4py
-
-        mpi4py.rc.initialize = False      # probe libmpi without becoming an MPI process
-    except ImportError:
-        pass
-    needs_mpi = {}
-    for name in names:
-        cls = backend_class(name)
-        reason = cls.unavailable_before_launch()
-        if reason:
-            raise BackendUnavailable(f"backend {name!r} unavailable: {reason}")
-        needs_mpi[name] = cls.needs_mpi_launcher
-    return needs_mpi
-
-
 def main(args: argparse.Namespace) -> int:
+    from ccbench.backends import check_launchable
     from ccbench.cli import bench_parser, config_from_args
 
     if args.nprocs is not None:
@@ -118,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
     if args.repeat > 1 and bench[0] in ("replay", "diagnose"):
         raise UsageError(f"--repeat applies to measurements, not to {bench[0]}")
-    by_backend = _check_backends(backends)
+    by_backend = check_launchable(backends)   # fail fast here, once, not in every rank
     mpiexec = find_mpiexec(args.mpiexec) if any(by_backend.values()) or args.mpiexec else None
     if mpiexec is not None:
         check_mpiexec(mpiexec)
@@ -135,8 +114,12 @@ def main(args: argparse.Namespace) -> int:
                 return status
         return 0
 
-    status = (launch({}, bench) if args.repeat == 1 else
-              repeat_launches(args.repeat, launch, bench, output, fmt))
+    if args.repeat == 1:
+        status = launch({}, bench)
+    else:
+        from ccbench.repeats import repeat_launches
+
+        status = repeat_launches(args.repeat, launch, bench, output, fmt)
     if status == 0 and bench[0] != "replay" and saved:
         from ccbench.output import say_where_records_are
 
