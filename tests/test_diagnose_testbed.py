@@ -5,10 +5,11 @@
 4 hosts, one rank each (`testbed exec` and the local launcher), links at 50 Mbit/s. A
 dual-plane (dual-ToR, ECMP) testbed for: healthy (no finding, exit 0), one host's link at
 1/3 (--quick), one plane port down, one plane port at 1/4, one host's CPU limited once the
-ranks are up (--quick), one host's links set down mid-plan (a finding naming it, and every process gone: no hang); a two-tier
-testbed (2 leaves) for one uplink at 1/2 and for `--planes` where there are none (one line,
-exit 2). The cells are benchmarks/diagnose_validation.py's. Each testbed is always taken
-down. Without root or iproute2 the tests skip with the reason (fail under CI=true).
+ranks are up (--quick), one host's links set down mid-plan (a finding naming it, and every
+process gone: no hang); a two-tier testbed (2 leaves) for one uplink at 1/2 and for
+`--planes` where there are none (one line, exit 2). The cells are
+benchmarks/diagnose_validation.py's. Each testbed is always taken down. Without root or
+iproute2 the tests skip with the reason (fail under CI=true).
 """
 
 from __future__ import annotations
