@@ -18,8 +18,13 @@ JOB = ROOT / "tests" / "jobs" / "parallel_job.py"
 
 def record_traces(folder: Path, nprocs: int) -> Path:
     """scripts/make-traces.py all -n NPROCS -o FOLDER: one subfolder per workload."""
-    done = subprocess.run([sys.executable, str(SCRIPT), "all", "-n", str(nprocs), "-o", str(folder)],
-                          capture_output=True, text=True, timeout=900)
+    command = [sys.executable, str(SCRIPT), "all", "-n", str(nprocs), "-o", str(folder)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
+        # a torch rank aborted in its C++ teardown (seen 3 times in ~15 runs on a machine with
+        # a load average over 4; never in 24 runs at 2): the traces are this test's input, not
+        # what it checks, so record them once more
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
 
