@@ -139,10 +139,10 @@ class MPIBackend(Backend):
     @classmethod
     def quiet_probes(cls) -> None:
         """Whatever imports mpi4py.MPI after this loads libmpi without calling MPI_Init."""
-        if importlib.util.find_spec("mpi4py") is None:
-            return
-        import mpi4py
-
+        try:
+            import mpi4py
+        except ImportError:
+            return                    # unavailable_reason says why, in one line
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
 
