@@ -192,6 +192,21 @@ def test_stopped_host_is_a_finding_and_absolute_expectation_misses():
         ("below expected", "every path")]
 
 
+@pytest.mark.parametrize("victim", [0, 3])
+def test_one_slow_host_of_four_is_not_every_path(victim):
+    """At 4 hosts one host is in half the pairs: their median sits at the midpoint of slow
+    and fast, about SLOW of the link; it was read as 'every path below expected' (seen on the
+    testbed: a plane port at 1/4, pairs at 12 and 48 Mbit/s against 50)."""
+    measures = _pairs(4, lambda a, b, r: 0.22 * LINK if victim in (a, b) else 0.96 * LINK,
+                      noise=0.0, rounds=round_robin(4))
+    findings = analyse(measures, Expectation(LINK, None, "--link-rate"), NAMES8[:4])
+    assert _kinds(findings) == [("slow link", f"host h{victim}'s link")]
+    slow_all = _pairs(4, lambda a, b, r: 0.22 * LINK if victim in (a, b) else 0.5 * LINK,
+                      noise=0.0, rounds=round_robin(4))
+    assert ("below expected", "every path") in _kinds(
+        analyse(slow_all, Expectation(LINK, None, "--link-rate"), NAMES8[:4]))
+
+
 def test_high_latency_host():
     measures = _pairs(8, lambda a, b, r: 0.9 * LINK)
     for m in measures:
