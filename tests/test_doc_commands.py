@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.trace_fixtures import TORCH_TEARDOWN_ABORT
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "results/README.md", "slurm/README.md", "results/multihost/README.md",
         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
@@ -473,6 +475,8 @@ def run_command(env: Env, command: str) -> str:
     for variant in _optional_variants(actual):
         started = time.monotonic()
         proc = env.bash(variant)
+        if proc.returncode not in allowed and TORCH_TEARDOWN_ABORT in proc.stderr:
+            proc = env.bash(variant)          # once more (tests/trace_fixtures.py says why)
         assert proc.returncode in allowed, (
             f"{command!r} ran as {variant!r}: exit {proc.returncode} (expected {sorted(allowed)})"
             f"\n--- stderr\n{proc.stderr[-3000:]}\n--- stdout\n{proc.stdout[-1500:]}")

@@ -16,14 +16,19 @@ SCRIPT = ROOT / "scripts" / "make-traces.py"
 JOB = ROOT / "tests" / "jobs" / "parallel_job.py"
 
 
+# torch 2.13's gloo can abort a rank after the job's work is done and written, while Python
+# tears down (a C++ thread left joinable; pytorch/pytorch#179291 describes the mechanism):
+# seen once in the doc job (examples/train_and_trace.py under torchrun) and 3 times in ~15
+# trace recordings under load, never in 20 runs of the example and 24 recordings on a quiet
+# machine. A command that ends so runs once more; any other failure, or the abort twice, fails.
+TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def record_traces(folder: Path, nprocs: int) -> Path:
     """scripts/make-traces.py all -n NPROCS -o FOLDER: one subfolder per workload."""
     command = [sys.executable, str(SCRIPT), "all", "-n", str(nprocs), "-o", str(folder)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
-        # a torch rank aborted in its C++ teardown (seen 3 times in ~15 runs on a machine with
-        # a load average over 4; never in 24 runs at 2): the traces are this test's input, not
-        # what it checks, so record them once more
+    if done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stderr:
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
