@@ -359,6 +359,8 @@ NOT_HERE: list[NotHere] = [
     NotHere(r"torchrun --nnodes [2-9].*", MULTI_HOST, lambda env, c: _parses(c)(env, c)),
     NotHere(r"ccbench sweep \S+ --slurm(?!.*--dry-run).*", "submits to a Slurm cluster with the partitions, "
             "nodes or GPUs the sweep names", _dry_run),
+    NotHere(r"bash scripts/build-astra-sim\.sh.*", "clones ASTRA-sim from GitHub and builds it "
+            "(about ten minutes)", _bash_syntax("scripts/build-astra-sim.sh")),
     NotHere(r"python scripts/astra_check\.py .*", "the ASTRA-sim binaries "
             "(../shared/tools/astra-sim/bin or CCBENCH_ASTRA_SIM_BIN)",
             lambda env, c: _must_pass(env, "python scripts/astra_check.py --help"),
