@@ -16,6 +16,7 @@ input is copied to a snapshot first.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ from algorithms.transport import TAG_LIMIT, Transport
 
 __all__ = ["Executor", "block_offsets", "unit_elements"]
 
+#: bindings kept for calls made with ``run``; those a ``bound_call`` still holds are never
+#: released under it (a trace's whole sequence binds every call before running any)
 _CACHE_SIZE = 4
 
 
@@ -98,6 +101,9 @@ class Executor:
         self.xp, self.timeout = xp, timeout
         self._plans: dict[int, _Plan] = {}
         self._bound: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
+        # bindings a live bound call holds (id -> (binding, holders)): evicted from the
+        # cache, they are released when their last holder goes, or at close()
+        self._held: dict[int, list[Any]] = {}
         #: transports that can set a step's transfers up once (MPI persistent requests)
         self._prepare = getattr(transport, "prepare", None)
 
@@ -221,13 +227,37 @@ class Executor:
         bound = (send, recv, snapshot, steps, reduce)
         self._bound[key] = bound
         if len(self._bound) > _CACHE_SIZE:
-            _free(self._bound.popitem(last=False)[1])
+            self._evict(self._bound.popitem(last=False)[1])
         return bound
 
+    def _evict(self, bound: tuple[Any, ...]) -> None:
+        """A binding leaves the cache: released unless a bound call still holds it."""
+        if id(bound) not in self._held:
+            _free(bound)
+
+    def _release(self, bound: tuple[Any, ...]) -> None:
+        """A bound call went: its binding is released once nothing holds it."""
+        entry = self._held.get(id(bound))
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._held[id(bound)]
+            if all(b is not bound for b in self._bound.values()):
+                _free(bound)
+
     def close(self) -> None:
-        """Release what the transport prepared (persistent requests); idempotent."""
+        """Release what the transport prepared (persistent requests); idempotent. Bound
+        calls still held must not be run after it."""
+        freed = set()
         while self._bound:
-            _free(self._bound.popitem()[1])
+            bound = self._bound.popitem()[1]
+            freed.add(id(bound))
+            _free(bound)
+        held, self._held = self._held, {}
+        for bound, _ in held.values():
+            if id(bound) not in freed:
+                _free(bound)
 
     # -- run ----------------------------------------------------------------------------
     def bound_call(self, send: Any, recv: Any, op: str | None = "sum",
@@ -235,7 +265,10 @@ class Executor:
         """``run`` with the buffers resolved now: the call a timed loop should make."""
         name = dtype_name or np.dtype(recv.dtype).name
         bound = self.bind(send, recv, op, name)
-        return lambda: self._execute(send, bound)
+        call = lambda: self._execute(send, bound)  # noqa: E731
+        self._held.setdefault(id(bound), [bound, 0])[1] += 1
+        weakref.finalize(call, self._release, bound)
+        return call
 
     def run(self, send: Any, recv: Any, op: str | None = "sum",
             dtype_name: str | None = None) -> None:

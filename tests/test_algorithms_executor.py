@@ -115,6 +115,58 @@ def test_repeated_calls_reuse_one_binding() -> None:
         assert (out == 6).all()
 
 
+class _Persistent:
+    """A transport's prepared step as MPI's persistent requests behave: started again on
+    every call, unusable once freed (MPI: 'Invalid MPI_Request')."""
+
+    def __init__(self, transport, sends, recvs, freed: list) -> None:
+        self.transport, self.sends, self.recvs, self.freed = transport, sends, recvs, freed
+        self.reqs: list = []
+
+    def start(self) -> None:
+        if self in self.freed:
+            raise RuntimeError("Invalid MPI_Request: a freed persistent request was started")
+        self.reqs = [self.transport.irecv(b, p, t) for b, p, t in self.recvs] + \
+                    [self.transport.isend(b, p, t) for b, p, t in self.sends]
+
+    def wait_recv(self, i: int, timeout) -> None:
+        self.reqs[i].wait(timeout)
+
+    def wait_all(self, timeout) -> None:
+        for req in self.reqs:
+            req.wait(timeout)
+
+    def free(self) -> None:
+        self.freed.append(self)
+
+
+def test_bound_calls_outlive_the_binding_cache() -> None:
+    """A trace's whole sequence binds every call first, then runs them: more bound calls
+    than the cache holds must each keep their prepared requests until dropped."""
+    s = generate("ring", "allreduce", 3)
+
+    def body(transport):
+        freed: list = []
+        transport.prepare = lambda sends, recvs: _Persistent(transport, sends, recvs, freed)
+        ex = Executor(s, transport.rank, transport, timeout=20)
+        pairs = [(np.full(n, transport.rank + 1, np.float32), np.zeros(n, np.float32))
+                 for n in range(3, 12)]                  # 9 distinct bindings
+        calls = [ex.bound_call(a, b, "sum") for a, b in pairs]
+        assert not freed
+        for call in calls + calls:
+            call()
+        held = len(freed)
+        del calls
+        import gc
+        gc.collect()
+        released = len(freed)
+        ex.close()
+        return [b.copy() for _, b in pairs], held, released, len(freed), len(set(map(id, freed)))
+    for outs, held, released, closed, distinct in run_threads(3, body):
+        assert all((out == 6).all() for out in outs)
+        assert held == 0 and released > 0 and closed == distinct
+
+
 def test_executor_rejects_wrong_sizes_and_worlds() -> None:
     s = generate("ring", "allgather", 2)
     fabric = ThreadFabric(2)
