@@ -22,11 +22,11 @@ from typing import Any, cast
 
 from ccbench.errors import UsageError
 
-__all__ = ["AT_LEAST", "BENCH_OPTIONS", "CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "ENV_AXES",
-           "METHOD_OPTIONS",
-           "RUN_OPTIONS", "BenchOption", "Conflict", "GivenStore", "Method", "add_options",
-           "check_flags", "conflict", "connect_timeout", "env_name", "environment_settings",
-           "given", "method_from", "option_argv", "option_named"]
+__all__ = ["AT_LEAST", "BENCH_OPTIONS", "COMBINE_LABELS", "CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S",
+           "ENV_AXES", "METHOD_OPTIONS", "RUN_OPTIONS", "RUN_RECORD_KEYS", "BenchOption",
+           "Conflict", "GivenStore", "Method", "add_options", "check_flags", "conflict",
+           "connect_timeout", "env_name", "environment_settings", "given", "method_from",
+           "method_record", "option_argv", "option_named", "run_method_keys"]
 
 #: seconds one operation (and a library's initialisation) may take before the run is stopped
 DEFAULT_TIMEOUT_S = 300.0
@@ -142,9 +142,18 @@ class BenchOption:
         return [self.flag, _shown(value)]
 
 
-def _method_option(default: int | float | str, help: str, **limits: Any) -> Any:
-    """A Method field that is also a flag, a sweep key and a CCBENCH_ variable."""
-    return field(default=default, metadata={"option": {"help": help, **limits}})
+def _method_option(default: int | float | str, help: str, *, recorded_as: str | None = None,
+                   labels: Mapping[str, str] | None = None, **limits: Any) -> Any:
+    """A Method field that is also a flag, a sweep key and a CCBENCH_ variable, and an entry
+    of every record's method block (method_record): under its own name unless `recorded_as`
+    names it (a unit: `min_time_s`), its value or, with `labels`, its value's label."""
+    return field(default=default, metadata={"option": {"help": help, **limits},
+                                            "record": {"as": recorded_as, "labels": labels}})
+
+
+#: rank-time combinations (--combine): name -> what records say in method.combine
+COMBINE_LABELS = {"max": "max over ranks", "mean": "mean over ranks", "min": "min over ranks",
+                  "rank0": "rank 0"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +169,10 @@ class Method:
     combine: str = _method_option(
         "max", "an iteration's time from its ranks' times: max (default: an operation lasts "
         "until its last rank is done), mean, min, rank0 (nccl-tests: -a 3, 1, 2, 0); "
-        "recorded as method.combine", choices=("max", "mean", "min", "rank0"))
+        "recorded as method.combine", choices=tuple(COMBINE_LABELS), labels=COMBINE_LABELS)
     min_time: float = _method_option(
-        0.0, "raise iterations until the timed part lasts this many seconds", minimum=0)
+        0.0, "raise iterations until the timed part lasts this many seconds", minimum=0,
+        recorded_as="min_time_s")
     max_iters: int = _method_option(
         100000, "at most this many timed iterations (default {default})", minimum=1)
     pipeline: int = _method_option(
@@ -172,7 +182,7 @@ class Method:
         minimum=0)
     timeout: float = _method_option(
         DEFAULT_TIMEOUT_S, "seconds one operation may take before the run is stopped "
-        "(default {default})", positive=True)
+        "(default {default})", positive=True, recorded_as="timeout_s")
     timing: str = "per-op"      # per-op | pipelined
 
 
@@ -203,6 +213,34 @@ BENCH_OPTIONS: tuple[BenchOption, ...] = (
 )
 
 METHOD_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(Method) if "option" in f.metadata)
+
+#: what record.method says about the run besides its Method, alike in every record of one run:
+#: how its ranks were started (`launcher`) and, under `ccbench launch --repeat`, which launch
+#: it was (ccbench.repeats.repeat_from_env)
+RUN_RECORD_KEYS: tuple[str, ...] = ("launcher", "repeat", "repeats", "repeat_group")
+
+
+def method_record(method: Method, run: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The entries of record.method that every record of one run shares: each Method field
+    (as its option declares: `min_time_s`, combine's label; the configured counts, beside the
+    record's own `iterations` and `warmup`, which say what ran), then the run's (`run`: keys of
+    RUN_RECORD_KEYS). The one place a record learns how it was measured; the run identity
+    (records.identity.run_metadata) takes its keys from run_method_keys()."""
+    out: dict[str, Any] = {}
+    for f in fields(Method):
+        recorded = f.metadata.get("record", {})
+        value = getattr(method, f.name)
+        labels = recorded.get("labels")
+        out[recorded.get("as") or f.name] = labels[value] if labels else value
+    unknown = set(run or {}) - set(RUN_RECORD_KEYS)
+    if unknown:
+        raise ValueError(f"not run record keys: {sorted(unknown)}")
+    return {**out, **(run or {})}
+
+
+def run_method_keys() -> tuple[str, ...]:
+    """The keys of record.method that every record of one run shares (method_record's)."""
+    return (*method_record(Method()), *RUN_RECORD_KEYS)
 
 
 def method_from(values: Mapping[str, Any]) -> Method:

@@ -136,8 +136,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                              "(OSU -f); records always hold every statistic")
     parser.add_argument("--output", "-O", default=None,
                         help="append one record per (case, size) to this file: .jsonl or .json "
-                             "(JSON lines) or .parquet; without it, `launch all` keeps them in "
-                             "ccbench-results/")
+                             "(JSON lines) or .parquet (default: a new file in ccbench-results/ "
+                             "or in the folder CCBENCH_RESULTS names, said at the end)")
+    parser.add_argument("--no-output", action="store_true",
+                        help="keep no records file: print only")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
                         help="stdout: an nccl-tests style table (default), JSON lines or CSV, "
                              "one row per record")
@@ -289,9 +291,11 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     ops = parse_ops(args.op)
     check_flags(vars(args))                     # limits and cross-option rules
     _check_consistency(args, backends)
-    if args.output:
-        from ccbench.output import check_output_file
+    from ccbench.output import check_output_file, wants_default_output
 
+    if args.output and args.no_output:
+        raise UsageError(f"--no-output contradicts --output {args.output!r} (give one)")
+    if args.output:
         check_output_file(args.output)
     if args.inplace and args.outofplace:
         modes: tuple[bool, ...] = (False, True)
@@ -315,7 +319,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     _check_supported(args, collectives, backends, dtypes, ops, device)
     return BenchConfig(collectives=collectives, backends=backends, sizes=sizes, dtypes=dtypes,
                        ops=ops, modes=modes, method=method, root=args.root, device=device,
-                       output=args.output, fmt=args.format, quiet=args.quiet, full=args.full,
+                       output=args.output, keep_records=wants_default_output(args),
+                       fmt=args.format, quiet=args.quiet, full=args.full,
                        options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto,
                                 "cuda_graph": args.cuda_graph},
                        argv=list(argv),

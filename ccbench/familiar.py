@@ -23,15 +23,12 @@ import argparse
 import os
 
 from ccbench.backends import MPI_SUITE_BACKEND
-from ccbench.bench_options import GivenStore, given
+from ccbench.bench_options import COMBINE_LABELS, GivenStore, given
 from ccbench.collectives import every
 from ccbench.errors import UsageError
 
 __all__ = ["COMBINE_LABELS", "PROGRAMS", "add_familiar_arguments", "resolve_familiar"]
 
-#: rank-time combinations: name -> what records say in method.combine
-COMBINE_LABELS = {"max": "max over ranks", "mean": "mean over ranks", "min": "min over ranks",
-                  "rank0": "rank 0"}
 _NCCL_AVERAGE = {0: "rank0", 1: "mean", 2: "min", 3: "max"}     # nccl-tests -a numbering
 
 #: program names of nccl-tests and OSU, so that their command line runs with ccbench in front

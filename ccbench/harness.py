@@ -75,6 +75,7 @@ class SizeResult:
     wrong: int | None
     local_copy_us: float | None = None     # max over ranks of each rank's median copy time
     batch_loop: str | None = None          # pipelined: what ran the N calls of a sample
+    warmup: int = 0                        # untimed warm-up calls done before the timed ones
 
 
 _STEADY = {"sum": 0, "prod": 1}     # x op x ... op x == x: in-place calls keep these values
@@ -277,6 +278,7 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
         per_rank = [store.get(f"{key}/times/{r}", method.timeout) for r in range(world)]
     result = _summarize(lay, per_rank, iterations, wrong is not None, method.combine)
     result.batch_loop = loop
+    result.warmup = len(warm)
     return result, wrong or 0
 
 

@@ -25,7 +25,8 @@ from ccbench.records.table import (
 )
 
 __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
-           "check_writable_file", "main_job_output", "make_writer", "say_where_records_are"]
+           "check_writable_file", "default_output", "make_writer", "new_records_file",
+           "say_where_records_are", "wants_default_output"]
 
 _PEEK_BYTES = 1 << 16
 
@@ -72,28 +73,56 @@ def check_output_file(path: str) -> None:
                          f"file or a ccbench results file")
 
 
-#: where the main job (`ccbench launch all ...`) keeps its records when no --output is given
+#: where a measuring run keeps its records when no --output is given: this folder of the
+#: working directory, or the folder named by CCBENCH_RESULTS
 MAIN_JOB_FOLDER = "ccbench-results"
+RESULTS_VAR = "CCBENCH_RESULTS"
 
 
-def main_job_output(args: Any) -> str | None:
-    """The records file of the main job, every collective (`all`), when the command line names
-    none (--output, -O, nccl-tests' -J): ccbench-results/ccbench-<UTC time>-<id>.jsonl in the
-    working directory, its folder made now. Other runs print only, as before."""
-    if (args.collective or "").strip().lower() != "all" or args.output or args.json_output:
-        return None
+def records_folder() -> str:
+    return os.environ.get(RESULTS_VAR) or MAIN_JOB_FOLDER
+
+
+def wants_default_output(args: Any) -> bool:
+    """No records file named (--output, -O, nccl-tests' -J) and none refused (--no-output):
+    the run keeps its records in a new file of records_folder()."""
+    return not (args.output or getattr(args, "json_output", None)
+                or getattr(args, "no_output", False))
+
+
+def new_records_file() -> str | None:
+    """A new records file, records_folder()/ccbench-<UTC time>-<id>.jsonl, its folder made
+    now; None, after a one-line note, where that folder cannot be made (the run still prints
+    its table). The one place every measuring run (`ccbench launch`, torchrun, mpiexec, srun
+    or one bare rank) gets its default --output."""
     import datetime
     import uuid
 
-    os.makedirs(MAIN_JOB_FOLDER, exist_ok=True)
+    folder = records_folder()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, "permission denied")
+    except OSError as exc:
+        print(f"ccbench: warning: cannot keep records in {folder!r} ({exc.strerror or exc}); "
+              f"this run only prints them (name a file with -O FILE.jsonl, or a folder with "
+              f"{RESULTS_VAR}=DIR)", file=sys.stderr, flush=True)
+        return None
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return os.path.join(MAIN_JOB_FOLDER, f"ccbench-{stamp}-{uuid.uuid4().hex[:6]}.jsonl")
+    return os.path.join(folder, f"ccbench-{stamp}-{uuid.uuid4().hex[:6]}.jsonl")
+
+
+def default_output(args: Any) -> str | None:
+    """The records file of a run whose command line names none (wants_default_output)."""
+    return new_records_file() if wants_default_output(args) else None
 
 
 def say_where_records_are(path: str) -> None:
-    """The line that ends the main job: where its records are, and the report command."""
+    """The line that ends a run that chose its records file: where they are, and the report
+    command."""
+    report = os.path.join(os.path.dirname(path), "report")
     print(f"ccbench: records in {path}; figures and tables: ccbench report {path} -o "
-          f"{os.path.join(MAIN_JOB_FOLDER, 'report')}", file=sys.stderr, flush=True)
+          f"{report}", file=sys.stderr, flush=True)
 
 
 def check_writable_file(path: str, flag: str = "-o") -> None:

@@ -16,11 +16,11 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
+from ccbench.bench_options import COMBINE_LABELS, method_record
 from ccbench.collectives import REDUCING, layout
 from ccbench.collectives import get as get_collective
 from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
-from ccbench.familiar import COMBINE_LABELS
 from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
 from ccbench.output import Progress, TableWriter, make_writer
 from ccbench.records import Record
@@ -58,6 +58,7 @@ class BenchConfig:
     root: int = 0
     device: str = "cpu"
     output: str | None = None
+    keep_records: bool = False        # no --output given: rank 0 keeps them in a new file
     fmt: str = "table"
     quiet: bool = False
     full: bool = False                # the table shows the spread over ranks too (OSU -f)
@@ -264,17 +265,12 @@ class _Run:
             world_size=info.world_size, nodes=len(self.hosts),
             ranks_per_node=max(1, info.world_size // max(1, len(self.hosts))), hosts=self.hosts,
             root=case.root, size_asked=size, size_used=lay.size_used, count=lay.count,
-            iterations=result.iterations, warmup=config.method.warmup, time_us=result.time_us,
+            iterations=result.iterations, warmup=result.warmup, time_us=result.time_us,
             samples_us=result.samples_us, rank_median_us=result.rank_median_us,
             algbw_gbps=result.algbw_gbps, busbw_gbps=result.busbw_gbps, wrong=result.wrong,
-            method={"timing": config.method.timing, "pipeline": config.method.pipeline,
-                    "min_time_s": config.method.min_time, "check": config.method.check,
-                    "combine": COMBINE_LABELS[config.method.combine],
-                    "launcher": info.launcher,
-                    "timeout_s": config.method.timeout,
+            method={**method_record(config.method, {"launcher": info.launcher, **self.repeat}),
                     "oversubscribed": self.placement["oversubscribed"],
                     "cores_per_node": self.placement["cores"],
-                    **self.repeat,
                     # settings that change what is measured, when the backend has them
                     **{k: meta[k] for k in METHOD_KEYS if meta.get(k) is not None},
                     # what the clock saw: one bound call (per-op) or a batch's loop (pipelined)
@@ -307,9 +303,33 @@ def run_benchmark(config: BenchConfig) -> int:
     check_measurable(config, info.world_size)
     repeat = repeat_from_env()
 
+    chosen: list[str | None] = [None]
+
     def body(store: ControlClient, watchdog: Watchdog) -> int:
         _check_memory(config, info)
+        if config.keep_records and config.output is None and info.rank == 0:
+            from ccbench.output import new_records_file
+
+            chosen[0] = config.output = new_records_file()     # only rank 0 writes records
         return _Run(config, info, store, repeat).run(watchdog)
 
-    return rank_lifecycle(info, config.method.timeout, config.connect_timeout,
-                          config.argv or [], body)
+    status = rank_lifecycle(info, config.method.timeout, config.connect_timeout,
+                            config.argv or [], body)
+    if info.world_size == 1:
+        _say_one_rank(config)
+    if chosen[0] is not None and os.path.exists(chosen[0]):     # also after wrong results
+        from ccbench.output import say_where_records_are
+
+        say_where_records_are(chosen[0])
+    return status
+
+
+def _say_one_rank(config: BenchConfig) -> None:
+    """A world of one rank communicates nothing (bus bandwidth 0): say so, and how to start
+    more."""
+    import shlex
+
+    args = shlex.join(config.argv or [])
+    print(f"ccbench: note: one rank ran, so nothing crossed between ranks (busbw 0); start "
+          f"more with `ccbench launch -n 2 {args}`, or torchrun --nproc-per-node 2 -m ccbench, "
+          f"mpiexec -n 2 or srun -n 2 ccbench", file=sys.stderr, flush=True)

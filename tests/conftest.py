@@ -11,6 +11,17 @@ from typing import Any
 import pytest
 
 PYTHON = sys.executable
+
+# a measuring run that names no --output keeps its records in a new file of ccbench-results/
+# in its working directory, or of the folder CCBENCH_RESULTS names: for the tests, a folder of
+# their own (tests of that default unset it), never the checkout
+if "CCBENCH_RESULTS" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["CCBENCH_RESULTS"] = tempfile.mkdtemp(prefix="ccbench-test-results-")
+    atexit.register(shutil.rmtree, os.environ["CCBENCH_RESULTS"], ignore_errors=True)
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 
 

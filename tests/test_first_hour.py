@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, have_mpi
+from conftest import PYTHON, have_mpi, run_ccbench_forked
 
 from ccbench.backends.base import STARMAP_LOOP
 from ccbench.backends.mpi_loop import C_LOOP
@@ -199,9 +199,14 @@ def test_each_table_has_a_footer_of_its_own_rows(tmp_path: Path) -> None:
         assert footer == pytest.approx(sum(own) / len(own), rel=1e-4, abs=1e-6)
 
 
+#: the environment of a run whose default records folder is its working directory's
+NO_RESULTS_VAR = {k: v for k, v in os.environ.items() if k != "CCBENCH_RESULTS"}
+
+
 def test_the_main_job_keeps_its_records_and_says_how_to_report(tmp_path: Path) -> None:
     proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", "all", *QUICK[1:]],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=NO_RESULTS_VAR)
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ccbench: records in ccbench-results/ccbench-"), last
@@ -218,7 +223,60 @@ def test_the_main_job_keeps_its_records_and_says_how_to_report(tmp_path: Path) -
 def test_a_named_output_is_the_only_file_the_main_job_writes(tmp_path: Path) -> None:
     proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", "all", *QUICK[1:],
                            "-O", "mine.jsonl"], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                          cwd=tmp_path, env=NO_RESULTS_VAR)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]
     assert "records in" not in proc.stderr
+
+
+def _kept(folder: Path, stderr: str) -> list:
+    """The records of the one file in folder/ccbench-results/, which the run's last line names."""
+    files = sorted((folder / "ccbench-results").glob("*.jsonl"))
+    assert len(files) == 1, (files, stderr)
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ccbench: records in ccbench-results/{files[0].name}; "), last
+    return load_records(files[0])
+
+
+def test_one_bare_rank_keeps_its_records_and_says_how_to_start_more(tmp_path: Path) -> None:
+    """`ccbench allreduce` alone: a world of one rank, said on stderr with the command that
+    starts two; its records kept in ccbench-results/ as every measuring run's are."""
+    proc = run_ccbench_forked(*QUICK, cwd=str(tmp_path), env={"CCBENCH_RESULTS": ""})
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "one rank ran" in line]
+    assert len(notes) == 1, proc.stderr
+    assert f"ccbench launch -n 2 {' '.join(QUICK)}" in notes[0] and "torchrun" in notes[0]
+    assert [r.world_size for r in _kept(tmp_path, proc.stderr)] == [1, 1]
+
+
+def test_no_output_keeps_nothing(tmp_path: Path) -> None:
+    proc = run_ccbench_forked(*QUICK, "--no-output", cwd=str(tmp_path), env={"CCBENCH_RESULTS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == [] and "records in" not in proc.stderr
+
+
+def test_records_folder_is_ccbench_results_var(tmp_path: Path) -> None:
+    proc = run_ccbench_forked(*QUICK, cwd=str(tmp_path), env={"CCBENCH_RESULTS": str(tmp_path / "r")})
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "r").glob("ccbench-*.jsonl"))) == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"-o {tmp_path / 'r' / 'report'}")
+
+
+def test_launch_of_one_collective_keeps_its_records(tmp_path: Path) -> None:
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "launch", "-n", "2", *QUICK], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=NO_RESULTS_VAR)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r.world_size for r in _kept(tmp_path, proc.stderr)] == [2, 2]
+    assert "one rank ran" not in proc.stderr
+
+
+@pytest.mark.skipif(not (Path(PYTHON).parent / "torchrun").exists(), reason="no torchrun")
+def test_torchrun_keeps_its_records(tmp_path: Path) -> None:
+    """The headline command, `torchrun --nproc-per-node 2 -m ccbench allreduce ...`, without -O:
+    rank 0 keeps the records, in one file, and names it last."""
+    torchrun = str(Path(PYTHON).parent / "torchrun")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "ccbench",
+                           *QUICK], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=NO_RESULTS_VAR)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r.world_size for r in _kept(tmp_path, proc.stderr)] == [2, 2]

@@ -12,6 +12,7 @@ With --repeat N the whole launch happens N times, each a run of its own
 from __future__ import annotations
 
 import argparse
+import os
 
 from ccbench.errors import UsageError
 from ccbench.run.supervisor import (
@@ -66,6 +67,10 @@ def main(args: argparse.Namespace) -> int:
     bench = [a for a in args.bench if a != "--"] if args.bench[:1] == ["--"] else list(args.bench)
     if not bench:
         raise UsageError("launch needs a benchmark: ccbench launch -n 2 allreduce --backend gloo")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.repeat > 1 and bench[0] in ("replay", "diagnose"):
+        raise UsageError(f"--repeat applies to measurements, not to {bench[0]}")
     if bench[0] == "replay":                    # a trace replay: its own arguments
         from ccbench.commands.replay import launch_plan
 
@@ -79,10 +84,8 @@ def main(args: argparse.Namespace) -> int:
         nprocs = args.nprocs if args.nprocs is not None else 2
         output, fmt, saved = None, "table", None
     else:
-        from ccbench.output import main_job_output
+        from ccbench.output import new_records_file
 
-        saved = main_job_output(bench_parser().parse_args(bench))   # the main job keeps records
-        bench = [*bench, "--output", saved] if saved else bench
         config = config_from_args(bench_parser().parse_args(bench), bench)
         nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
         if config.root >= nprocs:
@@ -91,12 +94,14 @@ def main(args: argparse.Namespace) -> int:
         from ccbench.runner import check_measurable
 
         check_measurable(config, nprocs)
+        # a run that names no records file keeps them in a new one, chosen here (where the
+        # ranks' rank 0 would choose it) so that every launch of the run appends to it
+        saved = new_records_file() if config.keep_records else None
+        bench = [*bench, *(("--output", saved) if saved else ("--no-output",)
+                           if config.keep_records else ())]
+        config.output = saved or config.output
         backends, connect_timeout = config.backends, config.connect_timeout
         output, fmt = config.output, config.fmt
-    if args.repeat < 1:
-        raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
-    if args.repeat > 1 and bench[0] in ("replay", "diagnose"):
-        raise UsageError(f"--repeat applies to measurements, not to {bench[0]}")
     by_backend = check_launchable(backends)   # fail fast here, once, not in every rank
     mpiexec = find_mpiexec(args.mpiexec) if any(by_backend.values()) or args.mpiexec else None
     if mpiexec is not None:
@@ -120,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
         from ccbench.repeats import repeat_launches
 
         status = repeat_launches(args.repeat, launch, bench, output, fmt)
-    if status == 0 and bench[0] != "replay" and saved:
+    if saved and os.path.exists(saved):
         from ccbench.output import say_where_records_are
 
         say_where_records_are(saved)

@@ -12,6 +12,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
+from ccbench.bench_options import run_method_keys
+
 if TYPE_CHECKING:
     from ccbench.records.schema import Record
 
@@ -88,9 +90,9 @@ class RecordKey:
 
 
 # What every record of one run shares (one ccbench process tree on one set of hosts). Two
-# records that claim the same run id but differ here come from different runs.
-_RUN_METHOD_KEYS = ("timing", "pipeline", "min_time_s", "check", "combine", "launcher",
-                    "timeout_s", "repeat", "repeats", "repeat_group")
+# records that claim the same run id but differ here come from different runs. The method
+# keys are those bench_options.method_record writes: every Method field and the run's.
+_RUN_METHOD_KEYS = run_method_keys()
 _RUN_ENVIRONMENT_KEYS = ("cpu", "num_cpus", "python", "platform", "hostname", "numpy", "torch",
                          "variables")
 
