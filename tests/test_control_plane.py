@@ -578,29 +578,83 @@ def test_the_secret_is_not_written_to_records_or_logs(tmp_path: Path) -> None:
         del os.environ[SECRET_VAR]
 
 
-def test_only_this_users_processes_can_silence_the_store_host() -> None:
+# a rank under a bare mpiexec, in miniature: its parent stands for the MPI's proxy; it forks the
+# store host, connects as rank 0, optionally says it has spoken, and ends without a goodbye
+_STORE_HOST_RANK = """
+import os, sys
+from ccbench.run.control import ControlClient, new_secret
+from ccbench.run.storehost import note_spoken, start_store_host
+secret = new_secret()
+port = start_store_host("mpiexec", "127.0.0.1", secret, 1)
+client = ControlClient("127.0.0.1", port, 0, secret=secret)
+print(os.getppid(), flush=True)
+command = sys.stdin.readline().strip()
+if command == "spoke":
+    note_spoken(os.getppid())
+os._exit(1)
+"""
+_PROXY = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', sys.argv[1]]))"
+
+
+def _store_host_line(outsider_speaks: bool, rank_speaks: bool) -> str:
+    """What the store host of a miniature bare-mpiexec run says when its only rank ends."""
+    from ccbench.run.storehost import note_spoken
+
+    proc = subprocess.Popen([sys.executable, "-c", _PROXY, _STORE_HOST_RANK],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        proxy = int(proc.stdout.readline())
+        assert proxy == proc.pid
+        if outsider_speaks:
+            note_spoken(proxy)           # from this process: not below the ranks' proxy
+        proc.stdin.write("spoke\n" if rank_speaks else "die\n")
+        proc.stdin.flush()
+        _, err = proc.communicate(timeout=120)   # EOF once the store host has gone too
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err
+
+
+def test_only_the_ranks_can_silence_the_store_host() -> None:
     """The store host of a bare mpiexec stays silent when a rank says it has spoken, over an
-    abstract socket anyone on the host can send to: another user's datagram does not count."""
+    abstract socket anyone on the host can send to: a datagram from a process that is not
+    one of the ranks (here this test, of the same user) does not silence its line."""
+    err = _store_host_line(outsider_speaks=True, rank_speaks=False)
+    assert "ccbench: error: start-up: rank 0 ended without a word" in err, err
+    assert _store_host_line(outsider_speaks=False, rank_speaks=True) == ""
+
+
+def test_another_users_datagram_does_not_silence_the_store_host() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root, to send as another user")
-    from ccbench.run.storehost import _spoken_address, _spoken_by_us, note_spoken
+    import select
 
-    proxy = 900000 + os.getpid() % 1000
+    from ccbench.run.storehost import _spoken_address, _spoken_by_us
+
+    proxy = os.getpid()                  # the senders below are this process's children
+    address = _spoken_address(proxy)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as spoken:
         spoken.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        spoken.bind(_spoken_address(proxy))
+        spoken.bind(address)
         spoken.setblocking(False)
-        child = os.fork()
-        if child == 0:
-            try:
-                os.setuid(65534)
-                note_spoken(proxy)
-            finally:
-                os._exit(0)
-        os.waitpid(child, 0)
-        assert not _spoken_by_us(spoken)
-        note_spoken(proxy)
-        assert _spoken_by_us(spoken)
+        for uid, counts in ((65534, False), (os.getuid(), True)):
+            child = os.fork()
+            if child == 0:
+                try:
+                    os.setuid(uid)
+                    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                        sock.bind(b"")
+                        sock.settimeout(30)
+                        sock.sendto(b"spoken", address)
+                        sock.recv(16)     # still there when the store host looks at it
+                finally:
+                    os._exit(0)
+            assert select.select([spoken], [], [], 60)[0], "no datagram"
+            assert _spoken_by_us(spoken, proxy) is counts
+            os.waitpid(child, 0)
 
 
 def test_a_server_binds_where_its_peers_reach_it(monkeypatch: pytest.MonkeyPatch) -> None:

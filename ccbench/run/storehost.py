@@ -14,19 +14,24 @@ address from rank 0 through MPI), and hydra then ends the others: where every ra
 this host, the store host also watches the rank processes (ccbench.run.rankexits, below rank 0's
 parent, the MPI's proxy) and names the one that ended first, provided rank 0 had forked it by
 then. A rank that speaks before connecting (the MPI_Init guard, an error line) says so with a
-datagram to the store host (`note_spoken`), which then stays silent.
+datagram to the store host (`note_spoken`), which then stays silent. An abstract socket has no
+permissions: anyone on the host can send to it. So the store host counts a datagram only from
+a process below the ranks' proxy (a rank, or a rank's guard), by the pid the kernel attaches
+to it (SCM_CREDENTIALS, which a sender cannot forge), and looks that process up while it is
+still there: the sender waits for the store host's answer before it goes on.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import sys
-import time
 from typing import Any
 
 from ccbench.errors import error_line
+from ccbench.run import procfs
 from ccbench.run.control import ControlServer
 from ccbench.run.rankexits import RankExits, first_ended
 
@@ -34,6 +39,11 @@ __all__ = ["LABEL_KEY", "note_spoken", "start_store_host", "unexplained_end"]
 
 LABEL_KEY = "label/"
 _POLL_S = 0.05
+#: how long a rank that said why waits for the store host to have looked at it
+_SPOKEN_ACK_S = 2.0
+#: how far up from a sender its parents are followed to find the ranks' proxy (a rank is its
+#: child; the MPI_Init guard, a rank's)
+_SPOKEN_DEPTH = 3
 
 
 def _spoken_address(proxy: int) -> bytes:
@@ -42,10 +52,14 @@ def _spoken_address(proxy: int) -> bytes:
 
 
 def note_spoken(proxy: int) -> None:
-    """Tell the store host of the ranks started by `proxy` that a rank has said why it ends."""
+    """Tell the store host of the ranks started by `proxy` that a rank has said why it ends,
+    and wait (briefly) until it has looked at who sent it: it checks the sender's process."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind(b"")                 # an address of its own (autobind), for the answer
+            sock.settimeout(_SPOKEN_ACK_S)
             sock.sendto(b"spoken", _spoken_address(proxy))
+            sock.recv(16)
     except OSError:
         pass                     # no store host (not a bare mpiexec run, or it never started)
 
@@ -78,7 +92,7 @@ def start_store_host(launcher: str, host: str, secret: str, world_size: int,
         exits = RankExits(proxy, world_size).start() if watch else None
         os.write(write_fd, str(server.port).encode())
         os.close(write_fd)
-        _serve(server, launcher, world_size if watch else 0, exits, spoken)
+        _serve(server, launcher, world_size if watch else 0, exits, spoken, proxy)
     except BaseException:  # noqa: BLE001  nothing of the rank's may run in this process
         status = 1
     finally:
@@ -86,11 +100,14 @@ def start_store_host(launcher: str, host: str, secret: str, world_size: int,
 
 
 def _serve(server: ControlServer, launcher: str, world_size: int, exits: RankExits | None,
-           spoken: socket.socket) -> None:
+           spoken: socket.socket, proxy: int) -> None:
     """Until every rank that connected has gone (or rank 0 went before anyone connected)."""
     parent = os.getppid()
+    said = False
     while True:
-        time.sleep(_POLL_S)
+        ready, _, _ = select.select([spoken], [], [], _POLL_S)
+        if ready:
+            said = _spoken_by_us(spoken, proxy) or said
         open_ranks, closed, data = server.snapshot()
         if open_ranks or not (closed or os.getppid() != parent):
             continue
@@ -98,7 +115,7 @@ def _serve(server: ControlServer, launcher: str, world_size: int, exits: RankExi
         if exits is not None:
             exits.settle()
             exits.stop()
-        if _spoken_by_us(spoken):
+        if _spoken_by_us(spoken, proxy) or said:
             return                            # a rank said why before it could connect
         line = unexplained_end(closed, data, launcher, world_size or None, set(server.arrived),
                                exits.snapshot() if exits is not None else None)
@@ -107,18 +124,36 @@ def _serve(server: ControlServer, launcher: str, world_size: int, exits: RankExi
         return
 
 
-def _spoken_by_us(spoken: socket.socket) -> bool:
-    """Whether a process of this user said a rank has spoken (an abstract socket has no
-    permissions: anyone on the host can send to it)."""
+def _spoken_by_us(spoken: socket.socket, proxy: int) -> bool:
+    """Whether one of the ranks (a process below `proxy`, of this user) said it has spoken;
+    every sender gets an answer, so that it goes on."""
+    found = False
     while True:
         try:
-            _, ancillary, _, _ = spoken.recvmsg(64, socket.CMSG_SPACE(12))
+            _, ancillary, _, sender = spoken.recvmsg(64, socket.CMSG_SPACE(12))
         except OSError:
-            return False
+            return found
         for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS \
-                    and struct.unpack("3i", data[:12])[1] == os.getuid():
-                return True
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                pid, uid, _ = struct.unpack("3i", data[:12])
+                found = found or (uid == os.getuid() and _below(pid, proxy))
+        if sender:
+            try:
+                spoken.sendto(b"seen", sender)
+            except OSError:
+                pass
+
+
+def _below(pid: int, proxy: int) -> bool:
+    """Whether process `pid` is a descendant of `proxy` (a rank or a rank's guard)."""
+    for _ in range(_SPOKEN_DEPTH):
+        seen = procfs.stat(pid)
+        if seen is None or seen[0] <= 1:
+            return False
+        if seen[0] == proxy:
+            return True
+        pid = seen[0]
+    return False
 
 
 def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str,
