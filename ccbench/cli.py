@@ -97,6 +97,29 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str],
     return parse_anywhere(subcommands.choices[argv[at]], argv[at + 1:], namespace)
 
 
+def check_command_word(word: str) -> None:
+    """A first word that is neither a collective, another tool's program name nor a subcommand,
+    but close to one (`allreduc`, `simulat`): one line naming the nearest, rather than argparse's
+    "unrecognized arguments" about the words after it."""
+    import difflib
+
+    from ccbench.collectives import canonical_collective
+
+    if not word or word.startswith("-") or "," in word or word in SUBCOMMANDS:
+        return
+    if word.lower() == "all" or word.endswith("_perf") or word.startswith("osu_"):
+        return
+    try:
+        canonical_collective(word)
+        return
+    except UsageError:
+        pass
+    near = difflib.get_close_matches(word.lower(), [*SUBCOMMANDS, *COLLECTIVES], n=1,
+                                     cutoff=0.75)
+    if near:
+        raise UsageError(f"unknown command {word!r} (did you mean {near[0]}?)")
+
+
 def _quiet_rank() -> bool:
     """Only one rank speaks about bad input; the others just exit 2."""
     from ccbench.run.launcher_env import RANK_VARS
@@ -393,6 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.setdefault(_PACKAGE_VAR, _PACKAGE_DIR)   # what its ranks should import
             return _run_subcommand(argv[0], argv[1:])
         _note_other_package()
+        check_command_word(argv[0] if argv else "")
         asks_help = any(arg in ("-h", "--help") for arg in argv)
         args = bench_parser(list_subcommands=asks_help).parse_args(argv)
         config = config_from_args(args, argv)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from ccbench.errors import UsageError
 from ccbench.run.supervisor import (
@@ -58,9 +59,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the benchmark arguments: COLLECTIVE [--backend ...]")
 
 
+def _measuring_plan(nprocs: int | None, bench: list[str]) -> tuple[list[str], Any, int, str | None]:
+    """A measuring run's arguments (with the records file it keeps when none is named),
+    config, rank count and that records file."""
+    from ccbench.cli import bench_parser, check_command_word, config_from_args
+    from ccbench.output import new_records_file
+    from ccbench.runner import check_measurable
+
+    check_command_word(bench[0])
+    config = config_from_args(bench_parser().parse_args(bench), bench)
+    nprocs = nprocs if nprocs is not None else default_nprocs(config.device)
+    if config.root >= nprocs:
+        raise UsageError(f"--root {config.root} is not a rank of -n {nprocs} (valid: 0 to "
+                         f"{nprocs - 1})")
+    check_measurable(config, nprocs)
+    # a run that names no records file keeps them in a new one, chosen here (where the ranks'
+    # rank 0 would choose it) so that every launch of the run appends to it
+    saved = new_records_file() if config.keep_records else None
+    bench = [*bench, *(("--output", saved) if saved else ("--no-output",)
+                       if config.keep_records else ())]
+    config.output = saved or config.output
+    return bench, config, nprocs, saved
+
+
 def main(args: argparse.Namespace) -> int:
     from ccbench.backends import check_launchable
-    from ccbench.cli import bench_parser, config_from_args
 
     if args.nprocs is not None:
         check_rank_count(args.nprocs)
@@ -84,22 +107,7 @@ def main(args: argparse.Namespace) -> int:
         nprocs = args.nprocs if args.nprocs is not None else 2
         output, fmt, saved = None, "table", None
     else:
-        from ccbench.output import new_records_file
-
-        config = config_from_args(bench_parser().parse_args(bench), bench)
-        nprocs = args.nprocs if args.nprocs is not None else default_nprocs(config.device)
-        if config.root >= nprocs:
-            raise UsageError(f"--root {config.root} is not a rank of -n {nprocs} (valid: 0 to "
-                             f"{nprocs - 1})")
-        from ccbench.runner import check_measurable
-
-        check_measurable(config, nprocs)
-        # a run that names no records file keeps them in a new one, chosen here (where the
-        # ranks' rank 0 would choose it) so that every launch of the run appends to it
-        saved = new_records_file() if config.keep_records else None
-        bench = [*bench, *(("--output", saved) if saved else ("--no-output",)
-                           if config.keep_records else ())]
-        config.output = saved or config.output
+        bench, config, nprocs, saved = _measuring_plan(args.nprocs, bench)
         backends, connect_timeout = config.backends, config.connect_timeout
         output, fmt = config.output, config.fmt
     by_backend = check_launchable(backends)   # fail fast here, once, not in every rank
