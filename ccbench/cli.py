@@ -296,19 +296,24 @@ def _apply_environment(args: argparse.Namespace) -> None:
 
 
 def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> BenchConfig
-    """Validate every argument before any rank starts (bad input: exit 2)."""
+    """Validate every argument before any rank starts (bad input: exit 2). Pure: the
+    process is left as it was (the rank applies what its libraries read from it:
+    runner.run_benchmark, Backend.prepare_process)."""
     from ccbench.backends import default_backend, default_device, parse_backends
-    from ccbench.backends.mpi import set_thread_level
     from ccbench.runner import BenchConfig
 
     _apply_environment(args)                    # CCBENCH_SIZES ...: below the command line
     resolve_familiar(args)                      # other tools' flags -> ccbench's settings
-    set_thread_level(args.mpi_thread_level)     # before anything imports mpi4py.MPI
 
     collectives = parse_collectives(args.collective)
-    backends = parse_backends(args.backend or default_backend())
-    if not backends:
+    named = parse_backends(args.backend or default_backend())
+    if not named:
         raise UsageError("empty --backend")
+    backends = list(dict.fromkeys(named))       # each once, in the order first named
+    if len(backends) < len(named) and not _quiet_rank():
+        twice = sorted({name for name in named if named.count(name) > 1})
+        print(f"ccbench: note: --backend {args.backend} names {', '.join(twice)} more than "
+              f"once: each runs once ({','.join(backends)})", file=sys.stderr, flush=True)
     sizes = parse_sizes(args.sizes)
     dtypes = parse_dtypes(args.dtype)
     ops = parse_ops(args.op)
@@ -328,10 +333,6 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
         modes = (False,)
     else:
         modes = (False, True)
-    if args.nccl_algo:
-        os.environ["NCCL_ALGO"] = args.nccl_algo
-    if args.nccl_proto:
-        os.environ["NCCL_PROTO"] = args.nccl_proto
     method = method_from(vars(args))
     device = args.device
     if device == "auto":
@@ -345,7 +346,8 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
                        output=args.output, keep_records=wants_default_output(args),
                        fmt=args.format, quiet=args.quiet, full=args.full,
                        options={"nccl_algo": args.nccl_algo, "nccl_proto": args.nccl_proto,
-                                "cuda_graph": args.cuda_graph},
+                                "cuda_graph": args.cuda_graph,
+                                "mpi_thread_level": args.mpi_thread_level},
                        argv=list(argv),
                        connect_timeout=connect_timeout(args.timeout, args.connect_timeout))
 
@@ -365,8 +367,23 @@ def parse_subcommand(name: str, argv: Sequence[str]) -> tuple[Any, argparse.Name
 
 
 def _run_subcommand(name: str, argv: Sequence[str]) -> int:
+    """A subcommand; what the environment refuses it (a full disk, a folder it may not write,
+    too little memory for its input) ends it with one line and exit 2, never a traceback.
+    Inputs and outputs are checked where they are read and written (ccbench.safeio); this
+    is the net under them."""
     module, args = parse_subcommand(name, argv)
-    return int(module.main(args))
+    try:
+        return int(module.main(args))
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        raise UsageError(f"{where}{exc.strerror or exc}") from None
+    except MemoryError:
+        raise UsageError(f"ccbench {name}: out of memory (its input needs more memory than "
+                         f"this process may use: `ulimit -v`, the cgroup, the machine)") from None
+    except RecursionError:
+        raise UsageError(f"ccbench {name}: input nested too deep to read") from None
 
 
 def _note_spoken() -> None:

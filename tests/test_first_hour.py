@@ -280,3 +280,13 @@ def test_torchrun_keeps_its_records(tmp_path: Path) -> None:
                           env=NO_RESULTS_VAR)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [r.world_size for r in _kept(tmp_path, proc.stderr)] == [2, 2]
+
+
+def test_a_backend_named_twice_runs_once_with_a_note() -> None:
+    proc = run_ccbench_forked("allreduce", "--backend", "gloo,gloo", "--sizes", "1K", "--iters",
+                              "2", "--warmup", "0", "-q", "--no-output")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("backend gloo ") == 1, proc.stdout
+    notes = [line for line in proc.stderr.splitlines() if "more than once" in line]
+    assert notes == ["ccbench: note: --backend gloo,gloo names gloo more than once: each runs "
+                     "once (gloo)"], proc.stderr

@@ -138,8 +138,11 @@ def test_expand_nodelist() -> None:
 def test_mixed_backends_each_launched_in_its_own_environment() -> None:
     from ccbench.run.supervisor import launch_groups, with_backends
 
-    groups = launch_groups({"mpi": True, "gloo": False, "ring@mpi": True, "oneccl": False})
-    assert groups == [(["gloo", "oneccl"], False), (["mpi", "ring@mpi"], True)]
+    groups = launch_groups({"mpi": True, "ring@mpi": True, "gloo": False, "oneccl": False})
+    assert groups == [(["mpi", "ring@mpi"], True), (["gloo", "oneccl"], False)]
+    # the order given, not plain processes first
+    groups = launch_groups({"mpi": True, "gloo": False, "ring@mpi": True})
+    assert groups == [(["mpi"], True), (["gloo"], False), (["ring@mpi"], True)]
     assert launch_groups({"gloo": False}) == [(["gloo"], False)]
     bench = ["allreduce", "--backend", "gloo,mpi", "--sizes", "1K"]
     assert with_backends(bench, ["mpi"]) == ["allreduce", "--backend", "mpi", "--sizes", "1K"]

@@ -67,7 +67,10 @@ def _measuring_plan(nprocs: int | None, bench: list[str]) -> tuple[list[str], An
     from ccbench.runner import check_measurable
 
     check_command_word(bench[0])
-    config = config_from_args(bench_parser().parse_args(bench), bench)
+    parsed = bench_parser().parse_args(bench)
+    config = config_from_args(parsed, bench)
+    if parsed.backend and parsed.backend.count(",") >= len(config.backends):
+        bench = with_backends(bench, config.backends)     # each once (said above): ranks too
     nprocs = nprocs if nprocs is not None else default_nprocs(config.device)
     if config.root >= nprocs:
         raise UsageError(f"--root {config.root} is not a rank of -n {nprocs} (valid: 0 to "

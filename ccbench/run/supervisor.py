@@ -66,10 +66,15 @@ def _is_open_mpi(mpiexec: str) -> bool:
 def launch_groups(needs_mpi: dict[str, bool]) -> list[tuple[list[str], bool]]:
     """The backends of a run in the process environment each fits: the ones that need MPI under
     mpiexec (which pins every rank to a core), the others as plain processes, so a mixed run
-    gives gloo or oneCCL the numbers they get alone. Plain first, each group in the given order."""
-    plain = [name for name, mpi in needs_mpi.items() if not mpi]
-    under_mpi = [name for name, mpi in needs_mpi.items() if mpi]
-    return [(names, mpi) for names, mpi in ((plain, False), (under_mpi, True)) if names]
+    gives gloo or oneCCL the numbers they get alone. The backends run in the order given: each
+    run of neighbours that fit the same environment is one launch (gloo,mpi,oneccl: three)."""
+    groups: list[tuple[list[str], bool]] = []
+    for name, mpi in needs_mpi.items():
+        if groups and groups[-1][1] == mpi:
+            groups[-1][0].append(name)
+        else:
+            groups.append(([name], mpi))
+    return groups
 
 
 def with_backends(bench: list[str], names: list[str]) -> list[str]:
