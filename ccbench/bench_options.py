@@ -171,7 +171,8 @@ class Method:
         "until its last rank is done), mean, min, rank0 (nccl-tests: -a 3, 1, 2, 0); "
         "recorded as method.combine", choices=tuple(COMBINE_LABELS), labels=COMBINE_LABELS)
     min_time: float = _method_option(
-        0.0, "raise iterations until the timed part lasts this many seconds", minimum=0,
+        0.0, "raise iterations until the timed part lasts this many seconds (default 0: "
+        "--iters decides)", minimum=0,
         recorded_as="min_time_s")
     max_iters: int = _method_option(
         100000, "at most this many timed iterations (default {default})", minimum=1)

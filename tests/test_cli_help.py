@@ -55,3 +55,39 @@ def test_main_help_describes_each_subcommand() -> None:
 def test_quiet_says_what_it_hides() -> None:
     quiet = next(a for a in bench_parser()._actions if "--quiet" in a.option_strings)
     assert "progress bar" in quiet.help and "still print" in quiet.help
+
+
+def _silent_defaults(path: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Options with a default value (not off, not empty) whose help does not say it."""
+    silent = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                silent += _silent_defaults(f"{path} {name}", sub)
+        elif (action.option_strings and action.default not in (None, False, True, [], "")
+              and action.default is not argparse.SUPPRESS
+              and "default" not in (action.help or "").lower()):
+            silent.append(f"{path} {'/'.join(action.option_strings)} ({action.default!r})")
+    return silent
+
+
+@pytest.mark.parametrize(("path", "parser"), _parsers(),
+                         ids=["benchmark", *SUBCOMMANDS])
+def test_every_default_is_in_the_help(path: str, parser: argparse.ArgumentParser) -> None:
+    assert _silent_defaults(path, parser) == []
+
+
+def test_every_method_option_says_its_default() -> None:
+    """Method options are parsed with no argparse default (a given one wins over the
+    environment), so their help must say the default itself (--min-time did not)."""
+    from ccbench.bench_options import BENCH_OPTIONS
+
+    assert [o.name for o in BENCH_OPTIONS
+            if o.default not in ("", None) and "default" not in o.help.lower()] == []
+
+
+def test_launch_help_describes_it_with_an_example() -> None:
+    proc = run_ccbench("launch", "--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ccbench launch -n 2 allreduce" in proc.stdout
+    assert "Start N local ranks" in proc.stdout

@@ -478,7 +478,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              f"run-to-run spread)")
     parser.add_argument("--confidence", type=float, default=0.95,
                         help="bootstrap interval level (default 0.95)")
-    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--force", action="store_true",
                         help="compare even when world size, dtype, timing mode ... differ")

@@ -43,7 +43,20 @@ class _RankCountOnce(argparse.Action):
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("launch", help="start N local ranks (no cluster needed)")
+    parser = subparsers.add_parser(
+        "launch", help="start N local ranks (no cluster needed)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start N local ranks of a measurement (or of a trace replay, a diagnosis) "
+                    "on this machine,\nwith a loopback rendezvous; backends that need MPI run "
+                    "under the mpiexec beside python.\nWithout -O the records go to a new file "
+                    "in ccbench-results/, named at the end.",
+        epilog="examples:\n"
+               "  ccbench launch -n 2 allreduce --backend gloo --sizes 1K-16M\n"
+               "  ccbench launch -n 4 all --backend gloo,mpi -O results.jsonl\n"
+               "  ccbench launch -n 2 --repeat 3 allreduce --sizes 1M\n"
+               "  ccbench launch -n 2 all_reduce_perf -b 8 -e 128M -f 2\n"
+               "  ccbench launch -n 2 replay traces/ --backend gloo\n"
+               "the benchmark's own options: ccbench allreduce --help")
     parser.add_argument("-n", "--nprocs", type=int, default=None, action=_RankCountOnce,
                         help="number of ranks (default: the local GPUs for a GPU run, else the "
                              "cores this process may use; more ranks than that oversubscribe). "

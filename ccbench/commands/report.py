@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("results", nargs="+", help="results files (*.jsonl) or folders")
     parser.add_argument("-o", "--output", required=True, help="folder for the figures and report")
     parser.add_argument("--model", default=None, help="model.json from `ccbench calibrate`")
-    parser.add_argument("--title", default="ccbench results", help="report title")
+    parser.add_argument("--title", default="ccbench results", help="report title (default 'ccbench results')")
     parser.add_argument("--collective", default=None,
                         help="only these collectives (comma list)")
     parser.add_argument("--backend", default=None, help="only these backends (comma list)")

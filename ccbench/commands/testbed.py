@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--link", default="1G",
                         help="up: link rate in bits/s, e.g. 100M, 500M, 1G (default 1G)")
     parser.add_argument("--topology", default="switch",
-                        help="up: switch | two-tier:LEAVES[:oversub=R] | dual-plane")
+                        help="up: switch | two-tier:LEAVES[:oversub=R] | dual-plane (default "
+                             "switch)")
     parser.add_argument("--planes", type=int, default=1,
                         help="up: 2 builds the dual-ToR network: two NICs per host into two "
                              "plane bridges, the host's address on lo reached by ECMP over both")
@@ -46,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="up: also start slurmctld on h0 and slurmd on every host")
     parser.add_argument("--format", choices=("table", "json"), default="table",
                         help="status and measure: a table or JSON (default table)")
-    parser.add_argument("--seconds", type=float, default=3.0, help="measure: seconds per test")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measure: seconds per test (default 3)")
 
 
 def main(args: argparse.Namespace) -> int:
