@@ -112,6 +112,10 @@ CASES = {
                         "unknown command 'allreduc' (did you mean allreduce?)"),
     "launch collective typo": (["launch", "-n", "2", "allgathr"],
                                "unknown command 'allgathr' (did you mean allgather?)"),
+    "records given to simulate": (["simulate", "tests/fixtures/records-v1.jsonl", "--ranks",
+                                   "4", "allreduce"],
+                                  "is a records file (what a run writes), not a model: "
+                                  "calibrate it first"),
     "calibrate into missing folder": (["calibrate", "tests/fixtures/records-v1.jsonl", "-o",
                                        "/nonexistent/dir/model.json"],
                                       "folder '/nonexistent/dir' does not exist"),

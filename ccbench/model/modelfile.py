@@ -13,6 +13,7 @@ from ccbench import __version__
 from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm
 from ccbench.model.fit import SELECTION, GroupFit
+from ccbench.records import SCHEMA as RECORD_SCHEMA
 from ccbench.records import Record
 from ccbench.safeio import load_json
 
@@ -52,17 +53,37 @@ def save_model(model: dict[str, Any], path: str | os.PathLike[str]) -> None:
         handle.write("\n")
 
 
+_RECORDS_NOT_MODEL = ("{path} is a records file (what a run writes), not a model: calibrate "
+                      "it first (ccbench calibrate {path} -o model.json), then simulate "
+                      "model.json")
+
+
+def _holds_records(path: str | os.PathLike[str]) -> bool:
+    """Whether the file's first line is a ccbench record (JSON lines from a run)."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(1 << 20)
+        data = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("schema") == RECORD_SCHEMA
+
+
 def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         model = load_json(path, cap=_MODEL_CAP)
     except FileNotFoundError:
         raise UsageError(f"no such model file: {str(path)!r}") from None
     except json.JSONDecodeError as exc:
+        if _holds_records(path):
+            raise UsageError(_RECORDS_NOT_MODEL.format(path=path)) from None
         raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not a ccbench model file (not UTF-8 text)") from None
     except OSError as exc:
         raise UsageError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from None
+    if isinstance(model, dict) and model.get("schema") == RECORD_SCHEMA:
+        raise UsageError(_RECORDS_NOT_MODEL.format(path=path))
     if not isinstance(model, dict) or model.get("schema") != SCHEMA:
         raise UsageError(f"{path}: not a ccbench model file (run `ccbench calibrate` first)")
     if model.get("version") != VERSION:
