@@ -59,7 +59,10 @@ def test_plan_kinds_and_leaf_pairs():
     steps = build_plan(6, leaves=leaves, planes=["eth0", "eth1"])
     kinds = [s.kind for s in steps]
     assert kinds.count("pairs") == 5 and kinds.count("leaves") == 1
-    assert kinds.count("planes") == 4 and kinds[0] == "world" and kinds[-1] == "compute"
+    # every pair on every plane (one flow per plane: a bad ECMP member is hit every run)
+    assert kinds.count("planes") == 10 and kinds[0] == "world" and kinds[-1] == "compute"
+    per_plane = [p for s in steps if s.plane == "eth1" for p in s.pairs]
+    assert sorted(per_plane) == sorted(itertools.combinations(range(6), 2))
     quick = build_plan(16, quick=True)
     assert [s.kind for s in quick].count("pairs") == 4
 
@@ -145,7 +148,7 @@ def test_slow_uplink_of_one_of_three_leaves():
 
 
 def test_plane_port_down_and_slow_port_and_slow_plane():
-    ring = ring_rounds(8)
+    ring = round_robin(8)
 
     def plane(name, rate, error_host=None):
         out = []
@@ -217,7 +220,7 @@ def test_high_latency_host():
 
 
 def test_host_slow_on_every_plane_is_its_link():
-    ring = ring_rounds(8)
+    ring = round_robin(8)
     measures = _pairs(8, lambda a, b, r: LINK / 3 if 2 in (a, b) else 0.9 * LINK)
     for name in ("eth0", "eth1"):
         for number, r in enumerate(ring):

@@ -37,6 +37,8 @@ HOST_SHARE = 2 / 3      # a host is blamed when at least this share of its pairs
 COMPUTE_FACTOR = 2.0    # a host taking 2x the others' median time for the same work ...
 COMPUTE_ROUNDS_SHARE = 0.8   # ... in 4 of 5 rounds
 COMPUTE_EXTRA_S = 0.02
+INTERMITTENT_TRIES = 4       # a pair slow in some tries, fine in others: tried up to 4 times
+INTERMITTENT_MIN_SLOW = 2    # ... and intermittent when slow in at least 2 of them
 
 
 @dataclass(slots=True)
@@ -102,16 +104,19 @@ class Finding:
 
 def pair_table(measures: list[PairMeasure]) -> dict[tuple[int, int], dict[str, Any]]:
     """(a, b) -> the best of its tries (pairs and repeat steps): the highest rate per
-    direction and the lowest latency, and how many tries there were. A noisy try does not
-    survive a good one; a real fault shows in every try."""
+    direction and the lowest latency, how many tries there were, and every try itself
+    (`samples`: one PairMeasure per try, in order). The best try draws the pair's place in
+    the table; every try is evidence (`slow_tries`, `intermittent_findings`): one bad ECMP
+    member or a flapping port is slow in some tries and fine in others."""
     table: dict[tuple[int, int], dict[str, Any]] = {}
     for m in measures:
         if m.kind not in ("pairs", "repeat") or m.error:
             continue
         row = table.setdefault((m.a, m.b), {"bw_ab": None, "bw_ba": None, "lat_us": None,
-                                            "tries": 0, "rounds": []})
+                                            "tries": 0, "rounds": [], "samples": []})
         row["tries"] += 1
         row["rounds"].append(f"{m.kind} {m.round + 1}")
+        row["samples"].append(m)
         for key, value in (("bw_ab", m.bw_ab), ("bw_ba", m.bw_ba)):
             if value is not None:
                 row[key] = value if row[key] is None else max(row[key], value)
@@ -184,12 +189,54 @@ class _Reference:
         return f"{rate_text(self.bw * scale)} ({source})"
 
 
-def suspicious_pairs(measures: list[PairMeasure], expect: Expectation) -> list[tuple[int, int]]:
-    """Pairs to measure again before any is blamed: slow or high-latency in every try."""
+def _tries_of(measures: list[PairMeasure], kinds: tuple[str, ...]
+              ) -> dict[tuple[str | None, int, int], list[PairMeasure]]:
+    """(plane, a, b) -> every try of that pair in steps of `kinds` (plane None: unpinned)."""
+    out: dict[tuple[str | None, int, int], list[PairMeasure]] = defaultdict(list)
+    for m in measures:
+        if m.kind in kinds:
+            out[(m.plane if m.kind == "planes" else None, m.a, m.b)].append(m)
+    return out
+
+
+def _bad_try(m: PairMeasure, ref: _Reference) -> bool:
+    return bool(m.error) or ref.slow(m.bw)
+
+
+def _again(tries: list[PairMeasure], ref: _Reference, lat_high: bool) -> bool:
+    """Whether a pair needs another try: slow (or high-latency) in its only try; or slow in
+    some tries and fine in others, until it has INTERMITTENT_MIN_SLOW slow tries or
+    INTERMITTENT_TRIES tries (so that a path slow in some tries is decided on several, not
+    cancelled by one fast try). A plane pair that got no answer is not tried again (the
+    probe's answer does not change with a repeat)."""
+    if any(m.error for m in tries):
+        return False
+    slow = sum(_bad_try(m, ref) for m in tries)
+    if slow == len(tries) or (lat_high and len(tries) == 1):
+        return len(tries) < 2 and (slow > 0 or lat_high)
+    return 0 < slow < INTERMITTENT_MIN_SLOW and len(tries) < INTERMITTENT_TRIES
+
+
+def suspicious_pairs(measures: list[PairMeasure], expect: Expectation
+                     ) -> list[tuple[int, int]]:
+    """Unpinned pairs to measure again (see `_again`)."""
+    return [(a, b) for plane, a, b in suspicious_tries(measures, expect) if plane is None]
+
+
+def suspicious_tries(measures: list[PairMeasure], expect: Expectation
+                     ) -> list[tuple[str | None, int, int]]:
+    """(plane or None, a, b) of the pairs to measure again before any is blamed or cleared:
+    the unpinned pairs (pairs and repeat steps) and the pairs pinned to a plane."""
     table = pair_table(measures)
     ref = _Reference(table, expect)
-    return sorted(p for p, row in table.items()
-                  if ref.slow(row["bw"]) or ref.high_latency(row["lat_us"]))
+    out = []
+    for key, tries in sorted(_tries_of(measures, ("pairs", "repeat", "planes")).items(),
+                             key=lambda item: (item[0][0] or "", item[0][1:])):
+        lat_high = key[0] is None and ref.high_latency(table[key[1:]]["lat_us"]) \
+            if key[1:] in table else False
+        if _again(tries, ref, lat_high):
+            out.append(key)
+    return out
 
 
 def _confidence(tries: int, evidence_pairs: int) -> str:
@@ -204,7 +251,12 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             compute_s: dict[int, list[float]] | None = None,
             leaves: list[list[int]] | None = None, oversub: float = 1.0,
             world: dict[str, Any] | None = None,
-            stopped: dict[int, str] | None = None) -> list[Finding]:
+            stopped: dict[int, str] | None = None,
+            counters: dict[int, dict[str, dict[str, Any]]] | None = None) -> list[Finding]:
+    """counters: per host, per interface, how its counters changed during the run (see
+    ccbench.diagnose.counters)."""
+    from ccbench.diagnose.counters import counter_findings
+
     table = pair_table(measures)
     ref = _Reference(table, expect)
     findings: list[Finding] = []
@@ -220,18 +272,104 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     compute = _compute_findings(compute_s or {}, names)
     findings += compute
     explained |= {names.index(h) for f in compute for h in f.hosts}
-    planes = _plane_findings(measures, ref, names)
-    findings += planes
-    explained |= {names.index(h) for f in planes for h in f.hosts}
+    plane_names = sorted({m.plane for m in measures if m.plane})
+    ports = _merge(counter_findings(counters or {}, names, plane_names)
+                   + _plane_findings(measures, ref, names))
+    findings += ports
+    explained |= {names.index(h) for f in ports for h in f.hosts}
+    done_pairs = {(names.index(a), names.index(b)) for f in ports for a, b in f.pairs
+                  if not f.hosts}
     findings += _host_findings(table, ref, names, explained)
     explained |= {names.index(h) for f in findings if f.kind in ("slow link", "high latency")
                   for h in f.hosts}
+    flaky = _intermittent_hosts(table, ref, names, explained)
+    findings += flaky
+    explained |= {names.index(h) for f in flaky for h in f.hosts}
     uplinks = _uplink_findings(measures, ref, names, leaves or [], oversub, explained)
     findings += uplinks
-    findings += _pair_findings(table, ref, names, explained, leaves or [], bool(uplinks))
+    pairs = _pair_findings(table, ref, names, explained, leaves or [], bool(uplinks),
+                           done_pairs)
+    findings += pairs
+    done_pairs |= {(names.index(a), names.index(b)) for f in pairs for a, b in f.pairs}
+    findings += _intermittent_pairs(table, ref, names, explained, done_pairs)
     if not findings:                       # a slow world collective a finding explains is not news
         findings += _world_finding(world, ref)
     return findings
+
+
+def _merge(findings: list[Finding]) -> list[Finding]:
+    """One finding per component: a port that changed state during the run (its counters)
+    and the same port seen down or slow in the plane steps are one fault."""
+    out: dict[str, Finding] = {}
+    order = ["intermittent", "port errors", "slow port", "port down"]
+    for f in findings:
+        seen = out.get(f.component)
+        if seen is None:
+            out[f.component] = f
+            continue
+        first, second = sorted((seen, f), key=lambda x: order.index(x.kind)
+                               if x.kind in order else len(order))
+        out[f.component] = Finding(
+            f.component, first.kind, f"{first.measured}; {second.measured}", first.expected,
+            f"{first.evidence} | {second.evidence}", "high", first.hosts or second.hosts,
+            first.pairs + second.pairs)
+    return list(out.values())
+
+
+def _slow_counts(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
+                 ) -> dict[tuple[int, int], int]:
+    return {p: sum(_bad_try(m, ref) for m in row["samples"]) for p, row in table.items()}
+
+
+def _intermittent_hosts(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+                        names: list[str], explained: set[int]) -> list[Finding]:
+    """Every try counts: a host whose pairs are slow in some tries and fine in others, in
+    at least 2 of its pairs and 3 tries, more often than the other pairs' tries are (3x
+    their share + 10 points: the machine's own noise), is intermittent."""
+    slow = _slow_counts(table, ref)
+    out: list[Finding] = []
+    for host in range(len(names)):
+        if host in explained:
+            continue
+        mine = [p for p in table if host in p]
+        hit = [p for p in mine if slow[p]]
+        if not any(slow[p] < table[p]["tries"] for p in hit):
+            continue                      # slow in every try: slow paths, not intermittent
+        others = [p for p in table if host not in p]
+        background = (sum(slow[p] for p in others)
+                      / max(1, sum(table[p]["tries"] for p in others)))
+        count = sum(slow[p] for p in hit)
+        tries = sum(table[p]["tries"] for p in mine)
+        if len(hit) < 2 or count < 3 or count / max(1, tries) < 3 * background + 0.1:
+            continue
+        out.append(Finding(
+            f"host {names[host]}'s link", "intermittent", f"slow in {count} of {tries} tries",
+            ref.expected_text(), "; ".join(
+                f"{names[a]}-{names[b]}: " + ", ".join(_try_text(m) for m in table[(a, b)]
+                                                       ["samples"]) for a, b in hit)
+            + f"; the other pairs' tries: {100 * background:.0f} % slow", "medium",
+            [names[host]], [[names[a], names[b]] for a, b in hit]))
+    return out
+
+
+def _intermittent_pairs(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+                        names: list[str], explained: set[int],
+                        done_pairs: set[tuple[int, int]]) -> list[Finding]:
+    """A single pair slow in INTERMITTENT_MIN_SLOW or more of its tries, fine in others."""
+    slow = _slow_counts(table, ref)
+    out: list[Finding] = []
+    for (a, b), row in sorted(table.items()):
+        if ({a, b} & explained or (a, b) in done_pairs or slow[(a, b)] >= row["tries"]
+                or slow[(a, b)] < INTERMITTENT_MIN_SLOW):
+            continue
+        tries = row["samples"]
+        out.append(Finding(f"pair {names[a]}-{names[b]} path", "intermittent",
+                           f"slow in {slow[(a, b)]} of {len(tries)} tries",
+                           ref.expected_text(), "tries: " + "; ".join(
+                               _direction_text(names[a], names[b], m.bw_ab, m.bw_ba)
+                               for m in tries) + " (ECMP: each try a new connection)",
+                           "medium", [], [[names[a], names[b]]]))
+    return out
 
 
 def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
@@ -255,10 +393,10 @@ def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
                         + ", ".join(f"{x}-{y}" for x, y in names_bad)
                         + f"; each measured {tries}+ times")
             if metric == "bw":
-                out.append(Finding(f"host {names[host]}'s link", "slow link",
-                                   rate_text(statistics.median(values)), ref.expected_text(),
-                                   evidence, _confidence(tries, len(bad)), [names[host]],
-                                   names_bad))
+                measured, one_way = _host_directions(table, bad, host, names, ref)
+                out.append(Finding(f"host {names[host]}'s link", "slow link", measured,
+                                   ref.expected_text(), one_way + evidence,
+                                   _confidence(tries, len(bad)), [names[host]], names_bad))
             else:
                 out.append(Finding(f"host {names[host]}'s link", "high latency",
                                    f"{statistics.median(values):.0f} us", f"{ref.lat:.0f} us",
@@ -267,13 +405,33 @@ def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
     return out
 
 
+def _host_directions(table: dict[tuple[int, int], dict[str, Any]],
+                     bad: list[tuple[int, int]], host: int, names: list[str],
+                     ref: _Reference) -> tuple[str, str]:
+    """`h5 -> others: 15 Mbit/s; others -> h5: 48 Mbit/s` (the medians of its slow pairs'
+    best tries per direction) and, when only one direction is slow, `one way (...); `."""
+    out = [table[p]["bw_ab"] if p[0] == host else table[p]["bw_ba"] for p in bad]
+    into = [table[p]["bw_ba"] if p[0] == host else table[p]["bw_ab"] for p in bad]
+    med_out = statistics.median([v for v in out if v is not None] or [0.0])
+    med_in = statistics.median([v for v in into if v is not None] or [0.0])
+    name = names[host]
+    text = (f"{name} -> others: {rate_text(med_out)}; "
+            f"others -> {name}: {rate_text(med_in)}")
+    slow_out, slow_in = ref.slow(med_out), ref.slow(med_in)
+    if slow_out == slow_in:
+        return text, ""
+    return text, f"one way ({name} -> others); " if slow_out else \
+        f"one way (others -> {name}); "
+
+
 def _pair_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
                    names: list[str], explained: set[int], leaves: list[list[int]],
-                   uplink_flagged: bool) -> list[Finding]:
+                   uplink_flagged: bool, done_pairs: set[tuple[int, int]] | None = None
+                   ) -> list[Finding]:
     leaf_of = {h: i for i, members in enumerate(leaves) for h in members}
     out = []
     for (a, b), row in sorted(table.items()):
-        if a in explained or b in explained:
+        if a in explained or b in explained or (a, b) in (done_pairs or set()):
             continue
         if uplink_flagged and leaf_of.get(a) != leaf_of.get(b):
             continue                     # slow only while sharing the flagged uplink
@@ -281,9 +439,8 @@ def _pair_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
         both = f"{names[a]}-{names[b]}"
         extra = " (or either host's link: 2 hosts cannot tell)" if len(names) == 2 else ""
         if ref.slow(row["bw"]):
-            direction = (f"{names[a]}->{names[b]} {rate_text(row['bw_ab'])}, "
-                         f"{names[b]}->{names[a]} {rate_text(row['bw_ba'])}")
-            out.append(Finding(f"pair {both} path{extra}", "slow path", rate_text(row["bw"]),
+            direction = _direction_text(names[a], names[b], row["bw_ab"], row["bw_ba"])
+            out.append(Finding(f"pair {both} path{extra}", "slow path", direction,
                                ref.expected_text(), f"{direction}; tries: {rounds}",
                                _confidence(row["tries"], 1), [], [[names[a], names[b]]]))
         # one pair's latency against the pairs' own median: too noisy to blame a path with
@@ -343,50 +500,113 @@ def _uplink_findings(measures: list[PairMeasure], ref: _Reference, names: list[s
     return out
 
 
+def _direction_text(a: str, b: str, ab: float | None, ba: float | None) -> str:
+    return f"{a} -> {b}: {rate_text(ab or 0.0)}; {b} -> {a}: {rate_text(ba or 0.0)}"
+
+
+def _try_text(m: PairMeasure) -> str:
+    return m.error or rate_text(m.bw or 0.0)
+
+
 def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[str]
                     ) -> list[Finding]:
-    by_plane: dict[str, list[PairMeasure]] = defaultdict(list)
-    for m in measures:
-        if m.kind == "planes" and m.plane is not None:
-            by_plane[m.plane].append(m)
+    """Per plane, every try of the pairs pinned to it: a host's port (all its pairs bad on
+    that plane), a whole plane, a port slow or down in some tries only (intermittent), and
+    what is left: one pair's path on that plane (a bad ECMP member)."""
+    by_plane: dict[str, dict[tuple[int, int], list[PairMeasure]]] = defaultdict(dict)
+    for (plane, a, b), tries in _tries_of(measures, ("planes",)).items():
+        if plane is not None:
+            by_plane[plane][(a, b)] = tries
     out: list[Finding] = []
     for plane, pairs in sorted(by_plane.items()):
-        bad = [m for m in pairs if m.error or ref.slow(m.bw)]
+        bad = {p for p, tries in pairs.items() if all(_bad_try(m, ref) for m in tries)}
+        some = {p for p, tries in pairs.items() if any(_bad_try(m, ref) for m in tries)}
         if len(pairs) >= 3 and len(bad) == len(pairs):
-            out.append(Finding(f"plane {plane}", "slow plane" if not any(m.error for m in bad)
+            tries = [m for p in pairs for m in pairs[p]]
+            out.append(Finding(f"plane {plane}", "slow plane" if not any(m.error for m in tries)
                                else "plane down", rate_text(statistics.median(
-                                   [m.bw or 0.0 for m in bad])), ref.expected_text(),
-                               f"all {len(pairs)} ring pairs on plane {plane}", "medium"))
+                                   [m.bw or 0.0 for m in tries])), ref.expected_text(),
+                               f"all {len(pairs)} pairs on plane {plane}", "medium"))
             continue
-        for host in range(len(names)):
-            mine = [m for m in pairs if host in (m.a, m.b)]
-            if not mine or not all(m in bad for m in mine):
-                continue
-            partners = {m.a if m.b == host else m.b for m in mine}
-            if len(mine) == 1 and any(all(n in bad for n in pairs if p in (n.a, n.b))
-                                      for p in partners):
+        ports = _port_findings(plane, pairs, bad, some, ref, names)
+        out += ports
+        flagged = {names.index(h) for f in ports for h in f.hosts}
+        out += _plane_path_findings(plane, pairs, bad, some, ref, names, flagged)
+    return _whole_host(out, len(by_plane))
+
+
+def _port_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
+                   bad: set[tuple[int, int]], some: set[tuple[int, int]], ref: _Reference,
+                   names: list[str]) -> list[Finding]:
+    out = []
+    for host in range(len(names)):
+        mine = [p for p in pairs if host in p]
+        if not mine:
+            continue
+        tries = [m for p in mine for m in pairs[p]]
+        evidence = "; ".join(f"{names[a]}-{names[b]} on {plane}: "
+                             + ", ".join(_try_text(m) for m in pairs[(a, b)]) for a, b in mine)
+        if all(p in bad for p in mine):
+            partners = {a if b == host else b for a, b in mine}
+            if len(mine) == 1 and any(all(q in bad for q in pairs if p in q) for p in partners):
                 continue        # its only pair is also its partner's: the partner's port
-            down = all(m.error for m in mine)
-            evidence = "; ".join(
-                f"{names[m.a]}-{names[m.b]} on {plane}: "
-                + (m.error or f"{rate_text(m.bw or 0.0)}") for m in mine)
+            down = all(m.error for m in tries)
             out.append(Finding(f"host {names[host]}'s plane {plane} port",
                                "port down" if down else "slow port",  # merged below
                                "no answer" if down else rate_text(statistics.median(
-                                   [m.bw for m in mine if m.bw is not None])),
+                                   [m.bw for m in tries if m.bw is not None] or [0.0])),
                                ref.expected_text(), evidence,
                                "high" if len(mine) >= 2 else "low", [names[host]],
-                               [[names[m.a], names[m.b]] for m in mine]))
-    return _whole_host(out, len(by_plane))
+                               [[names[a], names[b]] for a, b in mine]))
+            continue
+        hit = [p for p in mine if p in some]
+        slow = sum(_bad_try(m, ref) for m in tries)
+        if len(hit) >= 2 and slow >= INTERMITTENT_MIN_SLOW:
+            out.append(Finding(f"host {names[host]}'s plane {plane} port", "intermittent",
+                               f"slow or no answer in {slow} of {len(tries)} tries",
+                               ref.expected_text(), evidence, "medium", [names[host]],
+                               [[names[a], names[b]] for a, b in hit]))
+    return out
+
+
+def _plane_path_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
+                         bad: set[tuple[int, int]], some: set[tuple[int, int]],
+                         ref: _Reference, names: list[str], flagged: set[int]
+                         ) -> list[Finding]:
+    """A pair slow on one plane while both hosts' ports on it are fine: that pair's path
+    on that plane (one bad member of an ECMP group, a spine port)."""
+    out = []
+    for a, b in sorted(some):
+        if a in flagged or b in flagged:
+            continue
+        tries = pairs[(a, b)]
+        slow = [m for m in tries if _bad_try(m, ref)]
+        persistent = (a, b) in bad
+        if not persistent and len(slow) < INTERMITTENT_MIN_SLOW:
+            continue
+        worst = min(slow, key=lambda m: m.bw or 0.0)
+        measured = (worst.error or _direction_text(names[a], names[b], worst.bw_ab,
+                                                   worst.bw_ba))
+        kind = ("path down" if all(m.error for m in slow) else "slow path") if persistent \
+            else "intermittent"
+        out.append(Finding(f"pair {names[a]}-{names[b]} path on plane {plane}", kind,
+                           measured, ref.expected_text(),
+                           f"slow in {len(slow)} of {len(tries)} tries on {plane}: "
+                           + ", ".join(_try_text(m) for m in tries)
+                           + "; both hosts' other pairs on it fine (a bad ECMP member or "
+                             "spine port)", _confidence(len(slow), 2), [],
+                           [[names[a], names[b]]]))
+    return out
 
 
 def _whole_host(ports: list[Finding], planes: int) -> list[Finding]:
     """A host whose ports are out of line on every plane: its link(s), one finding."""
     by_host: dict[str, list[Finding]] = defaultdict(list)
     for f in ports:
-        if f.hosts:
+        if f.hosts and f.kind in ("port down", "slow port"):
             by_host[f.hosts[0]].append(f)
-    out = [f for f in ports if not f.hosts or len(by_host[f.hosts[0]]) < planes]
+    out = [f for f in ports if not f.hosts or f.kind not in ("port down", "slow port")
+           or len(by_host[f.hosts[0]]) < planes]
     for host, found in sorted(by_host.items()):
         if planes < 2 or len(found) < planes:
             continue

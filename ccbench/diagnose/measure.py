@@ -27,7 +27,8 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
-from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_pairs
+from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_tries
+from ccbench.diagnose.counters import counter_deltas, read_counters
 from ccbench.diagnose.plan import Step
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError, error_line
 from ccbench.harness import Case, Method, SizeResult, measure_size
@@ -80,6 +81,8 @@ class Collected:
     expect: Expectation = field(default_factory=Expectation)
     stopped: dict[int, str] = field(default_factory=dict)
     leaves: list[list[int]] | None = None
+    #: per host, per interface: how its counters changed during the run
+    counters: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 class _DiagnoseWatchdog(Watchdog):
@@ -160,7 +163,7 @@ class _Rank:
         self.run_id = ""
         self.meta: dict[str, Any] = {}
         self.collected: Collected | None = None
-        self.repeated: set[tuple[int, int]] = set()
+        self.counters_before: dict[str, dict[str, Any]] = {}
 
     # -- set-up ---------------------------------------------------------------------------
     def learn_hosts(self) -> None:
@@ -380,21 +383,40 @@ class _Rank:
                                                               self.timeout)
                                             for h in range(len(self.names))}
 
-    def repeat_rounds(self, number: int) -> list[Step]:
-        """Rank 0 picks the pairs to measure again (suspicious now, not measured again yet:
-        a repeat that clears one pair moves the median the others are held against); every
-        rank gets the same rounds of disjoint pairs."""
+    def repeat_rounds(self, number: int, passes: int) -> list[Step]:
+        """Rank 0 picks the pairs to measure again (`suspicious_tries`: slow in their only
+        try, or slow in some tries and fine in others until that is decided), unpinned and per
+        plane; every rank gets the same rounds of disjoint pairs (a plane's pinned to it)."""
         if self.info.rank == 0 and self.collected is not None:
-            suspects = [p for p in suspicious_pairs(self.collected.measures,
-                                                    self.collected.expect)
-                        if p not in self.repeated]
-            self.repeated.update(suspects)
-            self.store.set(f"diag/repeat/{number}",
-                           [[list(p) for p in r] for r in _disjoint(suspects)])
+            suspects = suspicious_tries(self.collected.measures, self.collected.expect)
+            by_plane: dict[str, list[list[list[int]]]] = {}
+            for plane in sorted({p or "" for p, _a, _b in suspects}):
+                pairs = [(a, b) for p, a, b in suspects if (p or "") == plane]
+                by_plane[plane] = [[list(p) for p in r] for r in _disjoint(pairs)]
+            self.store.set(f"diag/repeat/{number}", by_plane)
         with self.watchdog.waiting():
-            rounds = self.store.get(f"diag/repeat/{number}", self.timeout)
-        return [Step("repeat", f"repeat {i + 1}/{len(rounds)}: suspicious pairs again",
-                     tuple(tuple(p) for p in r), i) for i, r in enumerate(rounds)]
+            by_plane = self.store.get(f"diag/repeat/{number}", self.timeout)
+        steps = []
+        for plane, rounds in sorted(by_plane.items()):
+            for i, r in enumerate(rounds):
+                where = f" on plane {plane}" if plane else ""
+                steps.append(Step("planes" if plane else "repeat",
+                                  f"repeat {passes}.{i + 1}/{len(rounds)}{where}: suspicious "
+                                  f"pairs again", tuple((p[0], p[1]) for p in r), i,
+                                  plane=plane or None))
+        return steps
+
+    def gather_counters(self) -> None:
+        """Each host's representative: how its interface counters changed since before the
+        library started; rank 0 keeps them all."""
+        if self.info.rank in self.rep:
+            self.store.set(f"diag/counters/{self.host_of[self.info.rank]}",
+                           counter_deltas(self.counters_before, read_counters()))
+        if self.info.rank == 0 and self.collected is not None:
+            with self.watchdog.waiting():
+                self.collected.counters = {
+                    h: self.store.get(f"diag/counters/{h}", self.timeout)
+                    for h in range(len(self.names))}
 
     # -- records --------------------------------------------------------------------------
     def _expected(self) -> dict[str, Any]:
@@ -557,10 +579,13 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
             collected, why, {rank.host_of[r]: why for r in lost})
         if config.on_plan is not None:
             config.on_plan(steps, rank.names, expect)
+    if rank.info.rank in rank.rep:
+        rank.counters_before = read_counters()
     backend = _make_backend(config, rank.info, rank.store, watchdog, len(rank.names))
     try:
         rank.meta = backend.info()
         _run_steps(rank, backend, steps)
+        rank.gather_counters()
     finally:
         watchdog.label = f"{config.backend}: finalisation"
         with watchdog.waiting():
@@ -568,7 +593,8 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
 
 
 def _run_steps(rank: _Rank, backend: Backend, steps: list[Step]) -> None:
-    last_pairs = max((i for i, s in enumerate(steps) if s.kind == "pairs"), default=-1)
+    last_pairs = max((i for i, s in enumerate(steps) if s.kind in ("pairs", "planes")),
+                     default=-1)
     number = 0
     for position, step in enumerate(steps):
         number += 1
@@ -582,8 +608,9 @@ def _run_steps(rank: _Rank, backend: Backend, steps: list[Step]) -> None:
                 rank.collected.steps.append(step)
         else:
             rank.run_step(backend, step, number)
-        for _ in range(REPEAT_PASSES if position == last_pairs and rank.config.repeat else 0):
-            rounds = rank.repeat_rounds(number)
+        for passes in range(REPEAT_PASSES if position == last_pairs and rank.config.repeat
+                            else 0):
+            rounds = rank.repeat_rounds(number, passes + 1)
             if not rounds:
                 break
             for again in rounds:

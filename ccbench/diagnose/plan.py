@@ -10,8 +10,9 @@ sub-communicator of its own, so the pairs of a step must be disjoint:
   a single path;
 * `leaves`: every host of one leaf paired with a host of another at once, so the flows
   cross the two leaves' uplinks together (the pairs alone never load an uplink);
-* `planes`: per plane, each host with its ring neighbours (2 rounds, 3 when N is odd), the
-  traffic pinned to that plane's interfaces;
+* `planes`: per plane, the same pair rounds again (every pair, or with `--quick` the
+  hypercube's), the traffic pinned to that plane's interfaces: one flow per plane for each
+  pair, so that one bad member of an ECMP group is hit in every run;
 * `compute`: each host in turn runs the same fixed work and arrives at a barrier.
 """
 
@@ -110,10 +111,10 @@ def build_plan(hosts: int, quick: bool = False, leaves: list[list[int]] | None =
     for a, b, pairs in leaf_pairs(leaves or []) if leaves and len(leaves) > 1 else []:
         steps.append(Step("leaves", f"leaf{a} x leaf{b} ({len(pairs)} flows each way)",
                           tuple(pairs), extra={"leaves": [a, b]}))
-    for plane in planes or []:
-        for number, pairs in enumerate(ring_rounds(hosts)):
-            steps.append(Step("planes", f"plane {plane} ring round {number + 1}", tuple(pairs),
-                              number, plane=plane))
+    for plane in planes or []:          # every pair on every plane: one flow per plane, so
+        for number, pairs in enumerate(rounds):    # a bad ECMP member is hit in every run
+            steps.append(Step("planes", f"plane {plane} pairs round {number + 1}/"
+                              f"{len(rounds)}", tuple(pairs), number, plane=plane))
     if compute:
         steps.append(Step("compute", "compute probe: each host in turn, arrival at a barrier"))
     return steps

@@ -35,7 +35,7 @@ def format_plan(steps: list[Step], names: list[str], expect: Expectation, second
 def findings_of(collected: Any, oversub: float = 1.0) -> list[Finding]:
     return analyse(collected.measures, collected.expect, collected.names,
                    collected.compute_s, collected.leaves, oversub, collected.world,
-                   collected.stopped)
+                   collected.stopped, getattr(collected, "counters", None))
 
 
 def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
@@ -52,6 +52,8 @@ def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
                              for m in collected.measures],
             "hosts": names, "world": collected.world,
             "compute_s": {names[h]: v for h, v in collected.compute_s.items()},
+            "counters": {names[h]: v for h, v in getattr(collected, "counters", {}).items()
+                         if v},
             "expected": {"link_bps": collected.expect.link_bps,
                          "latency_us": collected.expect.latency_us,
                          "source": collected.expect.source}}

@@ -1,0 +1,201 @@
+"""Each host's own interface counters, read before and after the plan: link state changes
+(carrier changes: a port that flapped), errors and drops; for RDMA NICs the port counters
+under /sys/class/infiniband/ (link downed, link error recovery, symbol and receive errors).
+
+The Ethernet interfaces are read over rtnetlink (RTM_GETLINK), which answers for the network
+namespace of the reading process (sysfs shows the namespace of whoever mounted it), with
+/sys/class/net as the fallback. A port that changed state during the run is a finding, named
+with the count; one that counted errors too. Drops are reported with them, never alone (a
+congested queue drops by design).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+from ccbench.diagnose.analyse import Finding
+
+__all__ = ["counter_deltas", "counter_findings", "read_counters"]
+
+_RTM_GETLINK, _RTM_NEWLINK, _NLMSG_DONE, _NLMSG_ERROR = 18, 16, 3, 2
+_IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64, _IFLA_CARRIER_CHANGES = 3, 16, 23, 35
+_OPERSTATES = {0: "unknown", 1: "notpresent", 2: "down", 3: "lowerlayerdown", 4: "testing",
+               5: "dormant", 6: "up"}
+_STATS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")   # rtnl_link_stats64 4..7
+_IB_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors")
+NUMERIC = ("carrier_changes", *_STATS, *_IB_COUNTERS)
+
+
+def _attributes(data: bytes) -> dict[int, bytes]:
+    out = {}
+    offset = 0
+    while offset + 4 <= len(data):
+        length, kind = struct.unpack_from("HH", data, offset)
+        if length < 4:
+            break
+        out[kind & 0x3FFF] = data[offset + 4:offset + length]
+        offset += (length + 3) & ~3
+    return out
+
+
+def _link(attrs: dict[int, bytes]) -> tuple[str, dict[str, Any]] | None:
+    if _IFLA_IFNAME not in attrs:
+        return None
+    name = attrs[_IFLA_IFNAME].split(b"\0", 1)[0].decode()
+    row: dict[str, Any] = {"state": _OPERSTATES.get(attrs.get(_IFLA_OPERSTATE, b"\0")[0],
+                                                    "unknown")}
+    if _IFLA_CARRIER_CHANGES in attrs:
+        row["carrier_changes"] = struct.unpack("I", attrs[_IFLA_CARRIER_CHANGES][:4])[0]
+    if len(attrs.get(_IFLA_STATS64, b"")) >= 64:
+        values = struct.unpack_from("8Q", attrs[_IFLA_STATS64])
+        row.update(dict(zip(_STATS, values[4:8], strict=True)))
+    return name, row
+
+
+def _netlink_links() -> dict[str, dict[str, Any]]:
+    """name -> counters of every interface of this network namespace (rtnetlink dump)."""
+    out: dict[str, dict[str, Any]] = {}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as sock:   # NETLINK_ROUTE
+        sock.settimeout(5.0)
+        body = struct.pack("BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0)
+        sock.send(struct.pack("IHHII", 16 + len(body), _RTM_GETLINK, 0x301, 1, 0) + body)
+        while True:
+            data = sock.recv(1 << 16)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("IH", data, offset)
+                if kind in (_NLMSG_DONE, _NLMSG_ERROR) or length < 16:
+                    return out
+                if kind == _RTM_NEWLINK:
+                    got = _link(_attributes(data[offset + 32:offset + length]))
+                    if got is not None:
+                        out[got[0]] = got[1]
+                offset += (length + 3) & ~3
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0], 0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _sysfs_links(root: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    base = root / "class" / "net"
+    for entry in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            state = (entry / "operstate").read_text().strip()
+        except OSError:
+            continue
+        row: dict[str, Any] = {"state": state}
+        for key in ("carrier_changes",):
+            value = _read_int(entry / key)
+            if value is not None:
+                row[key] = value
+        for key in _STATS:
+            value = _read_int(entry / "statistics" / key)
+            if value is not None:
+                row[key] = value
+        out[entry.name] = row
+    return out
+
+
+def _infiniband(root: Path) -> dict[str, dict[str, Any]]:
+    """`mlx5_0/1` -> the port's state and error counters."""
+    out: dict[str, dict[str, Any]] = {}
+    base = root / "class" / "infiniband"
+    for device in sorted(base.iterdir()) if base.is_dir() else []:
+        ports = device / "ports"
+        for port in sorted(ports.iterdir()) if ports.is_dir() else []:
+            try:
+                state = (port / "state").read_text().strip()     # e.g. "4: ACTIVE"
+            except OSError:
+                continue
+            row: dict[str, Any] = {"state": state.split(":")[-1].strip().lower()}
+            for key in _IB_COUNTERS:
+                value = _read_int(port / "counters" / key)
+                if value is not None:
+                    row[key] = value
+            out[f"{device.name}/{port.name}"] = row
+    return out
+
+
+def read_counters(sys_root: str | None = None) -> dict[str, dict[str, Any]]:
+    """This host's interfaces (loopback left out) and RDMA ports -> state and counters.
+    `sys_root` (tests): read everything from that sysfs copy instead."""
+    root = Path(sys_root or os.environ.get("CCBENCH_DIAGNOSE_SYSFS", "/sys"))
+    links: dict[str, dict[str, Any]] = {}
+    if sys_root is None and "CCBENCH_DIAGNOSE_SYSFS" not in os.environ:
+        try:
+            links = _netlink_links()
+        except OSError:
+            links = {}
+    if not links:
+        links = _sysfs_links(root)
+    links.pop("lo", None)
+    return {**links, **_infiniband(root)}
+
+
+def counter_deltas(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+                   ) -> dict[str, dict[str, Any]]:
+    """Per interface present in both readings: how each counter grew, and the state before
+    and after; only interfaces where something changed."""
+    out = {}
+    for name, now in after.items():
+        then = before.get(name)
+        if then is None:
+            continue
+        row: dict[str, Any] = {k: now[k] - then[k] for k in NUMERIC
+                               if k in now and k in then and now[k] != then[k]}
+        if row or now.get("state") != then.get("state"):
+            row.update(state_before=then.get("state"), state=now.get("state"))
+            out[name] = row
+    return out
+
+
+def _component(host: str, name: str, planes: list[str]) -> str:
+    if name in planes:
+        return f"host {host}'s plane {name} port"
+    if "/" in name:
+        device, port = name.split("/", 1)
+        return f"host {host}'s {device} port {port}"
+    return f"host {host}'s {name} port"
+
+
+def _one(host: str, name: str, row: dict[str, Any], planes: list[str]) -> Finding | None:
+    changes = row.get("carrier_changes", 0) + row.get("link_downed", 0)
+    errors = {k: row[k] for k in ("rx_errors", "tx_errors", "symbol_error",
+                                  "port_rcv_errors", "link_error_recovery") if row.get(k)}
+    drops = {k: row[k] for k in ("rx_dropped", "tx_dropped") if row.get(k)}
+    state = f"{row.get('state_before')} before, {row.get('state')} after"
+    extra = "".join(f"; {v} {k.replace('_', ' ')}" for k, v in {**errors, **drops}.items())
+    component = _component(host, name, planes)
+    if changes > 0 or row.get("state") != row.get("state_before"):
+        what = "link downed" if row.get("link_downed") else "carrier changes"
+        down = row.get("state") not in ("up", "active", "unknown")
+        return Finding(component, "port down" if down and changes <= 1 else "intermittent",
+                       f"{changes} {what} during the run", "0 (a stable link)",
+                       f"{name}'s own counters: {state}{extra}", "high", [host])
+    if errors:
+        return Finding(component, "port errors",
+                       ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in errors.items()),
+                       "0", f"{name}'s own counters during the run: {state}{extra}",
+                       "medium", [host])
+    return None
+
+
+def counter_findings(deltas: dict[int, dict[str, dict[str, Any]]], names: list[str],
+                     planes: list[str]) -> list[Finding]:
+    """Per host (index) and interface, what changed during the run -> findings."""
+    out = []
+    for host, rows in sorted(deltas.items()):
+        for name, row in sorted(rows.items()):
+            found = _one(names[host], name, row, planes)
+            if found is not None:
+                out.append(found)
+    return out
