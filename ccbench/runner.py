@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ccbench import __version__
-from ccbench.backends import backend_class
+from ccbench.backends import backend_class, prepare_process
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.bench_options import COMBINE_LABELS, method_record
@@ -293,6 +293,10 @@ class _Run:
 
 def run_benchmark(config: BenchConfig) -> int:
     """One rank's whole run; returns the exit status."""
+    # what the backends' libraries read from this process (MPI's thread level, NCCL_ALGO),
+    # before anything here starts one: finding the launch may initialise MPI
+    prepare_process(config.backends, config.device,
+                    BackendOptions.from_mapping(config.options or {}))
     info = detect_launch()
     for name in config.backends:            # before any rendezvous, so nothing waits on it
         if backend_class(name).needs_mpi_launcher:

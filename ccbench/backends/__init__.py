@@ -7,6 +7,7 @@ import importlib
 
 from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import Backend, BackendFactory, RankContext
+from ccbench.backends.options import BackendOptions
 from ccbench.errors import BackendUnavailable, choices_error
 
 # name -> "module:Class", from ccbench/backend_facts.py (where report/ and model/ read the
@@ -19,7 +20,7 @@ DEVICE_VARIANTS: dict[tuple[str, str], str] = {
 }
 
 __all__ = ["REGISTRY", "Backend", "BackendFactory", "RankContext", "backend_class",
-           "backend_names", "check_launchable", "parse_backends"]
+           "backend_names", "check_launchable", "parse_backends", "prepare_process"]
 
 
 def backend_names() -> list[str]:
@@ -95,6 +96,14 @@ def canonical_backend(name: str) -> str:
     if base in algorithm_names():
         return f"{name}@{DEFAULT_ALGORITHM_TRANSPORT}"
     return name
+
+
+def prepare_process(names: list[str], device: str, options: BackendOptions) -> None:
+    """In a rank, before its control plane connects: each backend's library settings that
+    must be in the process before the library starts (MPI's thread level, NCCL_ALGO ...:
+    `Backend.prepare_process`). Parsing and launching leave the process as it was."""
+    for name in names:
+        backend_class(name, device).prepare_process(options)
 
 
 def check_launchable(names: list[str]) -> dict[str, bool]:

@@ -45,6 +45,7 @@ from ccbench.backends.base import (
     Support,
 )
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
+from ccbench.backends.options import BackendOptions
 from ccbench.collectives import get as get_collective
 from ccbench.errors import RunFailure, UsageError, choices_error
 
@@ -126,6 +127,9 @@ class AlgorithmSpec:
 
     def quiet_probes(self) -> None:
         self.transport_factory.quiet_probes()
+
+    def prepare_process(self, options: BackendOptions) -> None:
+        self.transport_factory.prepare_process(options)
 
     def unavailable_reason(self) -> str | None:
         return self.transport_factory.unavailable_reason()

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import functools
 import itertools
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ class BackendFactory(Protocol):
 
     def quiet_probes(self) -> None: ...
 
+    def prepare_process(self, options: BackendOptions) -> None: ...
+
     def unavailable_reason(self) -> str | None: ...
 
     def unavailable_before_launch(self) -> str | None: ...
@@ -115,11 +118,25 @@ class Backend(ABC):
     #: the environment variable naming the interface its new communicators bind to (None: the
     #: library picks its own); diagnose --planes pins each plane's traffic through it
     interface_variable: ClassVar[str | None] = None
+    #: BackendOptions field -> the environment variable its library reads it from at start-up
+    #: (--nccl-algo: NCCL_ALGO); set by prepare_process in the rank, where given
+    library_environment: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def quiet_probes(cls) -> None:
         """Make the probes below side-effect free in this process (doctor calls it before any
         probe: loading MPI must not initialise it)."""
+
+    @classmethod
+    def prepare_process(cls, options: BackendOptions) -> None:
+        """Set what its library reads from this process before it starts (environment
+        variables, initialisation settings such as MPI's thread level). The rank calls it
+        before its control plane connects (which may initialise MPI); parsing a command line
+        and launching ranks never do. By default: `library_environment`'s variables."""
+        for option, variable in cls.library_environment.items():
+            value = getattr(options, option)
+            if value:
+                os.environ[variable] = str(value)
 
     @classmethod
     def probe_version(cls) -> str | None:

@@ -31,6 +31,7 @@ from ccbench.backends.mpi_loop import (
     loaded_libmpi,
     predefined_datatype,
 )
+from ccbench.backends.options import BackendOptions
 from ccbench.backends.p2p import poll, raw_bytes
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
 from ccbench.dtypes import wire_dtype
@@ -145,6 +146,12 @@ class MPIBackend(Backend):
             return                    # unavailable_reason says why, in one line
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
+
+    @classmethod
+    def prepare_process(cls, options: BackendOptions) -> None:
+        """--mpi-thread-level, before anything in this process imports mpi4py.MPI."""
+        if options.mpi_thread_level:
+            set_thread_level(options.mpi_thread_level)
 
     @classmethod
     def probe_version(cls) -> str | None:

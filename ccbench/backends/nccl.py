@@ -93,6 +93,7 @@ class NCCLBackend(TorchDistBackend):
     process_group_backend = "nccl"
     default_device = "cuda"
     reads_options = frozenset({"nccl_algo", "nccl_proto"})
+    library_environment = {"nccl_algo": "NCCL_ALGO", "nccl_proto": "NCCL_PROTO"}
     carries_algorithms = True
     #: what results call the library
     library: ClassVar[str] = "nccl"

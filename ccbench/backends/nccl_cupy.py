@@ -112,6 +112,7 @@ class NCCLCupyBackend(Backend):
     libraries = (CUPY,)
     default_device = "cuda"
     reads_options = frozenset({"nccl_algo", "nccl_proto", "cuda_graph"})
+    library_environment = {"nccl_algo": "NCCL_ALGO", "nccl_proto": "NCCL_PROTO"}
     carries_algorithms = True
     env_prefixes: ClassVar[tuple[str, ...]] = ("NCCL_", "CUDA_VISIBLE_DEVICES",
                                                "CUDA_DEVICE_MAX_CONNECTIONS", "CUPY_")

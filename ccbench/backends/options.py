@@ -26,6 +26,8 @@ class BackendOptions:
     nccl_proto: str | None = None
     #: capture the measured call in a CUDA graph and time graph launches (nccl-cupy only)
     cuda_graph: bool = False
+    #: --mpi-thread-level: the thread level MPI is initialised at (None: mpi4py's default)
+    mpi_thread_level: str | None = None
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
