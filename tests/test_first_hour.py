@@ -290,3 +290,13 @@ def test_a_backend_named_twice_runs_once_with_a_note() -> None:
     notes = [line for line in proc.stderr.splitlines() if "more than once" in line]
     assert notes == ["ccbench: note: --backend gloo,gloo names gloo more than once: each runs "
                      "once (gloo)"], proc.stderr
+
+
+def test_export_names_its_files_without_a_double_slash(tmp_path: Path) -> None:
+    out = f"{tmp_path / 'astra'}/"                     # a folder typed with its slash
+    proc = run_ccbench_forked("export", "astra-sim", "results/model.json", "-o", out, "--ranks",
+                              "4", "--backend", "gloo/gloo")
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"wrote {tmp_path / 'astra' / 'network.yml'}, "), first
+    assert "//" not in proc.stdout

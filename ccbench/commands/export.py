@@ -10,6 +10,7 @@ timed iteration.
 from __future__ import annotations
 
 import argparse
+import os
 
 from ccbench.errors import UsageError
 
@@ -101,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
                                 collective, sizes, args.backend, args.prefix,
                                 None if args.intra_bw is None else 1 / (args.intra_bw * 1e9),
                                 algorithm=args.algorithm)
-        print(f"wrote {args.output}/network.yml, system.json, remote_memory.json"
+        print(f"wrote {os.path.join(args.output, 'network.yml')}, system.json, remote_memory.json"
               + (f", {args.ranks} Chakra files {manifest['workload']['prefix']}.<rank>.et"
                  if collective else ""))
         for d in manifest["dims"]:
