@@ -300,3 +300,33 @@ def test_export_names_its_files_without_a_double_slash(tmp_path: Path) -> None:
     first = proc.stdout.splitlines()[0]
     assert first.startswith(f"wrote {tmp_path / 'astra' / 'network.yml'}, "), first
     assert "//" not in proc.stdout
+
+
+GLOO_DATA = ["results/data/gloo-n2.jsonl.gz", "results/data/gloo-n4.jsonl.gz"]
+
+
+def _columns(line: str) -> list[int]:
+    import re
+
+    return [m.start() for m in re.finditer(r"\S+", line)]
+
+
+def test_calibrate_tables_have_no_twin_rows_and_aligned_columns(tmp_path: Path) -> None:
+    """The fit across world sizes made from one (gloo's all-to-all leaves 2 ranks out) is not
+    printed as a twin of the per-world-size row; --validate's tables are aligned, and a size's
+    in-place and out-of-place records are told apart."""
+    proc = run_ccbench_forked("calibrate", *GLOO_DATA, "-o", str(tmp_path / "m.json"),
+                              "--bootstrap", "0", "--collective", "alltoall")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("gloo ")]
+    assert len(rows) == 3 and len(set(rows)) == 3, proc.stdout
+    proc = run_ccbench_forked("calibrate", *GLOO_DATA, "-o", str(tmp_path / "m.json"),
+                              "--bootstrap", "0", "--collective", "allreduce", "--validate", "2:4")
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout.split("validation: ")[1].split("\nwrote ")[0]
+    tables = [block.splitlines() for block in text.strip().split("\n\n")]
+    tables[0] = tables[0][1:]                         # the line that says what was fitted
+    assert len(tables) == 2 and all(len(t) > 1 for t in tables), text
+    for table in tables:
+        assert all(_columns(row) == _columns(table[0]) for row in table[1:]), table
+        assert len(set(table)) == len(table), table

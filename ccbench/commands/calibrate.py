@@ -76,6 +76,10 @@ def goodness_table(fits: list[dict[str, Any]]) -> str:
         if f["algorithm"] == "native":
             notes.append("chosen")
         p_text = ",".join(map(str, f["world_sizes"]))
+        if f.get("scope") == "all-world-sizes" and len(f["world_sizes"]) == 1:
+            # the fit across world sizes, here from one (the others left out): not the
+            # per-world-size row above it, though its numbers are the same
+            p_text += " (all p)"
         ci = f.get("ci95")
         a_ci = f"{ci['alpha'][0] * 1e6:.3g}-{ci['alpha'][1] * 1e6:.3g}" if ci else "-"
         b_ci = (f"{1e-9 / ci['beta'][1]:.3g}-{1e-9 / ci['beta'][0]:.3g}"
@@ -86,27 +90,35 @@ def goodness_table(fits: list[dict[str, Any]]) -> str:
                      f"{f['alpha'] * 1e6:.3g}", a_ci, beta_bw, b_ci, gamma_bw, f"{g['r2_log']:.4f}",
                      _pct(g["median_rel_err"]), _pct(g["max_rel_err"]), hold_text,
                      " ".join(notes)))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    return _aligned(rows)
+
+
+def _aligned(rows: list[tuple[Any, ...]]) -> str:
+    """Columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)
 
 
 def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
-    lines = ["backend  library  collective  algorithm  p  size  measured_us  predicted_us  rel_err"]
+    """Each predicted record (its dtype and mode tell apart the records of one size), then
+    each group's summary; columns aligned."""
+    table: list[tuple[Any, ...]] = [("backend", "library", "collective", "algorithm", "p",
+                                     "dtype", "mode", "size", "measured_us", "predicted_us",
+                                     "rel_err")]
     for r in rows:
-        lines.append(f"{r['backend']}  {r['library']}  {r['collective']}  {r['algorithm']}  "
-                     f"{r['world_size']}  "
-                     f"{r['size']}  {r['measured_s'] * 1e6:.2f}  {r['predicted_s'] * 1e6:.2f}  "
-                     f"{_pct(r['rel_err'])}")
-    lines.append("")
-    lines.append("backend  library  collective  algorithm  p  sizes  median_rel_err  p90_rel_err  "
-                 "max_rel_err")
+        table.append((r["backend"], r["library"], r["collective"], r["algorithm"],
+                      r["world_size"], r.get("dtype", "-"),
+                      {True: "in-place", False: "out-of-place"}.get(r.get("inplace"), "-"),
+                      r["size"], f"{r['measured_s'] * 1e6:.2f}", f"{r['predicted_s'] * 1e6:.2f}",
+                      _pct(r["rel_err"])))
+    groups: list[tuple[Any, ...]] = [("backend", "library", "collective", "algorithm", "p",
+                                      "points", "median_rel_err", "p90_rel_err", "max_rel_err")]
     for s in summary:
-        lines.append(f"{s['backend']}  {s['library']}  {s['collective']}  {s['algorithm']}  "
-                     f"{s['world_size']}  "
-                     f"{s['sizes']}  {_pct(s['median_rel_err'])}  {_pct(s['p90_rel_err'])}  "
-                     f"{_pct(s['max_rel_err'])}")
-    return "\n".join(lines)
+        groups.append((s["backend"], s["library"], s["collective"], s["algorithm"],
+                       s["world_size"], s["sizes"], _pct(s["median_rel_err"]),
+                       _pct(s["p90_rel_err"]), _pct(s["max_rel_err"])))
+    return _aligned(table) + "\n\n" + _aligned(groups)
 
 
 def main(args: argparse.Namespace) -> int:

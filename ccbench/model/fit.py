@@ -625,6 +625,7 @@ def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: 
             r.time_us["median"] * 1e-6
         pred = float(predict_from_fit(f.to_json(), r.world_size, r.size_used)[0])
         rows.append({**f.key, "world_size": r.world_size, "size": r.size_used,
+                     "dtype": r.dtype, "inplace": r.inplace,
                      "measured_s": measured, "predicted_s": pred,
                      "rel_err": abs(pred - measured) / measured})
     return rows
