@@ -330,3 +330,11 @@ def test_calibrate_tables_have_no_twin_rows_and_aligned_columns(tmp_path: Path) 
     for table in tables:
         assert all(_columns(row) == _columns(table[0]) for row in table[1:]), table
         assert len(set(table)) == len(table), table
+
+
+def test_the_dataframe_has_a_size_column() -> None:
+    import ccbench
+
+    frame = ccbench.load("tests/fixtures/records-v1.jsonl")
+    assert list(frame["size"]) == list(frame["size_used"]) == [1024, 2048]
+    assert frame.groupby("size").time_median_us.median().index.tolist() == [1024, 2048]

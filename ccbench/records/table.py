@@ -71,6 +71,8 @@ def to_frame(records: Sequence[Record]) -> pd.DataFrame:
     frame["inplace"] = frame["inplace"].astype(bool)
     frame["wrong"] = frame["wrong"].astype("Int64")        # None: not checked
     frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True)
+    # `size`: the bytes the table's size column shows (size_used), the name a reader looks for
+    frame.insert(int(frame.columns.get_loc("size_used")) + 1, "size", frame["size_used"])
     for name in [c for c in frame.columns if c.startswith("time_") or c.endswith("_gbps")]:
         frame[name] = frame[name].astype("float64")
     return frame
@@ -82,7 +84,9 @@ def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> pd
 
         import ccbench
         df = ccbench.load("results/")
-        df.groupby(["backend", "size_used"]).time_median_us.median()
+        df.groupby(["backend", "size"]).time_median_us.median()
+
+    `size` is `size_used`, the bytes of the table's size column (`size_asked`: as requested).
     """
     from ccbench.records.reader import load_records
 
