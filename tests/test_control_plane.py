@@ -29,11 +29,13 @@ from ccbench.errors import RunFailure
 from ccbench.records import load_records
 from ccbench.run import procfs
 from ccbench.run.control import (
+    CONNECT_TIMEOUT_S,
     HELLO_DEADLINE_S,
     MAX_LINE_BYTES,
     SECRET_VAR,
     ControlClient,
     ControlServer,
+    StoreLost,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,10 +176,10 @@ def test_an_unproven_connection_reads_nothing_changes_nothing_and_is_no_rank(
         {"cmd": "set", "key": "aborted", "value": 1},
         {"cmd": "set", "key": "dead/1", "value": 1},
         {"cmd": "hello", "rank": 1, "proof": "0" * 64, "nonce": "ab"},
+        {"cmd": "hello", "rank": 1, "proof": "0" * 64, "nonce": "0" * 64},
     ]
     for attempt in attempts:
         raw = Raw(server.port)
-        assert json.loads(raw.line())["challenge"]
         raw.send(attempt)
         answers = [raw.line(), raw.line()]
         raw.close()
@@ -185,7 +187,6 @@ def test_an_unproven_connection_reads_nothing_changes_nothing_and_is_no_rank(
         assert answers[1] == b"", answers                  # and then the connection is closed
     # a foreign hello then a close without a goodbye: no rank arrived, none died
     raw = Raw(server.port)
-    raw.line()
     raw.send({"cmd": "hello", "rank": 1, "track": True})
     raw.close()
     _wait_for(lambda: server.dropped >= len(attempts) + 1, 30, "the foreign connections dropped")
@@ -298,7 +299,6 @@ def test_a_long_line_is_dropped_with_bounded_memory(
     rank.set("args/0", {"argv": ["x"]})
     before = _memory_kib(proc.pid)
     raw = Raw(port)
-    raw.line()
     chunk = b"x" * (1 << 20)
     sent = 0
     try:
@@ -358,22 +358,82 @@ def test_no_descriptors_left_does_not_stop_the_store(
     assert "Traceback" not in err, err
 
 
-def test_connections_beyond_the_limit_are_dropped_at_once(server: ControlServer) -> None:
-    rank = ControlClient("127.0.0.1", server.port, 0, secret=server.secret)
-    flood = [Raw(server.port) for _ in range(3 * server.max_connections)]
-    challenged = sum(1 for raw in flood if raw.line())
-    assert 0 < challenged <= server.max_connections - 1      # the rank holds one
-    assert rank.prefix("") == {}
-    for raw in flood:
-        raw.close()
+def test_proven_connections_beyond_the_limit_are_refused(server: ControlServer) -> None:
+    ranks = [ControlClient("127.0.0.1", server.port, 0, secret=server.secret)
+             for _ in range(server.max_connections)]
+    with pytest.raises(StoreLost, match=r"full of proven connections \(more than the ranks "
+                                        r"need\); no rank is missing"):
+        ControlClient("127.0.0.1", server.port, 1, secret=server.secret, connect_timeout=1)
+    assert ranks[0].prefix("") == {}
+    for rank in ranks:
+        rank.close()
+
+
+def test_silent_connections_take_no_slot_a_rank_needs(server: ControlServer,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many connections sit there without a hello (here they would for ten minutes),
+    a rank that comes later gets in: waiting connections beyond MAX_UNPROVEN evict the
+    oldest, and only proven ones count against the connection limit."""
+    from ccbench.run import control
+
+    monkeypatch.setattr(control, "HELLO_DEADLINE_S", 600.0)
+    silent = [Raw(server.port) for _ in range(2 * (server.max_connections + control.MAX_UNPROVEN))]
+    _wait_for(lambda: server.dropped >= len(silent) - control.MAX_UNPROVEN, 60, "all accepted")
+    rank = ControlClient("127.0.0.1", server.port, 1, secret=server.secret, connect_timeout=10)
+    rank.set("args/1", 1)
+    assert server.arrived == {1}
     rank.close()
+    for raw in silent:
+        raw.close()
+
+
+# a local process without the secret that opens connections to the store as fast as it can
+# and holds each one without a word (it closes its own oldest only to stay within its
+# descriptors)
+_FLOOD = """
+import collections, socket, sys
+held = collections.deque()
+print("flooding", flush=True)
+while True:
+    try:
+        held.append(socket.create_connection(("127.0.0.1", int(sys.argv[1]))))
+    except OSError:
+        pass
+    if len(held) > 400:
+        held.popleft().close()
+"""
+
+
+def test_connections_that_prove_nothing_do_not_keep_the_ranks_out(server: ControlServer
+                                                                  ) -> None:
+    """Connections that have not proven the secret take no slot a rank needs: a process that
+    floods the store with them while the ranks start delays the ranks, never keeps them out
+    (before, it held every slot and the run ended blaming a healthy rank)."""
+    floods = [subprocess.Popen([sys.executable, "-c", _FLOOD, str(server.port)],
+                               stdout=subprocess.PIPE, text=True)]
+    try:
+        for flood in floods:
+            assert flood.stdout is not None and flood.stdout.readline()
+        _wait_for(lambda: server.dropped > 2 * server.max_connections, 60, "the flood")
+        # within the default connect timeout
+        ranks = [ControlClient("127.0.0.1", server.port, rank, secret=server.secret,
+                               connect_timeout=CONNECT_TIMEOUT_S) for rank in (0, 1)]
+        watchdog = ranks[1].second_connection()
+        ranks[0].set("args/0", 1)
+        assert ranks[1].get("args/0", 30) == 1
+        assert server.arrived == {0, 1}
+        watchdog.close()
+        for rank in ranks:
+            rank.close()
+    finally:
+        for flood in floods:
+            flood.kill()
+            flood.wait()
 
 
 def test_a_connection_that_does_not_say_hello_is_closed(server: ControlServer) -> None:
     silent = Raw(server.port)
-    silent.line()
     slow = Raw(server.port)
-    slow.line()
     started = time.monotonic()
     closed = False
     while time.monotonic() - started < 6 * HELLO_DEADLINE_S:   # a byte every half second

@@ -8,13 +8,20 @@ so the survivors can name it when a collective stops making progress.
 Wire format: one JSON object per line; bytes values travel as hex.
 
 Every connection proves, before anything else, that it knows the run's secret (made by whoever
-starts the store, handed to the ranks the way the store's address travels): the server opens
-with a challenge (a nonce), the client's hello answers HMAC(secret, nonce) and carries a nonce
-of its own, which the server answers the same way, so a rank also knows it reached its run's
-store and not whatever else listens on that port. A connection that does not prove it within
-HELLO_DEADLINE_S, sends a line longer than MAX_LINE_BYTES before that, or comes while the
-store's connection limit is reached is dropped with one warning line and changes nothing: it
-reads no key, sets none, and does not count as a rank (docs/security.md).
+starts the store, handed to the ranks the way the store's address travels): the client's first
+line, sent as soon as it is connected, is a hello with a fresh nonce and HMAC(secret, nonce);
+the server answers with HMAC(secret, nonce) of its own side, so a rank also knows it reached
+its run's store and not whatever else listens on that port. A nonce counts once (a hello seen
+on the wire cannot be replayed). A connection that does not prove it within HELLO_DEADLINE_S,
+or sends a line longer than MAX_LINE_BYTES before that, is dropped with one warning line and
+changes nothing: it reads no key, sets none, and does not count as a rank (docs/security.md).
+
+Connections that have not proven the secret take no slot a rank needs: only proven ones count
+against the store's connection limit. Those still waiting for their hello are at most
+MAX_UNPROVEN; one more evicts the one that has waited longest (a rank's hello, sent at once,
+is usually read before its connection is even accepted, and a rank that is evicted all the
+same connects again), so a local process that opens connections as fast as it can delays the
+ranks, and cannot keep them out.
 """
 
 from __future__ import annotations
@@ -53,10 +60,13 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_RANK_LINE_BYTES = 1 << 30
 #: a connection must have proven the secret this long after it was accepted
 HELLO_DEADLINE_S = 5.0
-#: at most this many open connections per rank (main, watchdog, a reconnecting one), plus a few
+#: at most this many proven connections per rank (main, watchdog, a reconnecting one), plus a few
 CONNECTIONS_PER_RANK = 4
 _SPARE_CONNECTIONS = 8
+#: at most this many connections wait for their hello at once; one more evicts the oldest
+MAX_UNPROVEN = 64
 _CHALLENGE_BYTES = 32
+_NONCE = re.compile(r"[0-9a-f]{64}")
 _WARNINGS_SHOWN = 10                 # offenders named one line each; after that, one more line
 _ACCEPT_BACKOFF_S = 0.1
 
@@ -168,7 +178,8 @@ class _Dropped(Exception):
 
 
 class ControlServer:
-    """Threaded server; one handler thread per connection, at most `max_connections` open.
+    """Threaded server; one handler thread per connection, at most `max_connections` proven
+    ones and MAX_UNPROVEN that have not proven the secret yet.
 
     `secret`: the run's secret (made here when not given: read `.secret`). `world_size`, where
     known, sizes the connection limit."""
@@ -185,7 +196,10 @@ class ControlServer:
         self.closed: list[tuple[int, bool]] = []
         self.arrived: set[int] = set()          # every rank whose main connection said hello
         self.dropped = 0                        # connections dropped for breaking the rules
-        self._open = 0                          # every open connection, proven or not
+        self._proven = 0                        # open connections that proved the secret
+        # connections waiting for their hello, oldest first: socket -> its handler's state
+        self._unproven: dict[socket.socket, dict[str, Any]] = {}
+        self._nonces: set[str] = set()          # every nonce a proven hello used
         self._warned = 0
         self._closing = False
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
@@ -211,14 +225,19 @@ class ControlServer:
                 time.sleep(_ACCEPT_BACKOFF_S)
                 continue
             starved = False
+            state: dict[str, Any] = {"rank": None, "bye": False, "silent": False,
+                                     "proven": False, "late": False, "evicted": False,
+                                     "ready": _has_line(conn)}
             with self._cond:
-                full = self._open >= self.max_connections
-                if not full:
-                    self._open += 1
-            if full:
-                self._drop(conn, peer, f"more than {self.max_connections} connections open")
-                continue
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+                waiting = [c for c, s in self._unproven.items()
+                           if not (s["ready"] or s["evicted"])]
+                oldest = waiting[0] if len(waiting) >= MAX_UNPROVEN else None
+                self._unproven[conn] = state
+                if oldest is not None:
+                    self._unproven[oldest]["evicted"] = True
+            if oldest is not None:
+                _evict(oldest)
+            threading.Thread(target=self._serve, args=(conn, peer, state), daemon=True).start()
 
     def _warn(self, why: str) -> None:
         """One line on stderr per offender, for the first few; the rest are counted."""
@@ -242,9 +261,7 @@ class ControlServer:
         except OSError:
             pass
 
-    def _serve(self, conn: socket.socket, peer: Any) -> None:
-        state: dict[str, Any] = {"rank": None, "bye": False, "silent": False, "proven": False,
-                                 "late": False}
+    def _serve(self, conn: socket.socket, peer: Any, state: dict[str, Any]) -> None:
         # the whole hello within the deadline, however slowly its bytes come
         deadline = threading.Timer(HELLO_DEADLINE_S, _end_unproven, args=(conn, state))
         deadline.daemon = True
@@ -254,9 +271,7 @@ class ControlServer:
                 try:
                     self._serve_lines(conn, stream, state)
                 except _Dropped as why:
-                    late = state["late"] and not state["proven"]
-                    self._drop(conn, peer, f"no hello within {HELLO_DEADLINE_S:g} s" if late
-                               else str(why))
+                    self._drop(conn, peer, _why_dropped(state, why))
                 except TimeoutError:
                     state["silent"] = True   # the kernel gave up: no ACK for PEER_SILENT_S
                 except (OSError, ValueError, KeyError, TypeError):
@@ -264,7 +279,8 @@ class ControlServer:
         finally:
             deadline.cancel()
             with self._cond:
-                self._open -= 1
+                if self._unproven.pop(conn, None) is None and state["proven"]:
+                    self._proven -= 1
         if state["rank"] is None:
             return
         with self._cond:
@@ -282,9 +298,7 @@ class ControlServer:
             return self.open_ranks, list(self.closed), dict(self._data)
 
     def _serve_lines(self, conn: socket.socket, stream: Any, state: dict[str, Any]) -> None:
-        challenge = secrets.token_hex(_CHALLENGE_BYTES)
-        _write_line(stream, {"challenge": challenge})
-        self._hello(stream, _read_request(stream), challenge, state)
+        self._hello(conn, stream, _read_request(stream), state)
         _watch_peer(conn)
         while True:
             request = _read_request(stream, MAX_RANK_LINE_BYTES)
@@ -304,21 +318,37 @@ class ControlServer:
                     reply = {"ok": False, "error": str(bad)}
             _write_line(stream, reply)
 
-    def _hello(self, stream: Any, request: dict[str, Any] | None, challenge: str,
+    def _hello(self, conn: socket.socket, stream: Any, request: dict[str, Any] | None,
                state: dict[str, Any]) -> None:
-        """The first line must prove the secret; only then is the connection a rank's."""
+        """The first line must prove the secret; only then is the connection a rank's (and
+        takes one of the store's slots)."""
+        state["ready"] = True
         if request is None:
             raise _Dropped("closed before its hello")
         rank, proof, nonce = request.get("rank"), request.get("proof"), request.get("nonce")
         if request.get("cmd") != "hello" or not isinstance(proof, str) \
-                or not hmac.compare_digest(proof, _proof(self.secret, "client", challenge)):
+                or not isinstance(nonce, str) or not _NONCE.fullmatch(nonce) \
+                or not hmac.compare_digest(proof, _proof(self.secret, "client", nonce)):
             _write_line(stream, {"ok": False, "error": "authentication failed"})
             raise _Dropped("it did not prove the run's secret")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < 1 << 24 \
-                or not isinstance(nonce, str) or len(nonce) > 2 * _CHALLENGE_BYTES:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < 1 << 24:
             _write_line(stream, {"ok": False, "error": "bad hello"})
             raise _Dropped("a malformed hello")
-        state["proven"], state["claimed"] = True, rank
+        with self._cond:
+            replayed, full = nonce in self._nonces, self._proven >= self.max_connections
+            if not (replayed or full or state["evicted"]):
+                self._nonces.add(nonce)
+                self._unproven.pop(conn, None)
+                self._proven += 1
+                state["proven"] = True
+        if not state["proven"]:
+            if replayed:
+                _write_line(stream, {"ok": False, "error": "replayed"})
+                raise _Dropped("a hello seen before (replayed)")
+            _write_line(stream, {"ok": False, "error": "evicted" if state["evicted"] else "full"})
+            raise _Dropped("evicted" if state["evicted"] else
+                           f"more than {self.max_connections} proven connections open")
+        state["claimed"] = rank
         # only a rank's main connection counts for liveness (not its watchdog's)
         if request.get("track", True):
             state["rank"] = rank
@@ -360,6 +390,36 @@ class ControlServer:
     def close(self) -> None:
         self._closing = True
         self._sock.close()
+
+
+def _has_line(conn: socket.socket) -> bool:
+    """Whether a whole first line is already there (a rank sends its hello at once)."""
+    try:
+        return b"\n" in conn.recv(MAX_LINE_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return False
+
+
+def _evict(conn: socket.socket) -> None:
+    """End a connection that waited longest for its hello, to make room (its handler then
+    drops it with a warning line)."""
+    try:
+        conn.send(b'{"ok": false, "error": "evicted"}\n', socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _why_dropped(state: dict[str, Any], why: Exception) -> str:
+    if state["evicted"] and not state["proven"]:
+        return (f"evicted: more than {MAX_UNPROVEN} connections were waiting to prove the "
+                f"run's secret")
+    if state["late"] and not state["proven"]:
+        return f"no hello within {HELLO_DEADLINE_S:g} s"
+    return str(why)
 
 
 def _end_unproven(conn: socket.socket, state: dict[str, Any]) -> None:
@@ -449,6 +509,7 @@ class ControlClient:
                              f"started the ranks hands it over)")
         self._secret = known
         deadline = time.monotonic() + connect_timeout
+        turned_away = 0
         while True:
             self._sock = _connect(host, port, connect_timeout, rank, rank0_state,
                                   deadline=deadline)
@@ -460,36 +521,38 @@ class ControlClient:
             try:
                 self._hello(track)
                 return
-            except _TurnedAway:
+            except _TurnedAway as why:
                 self._stream.close()
                 self._sock.close()
-                if time.monotonic() + 0.2 > deadline:
-                    raise StoreLost(f"start-up: the control store at {self.where} closed every "
-                                    f"connection of rank {rank} before its hello (full?) for "
-                                    f"{connect_timeout:g} s; ranks that did not arrive: {rank}",
-                                    unresponsive=True) from None
-                time.sleep(0.2)
+                turned_away += 1
+                if time.monotonic() + 0.05 > deadline:
+                    raise self._kept_out(str(why), turned_away) from None
+                time.sleep(0.05)
 
     def _hello(self, track: bool) -> None:
-        """Answer the store's challenge, then check the store's answer to ours."""
+        """Prove the secret on a fresh nonce (the first line, sent at once), then check the
+        store's proof on the same nonce."""
+        nonce = secrets.token_hex(_CHALLENGE_BYTES)
+        hello = {"cmd": "hello", "rank": self.rank, "track": track,
+                 "proof": _proof(self._secret, "client", nonce), "nonce": nonce}
         self._sock.settimeout(max(HELLO_DEADLINE_S, 1.0))
         try:
+            self._stream.write((json.dumps(hello) + "\n").encode())
+            self._stream.flush()
             first = self._stream.readline(1024)
         except OSError:
-            raise _TurnedAway from None
+            raise _TurnedAway("closed") from None
         if not first:
-            raise _TurnedAway
+            raise _TurnedAway("closed")
         try:
-            challenge = json.loads(first)["challenge"]
-            if not isinstance(challenge, str):
-                raise TypeError(challenge)
-        except (ValueError, KeyError, TypeError):
+            reply = json.loads(first)
+            if not isinstance(reply, dict):
+                raise TypeError(reply)
+        except (ValueError, TypeError):
             raise self._not_ours() from None
-        nonce = secrets.token_hex(_CHALLENGE_BYTES)
-        reply = self._exchange({"cmd": "hello", "rank": self.rank, "track": track,
-                                "proof": _proof(self._secret, "client", challenge),
-                                "nonce": nonce})
-        if not reply.get("ok"):
+        if reply.get("error") in ("evicted", "full"):
+            raise _TurnedAway(reply["error"])
+        if reply.get("error") == "authentication failed":
             raise RunFailure(f"start-up: the control store at {self.where} refused rank "
                              f"{self.rank}'s proof of the run's secret ({SECRET_VAR} differs "
                              f"from the one the store was started with)")
@@ -497,6 +560,21 @@ class ControlClient:
         if not isinstance(proof, str) or not hmac.compare_digest(
                 proof, _proof(self._secret, "server", nonce)):
             raise self._not_ours()
+
+    def _kept_out(self, why: str, tries: int) -> StoreLost:
+        """Every connection turned away until the connect timeout: name what did it, not a
+        rank (the rank is here and trying)."""
+        if why == "evicted":
+            cause = ("it was flooded with connections that do not prove the run's secret: a "
+                     "process that is not one of the ranks keeps connecting to it (the store's "
+                     "warnings name where from)")
+        elif why == "full":
+            cause = "it was full of proven connections (more than the ranks need)"
+        else:
+            cause = "it closed them before answering"
+        return StoreLost(f"start-up: the control store at {self.where} turned away all {tries} "
+                         f"connections of rank {self.rank} within {self.connect_timeout:g} s: "
+                         f"{cause}; no rank is missing", unresponsive=True)
 
     def _not_ours(self) -> RunFailure:
         return RunFailure(f"start-up: what listens at {self.where} is not this run's control "
@@ -581,7 +659,8 @@ class ControlClient:
 
 
 class _TurnedAway(Exception):
-    """The store closed the connection before its challenge (at its connection limit)."""
+    """The store closed the connection before answering its hello, or said why (`evicted`:
+    too many connections waiting to prove the secret; `full`: too many proven ones)."""
 
 
 def _connect(host: str, port: int, timeout: float, rank: int,
