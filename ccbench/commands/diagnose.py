@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ccbench.backends import HOST_BACKEND, backend_class, backend_names
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import UsageError, error_line
+
+if TYPE_CHECKING:
+    from ccbench.run.supervisor import LaunchPlan
 
 __all__ = ["launch_plan", "main", "plan_of", "plan_seconds", "register"]
 
@@ -219,16 +222,19 @@ def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
     return steps, plan_seconds(config, steps, hosts, config.expect.link_bps)
 
 
-def launch_plan(argv: list[str]) -> tuple[list[str], float, int | None]:
-    """(backends, connect timeout, rank count: None, the launcher's default) for
-    `ccbench launch`."""
+def launch_plan(argv: list[str], nprocs: int | None = None) -> LaunchPlan:
+    """What `ccbench launch` starts for `ccbench diagnose ARGV`: its backend on 2 ranks
+    unless -n says otherwise."""
     from ccbench.bench_options import connect_timeout
     from ccbench.cli import OneLineParser
+    from ccbench.run.supervisor import LaunchPlan
 
     parser = OneLineParser(prog="ccbench diagnose")
     _arguments(parser)
     config, _ = _config(parser.parse_args(argv))
-    return [config.backend], connect_timeout(config.method.timeout), None
+    return LaunchPlan(argv=["diagnose", *argv], backends=[config.backend],
+                      connect_timeout=connect_timeout(config.method.timeout),
+                      nprocs=2 if nprocs is None else nprocs)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -259,12 +265,16 @@ def main(args: argparse.Namespace) -> int:
         print_verdict(collected, findings_of(collected, args.oversub), args.format)
         sys.stdout.flush()
 
+    def status_of(collected: Any) -> int:
+        if isinstance(leaves, int):
+            collected.leaves = _by_count(leaves, len(collected.names))
+        return 1 if findings_of(collected, args.oversub) else 0
+
     config.on_plan = on_plan
-    collected = diagnose_rank(config, build, on_stop)
-    if collected is None:
-        return 0
-    if isinstance(leaves, int):
-        collected.leaves = _by_count(leaves, len(collected.names))
+    collected, status = diagnose_rank(config, build, on_stop, status_of)
+    if collected is None:           # every rank ends with the verdict's status (launchers)
+        return status
+    status_of(collected)
     findings = findings_of(collected, args.oversub)
     print_verdict(collected, findings, args.format)
     if findings:                  # the reason for the exit status, for launchers that ask

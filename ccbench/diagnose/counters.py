@@ -7,6 +7,10 @@ namespace of the reading process (sysfs shows the namespace of whoever mounted i
 /sys/class/net as the fallback. A port that changed state during the run is a finding, named
 with the count; one that counted errors too. Drops are reported with them, never alone (a
 congested queue drops by design).
+
+Before the library starts, every host also probes every other host's interface addresses
+(a TCP connect to a closed port: the refusal proves the path both ways), so that a port that
+is down is named even when the library then cannot start.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 from ccbench.diagnose.analyse import Finding
 
-__all__ = ["counter_deltas", "counter_findings", "read_counters"]
+__all__ = ["counter_deltas", "counter_findings", "interface_addresses", "probe_all",
+           "reach_findings", "read_counters"]
 
 _RTM_GETLINK, _RTM_NEWLINK, _NLMSG_DONE, _NLMSG_ERROR = 18, 16, 3, 2
 _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64, _IFLA_CARRIER_CHANGES = 3, 16, 23, 35
@@ -198,4 +203,77 @@ def counter_findings(deltas: dict[int, dict[str, dict[str, Any]]], names: list[s
             found = _one(names[host], name, row, planes)
             if found is not None:
                 out.append(found)
+    return out
+
+
+def interface_addresses() -> dict[str, str]:
+    """This host's interfaces with an IPv4 address (loopback and its own /32 on lo left out)
+    -> the address: what the other hosts probe before the library starts."""
+    import fcntl
+
+    out = {}
+    for _index, name in socket.if_nameindex():
+        if name == "lo":
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                packed = fcntl.ioctl(sock.fileno(), 0x8915,
+                                     struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        out[name] = socket.inet_ntoa(packed[20:24])
+    return out
+
+
+def probe(address: str, timeout: float = 2.0) -> bool:
+    """A TCP connect to a closed port: a refusal (RST) proves the path works both ways."""
+    with socket.socket() as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect((address, 9))
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return True
+
+
+def probe_all(targets: list[tuple[int, str, str]], timeout: float = 2.0
+              ) -> list[tuple[int, str, bool]]:
+    """(host, interface, address) -> (host, interface, answered), probed at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not targets:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+        answers = list(pool.map(lambda t: probe(t[2], timeout), targets))
+    return [(h, name, ok) for (h, name, _address), ok in zip(targets, answers, strict=True)]
+
+
+def reach_findings(failed: dict[int, dict[int, list[str]]], names: list[str],
+                   planes: list[str]) -> list[Finding]:
+    """failed: prober host -> target host -> the target's interfaces it got no answer from
+    (and `*`, the target answered on none). A target's interface is down when at least half
+    of the other hosts (and 2) get no answer on it while they do get one on another of its
+    interfaces (a probe that a firewall drops everywhere is not a finding)."""
+    out = []
+    hosts = len(names)
+    need = max(2, (hosts - 1 + 1) // 2) if hosts > 2 else 1
+    for target in range(hosts):
+        counts: dict[str, list[int]] = {}
+        for prober, per_target in failed.items():
+            names_failed = per_target.get(target, [])
+            if "*" in names_failed:
+                continue
+            for name in names_failed:
+                counts.setdefault(name, []).append(prober)
+        for name, probers in sorted(counts.items()):
+            if len(probers) < need:
+                continue
+            out.append(Finding(
+                _component(names[target], name, planes), "port down", "no answer",
+                "answers", f"before the library started: {len(probers)} of {hosts - 1} hosts "
+                f"got no answer on {names[target]}'s {name} address ("
+                + ", ".join(names[p] for p in sorted(probers)) + "), an answer on another",
+                "high", [names[target]]))
     return out

@@ -28,7 +28,12 @@ from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_tries
-from ccbench.diagnose.counters import counter_deltas, read_counters
+from ccbench.diagnose.counters import (
+    counter_deltas,
+    interface_addresses,
+    probe_all,
+    read_counters,
+)
 from ccbench.diagnose.plan import Step
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError, error_line
 from ccbench.harness import Case, Method, SizeResult, measure_size
@@ -83,6 +88,8 @@ class Collected:
     leaves: list[list[int]] | None = None
     #: per host, per interface: how its counters changed during the run
     counters: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    #: before the library: prober host -> target host -> its interfaces that did not answer
+    reach: dict[int, dict[int, list[str]]] = field(default_factory=dict)
 
 
 class _DiagnoseWatchdog(Watchdog):
@@ -406,6 +413,31 @@ class _Rank:
                                   plane=plane or None))
         return steps
 
+    def check_reach(self) -> None:
+        """Before the library starts: every host probes every other host's interface
+        addresses (a library that then hangs on a port that is down must not cost the
+        verdict); rank 0 keeps who got no answer from whom."""
+        me = self.info.rank in self.rep
+        everyone = self.store.gather("diag/ifaddrs", interface_addresses() if me else None,
+                                     self.info.world_size, self.timeout)
+        failed: list[list[Any]] = []
+        if me:
+            mine = self.host_of[self.info.rank]
+            targets = [(self.host_of[r], name, address) for r, addrs in enumerate(everyone)
+                       if addrs and self.host_of[r] != mine for name, address in addrs.items()]
+            answers = probe_all(targets)
+            for target in sorted({t for t, _n, _a in targets}):
+                names = [n for t, n, ok in answers if t == target and not ok]
+                if names and len(names) == sum(1 for t, _n, _a in targets if t == target):
+                    names.append("*")          # no answer at all: not a port's
+                if names:
+                    failed.append([target, names])
+        got = self.store.gather("diag/reach", failed if me else None, self.info.world_size,
+                                self.timeout)
+        if self.info.rank == 0 and self.collected is not None:
+            self.collected.reach = {self.host_of[r]: {t: n for t, n in rows}
+                                    for r, rows in enumerate(got) if rows}
+
     def gather_counters(self) -> None:
         """Each host's representative: how its interface counters changed since before the
         library started; rank 0 keeps them all."""
@@ -536,12 +568,15 @@ def _make_backend(config: DiagnoseConfig, info: LaunchInfo, store: ControlClient
 
 def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] | None],
                                                           list[Step]],
-                  on_stop: Callable[[Collected, str, dict[int, str]], None]
-                  ) -> Collected | None:
+                  on_stop: Callable[[Collected, str, dict[int, str]], None],
+                  status_of: Callable[[Collected], int] | None = None
+                  ) -> tuple[Collected | None, int]:
     """One rank's diagnosis, in the benchmark's rank lifecycle (ccbench.run.lifecycle). Returns
-    rank 0's collected measurements (others: None). Bad input found in the gathered values
-    (--planes, --leaves) is found by every rank alike: raised once the control plane is
-    closed in order."""
+    rank 0's collected measurements (others: None) and the run's exit status, the same on
+    every rank (rank 0's `status_of` the collected measurements: 1 when anything is flagged),
+    so that every launcher (srun, mpiexec, torchrun) ends with it. Bad input found in the
+    gathered values (--planes, --leaves) is found by every rank alike: raised once the
+    control plane is closed in order."""
     from ccbench.bench_options import connect_timeout
     from ccbench.run.lifecycle import rank_lifecycle
 
@@ -554,12 +589,16 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
         rank = _Rank(config, info, store, watchdog)
         _diagnose(rank, watchdog, build, on_stop)
         collected = rank.collected
-        return 0
+        if info.rank == 0:
+            status = status_of(collected) if status_of and collected is not None else 0
+            store.set("diag/status", status)
+        with watchdog.waiting():
+            return int(store.get("diag/status", config.method.timeout))
 
     timeout = config.method.timeout
-    rank_lifecycle(info, timeout, connect_timeout(timeout), config.argv, body,
-                   watchdog_class=_DiagnoseWatchdog, raised_by_every_rank=(UsageError,))
-    return collected
+    status = rank_lifecycle(info, timeout, connect_timeout(timeout), config.argv, body,
+                            watchdog_class=_DiagnoseWatchdog, raised_by_every_rank=(UsageError,))
+    return collected, status
 
 
 def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
@@ -581,6 +620,8 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
             config.on_plan(steps, rank.names, expect)
     if rank.info.rank in rank.rep:
         rank.counters_before = read_counters()
+    with watchdog.waiting():
+        rank.check_reach()
     backend = _make_backend(config, rank.info, rank.store, watchdog, len(rank.names))
     try:
         rank.meta = backend.info()

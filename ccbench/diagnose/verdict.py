@@ -35,7 +35,8 @@ def format_plan(steps: list[Step], names: list[str], expect: Expectation, second
 def findings_of(collected: Any, oversub: float = 1.0) -> list[Finding]:
     return analyse(collected.measures, collected.expect, collected.names,
                    collected.compute_s, collected.leaves, oversub, collected.world,
-                   collected.stopped, getattr(collected, "counters", None))
+                   collected.stopped, getattr(collected, "counters", None),
+                   getattr(collected, "reach", None))
 
 
 def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
