@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import MPIEXEC, PYTHON, have_mpi
 
-from ccbench.errors import error_line, is_error_line
+from ccbench.errors import RunFailure, UsageError, error_line, is_error_line
 from ccbench.records import RecordKey, load_records
 from ccbench.run import launcher_env
 from ccbench.run.launcher_env import MPI_ENVS, LauncherEnv
@@ -203,3 +205,113 @@ def test_gloo_sets_its_interface_only_while_creating_groups(monkeypatch) -> None
         assert group is not None and "GLOO_SOCKET_IFNAME" not in os.environ
     finally:
         backend.finalize()
+
+
+# -- the secret under torchrun ---------------------------------------------------------------
+@pytest.fixture
+def torchrun_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A torchrun-like rendezvous store (torch's TCPStore, no authentication) and the
+    variables its ranks see."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=60))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
+    monkeypatch.delenv("CCBENCH_CONTROL_SECRET", raising=False)
+    monkeypatch.delenv("CCBENCH_CONTROL_SECRET_FILE", raising=False)
+    yield store
+
+
+def _torchrun_ranks(world: int, local: int) -> list[tuple[object, str, int, str]]:
+    """What each rank's start-up under torchrun returns (rank 0's server first), run at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ccbench.run.launchers import LaunchInfo, _via_torchrun_store
+
+    def start(rank: int) -> tuple[object, str, int, str]:
+        info = LaunchInfo("torchrun", rank, world, rank % local, local)
+        return _via_torchrun_store(info, 60, 60)
+
+    with ThreadPoolExecutor(world) as pool:
+        return list(pool.map(start, range(world)))
+
+
+_KEY = "ccbench/control/t/0"
+
+
+def test_torchrun_store_never_holds_the_secret_on_one_host(torchrun_store, tmp_path) -> None:
+    """Anyone who reaches torchrun's store can read it: it holds the path of a file only this
+    user can read, not the secret, and a path someone else put there is refused."""
+    from ccbench.run.control import ControlClient
+
+    started = _torchrun_ranks(3, 3)
+    server, secret = started[0][0], started[0][3]
+    assert {s for _, _, _, s in started} == {secret}
+    assert not torchrun_store.check([_KEY + "/secret"])
+    path = torchrun_store.get(_KEY + "/secret-file").decode()
+    assert secret not in {torchrun_store.get(_KEY).decode(), path}
+    clients = [ControlClient(host, port, rank, secret=s)
+               for rank, (_, host, port, s) in enumerate(started)]
+    _wait_gone(path)                     # removed once every rank has proven the secret
+    for client in clients:
+        client.close()
+    server.close()                                                  # type: ignore[attr-defined]
+    foreign = tmp_path / "secret"
+    foreign.write_text("a" * 64)
+    foreign.chmod(0o644)                 # not private: anyone could have written it
+    torchrun_store.set(_KEY + "/secret-file", str(foreign))
+    from ccbench.run.launchers import LaunchInfo, _via_torchrun_store
+
+    with pytest.raises(RunFailure, match="is not a private file of this user"):
+        _via_torchrun_store(LaunchInfo("torchrun", 1, 3, 1, 3), 60, 60)
+
+
+def _wait_gone(path: str) -> None:
+    deadline = time.monotonic() + 60
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(path)
+
+
+def test_torchrun_across_hosts_agrees_on_keys_nobody_reading_the_store_learns(
+        torchrun_store, capfd) -> None:
+    """Across hosts (one rank per node here), each rank agrees a key of its own with rank 0:
+    the store holds only public values, a rank's key does not let it speak as another, and
+    rank 0 says in one line what only a shared secret closes."""
+    from ccbench.run.control import ControlClient
+
+    started = _torchrun_ranks(3, 1)
+    server, host, port = started[0][:3]
+    keys = [s for _, _, _, s in started]
+    assert len(set(keys)) == 3
+    published = {torchrun_store.get(f"{_KEY}/pub/{rank}").decode() for rank in range(3)}
+    assert not set(keys) & published and torchrun_store.get(_KEY).decode() == f"{host}:{port}"
+    clients = [ControlClient(host, port, rank, secret=key) for rank, key in enumerate(keys)]
+    with pytest.raises(RunFailure, match="refused rank 2's proof"):
+        ControlClient(host, port, 2, secret=keys[1])
+    for client in clients:
+        client.close()
+    server.close()                                                  # type: ignore[attr-defined]
+    assert capfd.readouterr().err.count("torchrun across hosts without CCBENCH_CONTROL_SECRET") == 1
+
+
+def test_torchrun_takes_the_secret_you_give(torchrun_store, tmp_path, monkeypatch) -> None:
+    """CCBENCH_CONTROL_SECRET_FILE (a private file, e.g. on a shared home) or
+    CCBENCH_CONTROL_SECRET: every rank uses it, on one host or several; nothing is published."""
+    given = tmp_path / "secret"
+    given.write_text("my-own-secret-of-this-cluster\n")
+    given.chmod(0o600)
+    monkeypatch.setenv("CCBENCH_CONTROL_SECRET_FILE", str(given))
+    started = _torchrun_ranks(3, 1)
+    assert {s for _, _, _, s in started} == {"my-own-secret-of-this-cluster"}
+    assert not torchrun_store.check([_KEY + "/secret-file", _KEY + "/pub/1"])
+    started[0][0].close()                                           # type: ignore[attr-defined]
+    given.chmod(0o640)
+    from ccbench.run.control import secret_from_env
+
+    with pytest.raises(UsageError, match="CCBENCH_CONTROL_SECRET_FILE: .* is not a private file"):
+        secret_from_env()

@@ -103,8 +103,11 @@ def new_secret() -> str:
 
 
 def secret_from_env() -> str | None:
-    """The run's secret as a launcher handed it over (CCBENCH_CONTROL_SECRET), if it did."""
-    return os.environ.get(SECRET_VAR) or None
+    """The run's secret as a launcher handed it over (CCBENCH_CONTROL_SECRET), or as you gave
+    it in a private file (CCBENCH_CONTROL_SECRET_FILE), if either is set."""
+    from ccbench.run.secretfile import secret_from_file_var
+
+    return os.environ.get(SECRET_VAR) or secret_from_file_var()
 
 
 def _proof(secret: str, side: str, nonce: str) -> str:
@@ -182,11 +185,13 @@ class ControlServer:
     ones and MAX_UNPROVEN that have not proven the secret yet.
 
     `secret`: the run's secret (made here when not given: read `.secret`). `world_size`, where
-    known, sizes the connection limit."""
+    known, sizes the connection limit. `keys`: a key for each rank instead of one secret (each
+    rank proves its own; ccbench.run.keyexchange)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | None = None,
-                 world_size: int = 0) -> None:
-        self.secret = secret or new_secret()
+                 world_size: int = 0, keys: dict[int, str] | None = None) -> None:
+        self.secret = secret or (keys or {}).get(0) or new_secret()
+        self._keys = keys
         self.max_connections = CONNECTIONS_PER_RANK * max(world_size, 4) + _SPARE_CONNECTIONS
         self._data: dict[str, Any] = {}
         self._cond = threading.Condition()
@@ -326,9 +331,10 @@ class ControlServer:
         if request is None:
             raise _Dropped("closed before its hello")
         rank, proof, nonce = request.get("rank"), request.get("proof"), request.get("nonce")
-        if request.get("cmd") != "hello" or not isinstance(proof, str) \
+        key = self._key_of(rank)
+        if request.get("cmd") != "hello" or not isinstance(proof, str) or key is None \
                 or not isinstance(nonce, str) or not _NONCE.fullmatch(nonce) \
-                or not hmac.compare_digest(proof, _proof(self.secret, "client", nonce)):
+                or not hmac.compare_digest(proof, _proof(key, "client", nonce)):
             _write_line(stream, {"ok": False, "error": "authentication failed"})
             raise _Dropped("it did not prove the run's secret")
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < 1 << 24:
@@ -355,7 +361,13 @@ class ControlServer:
             with self._cond:
                 self.open_ranks += 1
                 self.arrived.add(rank)
-        _write_line(stream, {"ok": True, "proof": _proof(self.secret, "server", nonce)})
+        _write_line(stream, {"ok": True, "proof": _proof(key, "server", nonce)})
+
+    def _key_of(self, rank: Any) -> str | None:
+        """What a hello for `rank` must prove: the run's secret, or that rank's own key."""
+        if self._keys is None:
+            return self.secret
+        return self._keys.get(rank) if isinstance(rank, int) else None
 
     def _handle(self, command: Any, request: dict[str, Any]) -> dict[str, Any]:
         key = _check_key(request.get("key", ""), setting=command in ("set", "add"))

@@ -20,11 +20,12 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure, UsageError
 from ccbench.run.addresses import listen_address, published_address
-from ccbench.run.arrivals import LAUNCHER_PID_VAR, rank_states
+from ccbench.run.arrivals import LATE_GRACE_S, LAUNCHER_PID_VAR, rank_states
 from ccbench.run.control import (
     CONNECT_TIMEOUT_S,
     SECRET_VAR,
@@ -43,6 +44,11 @@ from ccbench.run.launcher_env import (
     SRUN,
     TORCHRUN,
     LauncherEnv,
+)
+from ccbench.run.secretfile import (
+    read_secret_file,
+    remove_when,
+    write_secret_file,
 )
 from ccbench.run.storehost import start_store_host
 
@@ -198,7 +204,7 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
         if info.rank == 0:
             server = ControlServer(listen_address(host), port, secret, info.world_size)
     elif info.launcher == "torchrun":
-        server, host, port, secret = _via_torchrun_store(info, timeout)
+        server, host, port, secret = _via_torchrun_store(info, timeout, connect_timeout)
     elif info.launcher == "mpiexec" and MPI_CONTROL_VAR in env:
         # the launcher's store: connect before MPI_Init, so that the store knows which ranks got
         # that far even when the mpiexec kills them all at once, during MPI_Init too
@@ -294,36 +300,68 @@ def hosted_apart() -> bool:
     return LAUNCHER_PID_VAR not in os.environ or MPI_CONTROL_VAR in os.environ
 
 
-def _via_torchrun_store(info: LaunchInfo, timeout: float
+def _via_torchrun_store(info: LaunchInfo, timeout: float, connect_timeout: float
                         ) -> tuple[ControlServer | None, str, int, str]:
-    """Rank 0 publishes the store's address and the run's secret in torchrun's rendezvous
-    store (which anyone who reaches it can read: torch's store has no authentication)."""
+    """Rank 0 publishes the store's address in torchrun's rendezvous store, which anyone who
+    reaches it can read and write (torch's store has no authentication), so never the secret
+    itself (docs/security.md): the ranks take it from CCBENCH_CONTROL_SECRET or the file
+    CCBENCH_CONTROL_SECRET_FILE names where you set one; on one host, rank 0 publishes the
+    path of a file only this user can read (ccbench.run.secretfile); across hosts without
+    either, the ranks agree on per-rank keys with rank 0 (ccbench.run.keyexchange)."""
+    store = _torchrun_store(info, timeout)
+    key = "ccbench/control/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") \
+        + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    given = secret_from_env()
+    all_local = info.local_world_size == info.world_size
+    if info.rank == 0:
+        bound = "127.0.0.1" if all_local else published_address(master_of_torchrun()[0])
+        if given is None and not all_local:
+            from ccbench.run.keyexchange import rank0_keys
+
+            keys = rank0_keys(store, key, info.world_size, timeout)
+            server = ControlServer(bound, 0, world_size=info.world_size, keys=keys)
+            secret = keys[0]
+        else:
+            server = ControlServer(bound, 0, given, world_size=info.world_size)
+            secret = server.secret
+            if given is None:
+                path = write_secret_file(secret)
+                store.set(key + "/secret-file", path)
+                remove_when(path, lambda: len(server.arrived) >= info.world_size,
+                            connect_timeout + LATE_GRACE_S + 10)
+        store.set(key, f"{bound}:{server.port}")
+        return server, bound, server.port, secret
+    if given is None and not all_local:
+        from ccbench.run.keyexchange import rank_key
+
+        secret = rank_key(store, key, info.rank, timeout)
+    host, _, port = store.get(key).decode().rpartition(":")
+    if given is None and all_local:
+        given = read_secret_file(store.get(key + "/secret-file").decode(),
+                                 f"rank {info.rank}: the secret file torchrun's store names")
+    return None, host, int(port), secret if given is None else given
+
+
+def master_of_torchrun() -> tuple[str, int]:
+    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+
+def _torchrun_store(info: LaunchInfo, timeout: float) -> Any:
     import datetime
 
     from torch.distributed import TCPStore
 
-    master, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    master, master_port = master_of_torchrun()
     try:
         with _native_stderr_silenced():   # c10d logs every retry with a C++ stack
-            store = TCPStore(master, master_port, info.world_size, is_master=False,
-                             timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
+            return TCPStore(master, master_port, info.world_size, is_master=False,
+                            timeout=datetime.timedelta(seconds=timeout), use_libuv=True)
     except (RuntimeError, OSError) as exc:     # torch's DistStoreError is a RuntimeError
         why = str(exc).splitlines()[0].rstrip(".") if str(exc) else type(exc).__name__
         raise RunFailure(f"rank {info.rank}: cannot reach torchrun's store at "
                          f"{master}:{master_port} (MASTER_ADDR:MASTER_PORT) within {timeout:g} s "
                          f"({why}); start ranks with torchrun, or unset the torchrun variables"
                          ) from None
-    key = "ccbench/control/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") \
-        + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if info.rank == 0:
-        all_local = info.local_world_size == info.world_size
-        bound = "127.0.0.1" if all_local else published_address(master)
-        server = ControlServer(bound, 0, world_size=info.world_size)
-        store.set(key + "/secret", server.secret)
-        store.set(key, f"{bound}:{server.port}")
-        return server, bound, server.port, server.secret
-    host, _, port = store.get(key).decode().rpartition(":")
-    return None, host, int(port), store.get(key + "/secret").decode()
 
 
 @contextlib.contextmanager
