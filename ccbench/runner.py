@@ -153,6 +153,7 @@ class _Run:
         self.environment = _environment() if self.is_root else {}
         self.hosts: list[str] = []
         self.wrong_total = 0
+        self.wrong_cases: list[str] = []   # rank 0: the measurements that had wrong values
         self.step = 0
         self.placement = _placement(config.device, info.local_world_size)
         self.watchdog: Watchdog | None = None
@@ -282,6 +283,8 @@ class _Run:
                                                                        "device", "env")}},
         )
         self.wrong_total += result.wrong or 0
+        if result.wrong:
+            self.wrong_cases.append(f"{backend.name} {case.label(size)}: {result.wrong}")
         if config.output:
             self._append(record)
         self.writer.add(record, modes)
@@ -309,23 +312,37 @@ def run_benchmark(config: BenchConfig) -> int:
 
     chosen: list[str | None] = [None]
 
+    runs: list[_Run] = []
+
     def body(store: ControlClient, watchdog: Watchdog) -> int:
         _check_memory(config, info)
         if config.keep_records and config.output is None and info.rank == 0:
             from ccbench.output import new_records_file
 
             chosen[0] = config.output = new_records_file()     # only rank 0 writes records
-        return _Run(config, info, store, repeat).run(watchdog)
+        runs.append(_Run(config, info, store, repeat))
+        return runs[-1].run(watchdog)
 
     status = rank_lifecycle(info, config.method.timeout, config.connect_timeout,
                             config.argv or [], body)
     if info.world_size == 1:
         _say_one_rank(config)
-    if chosen[0] is not None and os.path.exists(chosen[0]):     # also after wrong results
+    if status and runs and runs[0].wrong_cases:     # rank 0 says why, last: what a launcher reports
+        raise RunFailure(_wrong_line(runs[0].wrong_total, runs[0].wrong_cases, config.output))
+    if chosen[0] is not None and os.path.exists(chosen[0]):
         from ccbench.output import say_where_records_are
 
         say_where_records_are(chosen[0])
     return status
+
+
+def _wrong_line(total: int, cases: list[str], output: str | None) -> str:
+    """The line of a run whose results were wrong (rank 0 sees every rank's count)."""
+    shown = "; ".join(cases[:3]) + (f"; {len(cases) - 3} more" if len(cases) > 3 else "")
+    kept = (f"every record is kept in {output}, with its count in `wrong`" if output
+            else "no records file (--no-output)")
+    return (f"validation failed: {total} wrong value{'s' if total != 1 else ''} in "
+            f"{len(cases)} measurement{'s' if len(cases) != 1 else ''} ({shown}); {kept}")
 
 
 def _say_one_rank(config: BenchConfig) -> None:

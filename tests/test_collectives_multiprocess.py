@@ -76,9 +76,16 @@ def test_every_case_exact(world: int, tmp_path: Path) -> None:
 def test_wrong_results_fail_the_run(tmp_path: Path) -> None:
     """A corrupted result must make the exit status non-zero: CCBENCH_CORRUPT flips one element."""
     proc = run_ccbench("launch", "-n", "2", "allreduce", "--backend", "gloo", "--sizes", "1K",
-                       "--iters", "1", "--warmup", "0", "-q", env={"CCBENCH_CORRUPT": "1"})
+                       "--iters", "1", "--warmup", "0", "-q", "-O", str(tmp_path / "r.jsonl"),
+                       env={"CCBENCH_CORRUPT": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED" in proc.stdout
+    # rank 0 says why, and that is the launcher's error line (not its "no rank said why")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ccbench: error:")]
+    assert errors == [
+        "ccbench: error: validation failed: 2 wrong values in 2 measurements (gloo allreduce "
+        "float32 sum out-of-place at 1K: 1; gloo allreduce float32 sum in-place at 1K: 1); "
+        f"every record is kept in {tmp_path / 'r.jsonl'}, with its count in `wrong`"], proc.stderr
 
 
 @pytest.mark.parametrize("world", [2, 3])

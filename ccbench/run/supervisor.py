@@ -251,6 +251,11 @@ class Supervisor:
             if not self._error_before_interruption:
                 print(error_line(_interruption(self.interrupted)), file=sys.stderr, flush=True)
             return 128 + self.interrupted
+        if self.ended_here and self.error_seen.is_set():
+            # a rank said why, and the ranks still there were ended here after the grace (on a
+            # loaded machine a rank's teardown can outlast it): the run's status is that of the
+            # failure the rank said (1), not this launcher's SIGKILL (137)
+            codes = [1 if code < 0 else code for code in codes]
         status = _combined_status(codes)
         if status != 0 and not self.error_seen.is_set():
             print(error_line(self._why(codes)), file=sys.stderr, flush=True)
