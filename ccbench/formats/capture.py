@@ -1,12 +1,24 @@
-"""Record what an execution trace leaves out of a job's communication calls.
+"""Record every communication call a torch.distributed job issues, wherever it is issued.
 
 A PyTorch execution trace of a gloo or CPU job does not name the process group of a call
 (its group argument is written as '<Object>'), nor the reduction of an all-reduce or
-reduce-scatter. Run the job with its torch.distributed calls wrapped, and each call also
-goes into `ccbench-comms.rank<r>.jsonl` beside the trace: its op, group ranks, dtype, bytes,
-split sizes (elements), root or peer (global ranks) and reduction, one JSON line per call.
-`ccbench replay` and `simulate --trace` read that file when it lies beside the trace files
-and then take each op's group (group_source "named") and reduction from it.
+reduce-scatter, and it stores the peer of a point-to-point call as a rank of its group.
+Run the job under this recorder and each call also goes into `ccbench-comms.rank<r>.jsonl`
+beside the trace, one JSON line per call: its op, group (global ranks), dtype, bytes,
+split sizes (elements), root or peer (global ranks), reduction (ccbench's names: sum, prod,
+min, max, avg), its position on the rank, whether the execution trace was recording, and
+the job's own wall time for it (issue to completion, on this rank).
+
+How: every torch.distributed call, from Python or from C++, reaches torch's dispatcher as
+a `c10d::` operator (`c10d::allreduce_`, `c10d::_reduce_scatter_base_`, `c10d::send` ...):
+`dist.all_reduce`, DDP's C++ reducer (its bucket all-reduces, the broadcasts that sync the
+replicas, the all-gather that checks parameter shapes), `broadcast_object_list`'s
+broadcasts, the single-tensor `all_gather_into_tensor`/`reduce_scatter_tensor`, functional
+collectives (their c10d call), DTensor and FSDP2 on a DeviceMesh, `batch_isend_irecv`,
+torch.distributed.pipelining. The recorder is a `TorchDispatchMode` that sees these
+operators with their arguments (the ProcessGroup and ReduceOp objects included) and leaves
+every other operator to torch. The job's own functions are not replaced (so
+`dist.P2POp(dist.isend, ...)` keeps comparing against torch's own `dist.isend`).
 
     python -m ccbench.formats.capture -o traces/job -- train.py --epochs 1
     torchrun --nproc-per-node 4 -m ccbench.formats.capture -o traces/job -- train.py
@@ -22,134 +34,316 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import runpy
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ccbench.errors import error_line
 
-__all__ = ["CAPTURE_NAME", "capture", "capture_file", "main"]
+__all__ = ["CAPTURE_NAME", "REDUCTIONS", "capture", "capture_file", "main"]
 
 #: the file name, per rank, beside the trace
 CAPTURE_NAME = "ccbench-comms.rank{rank}.jsonl"
 
-# torch.distributed function -> (the c10d op family it becomes, argument names)
-_WRAPPED: dict[str, str] = {
-    "all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
-    "all_gather": "allgather", "reduce_scatter_tensor": "reduce-scatter",
-    "reduce_scatter": "reduce-scatter", "all_to_all_single": "alltoall",
-    "all_to_all": "alltoall", "broadcast": "broadcast", "reduce": "reduce",
-    "gather": "gather", "scatter": "scatter", "barrier": "barrier", "send": "send",
-    "recv": "recv", "isend": "send", "irecv": "recv",
+#: c10d operator -> the op family ccbench reads (ccbench.formats.named)
+_FAMILY: dict[str, str] = {
+    "allreduce_": "allreduce", "allreduce_coalesced_": "allreduce",
+    "allgather_": "allgather", "_allgather_base_": "allgather",
+    "allgather_coalesced_": "allgather", "allgather_into_tensor_coalesced_": "allgather",
+    "reduce_scatter_": "reduce-scatter", "_reduce_scatter_base_": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce-scatter",
+    "alltoall_": "alltoall", "alltoall_base_": "alltoall", "broadcast_": "broadcast",
+    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "barrier": "barrier",
+    "monitored_barrier_": "barrier", "send": "send", "recv_": "recv",
+    "recv_any_source_": "recv",
 }
+#: torch's ReduceOp.RedOpType values -> ccbench's names (ccbench.collectives.OPS)
+REDUCTIONS = {0: "sum", 1: "avg", 2: "prod", 3: "min", 4: "max", 5: "band", 6: "bor",
+              7: "bxor", 8: "premul_sum"}
+#: where each operator's (output, input) tensors are among its arguments; None: none
+_SIDES: dict[str, tuple[int | None, int | None]] = {
+    "allreduce_": (0, 0), "allreduce_coalesced_": (0, 0), "broadcast_": (0, 0),
+    "reduce_": (0, 0), "send": (None, 0), "recv_": (0, None), "recv_any_source_": (0, None),
+    "scatter_": (0, 1), "barrier": (None, None), "monitored_barrier_": (None, None)}
+_ROOT = {"broadcast_": 2, "reduce_": 3, "gather_": 3, "scatter_": 3}
+_PEER = {"send": 2, "recv_": 2}
+#: functional collectives (torch.distributed._functional_collectives, DTensor): their c10d
+#: call is made inside torch's kernel, where the recorder does not see it; recorded here
+_FUNCTIONAL: dict[str, str] = {
+    "all_reduce": "allreduce", "all_reduce_coalesced": "allreduce",
+    "all_gather_into_tensor": "allgather", "all_gather_into_tensor_coalesced": "allgather",
+    "reduce_scatter_tensor": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced": "reduce-scatter", "all_to_all_single": "alltoall",
+    "broadcast": "broadcast"}
+#: the functional collectives' reduction names -> ccbench's
+_FUNCTIONAL_REDUCTIONS = {"product": "prod", "premul_sum": "premul_sum"}
 
 
 def capture_file(folder: str | Path, rank: int) -> Path:
     return Path(folder) / CAPTURE_NAME.format(rank=rank)
 
 
-def _nbytes(value: Any) -> int:
+def _tensors(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return int(value.numel() * value.element_size()) if hasattr(value, "numel") else 0
+        return [t for item in value for t in _tensors(item)]
+    return [value] if hasattr(value, "numel") else []
+
+
+def _nbytes(value: Any) -> int:
+    return sum(int(t.numel() * t.element_size()) for t in _tensors(value))
 
 
 def _dtype(*values: Any) -> str | None:
     for value in values:
-        if isinstance(value, (list, tuple)) and value:
-            value = value[0]
-        if hasattr(value, "dtype"):
-            return str(value.dtype).removeprefix("torch.")
+        for tensor in _tensors(value):
+            return str(tensor.dtype).removeprefix("torch.")
     return None
 
 
-def _reduce_name(op: Any) -> str:
-    text = str(getattr(op, "name", None) or op).rsplit(".", 1)[-1]
-    return text.lower() if text else "sum"
-
-
-def _row(tensor: Any) -> int:
+def _rows(tensor: Any) -> int:
     """Elements per dim-0 row: all_to_all_single's split sizes count rows."""
-    if tensor is None or not hasattr(tensor, "numel") or tensor.dim() == 0 or not tensor.shape[0]:
+    if not hasattr(tensor, "dim") or tensor.dim() == 0 or not tensor.shape[0]:
         return 1
     return int(tensor.numel() // tensor.shape[0])
 
 
-def _describe(dist: Any, name: str, bound: dict[str, Any]) -> dict[str, Any]:
-    """One call's entry, from its bound arguments (torch.distributed's own names)."""
-    group = bound.get("group")
-    ranks = list(dist.get_process_group_ranks(group)) if group is not None \
-        else list(range(dist.get_world_size()))
-    entry: dict[str, Any] = {"op": _WRAPPED[name], "call": name, "group": sorted(ranks)}
-    tensors_in = {"all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
-                  "send": "tensor", "isend": "tensor", "gather": "tensor",
-                  "scatter": "scatter_list", "all_gather": "tensor",
-                  "all_gather_into_tensor": "input_tensor", "reduce_scatter": "input_list",
-                  "reduce_scatter_tensor": "input", "all_to_all_single": "input",
-                  "all_to_all": "input_tensor_list"}
-    tensors_out = {"all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
-                   "recv": "tensor", "irecv": "tensor", "gather": "gather_list",
-                   "scatter": "tensor", "all_gather": "tensor_list",
-                   "all_gather_into_tensor": "output_tensor", "reduce_scatter": "output",
-                   "reduce_scatter_tensor": "output", "all_to_all_single": "output",
-                   "all_to_all": "output_tensor_list"}
-    sent: Any = bound.get(tensors_in.get(name, ""))
-    got: Any = bound.get(tensors_out.get(name, ""))
+def _script_type(value: Any) -> str:
+    try:
+        return str(value._type().qualified_name()).rsplit(".", 1)[-1]
+    except (AttributeError, RuntimeError):
+        return ""
+
+
+def _describe(dist: Any, name: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    """One call's entry, from the c10d operator's arguments (schemas of torch 2.x)."""
+    pg_arg = next(a for a in args if _script_type(a) == "ProcessGroup")
+    group = dist.ProcessGroup.unbox(pg_arg)
+    ranks = [int(r) for r in dist.get_process_group_ranks(group)]
+    entry: dict[str, Any] = {"op": _FAMILY[name], "call": f"c10d::{name}", "group": sorted(ranks)}
+    out_at, in_at = _SIDES.get(name, (0, 1))
+    got = args[out_at] if out_at is not None else None
+    sent = args[in_at] if in_at is not None else None
     entry["dtype"] = _dtype(sent, got)
     entry["in_bytes"], entry["out_bytes"] = _nbytes(sent), _nbytes(got)
-    if name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
-        entry["reduce_op"] = _reduce_name(bound.get("op", "sum"))
-    root = next((bound[k] for k in ("src", "dst") if bound.get(k) is not None), None)
-    if root is None:
-        local = next((bound[k] for k in ("group_src", "group_dst") if bound.get(k) is not None),
-                     None)
-        root = ranks[local] if local is not None else None
-    if name in ("send", "recv", "isend", "irecv"):
-        entry["peer"] = root
-    elif root is not None:
-        entry["root"] = root
-    if name == "all_to_all_single":
-        rows_in, rows_out = _row(sent), _row(got)
-        split_in, split_out = bound.get("input_split_sizes"), bound.get("output_split_sizes")
+    reduce_op = next((a for a in args if _script_type(a) == "ReduceOp"), None)
+    if reduce_op is not None:
+        code = int(reduce_op.op())
+        entry["reduce_op"] = REDUCTIONS.get(code, str(code))
+    if name in _ROOT:
+        entry["root"] = ranks[int(args[_ROOT[name]])]
+    if name in _PEER:
+        entry["peer"] = ranks[int(args[_PEER[name]])]
+    if name == "alltoall_base_":
         n = len(ranks)
-        entry["in_splits"] = [int(s) * rows_in for s in split_in] if split_in \
-            else [int(sent.numel()) // n] * n
-        entry["out_splits"] = [int(s) * rows_out for s in split_out] if split_out \
-            else [int(got.numel()) // n] * n
-    if name == "all_to_all":
-        entry["in_splits"] = [int(t.numel()) for t in sent]
-        entry["out_splits"] = [int(t.numel()) for t in got]
+        for side, tensor, splits in (("in_splits", args[1], args[4]),
+                                     ("out_splits", args[0], args[3])):
+            entry[side] = [int(s) * _rows(tensor) for s in splits] if splits \
+                else [int(tensor.numel()) // n] * n
+    if name == "alltoall_":
+        entry["in_splits"] = [int(t.numel()) for t in _tensors(sent)]
+        entry["out_splits"] = [int(t.numel()) for t in _tensors(got)]
     return entry
 
 
-def _wrap(dist: Any, name: str, original: Callable[..., Any],
-          write: Callable[[dict[str, Any]], None]) -> Callable[..., Any]:
-    import inspect
+def _describe_functional(dist: Any, name: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    """A functional collective's entry (schemas of torch 2.x: the group by name, last)."""
+    group = dist.distributed_c10d._resolve_process_group(args[-1])
+    ranks = [int(r) for r in dist.get_process_group_ranks(group)]
+    n = len(ranks)
+    sent = args[0]
+    in_bytes = _nbytes(sent)
+    out_bytes = {"all_gather_into_tensor": in_bytes * n,
+                 "all_gather_into_tensor_coalesced": in_bytes * n,
+                 "reduce_scatter_tensor": in_bytes // n,
+                 "reduce_scatter_tensor_coalesced": in_bytes // n}.get(name, in_bytes)
+    entry: dict[str, Any] = {"op": _FUNCTIONAL[name], "call": f"_c10d_functional::{name}",
+                             "group": sorted(ranks), "dtype": _dtype(sent),
+                             "in_bytes": in_bytes, "out_bytes": out_bytes}
+    if name.startswith(("all_reduce", "reduce_scatter")):
+        entry["reduce_op"] = _FUNCTIONAL_REDUCTIONS.get(str(args[1]), str(args[1]))
+    if name == "broadcast":
+        entry["root"] = ranks[int(args[1])]
+    if name == "all_to_all_single":
+        rows = _rows(sent)
+        out_splits = [int(s) * rows for s in args[1]] or [in_bytes // sent.element_size() // n] * n
+        in_splits = [int(s) * rows for s in args[2]] or [in_bytes // sent.element_size() // n] * n
+        entry.update(in_splits=in_splits, out_splits=out_splits,
+                     out_bytes=sum(out_splits) * sent.element_size())
+    return entry
 
-    signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            entry = _describe(dist, name, dict(bound.arguments))
-        except Exception as exc:  # noqa: BLE001  the job's call must run whatever we make of it
-            entry = {"op": _WRAPPED[name], "call": name, "error": f"not described: {exc}"}
-        write(entry)
-        return original(*args, **kwargs)
+class _Log:
+    """Entries in issue order; each line is written once it and every earlier call have
+    completed (their times known), the rest at the end."""
 
-    return wrapper
+    def __init__(self, path: Path) -> None:
+        self.handle = path.open("a", encoding="utf-8")
+        self.lock = threading.Lock()
+        self.pending: list[dict[str, Any]] = []
+        self.done: set[int] = set()
+        self.seq = 0
+        self.origin = time.perf_counter()
+        self.traced = False
+        # Works without a future, until the job waits: id -> (work, entry, returned at)
+        self.unwaited: dict[int, tuple[Any, dict[str, Any], float]] = {}
+
+    def add(self, entry: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            entry["seq"] = self.seq
+            entry["traced"] = self.traced
+            self.seq += 1
+            self.pending.append(entry)
+        return entry
+
+    def finish(self, entry: dict[str, Any], end: float, how: str) -> None:
+        with self.lock:
+            entry["dur_us"] = round((end - self.origin) * 1e6 - entry["start_us"], 3)
+            entry["timed_to"] = how
+            self.done.add(entry["seq"])
+            self._flush(everything=False)
+
+    def _flush(self, everything: bool) -> None:
+        while self.pending and (everything or self.pending[0]["seq"] in self.done):
+            entry = self.pending.pop(0)
+            self.done.discard(entry["seq"])
+            self.handle.write(json.dumps(entry) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        for _, entry, returned in list(self.unwaited.values()):
+            self.finish(entry, returned, "return")
+        self.unwaited.clear()
+        with self.lock:
+            self._flush(everything=True)
+            self.handle.close()
+
+
+def _watch(log: _Log, entry: dict[str, Any], result: Any, dist: Any) -> None:
+    """The call's end: when its Work completes (gloo runs it on its own threads); for a
+    Work without a future (gloo's send/recv, reduce-scatter) when the job's wait on it
+    returns (or, never waited for from Python, when the operator returned)."""
+    returned = time.perf_counter()
+    works = [r for r in (result if isinstance(result, (tuple, list)) else (result,))
+             if _script_type(r) == "Work"]
+    if not works:
+        log.finish(entry, returned, "return")
+        return
+    work = dist.distributed_c10d.Work.unbox(works[0])
+    try:
+        future = work.get_future()
+    except RuntimeError:
+        with log.lock:
+            log.unwaited[id(work)] = (work, entry, returned)
+        return
+    future.add_done_callback(lambda _: log.finish(entry, time.perf_counter(), "completion"))
+
+
+@contextlib.contextmanager
+def _waits(dist: Any, log: _Log) -> Iterator[None]:
+    """Work.wait, timed: the end of a call whose Work has no future."""
+    work_class = dist.distributed_c10d.Work
+    wait = work_class.wait
+
+    def timed_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = wait(self, *args, **kwargs)
+        with log.lock:
+            held = log.unwaited.pop(id(self), None)
+        if held is not None:
+            log.finish(held[1], time.perf_counter(), "wait")
+        return result
+
+    work_class.wait = timed_wait
+    try:
+        yield
+    finally:
+        work_class.wait = wait
+
+
+def _first_tensor(value: Any) -> Any:
+    tensors = _tensors(value)
+    return tensors[0] if tensors else None
+
+
+def _call_once(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Run the operator below the Python dispatch key: `func(*args)` would dispatch it
+    again from the top, and the execution trace (its RecordFunction) would hold it twice."""
+    import torch
+
+    tensor = _first_tensor(args)
+    if tensor is None or type(tensor) is not torch.Tensor:
+        return func(*args, **kwargs)
+    below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
+    return func.redispatch(torch._C._dispatch_keys(tensor) & below, *args, **kwargs)
+
+
+def _entry(dist: Any, name: str, args: tuple[Any, ...], functional: bool) -> dict[str, Any]:
+    try:
+        return _describe_functional(dist, name, args) if functional \
+            else _describe(dist, name, args)
+    except Exception as exc:  # noqa: BLE001  the job's call must run whatever we make of it
+        family = (_FUNCTIONAL if functional else _FAMILY)[name]
+        return {"op": family, "call": name, "error": f"not described: {exc}"}
+
+
+def _recorder(dist: Any, log: _Log) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            name = func.__name__.split(".")[0]
+            functional = func.namespace == "_c10d_functional"
+            if name not in (_FUNCTIONAL if functional else _FAMILY) or \
+                    func.namespace not in ("c10d", "_c10d_functional"):
+                return func(*args, **kwargs)
+            entry = log.add(_entry(dist, name, tuple(args), functional))
+            start = time.perf_counter()
+            entry["start_us"] = round((start - log.origin) * 1e6, 3)
+            result = _call_once(func, args, kwargs)
+            if functional:      # its Work stays inside torch: the time to issue it
+                log.finish(entry, time.perf_counter(), "return")
+            else:
+                _watch(log, entry, result, dist)
+            return result
+
+    return Recorder()
+
+
+@contextlib.contextmanager
+def _trace_window(log: _Log) -> Iterator[None]:
+    """Mark the calls made while torch's ExecutionTraceObserver records: the trace holds
+    those, and only those (calls before its start and after its stop are passed over)."""
+    from torch.profiler import ExecutionTraceObserver
+
+    start, stop = ExecutionTraceObserver.start, ExecutionTraceObserver.stop
+
+    def started(self: Any) -> Any:
+        result = start(self)
+        log.traced = True
+        return result
+
+    def stopped(self: Any) -> Any:
+        log.traced = False
+        return stop(self)
+
+    ExecutionTraceObserver.start, ExecutionTraceObserver.stop = started, stopped  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ExecutionTraceObserver.start, ExecutionTraceObserver.stop = start, stop  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
 def capture(folder: str | Path) -> Iterator[Path]:
-    """Inside: every torch.distributed call this module wraps is also written, one JSON line,
-    to `folder`/ccbench-comms.rank<r>.jsonl (r: the caller's global rank). The process group
+    """Inside: every communication call this thread (and the autograd threads it starts)
+    makes, from Python or C++, is also written, one JSON line, to
+    `folder`/ccbench-comms.rank<r>.jsonl (r: the caller's global rank). The process group
     must be initialised before entering."""
     import torch.distributed as dist
 
@@ -157,21 +351,12 @@ def capture(folder: str | Path) -> Iterator[Path]:
         raise RuntimeError("ccbench.formats.capture: initialise torch.distributed first")
     path = capture_file(folder, dist.get_rank())
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = path.open("a", encoding="utf-8")
-
-    def write(entry: dict[str, Any]) -> None:
-        handle.write(json.dumps(entry) + "\n")
-        handle.flush()
-
-    saved = {name: getattr(dist, name) for name in _WRAPPED if hasattr(dist, name)}
-    for name, original in saved.items():
-        setattr(dist, name, _wrap(dist, name, original, write))
+    log = _Log(path)
     try:
-        yield path
+        with _trace_window(log), _waits(dist, log), _recorder(dist, log):
+            yield path
     finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
-        handle.close()
+        log.close()
 
 
 def _install_at_init(folder: str) -> None:
@@ -197,8 +382,9 @@ def _install_at_init(folder: str) -> None:
         return destroy(*args, **kwargs)
 
     dist.init_process_group, dist.destroy_process_group = start, stop
-    atexit.register(lambda: state.pop("ctx").__exit__(None, None, None) if "ctx" in state
-                    else None)
+    end: Callable[[], Any] = lambda: state.pop("ctx").__exit__(None, None, None) \
+        if "ctx" in state else None  # noqa: E731
+    atexit.register(end)
 
 
 def main(argv: list[str] | None = None) -> int:

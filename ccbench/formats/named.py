@@ -62,27 +62,38 @@ def _settle(op: CommOp, ranks: list[int], world: int, where: object) -> None:
 
 def _apply_entry(op: CommOp, entry: dict[str, Any], world: int, path: Path) -> None:
     ranks = entry.get("group")
-    if isinstance(ranks, list):
+    if op.collective in ("send", "recv"):
+        # the peer as a global rank (the trace stores it as a rank of the call's group);
+        # the message itself runs between the two ranks, whatever group it was sent on
+        if isinstance(entry.get("peer"), int) and 0 <= entry["peer"] < world:
+            op.peer = entry["peer"]
+            _settle(op, list(range(world)), world, path)
+    elif isinstance(ranks, list):
         _settle(op, ranks, world, path)
     if isinstance(entry.get("reduce_op"), str):
         op.op, op.op_source = entry["reduce_op"], "named"
     if op.group is not None and isinstance(entry.get("root"), int) \
             and entry["root"] in op.group.ranks:
         op.root = op.group.local(entry["root"])
-    if isinstance(entry.get("peer"), int):
-        op.peer = entry["peer"]
     for side in ("in_splits", "out_splits"):
         splits = entry.get(side)
         if isinstance(splits, list) and op.collective in ("alltoall", "alltoallv"):
             setattr(op, side, tuple(int(s) for s in splits))
+    start, dur = entry.get("start_us"), entry.get("dur_us")
+    if isinstance(start, (int, float)) and isinstance(dur, (int, float)) and dur >= 0:
+        op.start_us, op.dur_us = float(start), float(dur)   # the job's own time, this rank
 
 
 def apply_capture(ops: list[CommOp], entries: list[dict[str, Any]], world: int,
                   path: Path) -> int:
     """Give each of this rank's ops the captured call it was, in order; returns how many
-    ops were settled. Captured calls outside the traced window (before the observer
-    started, after it stopped) are passed over; an op no call fits (one made from C++,
-    as DDP's bucket all-reduces) keeps what the trace says."""
+    ops were settled. A recording that marks the execution trace's window ("traced") is
+    read inside it only: calls before the observer started and after it stopped are
+    passed over, never matched to a traced call. In an older file without the mark,
+    calls no op fits are passed over; an op no call fits keeps what the trace says."""
+    if any("traced" in e for e in entries):
+        entries = [e for e in entries if e.get("traced")]
+    entries = [e for e in entries if "error" not in e]
     at = settled = 0
     for op in ops:
         found = next((i for i in range(at, len(entries)) if _fits(op, entries[i])), None)
