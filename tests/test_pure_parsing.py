@@ -51,3 +51,32 @@ def test_the_rank_applies_what_its_backends_read(monkeypatch: pytest.MonkeyPatch
     prepare_process(["nccl", "ring@mpi"], "cpu", options)   # an algorithm: its transport's
     assert os.environ["NCCL_ALGO"] == "Ring" and "NCCL_PROTO" not in os.environ
     assert mpi4py.rc.thread_level == "serialized"
+
+
+def test_the_launcher_plans_every_command_through_one_interface(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ccbench launch` asks the command the ranks run for its plan (the measurement's, or
+    diagnose's own), parsing the benchmark's arguments once; main names no subcommand."""
+    import ast
+    import inspect
+
+    import ccbench.cli
+    from ccbench.commands import launch
+    from ccbench.run.supervisor import LaunchPlan
+
+    parsed = []
+    real = ccbench.cli.bench_parser
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        parsed.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ccbench.cli, "bench_parser", counting)
+    plan = launch._planner("allreduce")(["allreduce", "--backend", "gloo", "--no-output"], 3)
+    assert isinstance(plan, LaunchPlan) and len(parsed) == 1
+    assert (plan.backends, plan.nprocs, plan.one_launch, plan.saved) == (["gloo"], 3, False, None)
+    plan = launch._planner("diagnose")(["diagnose", "--quick"], None)
+    assert (plan.argv, plan.backends, plan.nprocs) == (["diagnose", "--quick"], ["gloo"], 2)
+    words = {node.value for node in ast.walk(ast.parse(inspect.getsource(launch.main)))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not words & {"replay", "diagnose"}

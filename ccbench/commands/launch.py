@@ -12,11 +12,13 @@ With --repeat N the whole launch happens N times, each a run of its own
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
-from typing import Any
+from collections.abc import Callable
 
 from ccbench.errors import UsageError
 from ccbench.run.supervisor import (
+    LaunchPlan,
     check_mpiexec,
     check_rank_count,
     default_nprocs,
@@ -72,9 +74,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the benchmark arguments: COLLECTIVE [--backend ...]")
 
 
-def _measuring_plan(nprocs: int | None, bench: list[str]) -> tuple[list[str], Any, int, str | None]:
-    """A measuring run's arguments (with the records file it keeps when none is named),
-    config, rank count and that records file."""
+def measuring_plan(bench: list[str], nprocs: int | None = None) -> LaunchPlan:
+    """What `ccbench launch` starts for a measurement: its arguments (with the records file it
+    keeps when none is named), backends (each group of those that need MPI and those that do
+    not in a launch of its own), rank count (default: supervisor.default_nprocs)."""
     from ccbench.cli import bench_parser, check_command_word, config_from_args
     from ccbench.output import new_records_file
     from ccbench.runner import check_measurable
@@ -94,8 +97,21 @@ def _measuring_plan(nprocs: int | None, bench: list[str]) -> tuple[list[str], An
     saved = new_records_file() if config.keep_records else None
     bench = [*bench, *(("--output", saved) if saved else ("--no-output",)
                        if config.keep_records else ())]
-    config.output = saved or config.output
-    return bench, config, nprocs, saved
+    return LaunchPlan(argv=bench, backends=config.backends,
+                      connect_timeout=config.connect_timeout, nprocs=nprocs,
+                      output=saved or config.output, fmt=config.fmt, saved=saved)
+
+
+def _planner(word: str) -> Callable[[list[str], int | None], LaunchPlan]:
+    """The launch_plan of what the ranks run: a subcommand's own (the subcommands that run in
+    ranks have one), else the measurement's."""
+    from ccbench.cli import SUBCOMMANDS
+
+    if word in SUBCOMMANDS:
+        plan = getattr(importlib.import_module(f"ccbench.commands.{word}"), "launch_plan", None)
+        if plan is not None:
+            return lambda bench, nprocs: plan(bench[1:], nprocs)
+    return measuring_plan
 
 
 def main(args: argparse.Namespace) -> int:
@@ -108,30 +124,18 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("launch needs a benchmark: ccbench launch -n 2 allreduce --backend gloo")
     if args.repeat < 1:
         raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
-    if args.repeat > 1 and bench[0] in ("replay", "diagnose"):
+    planner = _planner(bench[0])
+    if args.repeat > 1 and planner is not measuring_plan:
         raise UsageError(f"--repeat applies to measurements, not to {bench[0]}")
-    if bench[0] == "replay":                    # a trace replay: its own arguments
-        from ccbench.commands.replay import launch_plan
-
-        backends, connect_timeout, trace_ranks = launch_plan(bench[1:])
-        nprocs = args.nprocs if args.nprocs is not None else trace_ranks
-        output, fmt, saved = None, "table", None
-    elif bench[0] == "diagnose":                # a diagnosis: its own arguments
-        from ccbench.commands.diagnose import launch_plan as diagnose_plan
-
-        backends, connect_timeout, _ = diagnose_plan(bench[1:])
-        nprocs = args.nprocs if args.nprocs is not None else 2
-        output, fmt, saved = None, "table", None
-    else:
-        bench, config, nprocs, saved = _measuring_plan(args.nprocs, bench)
-        backends, connect_timeout = config.backends, config.connect_timeout
-        output, fmt = config.output, config.fmt
+    plan = planner(bench, args.nprocs)
+    bench, backends, nprocs = plan.argv, plan.backends, plan.nprocs
+    connect_timeout, output, fmt, saved = plan.connect_timeout, plan.output, plan.fmt, plan.saved
     by_backend = check_launchable(backends)   # fail fast here, once, not in every rank
     mpiexec = find_mpiexec(args.mpiexec) if any(by_backend.values()) or args.mpiexec else None
     if mpiexec is not None:
         check_mpiexec(mpiexec)
     groups = launch_groups(by_backend)
-    if bench[0] == "replay" or len(groups) == 1:   # a replay compares its backends in one run
+    if plan.one_launch or len(groups) == 1:      # a replay compares its backends in one run
         groups = [(backends, any(by_backend.values()))]
 
     def launch(extra_env: dict[str, str], bench: list[str]) -> int:
