@@ -204,3 +204,32 @@ def test_every_rank_ends_with_the_verdicts_status(tmp_path):
              for out, err in [proc.communicate(timeout=240)]]
     assert [rc for rc, _out, _err in ended] == [1, 1, 1], ended[0][2][-2000:]
     assert "below expected" in ended[0][1]
+
+
+def _budget_args(*argv):
+    from ccbench.cli import OneLineParser
+    from ccbench.commands.diagnose import _arguments, _config
+
+    parser = OneLineParser(prog="ccbench diagnose")
+    _arguments(parser)
+    args = parser.parse_args(list(argv))
+    return args, _config(args)[0]
+
+
+def test_first_run_without_flags_is_sized_from_the_world_step_and_fits_the_budget():
+    """The issue's case: 8 hosts at 13 Mbit/s, no --link-rate: 4 MiB per bandwidth step and
+    no verdict after 8 minutes. Now the world step measures the rate, the size follows it,
+    and the plan is cut to --budget (default 180 s), saying what it cut."""
+    from ccbench.commands.diagnose import PROBE_SIZE, fit_budget
+
+    args, config = _budget_args()
+    assert config.size == PROBE_SIZE                 # the world step's, before any rate
+    settings, seconds, cuts = fit_budget(args, config, 8, 13e6, sized=True)
+    assert settings["size"] < 128 << 10 and seconds <= args.budget and cuts == []
+    tight, config = _budget_args("--budget", "10", "--planes", "eth0,eth1")
+    settings, seconds, cuts = fit_budget(tight, config, 16, 13e6, sized=True)
+    assert cuts[0] == "iterations 5 -> 2" and settings["iters"] == 2
+    assert "pair rounds: every pair -> log2 N (--quick)" in cuts and settings["quick"]
+    assert seconds < fit_budget(args, config, 16, 13e6, sized=True)[1]
+    fixed, config = _budget_args("--size", "1M", "--budget", "10000")
+    assert fit_budget(fixed, config, 8, 13e6, sized=False)[0]["size"] == 1 << 20

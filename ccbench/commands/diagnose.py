@@ -28,6 +28,9 @@ __all__ = ["launch_plan", "main", "plan_of", "plan_seconds", "register"]
 
 DEFAULT_SIZE = 4 << 20
 TRANSFER_S = 0.05               # with a known link rate: a bandwidth sample takes about this
+PROBE_SIZE = 256 << 10          # the world step's size when nothing says what the link does
+DEFAULT_BUDGET_S = 180.0
+MIN_ITERS = 2
 
 
 def _interface_variable(name: str) -> str | None:
@@ -69,6 +72,12 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-repeat", action="store_true",
                         help="do not measure suspicious pairs again before blaming them")
     parser.add_argument("--no-compute", action="store_true", help="skip the compute probe")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                        help="seconds the plan may take (default "
+                             f"{DEFAULT_BUDGET_S:g}): after the world step the plan is sized "
+                             "from the rate it measured and cut to fit (fewer iterations, a "
+                             "smaller size, fewer repeats, --quick, no compute probe), "
+                             "saying what it cut")
     parser.add_argument("--format", choices=("table", "json"), default="table",
                         help="the verdict as a table or JSON (findings, pairs, plan); the "
                              "plan goes to stderr with JSON (default table)")
@@ -102,8 +111,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}")
-    if args.warmup < 0 or args.timeout <= 0 or args.oversub < 1:
-        raise UsageError("--warmup must be >= 0, --timeout > 0 and --oversub >= 1")
+    if args.warmup < 0 or args.timeout <= 0 or args.oversub < 1 or args.budget <= 0:
+        raise UsageError("--warmup must be >= 0, --timeout > 0, --oversub >= 1 and "
+                         "--budget > 0")
     if args.latency_us is not None and args.latency_us <= 0:
         raise UsageError(f"--latency-us must be > 0, got {args.latency_us:g}")
 
@@ -140,7 +150,7 @@ def _bandwidth_size(args: argparse.Namespace, link_bps: float | None) -> int:
         return sizes[0]
     if link_bps is not None:
         return max(64 << 10, min(64 << 20, int(link_bps / 8 * TRANSFER_S) >> 16 << 16))
-    return DEFAULT_SIZE
+    return PROBE_SIZE           # the world step's; the rest is sized from what it measured
 
 
 def _planes(args: argparse.Namespace, backend: str) -> list[str] | None:
@@ -175,6 +185,7 @@ def _config(args: argparse.Namespace) -> Any:
         leaves=None if leaves is None or isinstance(leaves, int) else
         [[h.strip() for h in g.split(",") if h.strip()] for g in str(leaves).split("/")],
         planes=planes, ranks_per_host=args.ranks_per_host, expect=expect,
+        compute=not args.no_compute,
         nic_speed=not args.no_nic_speed and expect.link_bps is None, output=args.output,
         argv=["diagnose", *sys.argv[1:]]), leaves
 
@@ -205,6 +216,49 @@ def plan_seconds(config: Any, steps: list[Any], hosts: int, link_bps: float | No
 
     return estimate_seconds(steps, hosts, config.size, link_bps or 10e9,
                             2 * (config.method.iters + config.method.warmup + 1))
+
+
+def fit_budget(args: argparse.Namespace, config: Any, hosts: int, rate_bps: float | None,
+               sized: bool) -> tuple[dict[str, Any], float, list[str]]:
+    """The rest of the plan's settings after the world step: with `sized` (no --size, no
+    link rate), the bandwidth size is TRANSFER_S of traffic at the measured rate (64 KiB to
+    DEFAULT_SIZE); then, while the estimate exceeds --budget, cuts in this order: iterations
+    (down to MIN_ITERS), the size (down to a fifth of TRANSFER_S of traffic), the repeat
+    passes (to 1), every pair -> --quick, the compute probe. Returns the settings, the
+    estimated seconds and what was cut."""
+    from ccbench.diagnose.plan import build_plan, estimate_seconds
+
+    rate = rate_bps or 10e9
+    size = config.size
+    if sized:
+        size = max(64 << 10, min(DEFAULT_SIZE, int(rate / 8 * TRANSFER_S) >> 16 << 16))
+    settings = {"size": size, "iters": config.method.iters, "quick": config.quick,
+                "repeat_passes": config.repeat_passes, "compute": config.compute}
+    leaves = _by_count(_leaves(args.leaves), hosts)
+
+    def seconds() -> float:
+        steps = build_plan(hosts, settings["quick"], leaves, config.planes,
+                           compute=settings["compute"])
+        repeats = 2 * settings["repeat_passes"] if config.repeat else 0
+        extra = [s for s in steps if s.kind == "pairs"][:repeats]
+        return estimate_seconds(steps[1:] + extra, hosts, settings["size"], rate,
+                                2 * (settings["iters"] + config.method.warmup + 1))
+
+    floor = max(64 << 10, int(rate / 8 * TRANSFER_S / 5) >> 16 << 16)
+    cuts: list[str] = []
+    options = [("iters", MIN_ITERS, "iterations"), ("size", floor, "size (B)"),
+               ("repeat_passes", 1, "repeat passes"), ("quick", True, "pair rounds"),
+               ("compute", False, "compute probe")]
+    for key, value, label in options:
+        if seconds() <= args.budget:
+            break
+        before = settings[key]
+        if before == value or (key in ("iters", "size", "repeat_passes") and before <= value):
+            continue
+        settings[key] = value
+        cuts.append({"quick": "pair rounds: every pair -> log2 N (--quick)",
+                     "compute": "compute probe skipped"}.get(key, f"{label} {before} -> {value}"))
+    return settings, seconds(), cuts
 
 
 def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
@@ -253,7 +307,7 @@ def main(args: argparse.Namespace) -> int:
         if isinstance(leaves, int):
             leaf_hosts = _by_count(leaves, hosts)
         return build_plan(hosts, config.quick, leaf_hosts, config.planes,
-                          compute=not args.no_compute)
+                          compute=config.compute)
 
     def on_plan(steps: list[Any], names: list[str], expect: Any) -> None:
         seconds = plan_seconds(config, steps, len(names), expect.link_bps)
@@ -270,7 +324,22 @@ def main(args: argparse.Namespace) -> int:
             collected.leaves = _by_count(leaves, len(collected.names))
         return 1 if findings_of(collected, args.oversub) else 0
 
+    def replan(world: dict[str, Any] | None, hosts: int, expect: Any) -> dict[str, Any]:
+        measured = world.get("busbw_bps") if world else None
+        rate = expect.link_bps or measured
+        settings, seconds, cuts = fit_budget(args, config, hosts, rate,
+                                             sized=args.size is None and not expect.link_bps)
+        source = (f"link {(rate or 0) / 1e6:.1f} Mbit/s ({expect.source})" if expect.link_bps
+                  else f"{(measured or 0) / 1e6:.1f} Mbit/s measured by the world step"
+                  if measured else "no rate measured")
+        print(f"ccbench diagnose: after the world step: {source}; size {settings['size']} B, "
+              f"{settings['iters']} iterations, estimated {seconds:.0f} s (--budget "
+              f"{args.budget:g} s)" + (f"; cut: {', '.join(cuts)}" if cuts else ""),
+              file=plan_stream, flush=True)
+        return settings
+
     config.on_plan = on_plan
+    config.replan = replan
     collected, status = diagnose_rank(config, build, on_stop, status_of)
     if collected is None:           # every rank ends with the verdict's status (launchers)
         return status

@@ -12,6 +12,7 @@ through the control store, repeats the suspicious pairs and analyses.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import socket
@@ -72,6 +73,12 @@ class DiagnoseConfig:
     argv: list[str] = field(default_factory=list)
     #: rank 0: called with the plan (steps, host names) before anything is measured
     on_plan: Callable[[list[Step], list[str], Expectation], None] | None = None
+    repeat_passes: int = REPEAT_PASSES
+    compute: bool = True
+    #: rank 0, after the world step: (its measurement, hosts, expectation) -> the settings
+    #: the rest of the plan runs with (size, iters, quick, repeat_passes, compute), which
+    #: every rank applies before building the rest of the plan again
+    replan: Callable[[dict[str, Any] | None, int, Expectation], dict[str, Any]] | None = None
 
 
 @dataclass
@@ -413,6 +420,25 @@ class _Rank:
                                   plane=plane or None))
         return steps
 
+    def replan(self, build: Callable[[int, list[list[int]] | None], list[Step]]
+               ) -> list[Step]:
+        """After the world step: rank 0 sizes the rest of the plan from what it measured and
+        fits it in the budget; every rank applies the same settings and builds the plan
+        again (its world step is dropped by the caller)."""
+        assert self.config.replan is not None
+        if self.info.rank == 0 and self.collected is not None:
+            self.store.set("diag/replan", self.config.replan(
+                self.collected.world, len(self.names), self.collected.expect))
+        with self.watchdog.waiting():
+            settings = self.store.get("diag/replan", self.timeout)
+        config = self.config
+        config.size = int(settings["size"])
+        config.method = dataclasses.replace(config.method, iters=int(settings["iters"]))
+        config.quick = bool(settings["quick"])
+        config.repeat_passes = int(settings["repeat_passes"])
+        config.compute = bool(settings["compute"])
+        return build(len(self.names), self._leaf_indices())
+
     def check_reach(self) -> None:
         """Before the library starts: every host probes every other host's interface
         addresses (a library that then hangs on a port that is down must not cost the
@@ -625,7 +651,7 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
     backend = _make_backend(config, rank.info, rank.store, watchdog, len(rank.names))
     try:
         rank.meta = backend.info()
-        _run_steps(rank, backend, steps)
+        _run_steps(rank, backend, steps, build)
         rank.gather_counters()
     finally:
         watchdog.label = f"{config.backend}: finalisation"
@@ -633,27 +659,34 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
             backend.finalize()
 
 
-def _run_steps(rank: _Rank, backend: Backend, steps: list[Step]) -> None:
-    last_pairs = max((i for i, s in enumerate(steps) if s.kind in ("pairs", "planes")),
-                     default=-1)
+def _run_steps(rank: _Rank, backend: Backend, steps: list[Step],
+               build: Callable[[int, list[list[int]] | None], list[Step]] | None = None
+               ) -> None:
     number = 0
-    for position, step in enumerate(steps):
+    position = 0
+    while position < len(steps):
+        step = steps[position]
         number += 1
         if step.kind == "world":
             rank.run_world(backend, number)
             if rank.info.rank == 0 and rank.collected is not None:
                 rank.collected.steps.append(step)
+            if build is not None and rank.config.replan is not None:
+                steps = steps[:position + 1] + rank.replan(build)[1:]
         elif step.kind == "compute":
             rank.run_compute()
             if rank.info.rank == 0 and rank.collected is not None:
                 rank.collected.steps.append(step)
         else:
             rank.run_step(backend, step, number)
-        for passes in range(REPEAT_PASSES if position == last_pairs and rank.config.repeat
-                            else 0):
-            rounds = rank.repeat_rounds(number, passes + 1)
+        last_pairs = max((i for i, s in enumerate(steps) if s.kind in ("pairs", "planes")),
+                         default=-1)
+        passes = rank.config.repeat_passes if rank.config.repeat else 0
+        for again in range(passes if position == last_pairs else 0):
+            rounds = rank.repeat_rounds(number, again + 1)
             if not rounds:
                 break
-            for again in rounds:
+            for step_again in rounds:
                 number += 1
-                rank.run_step(backend, again, number)
+                rank.run_step(backend, step_again, number)
+        position += 1
