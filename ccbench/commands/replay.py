@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ccbench.backends import HOST_BACKEND
 from ccbench.bench_options import add_options, check_flags, connect_timeout, method_from
 from ccbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from ccbench.run.supervisor import LaunchPlan
 
 __all__ = ["register", "main", "launch_plan"]
 
@@ -79,9 +82,11 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], Any]:
     return backends, method
 
 
-def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
-    """(backends, connect timeout, rank count) of a replay command line, for `ccbench launch`."""
+def launch_plan(argv: list[str], nprocs: int | None = None) -> LaunchPlan:
+    """What `ccbench launch` starts for `ccbench replay ARGV`: one launch of every backend (a
+    replay compares them in one run) on the trace's ranks unless -n says otherwise."""
     from ccbench.cli import OneLineParser
+    from ccbench.run.supervisor import LaunchPlan
 
     parser = OneLineParser(prog="ccbench replay")
     _arguments(parser)
@@ -93,7 +98,9 @@ def launch_plan(argv: list[str]) -> tuple[list[str], float, int]:
     # the launcher and each of the ranks, which all read it
     ranks = args.world_size or len(rank_files(args.traces)[1])
     trace = _load(args, readers=1 + ranks)
-    return backends, connect_timeout(method.timeout), trace.world_size
+    return LaunchPlan(argv=["replay", *argv], backends=backends,
+                      connect_timeout=connect_timeout(method.timeout),
+                      nprocs=trace.world_size if nprocs is None else nprocs, one_launch=True)
 
 
 def _load(args: argparse.Namespace, readers: int = 1) -> Any:

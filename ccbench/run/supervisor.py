@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -26,9 +27,25 @@ from ccbench.run.storehost import LABEL_KEY, unexplained_end
 from ccbench.sysinfo import available_memory, usable_cores
 from ccbench.units import size_text
 
-__all__ = ["Supervisor", "build_commands", "check_mpiexec", "check_rank_count", "default_nprocs",
-           "find_mpiexec", "kill_group", "launch_groups", "rank_python", "run_ranks",
-           "with_backends"]
+__all__ = ["LaunchPlan", "Supervisor", "build_commands", "check_mpiexec", "check_rank_count",
+           "default_nprocs", "find_mpiexec", "kill_group", "launch_groups", "rank_python",
+           "run_ranks", "with_backends"]
+
+
+@dataclass(kw_only=True)
+class LaunchPlan:
+    """What `ccbench launch` starts in every rank, as the command the ranks run plans it: the
+    benchmark, `ccbench replay` and `ccbench diagnose` each have a `launch_plan(argv, nprocs)`
+    that parses and validates their arguments once, before any rank starts."""
+
+    argv: list[str]                   # each rank's command line
+    backends: list[str]
+    connect_timeout: float
+    nprocs: int                       # ranks to start: -n, else the command's own default
+    one_launch: bool = False          # every backend in one launch (a replay compares them)
+    output: str | None = None         # its records file, and how it prints (for --repeat)
+    fmt: str = "table"
+    saved: str | None = None          # a records file chosen for it: named at the end
 
 
 def kill_group(group: int, signum: int = signal.SIGKILL) -> None:
