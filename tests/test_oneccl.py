@@ -350,3 +350,28 @@ def test_csv_is_only_csv(tmp_path: Path) -> None:
     assert sorted(set(frame["collective"])) == ["allreduce", "sendrecv"]
     assert len(frame) == 5 * 2 + 5            # 1K-16K: allreduce in both modes, sendrecv once
     assert "within group API" not in proc.stderr and "not completed event" not in proc.stderr
+
+
+def test_the_own_log_level_warning_is_filtered_and_nothing_else(capfd: pytest.CaptureFixture[str]
+                                                                 ) -> None:
+    """oneCCL logs that CCL_LOG_LEVEL (set by the backend to quiet it) changed, on every run:
+    that one line is dropped from what it prints while it starts; every other line passes."""
+    from ccbench.backends.oneccl import _start_up_log_filtered
+
+    with _start_up_log_filtered():
+        os.write(1, b"2026:12:05-06:30:48:15024 |CCL_WARN| value of CCL_LOG_LEVEL changed to "
+                    b"be error (default:warn)\n")
+        os.write(1, b"2026:12:05-06:30:48:15024 |CCL_ERROR| something else\n")
+    assert capfd.readouterr().out == "2026:12:05-06:30:48:15024 |CCL_ERROR| something else\n"
+
+
+@needs_oneccl
+def test_a_run_prints_no_ccl_warn_line() -> None:
+    from conftest import run_ccbench_forked
+
+    if _REASON is not None:
+        pytest.fail(f"oneccl backend unavailable: {_REASON}")
+    proc = run_ccbench_forked("allreduce", "--backend", "oneccl", "--sizes", "1K", "--iters",
+                              "2", "--warmup", "0", "-q", "--no-output", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "CCL_" not in proc.stderr + proc.stdout, proc.stderr

@@ -10,11 +10,12 @@ Library discovery and loading: ccbench/backends/_oneccl_lib.py; install: scripts
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,6 +78,41 @@ def _tuning_defaults(ctx: RankContext) -> dict[str, str]:
     return out
 
 
+#: what oneCCL logs, at its default level warn, about the CCL_LOG_LEVEL=error set here to quiet
+#: it: read before that level takes effect, so it came on every run
+_OWN_LEVEL_WARNING = b"|CCL_WARN| value of CCL_LOG_LEVEL changed to be error"
+
+
+@contextlib.contextmanager
+def _start_up_log_filtered() -> Iterator[None]:
+    """oneCCL's log (file descriptor 1) while it starts goes through a file and comes back
+    whole, less the line about the CCL_LOG_LEVEL this backend sets (_OWN_LEVEL_WARNING):
+    every other line of its, a real warning or error, still reaches the rank's output."""
+    import tempfile
+
+    try:
+        saved = os.dup(1)
+        capture = tempfile.TemporaryFile()
+    except OSError:                           # no descriptor 1 to borrow: leave it as it is
+        yield
+        return
+    with capture:
+        os.dup2(capture.fileno(), 1)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL(None).fflush(None)      # what the C library still buffers
+            os.dup2(saved, 1)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().splitlines(keepends=True)
+                    if _OWN_LEVEL_WARNING not in line]
+            if kept:
+                with contextlib.suppress(OSError):
+                    os.write(1, b"".join(kept))
+
+
 def _ptr(buf: np.ndarray) -> int:
     if not buf.flags.c_contiguous:
         raise RunFailure("oneccl: buffers must be contiguous")
@@ -134,8 +170,10 @@ class OneCCLBackend(Backend):
         self.rank, self.world = ctx.rank, ctx.world_size
         self.comm = ctypes.c_void_p()
         self._destroyed = False
-        uid = self._unique_id(f"lib/oneccl/unique-id/{next(_generation)}", ctx.options.timeout)
-        self._join(uid)
+        with _start_up_log_filtered():      # where oneCCL reads its variables and logs them
+            uid = self._unique_id(f"lib/oneccl/unique-id/{next(_generation)}",
+                                  ctx.options.timeout)
+            self._join(uid)
         self._bar = np.zeros(1, dtype=np.int32)
         self._bar_ptr = _ptr(self._bar)
 
