@@ -315,3 +315,44 @@ def test_torchrun_takes_the_secret_you_give(torchrun_store, tmp_path, monkeypatc
 
     with pytest.raises(UsageError, match="CCBENCH_CONTROL_SECRET_FILE: .* is not a private file"):
         secret_from_env()
+
+
+# -- torchrun's report ------------------------------------------------------------------------
+def _torchrun_report(error_file: Path, exitcode: int) -> str:
+    """The report torchrun prints for one failed worker with this error file."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=exitcode, error_file=str(error_file))
+    return str(ChildFailedError("ccbench", {0: failure}))
+
+
+def test_torchrun_reports_the_error_line_as_the_root_cause(tmp_path: Path) -> None:
+    """A rank under torchrun writes its error line to torchrun's error file, so the report's
+    root cause is that line, not "To enable traceback see ..."."""
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file),
+           "TORCHELASTIC_RUN_ID": "t"}
+    proc = subprocess.run([PYTHON, "-m", "ccbench", "allreduce", "--iters", "-1"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert is_error_line(line), proc.stderr
+    report = _torchrun_report(error_file, proc.returncode)
+    root = report.split("Root Cause")[1]
+    assert f"traceback : {line}" in root, report
+
+
+@pytest.mark.matrix
+def test_torchrun_report_names_the_dead_rank(tmp_path: Path) -> None:
+    """The whole way: a rank that exits mid-run under torchrun; torchrun's report ends with
+    the surviving rank's line naming it."""
+    proc = subprocess.run([TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", "allreduce",
+                           "--sizes", "1K-64K", "--iters", "2", "--warmup", "1", "-q",
+                           "--timeout", "10", "--output", str(tmp_path / "r.jsonl")],
+                          env={**os.environ, "CCBENCH_FAULT": "mid-run:1:exit"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if is_error_line(line)]
+    assert len(lines) == 1 and "ranks that did not arrive: 1 (dead)" in lines[0], proc.stderr
+    root = proc.stderr.split("Root Cause")[1]
+    assert f"traceback : {lines[0]}" in root, proc.stderr
