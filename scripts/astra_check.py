@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ccbench.errors import UsageError  # noqa: E402
-from ccbench.formats.astra import export_astra, run_astra  # noqa: E402
+from ccbench.formats.astra import astra_bin_dir, export_astra, run_astra  # noqa: E402
 from ccbench.model.costs import FORMULAS  # noqa: E402
 from ccbench.model.synthetic import known_model  # noqa: E402
 
@@ -47,7 +47,23 @@ def main() -> int:
     ap.add_argument("--gamma", type=float, default=2e-11, help="s/B (0 for none)")
     ap.add_argument("--quick", action="store_true", help="sizes 1K, 1M, 1G only")
     args = ap.parse_args()
-    ranks = [int(x) for x in args.ranks.split(",")]
+    binary = astra_bin_dir() / "AstraSim_Analytical_Congestion_Unaware"
+    if not binary.is_file():
+        print(f"astra_check: error: no ASTRA-sim binary at {binary} (set CCBENCH_ASTRA_SIM_BIN "
+              f"to its folder, or build it: scripts/build-astra-sim.sh)", file=sys.stderr)
+        return 2
+    try:
+        ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--ranks {args.ranks!r}: a comma list of integers")
+    try:
+        return _check_all(args, ranks)
+    except UsageError as exc:                   # the binary failed: its line, not a traceback
+        print(f"astra_check: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _check_all(args: argparse.Namespace, ranks: list[int]) -> int:
     sizes = [1 << 10, 1 << 20, 1 << 30] if args.quick else SIZES
     model = known_model(alpha=5e-6, beta=1e-10, gamma=args.gamma)
     worst: dict[tuple, list[float]] = defaultdict(list)

@@ -338,3 +338,14 @@ def test_the_dataframe_has_a_size_column() -> None:
     frame = ccbench.load("tests/fixtures/records-v1.jsonl")
     assert list(frame["size"]) == list(frame["size_used"]) == [1024, 2048]
     assert frame.groupby("size").time_median_us.median().index.tolist() == [1024, 2048]
+
+
+def test_astra_check_without_the_binaries_says_so_in_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([PYTHON, "scripts/astra_check.py", "--quick", "--ranks", "2"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CCBENCH_ASTRA_SIM_BIN": str(tmp_path / "none")})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"astra_check: error: no ASTRA-sim binary at {tmp_path / 'none'}/AstraSim_Analytical_"
+        f"Congestion_Unaware (set CCBENCH_ASTRA_SIM_BIN to its folder, or build it: "
+        f"scripts/build-astra-sim.sh)"], proc.stderr
