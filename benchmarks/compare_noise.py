@@ -4,6 +4,9 @@ whether it still flags a real slowdown.
     python benchmarks/compare_noise.py --pairs 10 --out /tmp/compare-noise   # measure + judge
     python benchmarks/compare_noise.py --out /tmp/compare-noise --judge-only  # judge again
 
+--judge-only judges the runs a measuring call left in --out (the same folder): without them it
+says so and exits 2.
+
 Measures 2 x PAIRS runs of the same small command back to back (2 ranks, gloo, 1K-64K, every
 collective, both modes), then runs `ccbench compare --format json` on each consecutive pair
 (one run per side) and on disjoint groups of K runs per side (--runs-per-side, default 3, 5
@@ -141,6 +144,12 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     if not args.judge_only:
         measure(args.out, args.pairs)
+    elif len(list(args.out.glob("run-*.jsonl"))) < 2:
+        print(f"compare_noise: error: --judge-only judges the runs a measuring call left in "
+              f"--out, and {args.out} holds {len(list(args.out.glob('run-*.jsonl')))}: "
+              f"measure them first (python benchmarks/compare_noise.py --pairs 10 --out "
+              f"{args.out}), then --judge-only judges them again", file=sys.stderr)
+        sys.exit(2)
     judge(args.out, extra, args.runs_per_side or [3, 5, args.pairs])
 
 

@@ -349,3 +349,22 @@ def test_astra_check_without_the_binaries_says_so_in_one_line(tmp_path: Path) ->
         f"astra_check: error: no ASTRA-sim binary at {tmp_path / 'none'}/AstraSim_Analytical_"
         f"Congestion_Unaware (set CCBENCH_ASTRA_SIM_BIN to its folder, or build it: "
         f"scripts/build-astra-sim.sh)"], proc.stderr
+
+
+def test_compare_noise_judge_only_judges_the_runs_left_in_out(tmp_path: Path) -> None:
+    """The documented second call judges the launches the first left in --out; with none
+    there it says what to run first (it once printed a header and nothing)."""
+    import json
+
+    script = ["benchmarks/compare_noise.py", "--out", str(tmp_path), "--judge-only"]
+    proc = subprocess.run([PYTHON, *script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "measure them first (python benchmarks/compare_noise.py --pairs 10" in proc.stderr
+    lines = Path("tests/fixtures/records-v1.jsonl").read_text().splitlines()
+    for i in range(2):                           # two launches, as a measuring call leaves them
+        runs = [json.dumps({**json.loads(line), "run_id": f"launch{i}"}) for line in lines]
+        (tmp_path / f"run-{i:02d}.jsonl").write_text("\n".join(runs) + "\n")
+    proc = subprocess.run([PYTHON, *script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "identical, 1 run(s) per side, 1 comparison(s), 0 exit(s) with status 1" in proc.stdout
+    assert "cases: 0 of 1 flagged" in proc.stdout, proc.stdout
