@@ -53,7 +53,8 @@ def synthetic(collectives=("allreduce", "broadcast"), worlds=(2, 4),
 def test_report_writes_figures_and_documents(tmp_path: Path) -> None:
     records = synthetic(collectives=("allreduce",)) + synthetic(collectives=("broadcast",),
                                                                 worlds=(2,))[:6]
-    report = build_report(records, tmp_path / "out", sources=["synthetic"])
+    report = build_report(records, tmp_path / "out", sources=["synthetic"],
+                          formats=("png", "svg", "pdf"))
     names = {p.stem for p in report.figures}
     assert {"overview-busbw", "overview-latency", "allreduce", "broadcast", "rank-spread-n2",
             "rank-spread-n4"} <= names
@@ -62,6 +63,7 @@ def test_report_writes_figures_and_documents(tmp_path: Path) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         svg = png.with_suffix(".svg")
         assert svg.exists() and "<svg" in svg.read_text()[:2000]
+        assert png.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
     md = report.markdown.read_text()
     assert "![" in md and "allreduce.png" in md
     assert "| series | ranks | mode | peak busbw GB/s | time 8 B | time 1 KiB | half-peak size |" in md
@@ -69,6 +71,10 @@ def test_report_writes_figures_and_documents(tmp_path: Path) -> None:
     page = report.html.read_text()
     assert page.startswith("<!DOCTYPE html>") and '<img src="allreduce.png"' in page
     assert (tmp_path / "out" / "key-numbers.csv").exists()
+    # captions from the data: what the figure draws, not what was meant to be measured
+    assert "*broadcast: bus bandwidth (first row) and time per operation (second row) against " \
+        "message size at 2 ranks; Gloo (torch.distributed) 2.13.0" in md
+    assert "2 collectives (broadcast and allreduce) at 2 and 4 ranks" in md
 
 
 def test_algorithms_get_their_own_figures(tmp_path: Path) -> None:
@@ -78,6 +84,9 @@ def test_algorithms_get_their_own_figures(tmp_path: Path) -> None:
     assert {"allreduce", "algorithms-allreduce", "algorithms-overview-busbw"} <= names
     assert "ring@mpi (Intel MPI)" in report.markdown.read_text()
     assert not list((tmp_path / "a").glob("*.svg"))
+    report = build_report(records, tmp_path / "b", formats=("png",), workers=1)
+    assert sorted(p.name for p in report.figures) == sorted(
+        p.name for p in build_report(records, tmp_path / "c", formats=("png",)).figures)
 
 
 def test_key_numbers() -> None:
@@ -173,6 +182,14 @@ def test_cli(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "model" in proc.stderr
     proc = run_ccbench("report", str(data), "-o", str(tmp_path / "z"), "--collective", "alltoall")
     assert proc.returncode == 2 and "no records" in proc.stderr
+    # -o naming a file: one line, and no folder of that name
+    proc = run_ccbench("report", str(data), "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "names a file" in proc.stderr and not (tmp_path / "r.html").exists()
+    proc = run_ccbench("report", str(data), "-o", str(tmp_path / "f"), "--formats", "png,gif")
+    assert proc.returncode == 2 and "png,svg,pdf" in proc.stderr and proc.stderr.count("\n") == 1
+    proc = run_ccbench("report", str(data), "-o", str(tmp_path / "s"), "--paper", "a4")
+    assert proc.returncode == 2 and "single" in proc.stderr
 
 
 def test_no_records(tmp_path: Path) -> None:
@@ -211,10 +228,11 @@ def test_bands_only_where_they_do_not_hide_the_lines() -> None:
     frame = to_frame(synthetic(collectives=("allreduce",), worlds=(2,), backends=("mpi",))
                      + synthetic(collectives=("allreduce",), worlds=(4,),
                                  backends=("gloo", "mpi")))
-    fig = collective_figure(frame, "allreduce")
+    from ccbench.report.paper import PAPERS
+
+    fig = collective_figure(frame, "allreduce", PAPERS["double"])[0]
     bands = [sum(isinstance(c, PolyCollection) for c in ax.collections) for ax in fig.axes]
-    assert bands == [2, 0, 2, 0]        # busbw and latency panels at 2 ranks, then at 4
-    assert "band p5-p95 in panels of at most 2 lines" in fig._suptitle.get_text()
+    assert bands == [2, 0, 2, 0]        # busbw at 2 and 4 ranks, then latency at 2 and 4
 
 
 def test_library_colours_differ_in_hue() -> None:

@@ -23,31 +23,88 @@ from typing import Any
 from ccbench.report import style  # noqa: F401  (selects the Agg backend first)
 from ccbench.units import size_label, size_text
 
-__all__ = ["Report", "build_report"]
+__all__ = ["FORMATS", "FigureJob", "Report", "build_report", "output_directory", "render"]
 
 
 @dataclass
 class Report:
     directory: Path
-    figures: list[Path] = field(default_factory=list)    # PNG paths (each has an SVG twin)
+    figures: list[Path] = field(default_factory=list)    # PNG paths (each has its other formats)
     markdown: Path | None = None
     html: Path | None = None
     notes: list[str] = field(default_factory=list)
-    formats: tuple[str, ...] = ("png", "svg")
+    formats: tuple[str, ...] = ("png",)
+    paper: str = "double"
+    jobs: list[FigureJob] = field(default_factory=list)    # drawn by render() in parallel
 
 
-def _save(fig, directory: Path, name: str, report: Report) -> str:
-    import matplotlib.pyplot as plt
+@dataclass
+class FigureJob:
+    """One figure to draw: `kind` names the function of ccbench.report.figures, `args` its
+    arguments after the frame (the frame travels pickled to a worker process)."""
 
-    png = directory / f"{name}.png"
-    fig.savefig(png, bbox_inches="tight", pad_inches=0.08, metadata={"Software": None})
-    _shrink_png(png)
-    if "svg" in report.formats:
-        fig.savefig(directory / f"{name}.svg", bbox_inches="tight", pad_inches=0.08,
-                    metadata={"Date": None, "Creator": None})
-    plt.close(fig)
-    report.figures.append(png)
-    return png.name
+    name: str
+    kind: str
+    frame: Any
+    args: tuple[Any, ...] = ()
+
+
+FORMATS = ("png", "svg", "pdf")
+
+
+def _draw(job: FigureJob, paper_name: str) -> list[Any]:
+    import matplotlib
+
+    from ccbench.report import figures
+    from ccbench.report.paper import PAPERS, rc_for
+
+    paper = PAPERS[paper_name]
+    draw: Any = {"overview": figures.overview_figure, "collective": figures.collective_figure,
+            "spread": figures.rank_spread_figure, "model": figures.model_figure}[job.kind]
+    with matplotlib.rc_context(style.RC | rc_for(paper)):
+        return draw(job.frame, *job.args, paper)
+
+
+def render_job(job: FigureJob, paper_name: str, directory: str,
+               formats: tuple[str, ...]) -> list[str]:
+    """Draw one figure and save its pages (NAME.png, NAME-2.png ...) in every format;
+    returns the PNG names. Runs in a worker process."""
+    from ccbench.report.paper import METADATA, PAPERS
+
+    paper = PAPERS[paper_name]
+    names = []
+    for page, fig in enumerate(_draw(job, paper_name), start=1):
+        stem = job.name if page == 1 else f"{job.name}-{page}"
+        for fmt in formats:
+            path = Path(directory) / f"{stem}.{fmt}"
+            fig.savefig(path, dpi=paper.dpi, metadata=METADATA[fmt])
+            if fmt == "png":
+                _shrink_png(path)
+        names.append(f"{stem}.png")
+    return names
+
+
+def render(jobs: list[FigureJob], paper: str, directory: Path, formats: tuple[str, ...],
+           workers: int | None = None) -> dict[str, list[str]]:
+    """Every job's pages, drawn in worker processes (one per core, fork); name -> PNGs."""
+    import multiprocessing
+
+    count = min(workers or os.cpu_count() or 1, len(jobs))
+    if count <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return {job.name: render_job(job, paper, str(directory), formats) for job in jobs}
+    from concurrent.futures import ProcessPoolExecutor
+
+    # the costliest first, so that no worker is left with a big figure at the end
+    order = sorted(jobs, key=lambda j: -len(j.frame))
+    with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {job.name: pool.submit(render_job, job, paper, str(directory), formats)
+                   for job in order}
+        return {job.name: futures[job.name].result() for job in jobs}
+
+
+def _figure(doc: _Doc, report: Report, job: FigureJob, caption: str) -> None:
+    report.jobs.append(job)
+    doc.figure(job.name, caption)
 
 
 def _shrink_png(path: Path) -> None:
@@ -86,6 +143,10 @@ class _Doc:
 
     def __init__(self) -> None:
         self.blocks: list[tuple[str, Any]] = []
+        self.pages: dict[str, list[str]] = {}      # figure name -> its PNG pages, once drawn
+
+    def figure(self, name: str, caption: str) -> None:
+        self.blocks.append(("fig", (name, caption)))
 
     def heading(self, level: int, text: str) -> None:
         self.blocks.append(("h", (level, text)))
@@ -113,6 +174,11 @@ class _Doc:
                 out.append("\n".join(f"- {item}" for item in value))
             elif kind == "img":
                 out.append(f"![{value[1]}]({value[0]})")
+            elif kind == "fig":
+                alt = _alt(value[1])
+                out.append("\n".join(f"![{alt}]({page})"
+                                      for page in self.pages.get(value[0], []))
+                           + f"\n\n*{value[1]}*")
             elif kind == "table":
                 head, rows, align = value
                 align = align or ("l" + "r" * (len(head) - 1))
@@ -135,6 +201,11 @@ class _Doc:
             elif kind == "img":
                 body.append(f'<figure><img src="{esc(value[0])}" alt="{esc(value[1])}">'
                             f"<figcaption>{esc(value[1])}</figcaption></figure>")
+            elif kind == "fig":
+                images = "".join(f'<img src="{esc(page)}" alt="{esc(_alt(value[1]))}">'
+                                 for page in self.pages.get(value[0], []))
+                body.append(f"<figure>{images}<figcaption>{_inline(value[1])}</figcaption>"
+                            "</figure>")
             elif kind == "table":
                 head, rows, align = value
                 align = align or ("l" + "r" * (len(head) - 1))
@@ -147,7 +218,7 @@ class _Doc:
                 lines.append("</tbody></table>")
                 body.append("".join(lines))
         css = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;"
-               "padding:0 1em;color:#222}img{max-width:100%}table{border-collapse:collapse;"
+               "padding:0 1em;color:#222}img{max-width:100%;display:block}table{border-collapse:collapse;"
                "margin:1em 0;font-size:90%}th,td{padding:3px 8px;border-bottom:1px solid #ddd}"
                "td.r{text-align:right;font-variant-numeric:tabular-nums}th{text-align:left}"
                "code{background:#f4f4f4;padding:0 3px}figure{margin:1em 0}"
@@ -155,6 +226,11 @@ class _Doc:
         return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f"<title>{esc(title)}</title><style>{css}</style></head><body>\n"
                 + "\n".join(body) + "\n</body></html>\n")
+
+
+def _alt(caption: str) -> str:
+    """A figure's alternative text: its caption's first sentence."""
+    return caption.split(". ")[0].rstrip(".")
 
 
 def _inline(text: str) -> str:
@@ -172,13 +248,16 @@ def _slug(text: str) -> str:
 
 def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any] | None = None,
                  sources: list[str] | None = None, title: str = "ccbench results",
-                 formats: tuple[str, ...] = ("png", "svg"), runs: str = "pooled") -> Report:
+                 formats: tuple[str, ...] = ("png",), runs: str = "pooled",
+                 paper: str = "double", workers: int | None = None) -> Report:
+    """Figures (drawn in parallel processes), report.md, report.html and key-numbers.csv."""
     from ccbench.errors import UsageError
     from ccbench.report.data import to_frame
 
     if not records:
         raise UsageError("no records to report on")
-    report = Report(directory=_output_directory(out_dir, formats), formats=tuple(formats))
+    report = Report(directory=output_directory(out_dir, formats), formats=tuple(formats),
+                    paper=_paper(paper))
     frame = to_frame(records, runs)
     doc = _Doc()
     _summary_section(doc, report, records, frame, sources, title, runs)
@@ -190,21 +269,33 @@ def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any]
         _algorithms_section(doc, algos, report)
     _rank_spread_section(doc, frame, report)
     if model is not None:
-        _model_section(doc, frame, model, report.directory, report)
+        _model_section(doc, frame, model, report)
+    doc.pages = render(report.jobs, report.paper, report.directory, report.formats, workers)
+    report.figures = [report.directory / page for job in report.jobs
+                      for page in doc.pages[job.name]]
     _write_documents(doc, title, report)
     return report
 
 
-def _output_directory(out_dir: str | os.PathLike[str], formats: tuple[str, ...]) -> Path:
-    """The report's directory, made; the figure formats checked (png always, svg optional)."""
+def _paper(name: str) -> str:
+    from ccbench.errors import choices_error
+    from ccbench.report.paper import PAPERS
+
+    if name not in PAPERS:
+        raise choices_error("paper", name, tuple(PAPERS))
+    return name
+
+
+def output_directory(out_dir: str | os.PathLike[str], formats: tuple[str, ...]) -> Path:
+    """The report's directory, made; the figure formats checked (png always)."""
     from ccbench.errors import UsageError
 
+    unknown = set(formats) - set(FORMATS)
+    if unknown or "png" not in formats:
+        raise UsageError(f"--formats must include png, from {','.join(FORMATS)}; got "
+                         f"{','.join(formats)}")
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    unknown = set(formats) - {"png", "svg"}
-    if unknown or "png" not in formats:
-        raise UsageError(f"figure formats must include png, from png and svg; got "
-                         f"{','.join(formats)}")
     return directory
 
 
@@ -250,9 +341,8 @@ def _method_bullets(records, frame) -> list[str]:
         f"(warm-up {', '.join(map(str, sorted(frame['warmup'].unique())))})",
         "time = median over iterations of the slowest rank's time; busbw = algbw x the "
         "nccl-tests factor; bands: 5th-95th percentile of the iterations, in the "
-        "per-collective figures (a collective with more than "
-        f"{figures.MAX_BANDED_LINES} lines in a panel gets one row per series, the other "
-        "series in grey); the overviews show medians only",
+        "per-collective figures, in panels of at most "
+        f"{figures.MAX_BANDED_LINES} lines; the overviews show medians only",
     ]
 
 
@@ -271,15 +361,12 @@ def _native_and_algorithms(frame) -> tuple[Any, Any]:
 
 
 def _overview_section(doc: _Doc, native, report: Report) -> None:
-    from ccbench.report import figures
+    from ccbench.report.captions import overview_caption
 
-    directory = report.directory
     doc.heading(2, "Overview")
-    name = _save(figures.overview_figure(native, "busbw"), directory, "overview-busbw", report)
-    doc.image(name, "Bus bandwidth against size for every collective and world size")
-    name = _save(figures.overview_figure(native, "latency"), directory, "overview-latency",
-                 report)
-    doc.image(name, "Time per operation against size for every collective and world size")
+    for metric, name in (("busbw", "overview-busbw"), ("latency", "overview-latency")):
+        _figure(doc, report, FigureJob(name, "overview", native, (metric,)),
+                overview_caption(native, metric))
 
 
 def _key_numbers_section(doc: _Doc, frame, directory: Path) -> None:
@@ -318,47 +405,43 @@ def _key_row(k, has_8: bool) -> list[str]:
 
 
 def _per_collective_section(doc: _Doc, native, report: Report) -> None:
-    from ccbench.report import figures, multiples
+    from ccbench.report import figures
+    from ccbench.report.captions import collective_caption
 
     doc.heading(2, "Per collective")
-    doc.para("Bus bandwidth and time per operation against size, one column per world size; "
-             "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations. "
-             f"Where more than {figures.MAX_BANDED_LINES} lines would share a panel, each "
-             "series has its own row (small multiples), the other series drawn in grey "
-             "behind it on the same axes.")
+    doc.para("Bus bandwidth and time per operation against size, one panel per world size; "
+             "solid lines out-of-place, dashed in-place; shaded: p5-p95 of the iterations "
+             f"where a panel has at most {figures.MAX_BANDED_LINES} lines.")
     for coll in native["collective"].unique():
         doc.heading(3, coll)
-        name = _save(multiples.per_collective_figure(native, coll), report.directory,
-                     _slug(coll), report)
-        doc.image(name, f"{coll}: bus bandwidth and latency against size")
+        sub = native[native["collective"] == coll]
+        _figure(doc, report, FigureJob(_slug(coll), "collective", sub, (coll,)),
+                collective_caption(sub, coll))
 
 
 def _algorithms_section(doc: _Doc, algos, report: Report) -> None:
-    from ccbench.report import figures, multiples
+    from ccbench.report.captions import collective_caption, overview_caption
 
-    directory = report.directory
     doc.heading(2, "ccbench algorithms against the native library")
     doc.para("ccbench's ring, tree and hypercube schedules (algorithms/) executed over the "
              "transport's point-to-point calls, beside that library's own collective "
              "(solid: out-of-place, dashed: in-place). busbw uses the nccl-tests ring "
              "factor for every algorithm, so it compares times, not link use.")
-    name = _save(figures.overview_figure(algos, "busbw"), directory,
-                 "algorithms-overview-busbw", report)
-    doc.image(name, "Algorithms: bus bandwidth against size")
-    name = _save(figures.overview_figure(algos, "latency"), directory,
-                 "algorithms-overview-latency", report)
-    doc.image(name, "Algorithms: time per operation against size")
+    for metric in ("busbw", "latency"):
+        _figure(doc, report, FigureJob(f"algorithms-overview-{metric}", "overview", algos,
+                                       (metric,)),
+                "Algorithms: " + overview_caption(algos, metric))
     for coll in algos[algos["backend"].str.contains("@", regex=False)]["collective"].unique():
         doc.heading(3, f"{coll}: algorithms")
-        name = _save(multiples.per_collective_figure(algos, coll), directory,
-                     f"algorithms-{_slug(coll)}", report)
-        doc.image(name, f"{coll}: ccbench algorithms against the native library")
+        sub = algos[algos["collective"] == coll]
+        _figure(doc, report, FigureJob(f"algorithms-{_slug(coll)}", "collective", sub,
+                                       (coll,)), collective_caption(sub, coll))
 
 
 def _rank_spread_section(doc: _Doc, frame, report: Report) -> None:
     """Stragglers: a figure per world size of two or more ranks, and a table of how far the
     slowest rank's median is from the fastest's."""
-    from ccbench.report import figures
+    from ccbench.report.captions import spread_caption
 
     doc.heading(2, "Per-rank spread")
     doc.para("Each rank's median time over the fastest rank's median at the same size "
@@ -368,9 +451,9 @@ def _rank_spread_section(doc: _Doc, frame, report: Report) -> None:
     for p in sorted(int(p) for p in frame["world_size"].unique()):
         if p < 2:
             continue
-        name = _save(figures.rank_spread_figure(frame, p), report.directory,
-                     f"rank-spread-n{p}", report)
-        doc.image(name, f"Per-rank spread at {p} ranks")
+        sub = frame[frame["world_size"] == p]
+        _figure(doc, report, FigureJob(f"rank-spread-n{p}", "spread", sub, (p,)),
+                spread_caption(frame, p))
         spread_rows += _spread_rows(frame[frame["world_size"] == p], p)
     if spread_rows:
         doc.table(["series", "ranks", "median max/min rank", "worst max/min rank"], spread_rows,
@@ -395,9 +478,9 @@ def _write_documents(doc: _Doc, title: str, report: Report) -> None:
     report.markdown, report.html = md, page
 
 
-def _model_section(doc: _Doc, frame, model: dict[str, Any], directory: Path,
-                   report: Report) -> None:
+def _model_section(doc: _Doc, frame, model: dict[str, Any], report: Report) -> None:
     from ccbench.report import figures
+    from ccbench.report.captions import model_caption
     from ccbench.report.model import predictions
 
     doc.heading(2, "Model against measurement")
@@ -415,16 +498,24 @@ def _model_section(doc: _Doc, frame, model: dict[str, Any], directory: Path,
         mine = {(s, p): v for (c, s, p), v in preds.items() if c == coll}
         if not mine:
             continue
-        name = _save(figures.model_figure(frame, coll, mine, {}), directory,
-                     f"model-{_slug(coll)}", report)
-        doc.image(name, f"{coll}: model prediction against measured median")
-        sub, _ = figures._preferred_mode(frame[frame["collective"] == coll])
-        for (series, p), (sizes, pred_us) in sorted(mine.items()):
-            measured = sub[(sub["series"] == series) & (sub["world_size"] == p)]
-            table = dict(zip(measured["size"], measured["median_us"], strict=False))
-            errs = sorted(abs(pu / table[s] - 1) for s, pu in zip(sizes, pred_us, strict=False) if s in table)
-            if errs:
-                rows.append([coll, series, str(p), notes.get((coll, series, p), ""),
-                             f"{100 * errs[len(errs) // 2]:.1f}%", f"{100 * errs[-1]:.0f}%"])
+        sub = frame[frame["collective"] == coll]
+        _figure(doc, report, FigureJob(f"model-{_slug(coll)}", "model", sub, (coll, mine)),
+                model_caption(sub, coll, sorted({s for s, _ in mine}),
+                              sorted({p for _, p in mine})))
+        measured_mode, _ = figures._preferred_mode(sub)
+        rows += _model_rows(coll, measured_mode, mine, notes)
     doc.table(["collective", "series", "ranks", "fit", "median rel. error", "max rel. error"],
               rows, "llllrr")
+
+
+def _model_rows(coll: str, sub, mine, notes) -> list[list[str]]:
+    rows = []
+    for (series, p), (sizes, pred_us) in sorted(mine.items()):
+        measured = sub[(sub["series"] == series) & (sub["world_size"] == p)]
+        table = dict(zip(measured["size"], measured["median_us"], strict=False))
+        errs = sorted(abs(pu / table[s] - 1) for s, pu in zip(sizes, pred_us, strict=False)
+                      if s in table)
+        if errs:
+            rows.append([coll, series, str(p), notes.get((coll, series, p), ""),
+                         f"{100 * errs[len(errs) // 2]:.1f}%", f"{100 * errs[-1]:.0f}%"])
+    return rows

@@ -1,7 +1,9 @@
 """The figures: bandwidth and latency against size, per-rank spread, model against measurement.
 
-Every function takes the tidy frame of ccbench.report.data.to_frame and returns a
-matplotlib Figure (Agg); ccbench.report.build saves them as PNG and SVG.
+Every function takes the tidy frame of ccbench.report.data.to_frame and a paper
+(ccbench.report.paper) and returns the figure's pages (matplotlib Figures at the paper's
+width, laid out by paper.Grid; a second page only where the panels would make the figure
+more than three times as tall as wide). ccbench.report saves them.
 """
 
 from __future__ import annotations
@@ -10,17 +12,22 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import matplotlib.pyplot as plt  # Agg: the package imports style first
 import matplotlib.ticker as mticker
 from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 
 from ccbench.report import style
+from ccbench.report.paper import Grid, Paper
 from ccbench.report.style import LINESTYLE, colour, marker, set_size_axis
-from ccbench.units import size_label
 
 __all__ = ["collective_figure", "overview_figure", "rank_spread_figure", "model_figure",
-           "context_line"]
+           "context_line", "busbw_is_log", "MAX_BANDED_LINES", "legend_rows"]
+
+#: a panel with more lines than this shows no p5-p95 bands: overlapping bands hide the lines
+MAX_BANDED_LINES = 2
+
+#: busbw on a log axis where the series' peaks differ by more than this factor
+LOG_BUSBW_RATIO = 10.0
 
 
 def _unique(values) -> list:
@@ -36,7 +43,7 @@ def _join(values) -> str:
 
 
 def context_line(frame) -> str:
-    """dtype, op, device, timing, iterations and CPU in one line for a subtitle."""
+    """dtype, op, device, timing, iterations and CPU in one line for a caption."""
     parts = [_join(frame["dtype"])]
     ops = [o for o in _unique(frame["op"]) if o]
     if ops:
@@ -61,7 +68,8 @@ def _legend_entries(frame) -> list[tuple[str, str, str]]:
     out = []
     seen = set()
     rank = {k: i for i, k in enumerate(style.PALETTE)}
-    ordered = frame.assign(_rank=frame["colour_key"].map(lambda k: rank.get(k, len(rank))))
+    firsts = frame.drop_duplicates("series")
+    ordered = firsts.assign(_rank=firsts["colour_key"].map(lambda k: rank.get(k, len(rank))))
     for _, row in ordered.sort_values(["_rank", "series"]).iterrows():
         if row["series"] in seen:
             continue
@@ -72,25 +80,47 @@ def _legend_entries(frame) -> list[tuple[str, str, str]]:
     return out
 
 
-def _add_legend(fig, frame, modes: Sequence[bool], extra: list | None = None,
-                title: str | None = None, ncol: int = 7) -> None:
-    handles = [Line2D([], [], color=colour(key), marker=marker(key), linestyle="-", label=label)
-               for _, label, key in _legend_entries(frame)]
+def _legend_handles(frame, modes: Sequence[bool], extra: list | None = None) -> list:
+    handles: list = [Line2D([], [], color=colour(key), marker=marker(key), linestyle="-",
+                            label=label) for _, label, key in _legend_entries(frame)]
     if len(modes) > 1:
         for mode in sorted(modes):
             handles.append(Line2D([], [], color="0.25", linestyle=LINESTYLE[mode],
                                   label="in-place" if mode else "out-of-place"))
     handles.extend(extra or [])
-    ncol = min(len(handles), max(1, ncol))
-    budget = fig.get_figwidth() * 10.5           # characters of legend text per row
-    widths = [len(str(h.get_label())) + 7 for h in handles]
-    if sum(widths) <= budget:                    # one row: no entry left alone on a second
-        ncol = len(handles)
-    else:
-        while ncol > 1 and ncol * max(widths) > budget:
-            ncol -= 1
-    fig.legend(handles=handles, loc="outside lower center", title=title, ncol=ncol,
-               columnspacing=1.6, handlelength=2.6)
+    return handles
+
+
+def _legend_columns(labels: list[str], paper: Paper) -> int:
+    """As many columns as fit the paper's width, measured with the renderer on a legend of
+    these labels (one small figure per legend: cheap beside a figure's draw)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not labels:
+        return 1
+    fig = Figure(figsize=(paper.width, 2.0))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    handles = [Line2D([], [], color="k", marker="o", label=t) for t in labels]
+    for ncol in range(len(labels), 0, -1):
+        legend = fig.legend(handles=handles, ncol=ncol, fontsize=paper.tick, frameon=False)
+        width = legend.get_window_extent(renderer).width / fig.dpi
+        legend.remove()
+        if width <= paper.width - 0.1:
+            return ncol
+    return 1
+
+
+def legend_rows(labels: list[str], paper: Paper) -> int:
+    return math.ceil(len(labels) / _legend_columns(labels, paper)) if labels else 0
+
+
+def _add_legend(fig, grid: Grid, handles: list) -> None:
+    if not handles:
+        return
+    ncol = _legend_columns([str(h.get_label()) for h in handles], grid.paper)
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, grid.legend_y()),
+               ncol=ncol, frameon=False, fontsize=grid.paper.tick)
 
 
 def _series_styles(frame):
@@ -98,8 +128,14 @@ def _series_styles(frame):
     return {s: (colour(k), marker(k)) for s, k in keys.items()}
 
 
-#: a panel with more lines than this shows no p5-p95 bands: overlapping bands hide the lines
-MAX_BANDED_LINES = 2
+def busbw_is_log(frame) -> bool:
+    """Whether the series' peak bus bandwidths differ by more than LOG_BUSBW_RATIO (a linear
+    axis would lay the slow ones flat on the baseline)."""
+    peaks = frame.groupby("series")["busbw"].max()
+    peaks = peaks[peaks > 0]
+    if len(peaks) < 2:
+        return False
+    return bool(peaks.max() / peaks.min() > LOG_BUSBW_RATIO)
 
 
 def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = True) -> bool:
@@ -114,18 +150,19 @@ def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = Tr
         group = group.sort_values("size")
         c, m = styles[series]
         dashed = inplace and not single
-        ax.plot(group["size"], group[value], color=c, marker=m, linestyle=LINESTYLE[dashed],
-                markevery=1, markerfacecolor="white" if dashed else c, markeredgewidth=0.8,
-                zorder=3)
+        ax.plot(group["size"].to_numpy(), group[value].to_numpy(), color=c, marker=m,
+                linestyle=LINESTYLE[dashed], markerfacecolor="white" if dashed else c,
+                markeredgewidth=0.6, zorder=3)
         if band and len(group) > 1:
-            ax.fill_between(group["size"], group[lo], group[hi], color=c,
-                            alpha=0.12 if dashed else 0.2, linewidth=0, zorder=2)
+            ax.fill_between(group["size"].to_numpy(), group[lo].to_numpy(),
+                            group[hi].to_numpy(), color=c, alpha=0.12 if dashed else 0.2,
+                            linewidth=0, zorder=2)
             drew = True
     return drew
 
 
 def band_note(drawn: bool) -> str:
-    """What the subtitle says about bands."""
+    """What the caption says about bands."""
     return (f"band p5-p95 in panels of at most {MAX_BANDED_LINES} lines" if drawn
             else "no p5-p95 bands: panels with more than "
                  f"{MAX_BANDED_LINES} lines show medians only")
@@ -146,44 +183,132 @@ def oversubscription(p: int, frame) -> str:
     return f", oversubscribed ({per_node} ranks on {cores or '?'} cores)"
 
 
-def _rank_title(p: int, frame) -> str:
-    sub = frame[frame["world_size"] == p]
-    nodes = _join(sub["nodes"])
-    return f"{p} ranks on {nodes} node{'s' if nodes != '1' else ''}{oversubscription(p, frame)}"
+def _ranks(p: int, frame) -> str:
+    return f"{p} ranks{'*' if oversubscription(p, frame) else ''}"
 
 
-def collective_figure(frame, collective: str):
-    """busbw (top) and latency (bottom) against size, one column per world size."""
+def _time_axis(ax) -> None:
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(mticker.LogLocator(base=10, numticks=5))
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
+    ax.yaxis.set_minor_locator(mticker.NullLocator())
+
+
+def _busbw_axis(ax, log: bool) -> None:
+    if log:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(mticker.LogLocator(base=10, numticks=5))
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(_bw_label))
+        ax.yaxis.set_minor_locator(mticker.NullLocator())
+    else:
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_locator(mticker.MaxNLocator(4))
+
+
+def _limits(ax, values, log: bool) -> None:
+    """y limits from every value the axes sharing it draw (shared axes: set once)."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)] if log else v[np.isfinite(v)]
+    if not len(v):
+        return
+    if log:
+        ax.set_ylim(v.min() / 1.4, v.max() * 1.4)
+    else:
+        ax.set_ylim(0, max(v.max(), 1e-9) * 1.06)
+
+
+def _bw_label(v: float, _pos: object = None) -> str:
+    return f"{v:g}"
+
+
+def _panel_grid(paper: Paper, count: int, rows_of_legend: int, *, shared: bool,
+                max_cols: int | None = None, left_chars: int = 6) -> list[Grid]:
+    return Grid.plan(paper, count, header=0, legend_rows=rows_of_legend,
+                     left_chars=left_chars, gap_chars=0 if shared else left_chars,
+                     max_cols=max_cols)
+
+
+def _panels(grids: list[Grid], share: bool):
+    """(figure, grid, [axes]) per page, y shared within a page when `share`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out = []
+    for grid in grids:
+        fig, axes = grid.figure(sharey=share, sharex=True)
+        FigureCanvasAgg(fig)
+        out.append((fig, grid, axes))
+    return out
+
+
+def _finish_axes(ax, grid: Grid, k: int, ylabel: str, shared: bool) -> None:
+    """x tick labels and label under the lowest panel of each column; y label on the first
+    column; y tick labels only there when the rows share y."""
+    if not grid.is_lowest(k):
+        ax.tick_params(labelbottom=False)
+        ax.set_xlabel("")
+    else:
+        ax.tick_params(labelbottom=True)
+        ax.set_xlabel("message size")
+    first = k % grid.ncols == 0
+    ax.set_ylabel(ylabel if first else "")
+    if shared and not first:
+        ax.tick_params(labelleft=False)
+
+
+def _size_axis(ax, lo: float, hi: float, grid: Grid) -> None:
+    # a "64 KiB" label is about 6 characters: as many as fit the panel's width
+    most = max(2, int(grid.panel_w / (7.5 * grid.paper.char_in)))
+    set_size_axis(ax, lo, hi, max_ticks=most, label="message size")
+
+
+def collective_figure(frame, collective: str, paper: Paper) -> list:
+    """busbw panels (one per world size), then time-per-operation panels."""
     sub = frame[frame["collective"] == collective]
     worlds = _world_sizes(sub)
     styles = _series_styles(sub)
-    ncols = len(worlds)
-    with plt.rc_context(style.RC):
-        fig, axes = plt.subplots(2, ncols, figsize=(4.7 * ncols + 0.6, 6.6), squeeze=False,
-                                 sharex=True, layout="constrained")
-        lo, hi = sub["size"].min(), sub["size"].max()
-        banded = False
-        for j, p in enumerate(worlds):
+    modes = _unique(sub["inplace"])
+    handles = _legend_handles(sub, modes)
+    rows = legend_rows([str(h.get_label()) for h in handles], paper)
+    grids = Grid.plan(paper, 2 * len(worlds), header=0, legend_rows=rows, left_chars=6,
+                      gap_chars=6, max_cols=len(worlds))
+    log_bw = busbw_is_log(sub)
+    lo, hi = sub["size"].min(), sub["size"].max()
+    pages = []
+    k_all = 0
+    panels = [(metric, p) for metric in ("busbw", "time") for p in worlds]
+    for fig, grid, axes in _panels(grids, share=False):
+        first_bw = first_t = None
+        for k, ax in enumerate(axes):
+            metric, p = panels[k_all + k]
             data = sub[sub["world_size"] == p]
-            top, bottom = axes[0][j], axes[1][j]
-            banded |= _plot_lines(top, data, "busbw", "busbw_p5", "busbw_p95", styles)
-            banded |= _plot_lines(bottom, data, "median_us", "p5_us", "p95_us", styles)
-            top.set_title(_rank_title(p, sub))
-            top.set_ylim(bottom=0)
-            bottom.set_yscale("log")
-            bottom.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
-            for ax in (top, bottom):
-                set_size_axis(ax, lo, hi, max_ticks=7)
-            top.set_xlabel("")
-            if j == 0:
-                top.set_ylabel("bus bandwidth (GB/s)")
-                bottom.set_ylabel("time per operation")
-        modes = _unique(sub["inplace"])
-        only = "" if len(modes) > 1 else (" (in-place)" if modes[0] else " (out-of-place)")
-        fig.suptitle(f"{collective}{only}: bus bandwidth and latency against size\n"
-                     f"{context_line(sub)}; {band_note(banded)}", fontsize=11.5)
-        _add_legend(fig, sub, _unique(sub["inplace"]))
-    return fig
+            if metric == "busbw":
+                _plot_lines(ax, data, "busbw", "busbw_p5", "busbw_p95", styles)
+                if first_bw is None:
+                    first_bw = ax
+                    _busbw_axis(ax, log_bw)
+                    _limits(ax, sub[["busbw", "busbw_p5", "busbw_p95"]].to_numpy().ravel(),
+                            log_bw)
+                else:
+                    ax.sharey(first_bw)
+                ylabel = "busbw (GB/s)"
+            else:
+                _plot_lines(ax, data, "median_us", "p5_us", "p95_us", styles)
+                if first_t is None:
+                    first_t = ax
+                    _time_axis(ax)
+                    _limits(ax, sub[["median_us", "p5_us", "p95_us"]].to_numpy().ravel(), True)
+                else:
+                    ax.sharey(first_t)
+                ylabel = "time per op"
+            _size_axis(ax, lo, hi, grid)
+            ax.set_title(_ranks(p, sub), fontweight="bold")
+            _finish_axes(ax, grid, k, ylabel, shared=False)
+        k_all += len(axes)
+        _add_legend(fig, grid, handles)
+        pages.append(fig)
+    return pages
 
 
 def _preferred_mode(data):
@@ -193,56 +318,67 @@ def _preferred_mode(data):
     return data[data["inplace"]], "in-place"
 
 
-def overview_figure(frame, metric: str = "busbw"):
-    """Every collective side by side (columns), one row per world size."""
-    collectives = [c for c in _unique(frame["collective"])]
+def overview_figure(frame, metric: str, paper: Paper) -> list:
+    """A panel per (world size, collective), medians, y shared by every panel."""
+    collectives = _unique(frame["collective"])
     worlds = _world_sizes(frame)
     styles = _series_styles(frame)
-    nrows, ncols = len(worlds), len(collectives)
-    modes_used: set[str] = set()
-    banded = False
-    with plt.rc_context(style.RC):
-        # 2.4 in a column: five collectives make 14 in, shown at ~0.75 of their size in the
-        # HTML, where 10.5 pt ticks stay >= 12 px
-        fig, axes = plt.subplots(nrows, ncols, figsize=(2.4 * ncols + 1.9, 2.3 * nrows + 1.0),
-                                 squeeze=False, sharex=True, layout="constrained",
-                                 sharey="row" if metric != "busbw" else False)
-        lo, hi = frame["size"].min(), frame["size"].max()
-        for i, p in enumerate(worlds):
-            for j, coll in enumerate(collectives):
-                ax = axes[i][j]
-                data = frame[(frame["world_size"] == p) & (frame["collective"] == coll)]
-                if data.empty:
-                    ax.set_visible(False)
-                    continue
-                data, mode = _preferred_mode(data)
-                modes_used.add(f"; {coll} {mode}" if mode == "in-place" else mode)
-                if metric == "busbw":
-                    banded |= _plot_lines(ax, data, "busbw", "busbw_p5", "busbw_p95", styles)
-                    ax.set_ylim(bottom=0)
-                else:
-                    banded |= _plot_lines(ax, data, "median_us", "p5_us", "p95_us", styles)
-                    ax.set_yscale("log")
-                    ax.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
-                set_size_axis(ax, lo, hi, max_ticks=4)
-                if i < nrows - 1:
-                    ax.set_xlabel("")
-                if i == 0:
-                    ax.set_title(coll + (" (in-place)" if mode == "in-place" else ""),
-                                 fontweight="bold")
-                if j == 0:
-                    over = "\noversubscribed" if oversubscription(p, frame) else ""
-                    ax.set_ylabel(f"{p} ranks{over}\n" + ("busbw (GB/s)" if metric == "busbw"
-                                                     else "time per op"))
-        what = "bus bandwidth" if metric == "busbw" else "latency"
-        fig.suptitle(f"{what} against size, every collective ({''.join(sorted(modes_used, key=len))})"
-                     f"\n{context_line(frame)}; {band_note(banded)}", fontsize=11.5)
-        _add_legend(fig, frame, [])
-    return fig
+    cells = [(p, c) for p in worlds for c in collectives
+             if ((frame["world_size"] == p) & (frame["collective"] == c)).any()]
+    handles = _legend_handles(frame, [])
+    rows = legend_rows([str(h.get_label()) for h in handles], paper)
+    rows_of = len(collectives) if len(cells) == len(worlds) * len(collectives) else None
+    titles = [_overview_title(frame, p, c, len(worlds) > 1) for p, c in cells]
+    grids = Grid.plan(paper, len(cells), header=0, legend_rows=rows, left_chars=5,
+                      rows_of=rows_of)
+    if any(_too_wide(t, grids[0]) for t in titles):
+        titles = [t.replace(", ", "\n") for t in titles]
+        grids = Grid.plan(paper, len(cells), header=0, legend_rows=rows, left_chars=5,
+                          rows_of=rows_of, titled=2)
+    log_bw = busbw_is_log(frame)
+    lo, hi = frame["size"].min(), frame["size"].max()
+    pages = []
+    done = 0
+    for fig, grid, axes in _panels(grids, share=True):
+        for k, ax in enumerate(axes):
+            p, coll = cells[done + k]
+            data, mode = _preferred_mode(frame[(frame["world_size"] == p)
+                                               & (frame["collective"] == coll)])
+            if metric == "busbw":
+                _plot_lines(ax, data, "busbw", "busbw_p5", "busbw_p95", styles, band=False)
+                if k == 0:
+                    _busbw_axis(ax, log_bw)
+                    _limits(ax, frame["busbw"], log_bw)
+            else:
+                _plot_lines(ax, data, "median_us", "p5_us", "p95_us", styles, band=False)
+                if k == 0:
+                    _time_axis(ax)
+                    _limits(ax, frame["median_us"], True)
+            _size_axis(ax, lo, hi, grid)
+            ax.set_title(titles[done + k], fontweight="bold")
+            _finish_axes(ax, grid, k, "busbw (GB/s)" if metric == "busbw" else "time per op",
+                         shared=True)
+        done += len(axes)
+        _add_legend(fig, grid, handles)
+        pages.append(fig)
+    return pages
 
 
-def rank_spread_figure(frame, world_size: int):
-    """Straggler view: each rank's median time over the fastest rank's, per size."""
+def _overview_title(frame, p: int, coll: str, worlds: bool) -> str:
+    data = frame[(frame["world_size"] == p) & (frame["collective"] == coll)]
+    _, mode = _preferred_mode(data)
+    title = coll + ("*" if mode == "in-place" and coll != "broadcast" else "")
+    return title + (f", {_ranks(p, frame)}" if worlds else "")
+
+
+def _too_wide(title: str, grid: Grid) -> bool:
+    """Whether a bold panel title is wider than its panel (planning estimate)."""
+    return len(title) * grid.paper.font * 0.64 / 72 > grid.panel_w
+
+
+def rank_spread_figure(frame, world_size: int, paper: Paper) -> list:
+    """Straggler view: each rank's median time over the fastest rank's, per size; a panel
+    per (series, collective)."""
     import numpy as np
 
     sub = frame[frame["world_size"] == world_size]
@@ -250,53 +386,60 @@ def rank_spread_figure(frame, world_size: int):
     rank = {k: i for i, k in enumerate(style.PALETTE)}
     keys = dict(zip(sub["series"], sub["colour_key"], strict=False))
     series = sorted(_unique(sub["series"]), key=lambda s: (rank.get(keys[s], len(rank)), s))
-    nrows, ncols = len(series), len(collectives)
-    with plt.rc_context(style.RC | {"axes.grid": False}):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(2.5 * ncols + 1.6, (0.2 * world_size
-                                                                  + 0.5) * nrows + 1.5),
-                                 squeeze=False, layout="constrained")
-        norm = LogNorm(vmin=1.0, vmax=4.0)
+    cells = []
+    for name in series:
+        for coll in collectives:
+            data = sub[(sub["series"] == name) & (sub["collective"] == coll)]
+            if data.empty:
+                continue
+            data, _ = _preferred_mode(data)
+            data = data.sort_values("size")
+            rows = [r for r in data["rank_median_us"] if len(r) == world_size]
+            if len(rows) == len(data) and rows:
+                cells.append((name, coll, np.array(rows, dtype=float).T, data["size"].tolist()))
+    height = max(0.7, 0.14 * world_size + 0.35)
+    grids = Grid.plan(paper, max(1, len(cells)), header=0, legend_rows=0, left_chars=2,
+                      gap_chars=2, panel_h=height, footer_in=0.5, titled=2,
+                      rows_of=len(collectives) if len(cells) == len(series) * len(collectives)
+                      else None)
+    norm = LogNorm(vmin=1.0, vmax=4.0)
+    cmap = "rocket_r" if _has_seaborn() else "magma_r"
+    pages = []
+    done = 0
+    for fig, grid, axes in _panels(grids, share=False):
         image = None
-        for i, name in enumerate(series):
-            for j, coll in enumerate(collectives):
-                ax = axes[i][j]
-                data = sub[(sub["series"] == name) & (sub["collective"] == coll)]
-                if data.empty:
-                    ax.set_axis_off()
-                    continue
-                data, _ = _preferred_mode(data)
-                data = data.sort_values("size")
-                rows = [r for r in data["rank_median_us"] if len(r) == world_size]
-                if not rows:
-                    ax.set_axis_off()
-                    continue
-                mat = np.array(rows, dtype=float).T          # ranks x sizes
-                fastest = np.where(mat.min(axis=0) > 0, mat.min(axis=0), np.nan)
-                ratio = np.clip(mat / fastest, 1.0, 4.0)
-                image = ax.imshow(ratio, aspect="auto", cmap="rocket_r" if _has_seaborn()
-                                  else "magma_r", norm=norm, interpolation="nearest")
-                sizes = data["size"].tolist()
-                idx = _heat_ticks(sizes)
-                ax.set_xticks(idx, [size_label(sizes[k], digits=2) for k in idx])
-                ax.set_yticks(range(world_size), [str(r) for r in range(world_size)])
-                ax.tick_params(length=2)
-                for spine in ax.spines.values():
-                    spine.set_visible(False)
-                if i == 0:
-                    ax.set_title(coll, fontweight="bold")
-                if j == 0:     # horizontal, library on its own line: long names never overlap
-                    ax.set_ylabel(name.replace(" (", "\n("), fontsize=10.5, rotation=0,
-                                  ha="right", va="center")
-                if i == nrows - 1:
-                    ax.set_xlabel("size (bytes)")
+        for k, ax in enumerate(axes):
+            if done + k >= len(cells):
+                ax.set_axis_off()
+                continue
+            name, coll, mat, sizes = cells[done + k]
+            fastest = np.where(mat.min(axis=0) > 0, mat.min(axis=0), np.nan)
+            ratio = np.clip(mat / fastest, 1.0, 4.0)
+            image = ax.imshow(ratio, aspect="auto", cmap=cmap, norm=norm,
+                              interpolation="nearest")
+            idx = _heat_ticks(sizes, most=max(2, int(grid.panel_w / (8 * paper.char_in))))
+            ax.set_xticks(idx, [style.size_tick(sizes[i]) for i in idx])
+            step = 1 if world_size <= 8 else math.ceil(world_size / 8)
+            ax.set_yticks(range(0, world_size, step),
+                          [str(r) for r in range(0, world_size, step)])
+            ax.tick_params(length=2)
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            ax.grid(False)
+            ax.set_title(f"{coll}\n{name}", fontsize=paper.tick)
+            ax.set_ylabel("rank" if k % grid.ncols == 0 else "")
+            ax.set_xlabel("message size" if grid.is_lowest(k) else "")
+        done += len(axes)
         if image is not None:
-            bar = fig.colorbar(image, ax=axes, location="right", shrink=0.8, aspect=30)
-            bar.set_label("rank median / fastest rank median")
+            y = 0.17 / grid.height
+            bar_ax = fig.add_axes((0.25, y, 0.5, 0.08 / grid.height), label="<colorbar>")
+            bar = fig.colorbar(image, cax=bar_ax, orientation="horizontal")
+            bar.ax.xaxis.set_label_position("top")
+            bar.set_label("rank median / fastest rank median (ratio)", labelpad=2)
             bar.set_ticks([1, 1.5, 2, 3, 4], labels=["1", "1.5", "2", "3", "≥4"])
-        fig.suptitle(f"Per-rank spread at {world_size} ranks"
-                     f"{oversubscription(world_size, frame)} (straggler view): each row is a rank, "
-                     f"its median time over the fastest rank's median\n{context_line(sub)}", fontsize=11.5)
-    return fig
+            bar.ax.tick_params(length=2)
+        pages.append(fig)
+    return pages
 
 
 def _ratio_label(v: float, _pos: object = None) -> str:
@@ -310,6 +453,7 @@ def _heat_ticks(sizes: list[int], most: int = 4) -> list[int]:
     where fewer than two sizes are powers of two (3 ranks: 12, 24, 48 ... bytes), `most`
     evenly spaced sizes instead."""
     logs = [math.log2(s) if s > 0 else 0 for s in sizes]
+    idx: list[int] = []
     for step in range(1, 31):
         idx = [i for i, k in enumerate(logs) if k == int(k) and (int(k) - 10) % step == 0]
         if len(idx) <= most:
@@ -329,56 +473,73 @@ def _has_seaborn() -> bool:
 
 
 def model_figure(frame, collective: str, predictions: dict[tuple[str, int], Any],
-                 notes: dict[tuple[str, int], str]):
-    """Measured median (markers) and model prediction (lines); below, predicted/measured."""
-
+                 paper: Paper) -> list:
+    """Per world size: measured median (markers) and model prediction (lines), and beside
+    it predicted/measured."""
     sub = frame[(frame["collective"] == collective)]
-    sub, mode = _preferred_mode(sub)
+    sub, _ = _preferred_mode(sub)
     worlds = [p for p in _world_sizes(sub)
               if any(k[1] == p for k in predictions if k[0] in set(sub["series"]))]
     styles = _series_styles(sub)
-    ncols = max(1, len(worlds))
-    with plt.rc_context(style.RC):
-        fig, axes = plt.subplots(2, ncols, figsize=(3.9 * ncols + 2.6, 6.4), squeeze=False,
-                                 sharex=True, layout="constrained",
-                                 gridspec_kw={"height_ratios": [2.2, 1]})
-        lo, hi = sub["size"].min(), sub["size"].max()
-        for j, p in enumerate(worlds):
-            top, bottom = axes[0][j], axes[1][j]
+    extra = [Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured median"),
+             Line2D([], [], color="0.3", linestyle="-", label="model prediction")]
+    present = sub[sub["series"].isin({k[0] for k in predictions})]
+    handles = _legend_handles(present if not present.empty else sub, [], extra=extra)
+    rows = legend_rows([str(h.get_label()) for h in handles], paper)
+    grids = Grid.plan(paper, 2 * max(1, len(worlds)), header=0, legend_rows=rows,
+                      left_chars=6, gap_chars=6, max_cols=2)
+    lo, hi = sub["size"].min(), sub["size"].max()
+    pages = []
+    done = 0
+    cells = [(p, part) for p in worlds for part in ("time", "ratio")]
+    for fig, grid, axes in _panels(grids, share=False):
+        for k, ax in enumerate(axes):
+            p, part = cells[done + k]
             data = sub[sub["world_size"] == p]
-            for name, group in data.groupby("series", sort=True):
-                pred = predictions.get((name, p))
-                if pred is None:
-                    continue
-                group = group.sort_values("size")
-                c, m = styles[name]
-                top.plot(group["size"], group["median_us"], linestyle="none", marker=m,
-                         color=c, markersize=4.5, zorder=3)
-                sizes, pred_us = pred
-                top.plot(sizes, pred_us, color=c, linewidth=1.3, zorder=2)
-                measured = dict(zip(group["size"], group["median_us"], strict=False))
-                ratio = [pu / measured[s] for s, pu in zip(sizes, pred_us, strict=False) if s in measured]
-                top_sizes = [s for s in sizes if s in measured]
-                bottom.plot(top_sizes, ratio, color=c, marker=m, linewidth=1.0)
-            top.set_yscale("log")
-            top.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
-            top.set_title(_rank_title(p, sub))
-            bottom.axhline(1.0, color="0.3", linewidth=0.8)
-            bottom.set_yscale("log", base=2)
-            bottom.yaxis.set_major_locator(mticker.FixedLocator(
-                [2.0 ** k for k in range(-12, 13, 2)]))
-            bottom.yaxis.set_major_formatter(mticker.FuncFormatter(_ratio_label))
-            bottom.yaxis.set_minor_locator(mticker.NullLocator())
-            for ax in (top, bottom):
-                set_size_axis(ax, lo, hi, max_ticks=7)
-            top.set_xlabel("")
-            if j == 0:
-                top.set_ylabel("time per operation")
-                bottom.set_ylabel("predicted / measured")
-        extra = [Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured median"),
-                 Line2D([], [], color="0.3", linestyle="-", label="model prediction")]
-        fig.suptitle(f"{collective} ({mode}): alpha-beta-gamma model against measurement\n"
-                     f"{context_line(sub)}", fontsize=11.5)
-        present = sub[sub["series"].isin({k[0] for k in predictions})]
-        _add_legend(fig, present if not present.empty else sub, [], extra=extra)
-    return fig
+            if part == "time":
+                _model_time(ax, data, predictions, p, styles)
+                ax.set_ylabel("time per op")
+            else:
+                _model_ratio(ax, data, predictions, p, styles)
+                ax.set_ylabel("ratio (x)")
+            _size_axis(ax, lo, hi, grid)
+            ax.tick_params(labelbottom=True)
+            ax.set_xlabel("message size" if grid.is_lowest(k) else "")
+            ax.set_title(f"{_ranks(p, sub)}: " + ("time" if part == "time"
+                                                  else "predicted / measured"),
+                         fontweight="bold")
+        done += len(axes)
+        _add_legend(fig, grid, handles)
+        pages.append(fig)
+    return pages
+
+
+def _model_time(ax, data, predictions, p: int, styles) -> None:
+    for name, group in data.groupby("series", sort=True):
+        pred = predictions.get((name, p))
+        if pred is None:
+            continue
+        group = group.sort_values("size")
+        c, m = styles[name]
+        ax.plot(group["size"].to_numpy(), group["median_us"].to_numpy(), linestyle="none",
+                marker=m, color=c, zorder=3)
+        ax.plot(pred[0], pred[1], color=c, zorder=2)
+    _time_axis(ax)
+
+
+def _model_ratio(ax, data, predictions, p: int, styles) -> None:
+    for name, group in data.groupby("series", sort=True):
+        pred = predictions.get((name, p))
+        if pred is None:
+            continue
+        c, m = styles[name]
+        measured = dict(zip(group["size"], group["median_us"], strict=False))
+        sizes = [s for s in pred[0] if s in measured]
+        ratio = [pu / measured[s] for s, pu in zip(pred[0], pred[1], strict=False)
+                 if s in measured]
+        ax.plot(sizes, ratio, color=c, marker=m)
+    ax.axhline(1.0, color="0.3", linewidth=0.8)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(mticker.LogLocator(base=4, numticks=5))
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(_ratio_label))
+    ax.yaxis.set_minor_locator(mticker.NullLocator())

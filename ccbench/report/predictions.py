@@ -37,7 +37,7 @@ def _curves(records: Sequence[Any]) -> dict[str, list[tuple[int, float]]]:
 
 
 def prediction_figures(measured: Sequence[Any], predicted: Sequence[Any], directory: str | Path,
-                       formats: Sequence[str] = ("png",)) -> list[Path]:
+                       formats: Sequence[str] = ("png",), paper: str = "double") -> list[Path]:
     """One figure per predicted collective; returns the files written."""
     import matplotlib
 
@@ -45,16 +45,19 @@ def prediction_figures(measured: Sequence[Any], predicted: Sequence[Any], direct
     import matplotlib.pyplot as plt
 
     from ccbench.report.data import series_label
+    from ccbench.report.paper import METADATA, PAPERS, rc_for
     from ccbench.report.style import RC, set_size_axis
 
+    sheet = PAPERS[paper]
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for collective in sorted({r.collective for r in predicted}):
         preds = [r for r in predicted if r.collective == collective]
         meas = [r for r in measured if r.collective == collective]
-        with plt.rc_context(RC):
-            fig, ax = plt.subplots(figsize=(8.0, 4.6), layout="constrained")
+        with plt.rc_context(RC | rc_for(sheet)):
+            fig, ax = plt.subplots(figsize=(sheet.width, max(3.0, sheet.width * 0.8)),
+                                   layout="constrained")
             groups: dict[str, list[tuple[int, float]]] = {}
             for r in meas:
                 groups.setdefault(f"{series_label(r)}, {r.world_size} ranks (measured)",
@@ -69,14 +72,14 @@ def prediction_figures(measured: Sequence[Any], predicted: Sequence[Any], direct
                         linestyle="--" if label.endswith("analytical") else "-",
                         linewidth=1.4, label=f"{label} (predicted)")
             sizes = [r.size_used for r in preds + meas]
-            set_size_axis(ax, min(sizes), max(sizes), max_ticks=12)
+            set_size_axis(ax, min(sizes), max(sizes), max_ticks=int(sheet.width / 0.45))
             ax.set_yscale("log")
             ax.set_ylabel("bus bandwidth (GB/s)")
             ax.set_title(f"{collective}: predictions beside measurements")
-            ax.legend(fontsize=7, loc="best")
+            fig.legend(loc="outside lower center", ncols=1)
             for fmt in formats:
                 path = directory / f"predictions-{collective}.{fmt}"
-                fig.savefig(path, bbox_inches="tight", pad_inches=0.08)
+                fig.savefig(path, dpi=sheet.dpi, metadata=METADATA[fmt])
                 written.append(path)
             plt.close(fig)
     return written

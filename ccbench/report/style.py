@@ -19,9 +19,9 @@ matplotlib.use("Agg")
 import matplotlib.ticker as mticker  # noqa: E402
 
 from ccbench.backend_facts import BACKENDS  # noqa: E402
-from ccbench.units import size_label  # noqa: E402
+from ccbench.units import size_text  # noqa: E402
 
-__all__ = ["colour", "marker", "set_size_axis", "LINESTYLE", "RC"]
+__all__ = ["colour", "marker", "set_size_axis", "size_tick", "LINESTYLE", "RC"]
 
 
 def _libraries() -> list[tuple[str, str, str]]:
@@ -58,14 +58,11 @@ RESERVE_MARKERS = ["p", "8", "H", "d", "1", "2", "3", "4"]
 LINESTYLE: dict[bool, Any] = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
 
 RC: Any = {       # matplotlib types rc keys as literals; this dict is checked by rc_context
-    # sizes for the report's HTML, which shows a figure at about 1150 px: 120 dpi figures of
-    # 13-15 in are drawn at 0.65-0.75 of their size there, so ticks stay >= 12 px on screen
-    "figure.dpi": 110, "savefig.dpi": 120, "font.size": 11.5, "axes.titlesize": 12,
-    "axes.labelsize": 11.5, "legend.fontsize": 11, "xtick.labelsize": 10.5,
-    "ytick.labelsize": 10.5,
-    "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.6, "lines.linewidth": 1.5,
-    "lines.markersize": 3.5, "axes.spines.top": False, "axes.spines.right": False,
-    "svg.fonttype": "none", "legend.frameon": False,
+    # sizes in points are sizes on paper: ccbench.report.paper sets the fonts per paper
+    "axes.grid": True, "grid.alpha": 0.35, "grid.linewidth": 0.5, "lines.linewidth": 1.2,
+    "axes.spines.top": False, "axes.spines.right": False, "axes.linewidth": 0.6,
+    "xtick.major.width": 0.6, "ytick.major.width": 0.6,
+    "svg.fonttype": "none", "legend.frameon": False, "pdf.fonttype": 42,
 }
 
 
@@ -86,22 +83,27 @@ def marker(key: str) -> str:
     return _pick(key, MARKERS, RESERVE_MARKERS)
 
 
-def set_size_axis(ax, lo: float, hi: float, label: str = "size (bytes)",
+def set_size_axis(ax, lo: float, hi: float, label: str = "message size",
                   max_ticks: int = 11) -> None:
-    """log2 x axis with ticks at powers of two, thinned to at most ~9 labels."""
+    """log2 x axis with ticks at powers of two (binary suffixes: 64 KiB), at most
+    `max_ticks` labels, one of them at 1 KiB where the range holds it."""
     ax.set_xscale("log", base=2)
     k0, k1 = int(math.floor(math.log2(max(lo, 1)))), int(math.ceil(math.log2(max(hi, 1))))
     step = 1
-    while (k1 - k0) / step > max_ticks:
+    while (k1 - k0) // step + 1 > max_ticks:
         step += 1
     start = next(k for k in range(k0, k1 + 1) if (k - 10) % step == 0)   # 1K is a tick
-    ticks = [2 ** k for k in range(start, k1 + 1, step)]
+    ticks = [2 ** k for k in range(start, k1 + 1, step) if lo / 1.3 <= 2 ** k <= hi * 1.3]
     ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
-    ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: size_label(v)))
-    ax.xaxis.set_minor_locator(mticker.FixedLocator([2 ** k for k in range(k0, k1 + 1)]))
-    ax.xaxis.set_minor_formatter(mticker.NullFormatter())
+    ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: size_tick(v)))
+    ax.xaxis.set_minor_locator(mticker.NullLocator())
     ax.set_xlim(lo / 1.25, hi * 1.25)
     ax.set_xlabel(label)
+
+
+def size_tick(v: float) -> str:
+    """A size axis' tick: 8 B, 64 KiB, 16 MiB (binary suffixes)."""
+    return size_text(v, exact=True).replace(" ", "\u2009")
 
 
 def time_formatter(v: float, _pos: object = None) -> str:
@@ -110,4 +112,4 @@ def time_formatter(v: float, _pos: object = None) -> str:
         return f"{v / 1e6:g} s"
     if v >= 1e3:
         return f"{v / 1e3:g} ms"
-    return f"{v:g} us"
+    return f"{v:g} \u00b5s"

@@ -87,10 +87,11 @@ def _group_label(group: tuple[int, ...], world: int) -> str:
     return "[" + ", ".join(map(str, group)) + "]"
 
 
-def _timeline_figure(name: str, backends: dict[str, list[Any]]) -> Any:
+def _timeline_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> Any:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    from ccbench.report.paper import rc_for
     from ccbench.report.style import RC
 
     spans = {b: timeline(recs) for b, recs in backends.items()}
@@ -98,9 +99,10 @@ def _timeline_figure(name: str, backends: dict[str, list[Any]]) -> Any:
                 for recs in backends.values() for r in recs)
     lanes = sorted({s["group"] for ss in spans.values() for s in ss},
                    key=lambda g: (-len(g), g))
-    height = 0.9 + len(spans) * max(1.5, 0.6 + 0.32 * len(lanes))
-    with plt.rc_context(RC):
-        fig, axes = plt.subplots(len(spans), 1, figsize=(9.0, min(height, 14.0)),
+    height = 1.2 + len(spans) * max(1.2, 0.5 + 0.16 * len(lanes))
+    with plt.rc_context(RC | rc_for(paper)):
+        fig, axes = plt.subplots(len(spans), 1, figsize=(paper.width, min(height,
+                                                                          3 * paper.width)),
                                  layout="constrained", sharex=True, squeeze=False)
         used: set[str] = set()
         longest = max((s["end"] for ss in spans.values() for s in ss), default=0.0)
@@ -116,18 +118,15 @@ def _timeline_figure(name: str, backends: dict[str, list[Any]]) -> Any:
             total = max((s["end"] for s in ss), default=0.0)
             ax.set_yticks(range(len(lanes)), [_group_label(g, world) for g in lanes])
             ax.invert_yaxis()
-            ax.set_title(f"{backend}: {len(ss)} calls, {_us(total)} back to back (per-call "
-                         f"medians, disjoint groups overlapped; not the measured sequence)",
-                         fontsize=9, loc="left")
+            ax.set_title(f"{backend}: {len(ss)} calls, {_us(total)} back to back",
+                         loc="left")
             ax.grid(axis="y", visible=False)
-        axes[-1, 0].set_xlabel("time (us): calls back to back in trace order, each its "
-                               "measured median (drawn at least 0.3% of the axis wide)")
+        axes[-1, 0].set_xlabel("time (µs), calls back to back")
         handles = [Patch(color=_COLLECTIVE_COLOURS.get(c, "#444444"), label=c)
                    for c in sorted(used)]
-        fig.legend(handles=handles, loc="outside upper right", ncols=min(6, len(handles)),
-                   fontsize=8)
-        fig.suptitle(f"trace {name}: timeline of the replay", fontsize=10)
-        fig.supylabel("process group", fontsize=9)
+        fig.legend(handles=handles, loc="outside lower center",
+                   ncols=min(3 if paper.width < 5 else 6, len(handles)))
+        fig.suptitle(f"trace {name}: replay timeline")
     return fig
 
 
@@ -150,49 +149,58 @@ def breakdown(backends: dict[str, list[Any]]) \
     return sorted(cats), per
 
 
-def _breakdown_figure(name: str, backends: dict[str, list[Any]]) -> Any:
+def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> Any:
     import matplotlib.pyplot as plt
     import numpy as np
 
     from ccbench.report.data import colour_key
+    from ccbench.report.paper import rc_for
     from ccbench.report.style import RC, colour
     from ccbench.trace.summary import SPEEDUP_STATISTIC, speedups
 
     keys, per = breakdown(backends)
     totals = {b: sum(t.values()) for b, t in per.items()}
-    with plt.rc_context(RC):
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) + 2.5), 4.4),
+    # horizontal bars: one row per (collective, size bucket), labels never overlap
+    height = 1.3 + (0.12 + 0.06 * len(per)) * len(keys)
+    with plt.rc_context(RC | rc_for(paper)):
+        fig, ax = plt.subplots(figsize=(paper.width, min(max(height, paper.width / 3),
+                                                         3 * paper.width)),
                                layout="constrained")
         width = 0.8 / max(len(per), 1)
-        x = np.arange(len(keys))
+        y = np.arange(len(keys))
         for i, (backend, table) in enumerate(per.items()):
             first = backends[backend][0]
             lib = first.library
-            ax.bar(x + (i - (len(per) - 1) / 2) * width, [table.get(k, 0.0) for k in keys],
-                   width, color=colour(colour_key(first)),
-                   label=f"{backend} ({lib}): {_us(totals[backend])} in all")
-        ax.set_xticks(x, [f"{c}\n{b}" for c, _, b in keys], fontsize=8)
-        ax.set_ylabel("communication time (us, summed over calls)")
+            ax.barh(y + (i - (len(per) - 1) / 2) * width, [table.get(k, 0.0) for k in keys],
+                    width, color=colour(colour_key(first)),
+                    label=f"{backend} ({lib}): {_us(totals[backend])} in all")
+        ax.set_yticks(y, [f"{c} {b}" for c, _, b in keys])
+        ax.invert_yaxis()
+        ax.set_xlabel("communication time (µs, summed over calls)")
         values = [v for t in per.values() for v in t.values() if v > 0]
         if values and max(values) > 100 * min(values):     # keep the small bars visible
-            ax.set_yscale("log")
-            ax.set_ylabel("communication time (us, summed over calls; log)")
+            ax.set_xscale("log")
+            ax.set_xlabel("communication time (µs, summed over calls; log)")
         title = f"trace {name}: time by collective and size"
         ratios = speedups(totals)
         if ratios:
             fast, slow, ratio = ratios[-1]
             title += f"; {fast} {ratio:.2f}x faster than {slow} ({SPEEDUP_STATISTIC})"
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        from ccbench.report.paper import wrap_text
+
+        ax.set_title(wrap_text(title, paper, paper.width - 0.4))
+        fig.legend(loc="outside lower center", ncols=1)
     return fig
 
 
 def trace_figures(records: Sequence[Any], directory: str | Path,
-                  formats: Sequence[str] = ("png",)) -> list[Path]:
+                  formats: Sequence[str] = ("png",), paper: str = "double") -> list[Path]:
     """trace-<name>-timeline and trace-<name>-breakdown per trace; returns the files."""
     import re
 
     import matplotlib.pyplot as plt
+
+    from ccbench.report.paper import METADATA, PAPERS
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -200,12 +208,10 @@ def trace_figures(records: Sequence[Any], directory: str | Path,
     for name, backends in latest_runs(records).items():
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
         for kind, draw in (("timeline", _timeline_figure), ("breakdown", _breakdown_figure)):
-            fig = draw(name, backends)
+            fig = draw(name, backends, PAPERS[paper])
             for fmt in formats:
                 path = directory / f"trace-{slug}-{kind}.{fmt}"
-                fig.savefig(path, bbox_inches="tight", pad_inches=0.08,
-                            metadata={"Software": None} if fmt == "png" else
-                            {"Date": None, "Creator": None})
+                fig.savefig(path, dpi=PAPERS[paper].dpi, metadata=METADATA[fmt])
                 written.append(path)
             plt.close(fig)
     return written

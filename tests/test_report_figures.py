@@ -1,0 +1,233 @@
+"""Every figure kind of `ccbench report`, at single and double column, held to the paper
+contract (ccbench.report.paper.check_figure: no text under 7 pt, no overlapping tick labels
+or texts, panels at least 1.2 in wide, aspect within 1:3 and 3:1, data spanning its panels),
+measured with matplotlib's renderer: from a first run (one world size, `ccbench launch -n 2
+all --backend gloo,mpi --sizes 1K-64K`, tests/fixtures/first-run-n2.jsonl.gz) and from the
+shipped multi-world results (results/data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from ccbench.records import load_records  # noqa: E402
+from ccbench.report import FigureJob, _draw  # noqa: E402
+from ccbench.report.data import to_frame  # noqa: E402
+from ccbench.report.paper import PAPERS, check_figure  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_RUN = ROOT / "tests" / "fixtures" / "first-run-n2.jsonl.gz"
+#: the shipped results at 2, 3 and 4 ranks: five libraries, ccbench's algorithms
+SHIPPED = [ROOT / "results" / "data" / f"{name}.jsonl.gz"
+           for name in ("gloo-n2", "impi-n2", "impi-n4", "oneccl-n4", "mpich-n2",
+                        "openmpi-n4", "validation-n3", "algorithms-n4")]
+PAPER_NAMES = ("single", "double")
+
+
+@pytest.fixture(scope="module")
+def first_run():
+    return to_frame(load_records(FIRST_RUN))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return to_frame(load_records(*SHIPPED))
+
+
+def _native(frame):
+    return frame[~frame["backend"].str.contains("@", regex=False)]
+
+
+def _jobs(frame) -> list[FigureJob]:
+    native = _native(frame)
+    colls = list(native["collective"].unique())
+    worlds = sorted(int(p) for p in frame["world_size"].unique())
+    allreduce = native[native["collective"] == "allreduce"]
+    algos = frame[frame["collective"] == "allreduce"]
+    return [FigureJob("overview-busbw", "overview", native, ("busbw",)),
+            FigureJob("overview-latency", "overview", native, ("latency",)),
+            FigureJob("allreduce", "collective", allreduce, ("allreduce",)),
+            FigureJob("last", "collective", native[native["collective"] == colls[-1]],
+                      (colls[-1],)),
+            FigureJob("algorithms", "collective", algos, ("allreduce",)),
+            FigureJob("spread", "spread", frame[frame["world_size"] == worlds[-1]],
+                      (worlds[-1],))]
+
+
+def _check(job: FigureJob, paper: str) -> list[str]:
+    problems = []
+    for page, fig in enumerate(_draw(job, paper), start=1):
+        problems += [f"{job.name} page {page} at {paper}: {p}"
+                     for p in check_figure(fig, PAPERS[paper])]
+    return problems
+
+
+@pytest.mark.parametrize("paper", PAPER_NAMES)
+def test_first_run_figures_fit_the_paper(first_run, paper) -> None:
+    """One run, one world size, nine collectives, two libraries: the overview wraps its nine
+    panels into a grid (the first-run figure was a 7:1 strip with 3 pt labels)."""
+    problems = [p for job in _jobs(first_run) for p in _check(job, paper)]
+    assert not problems, "\n".join(problems)
+    pages = _draw(_jobs(first_run)[0], paper)
+    width, height = pages[0].get_size_inches()
+    assert width == PAPERS[paper].width and height / width > 0.5      # a grid, not a strip
+
+
+@pytest.mark.parametrize("paper", PAPER_NAMES)
+def test_shipped_figures_fit_the_paper(shipped, paper) -> None:
+    problems = [p for job in _jobs(shipped) for p in _check(job, paper)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_model_figure_fits_the_paper(shipped) -> None:
+    from ccbench.report.model import load, predictions
+
+    model = load(str(ROOT / "results" / "model.json"))
+    sub = _native(shipped)
+    sub = sub[sub["collective"] == "allreduce"]
+    preds, _ = predictions(sub, model)
+    mine = {(s, p): v for (c, s, p), v in preds.items() if c == "allreduce"}
+    assert mine
+    for paper in PAPER_NAMES:
+        problems = _check(FigureJob("model", "model", sub, ("allreduce", mine)), paper)
+        assert not problems, "\n".join(problems)
+
+
+def test_busbw_is_log_where_the_series_differ_tenfold(first_run) -> None:
+    """gloo peaks near 0.1 GB/s at 64 KiB, Intel MPI near 10: a linear axis lays gloo flat."""
+    from ccbench.report.figures import busbw_is_log
+
+    assert busbw_is_log(_native(first_run))
+    fig = _draw(_jobs(first_run)[0], "double")[0]
+    assert fig.axes[0].get_yscale() == "log"
+    one = first_run[first_run["backend"] == "mpi"]
+    assert not busbw_is_log(one)
+    fig = _draw(FigureJob("o", "overview", one, ("busbw",)), "double")[0]
+    assert fig.axes[0].get_yscale() == "linear" and fig.axes[0].get_ylim()[0] == 0
+
+
+def test_axes_say_their_units_and_sizes_have_binary_suffixes(first_run) -> None:
+    fig = _draw(_jobs(first_run)[2], "double")[0]
+    labels = {ax.get_ylabel() for ax in fig.axes} | {ax.get_xlabel() for ax in fig.axes}
+    assert {"busbw (GB/s)", "time per op", "message size"} <= labels
+    fig.canvas.draw()
+    ticks = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks and all(t.endswith(("KiB", "B")) for t in ticks), ticks
+    times = [t.get_text() for t in fig.axes[-1].get_yticklabels() if t.get_text()]
+    assert times and all(t.endswith(("µs", "ms", " s")) for t in times), times
+
+
+def test_captions_name_what_is_drawn(first_run, shipped) -> None:
+    from ccbench.report.captions import collective_caption, overview_caption
+
+    text = overview_caption(_native(first_run), "busbw")
+    assert "9 collectives" in text and "at 2 ranks" in text
+    assert "Gloo (torch.distributed) 2.13.0 and Intel MPI 2021.18.1" in text
+    assert "log axis" in text
+    native = _native(shipped)
+    text = overview_caption(native, "busbw")
+    assert "at 2, 3 and 4 ranks" in text
+    for version in ("Open MPI", "MPICH", "oneCCL", "Intel MPI", "Gloo"):
+        assert version in text
+    sub = native[native["collective"] == "broadcast"]
+    assert "broadcast: " in collective_caption(sub, "broadcast")
+
+
+# -- the diagnose heat map -----------------------------------------------------------------
+
+NAMES = [f"h{i}" for i in range(8)]
+
+
+def _diagnose_records(findings: list[dict] | None, leaves: bool = False) -> list:
+    """One run's records: every pair at 48 Mbit/s but h5's at 15 (its plane port down), with
+    the verdict the run recorded (or none)."""
+    out = [SimpleNamespace(run_id="r1", timestamp="2026-12-05T06:00:00+00:00",
+                           backend="gloo", hosts=NAMES, collective="allreduce",
+                           size_used=1 << 20, time_us={"median": 1000.0},
+                           method={"diagnose": {"step": "world", "label": "world", "round": 0,
+                                                "pair": None}})]
+    size = 1 << 20
+    for a in range(8):
+        for b in range(a + 1, 8):
+            rate = 15e6 if 5 in (a, b) else 48e6
+            base = {"step": "pairs", "label": "pairs 0", "round": 0,
+                    "pair": [NAMES[a], NAMES[b]],
+                    "expected": {"link_bps": 50e6, "latency_us": None, "source": "--link-rate"}}
+            if leaves:
+                base["leaf_hosts"] = [NAMES[:4], NAMES[4:]]
+            for direction in ("a->b", "b->a"):
+                out.append(SimpleNamespace(
+                    run_id="r1", timestamp="2026-12-05T06:00:01+00:00", backend="gloo",
+                    hosts=base["pair"], collective="broadcast", size_used=size,
+                    time_us={"median": size * 8 / rate * 1e6},
+                    method={"diagnose": {**base, "direction": direction}}))
+            out.append(SimpleNamespace(
+                run_id="r1", timestamp="2026-12-05T06:00:01+00:00", backend="gloo",
+                hosts=base["pair"], collective="sendrecv", size_used=8,
+                time_us={"median": 150.0}, method={"diagnose": {**base, "direction": None}}))
+    if findings is not None:
+        out[-1].method["diagnose"]["findings"] = findings
+    return out
+
+
+FINDINGS = [
+    {"component": "host h5's plane eth1 port", "kind": "port down", "measured": "no traffic",
+     "expected": "up", "evidence": "carrier changes 1", "confidence": "high",
+     "hosts": ["h5"], "pairs": []},
+    {"component": "pair h1-h4 path on plane eth1", "kind": "slow path",
+     "measured": "16 Mbit/s", "expected": "50 Mbit/s", "evidence": "", "confidence": "high",
+     "hosts": [], "pairs": [["h1", "h4"]]},
+    {"component": "host h3's link", "kind": "intermittent", "measured": "60 % in 2 of 5 tries",
+     "expected": "48 Mbit/s", "evidence": "carrier changes 17", "confidence": "medium",
+     "hosts": ["h3"], "pairs": []},
+    {"component": "uplink of leaf 0", "kind": "slow uplink", "measured": "12 Mbit/s",
+     "expected": "48 Mbit/s", "evidence": "", "confidence": "high",
+     "hosts": NAMES[:4], "pairs": []},
+    {"component": "plane eth1", "kind": "slow plane", "measured": "20 Mbit/s",
+     "expected": "48 Mbit/s", "evidence": "", "confidence": "low", "hosts": [], "pairs": []},
+    {"component": "host h2 compute", "kind": "slow compute", "measured": "3.1 s",
+     "expected": "1.0 s", "evidence": "", "confidence": "high", "hosts": ["h2"], "pairs": []},
+]
+
+
+@pytest.mark.parametrize("paper", PAPER_NAMES)
+def test_diagnose_map_draws_the_recorded_verdict(paper, tmp_path) -> None:
+    """Six findings of six kinds, port down among them: a one-line title, every finding
+    numbered and listed under the maps and drawn on them; the run's own verdict is drawn,
+    not one recomputed from the records (which would find h5's link slow instead)."""
+    from ccbench.report.diagnose import _figure, diagnose_figures, measures_of, recorded_findings
+
+    records = _diagnose_records(FINDINGS, leaves=True)
+    findings = recorded_findings(records)
+    assert [f.kind for f in findings] == [f["kind"] for f in FINDINGS]
+    names, measures, _ = measures_of(records)
+    fig = _figure(names, measures, findings, "diagnose r1: 8 hosts, gloo", paper)
+    assert not check_figure(fig, PAPERS[paper], min_data=0.9)
+    assert "\n" not in fig._suptitle.get_text()
+    listing = [t.get_text() for t in fig.texts if "port down" in t.get_text()]
+    assert listing and all(f"{k}. {f['component']}: {f['kind']}" in listing[0]
+                           for k, f in enumerate(FINDINGS, start=1))
+    rate = fig.axes[0]
+    drawn = {k for t in rate.texts if t.get_color() == "red" for k in t.get_text().split(",")}
+    assert drawn == {str(k) for k in range(1, len(FINDINGS) + 1)}
+    red = [t.get_text() for t in rate.get_yticklabels() if t.get_color() == "red"]
+    assert set(red) == {"h0", "h1", "h2", "h3", "h5"}
+    written = diagnose_figures(records, tmp_path, paper=paper)
+    assert [p.name for p in written] == ["diagnose-r1.png"]
+
+
+def test_diagnose_map_without_a_recorded_verdict_says_it_recomputed() -> None:
+    from ccbench.report.diagnose import _figure, analyse, measures_of, recorded_findings
+
+    records = _diagnose_records(None)
+    assert recorded_findings(records) is None
+    names, measures, expect = measures_of(records)
+    found = analyse(measures, expect, names)
+    assert found
+    fig = _figure(names, measures, found, "t", "single", recomputed=True)
+    assert any("recomputed" in t.get_text() for t in fig.texts)
+    assert not check_figure(fig, PAPERS["single"], min_data=0.9)
