@@ -421,20 +421,24 @@ class MPIBackend(Backend):
             self.comm.Scatter(_raw(b.stage_in(send)), _raw(b.wire(recv)), root=root)
         b.stage_out(recv)
 
+    # bfloat16 and float8 have no MPI datatype (mpi4py's DLPack refuses them): as in the
+    # collectives, their bit patterns travel (_raw)
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Send(self.buffers.stage_in(buf), dest=peer, tag=tag)
+        self.comm.Send(_raw(self.buffers.stage_in(buf)), dest=peer, tag=tag)
 
     def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Recv(self.buffers.wire(buf), source=peer, tag=tag)
+        self.comm.Recv(_raw(self.buffers.wire(buf)), source=peer, tag=tag)
         self.buffers.stage_out(buf)
 
     def uneven_alltoall(self) -> AlltoallvCall | str:
         """Alltoallv on this communicator, each peer's block at the sum of the counts before
-        it."""
-        comm = self.comm
+        it (counts in elements of the buffers' type, whatever travels)."""
+        comm, b = self.comm, self.buffers
 
         def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
-            comm.Alltoallv([send, (s_in, _offsets(s_in))], [recv, (s_out, _offsets(s_out))])
+            comm.Alltoallv([_raw(b.stage_in(send)), (s_in, _offsets(s_in))],
+                           [_raw(b.wire(recv)), (s_out, _offsets(s_out))])
+            b.stage_out(recv)
         return alltoallv
 
     def split(self, groups: Sequence[Sequence[int]], timeout: float

@@ -8,7 +8,9 @@ machine), start-up (before the control store and MPI_Init; where the store is up
 rank starts, between connecting and MPI_Init), init (the backend's initialisation), mid-run
 (the third measured size), shutdown (after the last record, before the closing barrier).
 Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
-unreachable (start-up only: the control store address becomes one that does not resolve).
+unreachable (start-up only: the control store address becomes one that does not resolve),
+and, outside the fault matrix, raise (mid-run: a library error on this rank alone, a
+RuntimeError as a library raises one).
 Not a fault but the same hook: late (start-up or init: sleep CCBENCH_FAULT_LATE_S seconds, default
 12, as a rank on a loaded machine may take to start; the run must not fail for it).
 Unset, every call is a dictionary lookup that does nothing.
@@ -22,11 +24,13 @@ import time
 
 from ccbench.errors import UsageError
 
-__all__ = ["ACTIONS", "LATE", "MID_RUN_STEP", "PHASES", "UNREACHABLE_HOST", "inject", "planned"]
+__all__ = ["ACTIONS", "LATE", "MID_RUN_STEP", "PHASES", "RAISE", "UNREACHABLE_HOST", "inject",
+           "planned"]
 
 PHASES = ("before-connect", "start-up", "init", "mid-run", "shutdown")
 ACTIONS = ("kill", "stop", "exit", "unreachable")
 LATE = "late"                                  # not a fault: a rank that starts late
+RAISE = "raise"                                # a library error on one rank (not in the matrix)
 UNREACHABLE_HOST = "control-store.invalid"     # .invalid never resolves (RFC 2606)
 MID_RUN_STEP = 3
 
@@ -41,9 +45,9 @@ def planned(rank: int) -> tuple[str, str] | None:
         victim_rank = int(victim)
     except ValueError:
         raise UsageError(f"CCBENCH_FAULT={spec!r} (valid: PHASE:RANK:ACTION)") from None
-    if phase not in PHASES or action not in (*ACTIONS, LATE):
+    if phase not in PHASES or action not in (*ACTIONS, LATE, RAISE):
         raise UsageError(f"CCBENCH_FAULT={spec!r} (valid phases: {', '.join(PHASES)}; "
-                         f"actions: {', '.join((*ACTIONS, LATE))})")
+                         f"actions: {', '.join((*ACTIONS, LATE, RAISE))})")
     return (phase, action) if victim_rank == rank else None
 
 
@@ -67,3 +71,5 @@ def inject(phase: str, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "exit":
         os._exit(1)
+    elif action == RAISE:
+        raise RuntimeError(f"injected library error on rank {rank} ({phase})")

@@ -158,14 +158,32 @@ class Watchdog:
 
     def abort(self, why: str) -> None:
         """A library reported an error mid-collective: usually a peer died. Give the store a
-        moment to notice the dead connection, then stop like a timeout would (never returns)."""
+        moment to notice the dead connection, then stop like a timeout would (never returns).
+        Where no peer died and none is behind (each live rank posts where it is within the
+        grace), the first rank whose library failed is the cause: it says so, naming itself
+        and its own error, and the others (whose errors follow from it) leave once it has."""
         deadline = time.monotonic() + _DEAD_GRACE_S
         try:
+            order = self.store.add("aborted/library-errors", 1)  # whose error came first
             while time.monotonic() < deadline and not self.store.prefix("dead/"):
                 time.sleep(0.1)
         except StoreLost as lost:
             self._give_up(why, store_lost=lost)
+        if order == 1 and not self._missing_ranks(None):
+            self._give_up_own(why)
         self._give_up(why)
+
+    def _give_up_own(self, why: str) -> None:
+        """This rank's own error stopped the run: one line naming it (never returns)."""
+        self._giving_up.acquire()
+        try:
+            if self.store.peek("aborted") is not None:
+                self._leave_quietly()         # another rank has already said why
+        except StoreLost:
+            pass
+        print(error_line(f"{self.label}: rank {self.rank}: {why}"), file=sys.stderr, flush=True)
+        self._linger_as_store_host(None, {})
+        os._exit(EXIT_HUNG)
 
     # -- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
