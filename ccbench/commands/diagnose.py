@@ -294,6 +294,7 @@ def launch_plan(argv: list[str], nprocs: int | None = None) -> LaunchPlan:
 def main(args: argparse.Namespace) -> int:
     from ccbench.diagnose.measure import diagnose_rank
     from ccbench.diagnose.plan import build_plan
+    from ccbench.diagnose.preflight import before_mpi
     from ccbench.diagnose.verdict import findings_of, format_plan, print_verdict
 
     config, leaves = _config(args)
@@ -340,6 +341,7 @@ def main(args: argparse.Namespace) -> int:
 
     config.on_plan = on_plan
     config.replan = replan
+    before_mpi(config.backend, config.method.timeout)
     collected, status = diagnose_rank(config, build, on_stop, status_of)
     if collected is None:           # every rank ends with the verdict's status (launchers)
         return status

@@ -23,8 +23,8 @@ from typing import Any
 
 from ccbench.diagnose.analyse import Finding
 
-__all__ = ["counter_deltas", "counter_findings", "interface_addresses", "probe_all",
-           "reach_findings", "read_counters"]
+__all__ = ["counter_deltas", "counter_findings", "down_ports", "interface_addresses",
+           "probe_all", "probe_failures", "reach_findings", "read_counters"]
 
 _RTM_GETLINK, _RTM_NEWLINK, _NLMSG_DONE, _NLMSG_ERROR = 18, 16, 3, 2
 _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64, _IFLA_CARRIER_CHANGES = 3, 16, 23, 35
@@ -250,15 +250,31 @@ def probe_all(targets: list[tuple[int, str, str]], timeout: float = 2.0
     return [(h, name, ok) for (h, name, _address), ok in zip(targets, answers, strict=True)]
 
 
-def reach_findings(failed: dict[int, dict[int, list[str]]], names: list[str],
-                   planes: list[str]) -> list[Finding]:
-    """failed: prober host -> target host -> the target's interfaces it got no answer from
-    (and `*`, the target answered on none). A target's interface is down when at least half
-    of the other hosts (and 2) get no answer on it while they do get one on another of its
-    interfaces (a probe that a firewall drops everywhere is not a finding)."""
+def probe_failures(mine: int, everyone: list[dict[str, str] | None], host_of: list[int]
+                   ) -> list[list[Any]]:
+    """This host (`mine`) probes every other host's addresses (`everyone`: per rank, its
+    host's interfaces -> address, None for ranks that are not their host's first) ->
+    [[target host, [interfaces that gave no answer, and `*` when none answered]], ...]."""
+    targets = [(host_of[r], name, address) for r, addrs in enumerate(everyone)
+               if addrs and host_of[r] != mine for name, address in addrs.items()]
+    answers = probe_all(targets)
+    failed: list[list[Any]] = []
+    for target in sorted({t for t, _n, _a in targets}):
+        names = [n for t, n, ok in answers if t == target and not ok]
+        if names and len(names) == sum(1 for t, _n, _a in targets if t == target):
+            names.append("*")                  # no answer at all: not a port's
+        if names:
+            failed.append([target, names])
+    return failed
+
+
+def down_ports(failed: dict[int, dict[int, list[str]]], hosts: int
+               ) -> list[tuple[int, str, list[int]]]:
+    """(target host, interface, the hosts that got no answer on it): at least half of the
+    other hosts (and 2) got none while they did get one on another of its interfaces (a
+    probe that a firewall drops everywhere is not a finding)."""
+    need = max(2, hosts // 2) if hosts > 2 else 1
     out = []
-    hosts = len(names)
-    need = max(2, (hosts - 1 + 1) // 2) if hosts > 2 else 1
     for target in range(hosts):
         counts: dict[str, list[int]] = {}
         for prober, per_target in failed.items():
@@ -267,13 +283,18 @@ def reach_findings(failed: dict[int, dict[int, list[str]]], names: list[str],
                 continue
             for name in names_failed:
                 counts.setdefault(name, []).append(prober)
-        for name, probers in sorted(counts.items()):
-            if len(probers) < need:
-                continue
-            out.append(Finding(
-                _component(names[target], name, planes), "port down", "no answer",
-                "answers", f"before the library started: {len(probers)} of {hosts - 1} hosts "
-                f"got no answer on {names[target]}'s {name} address ("
-                + ", ".join(names[p] for p in sorted(probers)) + "), an answer on another",
-                "high", [names[target]]))
+        out += [(target, name, sorted(probers)) for name, probers in sorted(counts.items())
+                if len(probers) >= need]
     return out
+
+
+def reach_findings(failed: dict[int, dict[int, list[str]]], names: list[str],
+                   planes: list[str]) -> list[Finding]:
+    """failed: prober host -> target host -> the target's interfaces it got no answer from
+    (and `*`, the target answered on none) -> a `port down` finding per `down_ports`."""
+    return [Finding(_component(names[target], name, planes), "port down", "no answer",
+                    "answers", f"before the library started: {len(probers)} of "
+                    f"{len(names) - 1} hosts got no answer on {names[target]}'s {name} "
+                    f"address (" + ", ".join(names[p] for p in probers)
+                    + "), an answer on another", "high", [names[target]])
+            for target, name, probers in down_ports(failed, len(names))]

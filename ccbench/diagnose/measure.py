@@ -32,7 +32,7 @@ from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_tries
 from ccbench.diagnose.counters import (
     counter_deltas,
     interface_addresses,
-    probe_all,
+    probe_failures,
     read_counters,
 )
 from ccbench.diagnose.plan import Step
@@ -446,18 +446,8 @@ class _Rank:
         me = self.info.rank in self.rep
         everyone = self.store.gather("diag/ifaddrs", interface_addresses() if me else None,
                                      self.info.world_size, self.timeout)
-        failed: list[list[Any]] = []
-        if me:
-            mine = self.host_of[self.info.rank]
-            targets = [(self.host_of[r], name, address) for r, addrs in enumerate(everyone)
-                       if addrs and self.host_of[r] != mine for name, address in addrs.items()]
-            answers = probe_all(targets)
-            for target in sorted({t for t, _n, _a in targets}):
-                names = [n for t, n, ok in answers if t == target and not ok]
-                if names and len(names) == sum(1 for t, _n, _a in targets if t == target):
-                    names.append("*")          # no answer at all: not a port's
-                if names:
-                    failed.append([target, names])
+        failed = (probe_failures(self.host_of[self.info.rank], everyone, self.host_of)
+                  if me else None)
         got = self.store.gather("diag/reach", failed if me else None, self.info.world_size,
                                 self.timeout)
         if self.info.rank == 0 and self.collected is not None:
