@@ -85,6 +85,10 @@ class _Rank:
         self.hosts: list[str] = []
         self.run_id = ""
         self.wrong = 0
+        self.original: dict[int, list[float]] = {}
+        for each in self.trace.all_ops():
+            if each.dur_us is not None:
+                self.original.setdefault(each.call, []).append(each.dur_us)
 
     # -- per op ---------------------------------------------------------------------------
     def _measure_five(self, sub: Backend, op: CommOp, step: int) -> OpResult | str | None:
@@ -104,7 +108,7 @@ class _Rank:
         return OpResult(call=op.call, node_id=op.node_id, name=op.name,
                         collective=op.collective, size=op.size, group=list(op.group.ranks)
                         if op.group else [], time_us=result.time_us["median"],
-                        busbw_gbps=result.busbw_gbps, original_us=op.dur_us, wrong=result.wrong,
+                        busbw_gbps=result.busbw_gbps, original_us=self._original(op), wrong=result.wrong,
                         extra={"size_used": result.layout.size_used, **self._trace_tag(op, note)})
 
     def _append(self, record: Record) -> None:
@@ -126,7 +130,14 @@ class _Rank:
                 if op.reduce_op else None,
                 "in_splits": list(op.in_splits) or None, "out_splits": list(op.out_splits) or None,
                 "trace_world_size": self.trace.world_size, "trace_dtype": op.dtype,
-                "note": note, "original_us": op.dur_us, "start_us": op.start_us}
+                "root": op.group.ranks[op.root] if op.group and op.root is not None else None,
+                "note": note, "original_us": self._original(op), "start_us": op.start_us}
+
+    def _original(self, op: CommOp) -> float | None:
+        """The job's own time for the call: the least over its ranks' wall times (a rank
+        that came early also waited for the others; the last to come waited least)."""
+        times = self.original.get(op.call)
+        return min(times) if times else None
 
     def _record(self, sub: Backend, op: CommOp, case: Case, result: Any, note: str) -> Record:
         lay = result.layout
@@ -213,7 +224,7 @@ class _Rank:
         self._append(record)
         return OpResult(call=op.call, node_id=op.node_id, name=op.name, collective=collective,
                         size=op.size, group=list(call.members), time_us=time_us["median"],
-                        busbw_gbps=algbw * factor, original_us=op.dur_us, wrong=total_wrong,
+                        busbw_gbps=algbw * factor, original_us=self._original(op), wrong=total_wrong,
                         extra=self._trace_tag(op, ""))
 
     def per_op(self, number: int, subs: dict[Group, Backend | str]) -> None:
@@ -234,7 +245,8 @@ class _Rank:
                 outcome = OpResult(call=op.call, node_id=op.node_id, name=op.name,
                                    collective=op.collective, size=op.size,
                                    group=list(op.group.ranks) if op.group else [],
-                                   reason=outcome)
+                                   reason=outcome, original_us=self._original(op),
+                                   extra=self._trace_tag(op, ""))
             if isinstance(outcome, OpResult):
                 outcome.group_source, outcome.reduce_op = op.group_source, op.reduce_op
                 self.store.set(f"trace/{number}/op/{op.call}", outcome.to_dict())

@@ -12,7 +12,8 @@ import numpy as np
 
 from ccbench.units import format_size
 
-__all__ = ["SPEEDUP_STATISTIC", "OpResult", "bucket", "format_summary", "schedule", "sequence_median",
+__all__ = ["SPEEDUP_STATISTIC", "OpResult", "bucket", "fidelity", "format_summary", "schedule",
+           "sequence_median",
            "speedups",
            "summarize_results"]
 
@@ -116,9 +117,25 @@ def summarize_results(results: list[OpResult]) -> dict[str, Any]:
             (r.group, r.time_us) for r in measured if r.time_us is not None)), default=0.0),
         "busbw_gbps": weighted / total_time if total_time else None,
         "original_time_us": sum(r.original_us or 0.0 for r in originals) if originals else None,
+        "fidelity": fidelity(originals),
         "by_bucket": table,
         "skips": sorted({r.reason for r in results if r.time_us is None and r.reason}),
     }
+
+
+def fidelity(results: list[OpResult]) -> dict[str, Any] | None:
+    """Replayed against the job's own time, where the trace (or its recording) has it: the
+    ratio per call (median, 10th and 90th percentile) and over the whole window (the sum of
+    the replayed per-call medians over the sum of the job's own times of those calls)."""
+    pairs = [(r.time_us, r.original_us) for r in results
+             if r.time_us is not None and r.original_us]
+    if not pairs:
+        return None
+    ratios = np.array([t / o for t, o in pairs if o])
+    return {"calls": len(pairs), "median_ratio": float(np.median(ratios)),
+            "p10_ratio": float(np.percentile(ratios, 10)),
+            "p90_ratio": float(np.percentile(ratios, 90)),
+            "window_ratio": sum(t for t, _ in pairs) / sum(o for _, o in pairs)}
 
 
 def format_summary(name: str, summary: dict[str, Any]) -> list[str]:
@@ -130,6 +147,11 @@ def format_summary(name: str, summary: dict[str, Any]) -> list[str]:
     if summary.get("original_time_us"):
         lines.append(f"#   the trace's own durations of those calls: "
                      f"{summary['original_time_us']:.1f} us")
+    fit = summary.get("fidelity")
+    if fit:
+        lines.append(f"#   replayed / the job's own time, {fit['calls']} calls: median per call "
+                     f"{fit['median_ratio']:.2f} (10-90 %: {fit['p10_ratio']:.2f}-"
+                     f"{fit['p90_ratio']:.2f}), whole window {fit['window_ratio']:.2f}")
     head = ["collective", "size", "ops", "skipped", "time_us", "busbw_GBps"]
     rows = [head] + [[r["collective"], r["bucket"], str(r["ops"]), str(r["skipped"]),
                       f"{r['time_us']:.1f}",

@@ -1,0 +1,183 @@
+"""The recording (ccbench.formats.capture) against a job written with torch's own libraries
+(tests/jobs/torch_libs_job.py: DDP, ZeRO sharding, FSDP2 on a mesh, a P2POp ring, MoE
+all_to_all_single, group send/recv, bf16/fp16 PROD/MIN/MAX, async, object and functional
+collectives, calls before and after the trace window), at 3 and at 4 gloo ranks: every call
+the job logged itself is read back with every fact right, replayed call for call on gloo and
+mpi (a call a backend cannot run is skipped with its reason), and the 1024-rank prediction
+from the recording is the prediction from the job's own log."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ccbench.formats import load_trace
+from ccbench.formats.capture import capture_file
+from ccbench.record import load_records
+from tests.conftest import have_mpi, run_ccbench
+from tests.trace_fixtures import ROOT, TORCH_TEARDOWN_ABORT
+
+JOB = ROOT / "tests" / "jobs" / "torch_libs_job.py"
+_FAMILY = {"alltoallv": "alltoall"}
+
+
+def _record(out: Path, nprocs: int) -> Path:
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nprocs), str(JOB), str(out), "--capture"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stderr:
+        shutil.rmtree(out)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module", params=[3, 4])
+def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record(tmp_path_factory.mktemp(f"libs{request.param}"), request.param)
+
+
+def _truth(job: Path, rank: int) -> list[dict[str, Any]]:
+    return list(json.loads((job / "calls" / f"rank{rank}.json").read_text()))
+
+
+def _as_read(op: Any) -> dict[str, Any]:
+    """An op as the trace reads it, in the job log's terms (global ranks)."""
+    group = sorted((op.rank, op.peer)) if op.peer is not None else list(op.group.ranks)
+    return {"op": _FAMILY.get(op.collective, op.collective), "group": group,
+            "dtype": op.dtype if op.collective != "barrier" else None,
+            "in_bytes": op.in_bytes, "out_bytes": op.out_bytes,
+            "reduce_op": op.op if op.op_source else None,
+            "root": op.group.ranks[op.root] if op.root is not None else None,
+            "peer": op.peer, "in_splits": list(op.in_splits) or None,
+            "out_splits": list(op.out_splits) or None}
+
+
+def test_recording_reads_as_the_job_call_for_call(job: Path) -> None:
+    trace = load_trace([job])
+    for rank in range(trace.world_size):
+        truth = _truth(job, rank)
+        assert len(trace.ops[rank]) == len(truth), rank
+        for op, call in zip(trace.ops[rank], truth, strict=True):
+            read = _as_read(op)
+            assert read == {k: call.get(k) for k in read}, (rank, op.node_id, call["by"])
+            assert op.group_source == "named" and op.dur_us is not None
+    libraries = {call["by"] for call in _truth(job, 0)}
+    assert libraries >= {"ddp", "fsdp", "job", "broadcast_object_list", "functional"}
+
+
+def test_calls_outside_the_window_are_recorded_and_passed_over(job: Path) -> None:
+    """DDP's construction (the broadcast of the replica's state from rank 0, as DDP says it
+    syncs), its warm-up steps and the MAX all-reduce come before the trace's window, one
+    all-reduce after it: recorded, marked outside, and never matched to a traced call."""
+    entries = [json.loads(line) for line in capture_file(job, 0).read_text().splitlines()]
+    before = entries[:next(i for i, e in enumerate(entries) if e["traced"])]
+    after = entries[max(i for i, e in enumerate(entries) if e["traced"]) + 1:]
+    state = (64 * 256 + 256 + 256 * 64 + 64) * 4
+    assert {"op": "broadcast", "root": 0, "in_bytes": state, "dtype": "float32"}.items() <= \
+        next(e for e in before if e["in_bytes"] == state and e["op"] == "broadcast").items()
+    assert [e["reduce_op"] for e in before if e["dtype"] == "float32" and e["in_bytes"] == 4] \
+        == ["max"]
+    assert [(e["op"], e["in_bytes"]) for e in after] == [("allreduce", 256)]
+    assert sum(e["traced"] for e in entries) == len(_truth(job, 0))
+
+
+def _key(collective: str, group: list[int], size: int, root: int | None,
+         reduce_op: str | None, dtype: str | None, splits: Any) -> tuple[Any, ...]:
+    return (collective, tuple(group), size, root, reduce_op, dtype, tuple(splits or ()))
+
+
+def _truth_calls(job: Path, world: int) -> Counter[tuple[Any, ...]]:
+    """Each call once, as its group's first rank (a message: its sender) logged it, with
+    the size replay measures (ccbench.trace.ops.CommOp.size)."""
+    calls: Counter[tuple[Any, ...]] = Counter()
+    for rank in range(world):
+        for call in _truth(job, rank):
+            if call["op"] in ("send", "recv"):
+                if call["op"] == "send":
+                    calls[_key("sendrecv", call["group"], call["in_bytes"], None, None,
+                               call["dtype"], None)] += 1
+                continue
+            if rank != call["group"][0]:
+                continue
+            collective = "alltoallv" if call["op"] == "alltoall" else call["op"]
+            size = call["out_bytes"] if call["op"] == "allgather" else call["in_bytes"]
+            calls[_key(collective, call["group"], size, call.get("root"),
+                       call.get("reduce_op"), call["dtype"] or "uint8",
+                       call.get("in_splits"))] += 1
+    return calls
+
+
+def _replayed(records: list[Any], skipped: list[dict[str, Any]]) -> Counter[tuple[Any, ...]]:
+    out: Counter[tuple[Any, ...]] = Counter()
+    for rec in records:
+        tag = rec.method["trace"]
+        root = tag["group"][rec.root] if rec.collective in ("broadcast", "reduce") else None
+        out[_key(rec.collective, tag["group"], rec.size_used, root, rec.op,
+                 tag["trace_dtype"], tag["in_splits"])] += 1
+    for op in skipped:
+        tag = op["extra"]
+        out[_key(op["collective"], op["group"], op["size"], tag.get("root"), op["reduce_op"],
+                 tag.get("trace_dtype"), tag.get("in_splits"))] += 1
+    return out
+
+
+def test_replay_matches_the_job_call_for_call(job: Path, tmp_path: Path) -> None:
+    world = len(list(job.glob("rank*.json")))
+    backends = "gloo,mpi" if have_mpi() else "gloo"
+    out, summary = tmp_path / "rec.jsonl", tmp_path / "summary.json"
+    done = run_ccbench("launch", "-n", str(world), "replay", str(job), "--backend", backends,
+                       "--iters", "1", "--warmup", "0", "--sequence", "none", "-O", str(out),
+                       "--summary", str(summary), timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    records = load_records(out)
+    data = json.loads(summary.read_text())
+    want = _truth_calls(job, world)
+    for backend in data["backends"]:
+        name = backend["backend"]
+        skipped = [op for op in backend["ops"] if op["reason"]]
+        mine = [r for r in records if r.backend == name]
+        assert all(r.wrong == 0 for r in mine), name
+        assert _replayed(mine, skipped) == want, name
+        reasons = {op["reason"] for op in skipped}
+        if name == "gloo":
+            assert not skipped, reasons
+        else:            # mpi: no bfloat16 reduction, no average; said on a skipped: line
+            assert {(op["reduce_op"], op["extra"].get("trace_dtype")) for op in skipped} <= \
+                {("prod", "bfloat16"), ("max", "bfloat16"), ("avg", "float32")}, reasons
+            for reason in reasons:
+                assert f"#   skipped: {reason}" in done.stdout
+
+
+def _ground_truth_trace(job: Path, tmp_path: Path, world: int) -> Path:
+    """The job's execution trace with capture files written from the job's own log."""
+    folder = tmp_path / "truth"
+    folder.mkdir()
+    for rank in range(world):
+        shutil.copy(job / f"rank{rank}.json", folder)
+        lines = [json.dumps({**call, "traced": True}) for call in _truth(job, rank)]
+        capture_file(folder, rank).write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_prediction_at_1024_ranks_is_the_ground_truths(job: Path, tmp_path: Path) -> None:
+    from ccbench.model.synthetic import known_model
+    from ccbench.model.tracesim import simulate_trace
+
+    world = len(list(job.glob("rank*.json")))
+    model = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
+    recorded = simulate_trace(model, load_trace([job]), 1024, "fat-tree:1024")
+    truth = simulate_trace(model, load_trace([_ground_truth_trace(job, tmp_path, world)]),
+                           1024, "fat-tree:1024")
+    assert recorded["total_us"] == pytest.approx(truth["total_us"], rel=0.01)
+    assert recorded["total_us"] > 0
