@@ -2,8 +2,9 @@
 
 `MemoryStore` is the control store's client interface over a dict (no sockets, no server);
 `LoopbackBackend` does every collective by exchanging numpy arrays between the threads of a
-`ThreadWorld`, reducing in rank order, so the harness, its validation and its combination of
-rank times run for real at any world size in milliseconds."""
+`ThreadWorld` and delivering the collective's own brute-force reference, so the harness, its
+validation and its combination of rank times run for real at any world size in
+milliseconds."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends.base import Backend, RankContext
+from ccbench.collectives import every
+from ccbench.collectives import get as get_collective
 from ccbench.run.control import StoreTimeout
-
-_REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
 
 class MemoryStore:
@@ -117,10 +118,10 @@ class ThreadWorld:
         return results
 
 
-def _bound(run: Callable[..., None]) -> Callable[..., Callable[[], None]]:
-    """A builder (`Backend.builders`) that binds the arguments of one of the methods below."""
+def _by_reference(name: str) -> Callable[..., Callable[[], None]]:
+    """A builder (`Backend.builders`) that binds LoopbackBackend's call of collective `name`."""
     def build(backend: Any, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
-        return functools.partial(run, backend, send, recv, op, root)
+        return functools.partial(backend._collective, name, send, recv, op, root)
     return build
 
 
@@ -149,55 +150,15 @@ class LoopbackBackend(Backend):
         if self.corrupt and recv.size:
             recv.reshape(-1)[0] += 1
 
-    def _reduce(self, arrays: list[np.ndarray], op: str) -> np.ndarray:
-        out = arrays[0].copy()
-        for other in arrays[1:]:
-            _REDUCE[op](out, other, out=out)
-        return out
+    def _collective(self, name: str, send: Any, recv: Any, op: str | None, root: int) -> None:
+        """Any collective by its own brute-force reference (`Collective.reference`): every
+        rank's send buffer exchanged, and this rank's part of the result where it has one."""
+        spec = get_collective(name)
+        inputs = self._exchange(send)
+        if spec.checked(self.ctx.rank, root):
+            self._deliver(recv, spec.reference(inputs, op, self.ctx.rank, root))
 
-    def _broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self._deliver(recv, self._exchange(recv)[root])
-
-    def _allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self._deliver(recv, self._reduce(self._exchange(send), op))
-
-    def _allgather(self, send: Any, recv: Any, op: str, root: int) -> None:
-        self._deliver(recv, np.concatenate(self._exchange(send)))
-
-    def _reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
-        total = self._reduce(self._exchange(send), op)
-        part = recv.size
-        self._deliver(recv, total[self.ctx.rank * part:(self.ctx.rank + 1) * part])
-
-    def _alltoall(self, send: Any, recv: Any, op: str, root: int) -> None:
-        arrays = self._exchange(send)
-        part = recv.size // self.ctx.world_size
-        rank = self.ctx.rank
-        self._deliver(recv, np.concatenate([a[rank * part:(rank + 1) * part] for a in arrays]))
-
-    def _reduce_to_root(self, send: Any, recv: Any, op: str, root: int) -> None:
-        total = self._reduce(self._exchange(send), op)
-        if self.ctx.rank == root:
-            self._deliver(recv, total)
-
-    def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> None:
-        arrays = self._exchange(send)
-        self._deliver(recv, arrays[(self.ctx.rank - 1) % self.ctx.world_size])
-
-    def _gather(self, send: Any, recv: Any, op: str, root: int) -> None:
-        arrays = self._exchange(send)
-        if self.ctx.rank == root:
-            self._deliver(recv, np.concatenate(arrays))
-
-    def _scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
-        part, rank = recv.size, self.ctx.rank
-        self._deliver(recv, self._exchange(send)[root][rank * part:(rank + 1) * part])
-
-    builders = {name: _bound(method) for name, method in (
-        ("broadcast", _broadcast), ("allreduce", _allreduce), ("allgather", _allgather),
-        ("reduce-scatter", _reduce_scatter), ("alltoall", _alltoall),
-        ("reduce", _reduce_to_root), ("sendrecv", _sendrecv), ("gather", _gather),
-        ("scatter", _scatter))}
+    builders = {spec.name: _by_reference(spec.name) for spec in every()}
 
     def barrier(self) -> None:
         self.world.barrier()

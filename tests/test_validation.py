@@ -1,4 +1,5 @@
-"""The inputs make every result exact, and the expected results match a brute-force reference."""
+"""The inputs make every result exact, and the expected results match each collective's own
+brute-force reference (`Collective.reference`: every rank's inputs at once, in float64)."""
 
 import numpy as np
 import pytest
@@ -8,25 +9,6 @@ from ccbench.dtypes import DTYPES, avg_scales
 from ccbench.validation import count_wrong, expected_output, make_input
 
 RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def reference(collective: str, inputs: list[np.ndarray], op: str | None, rank: int,
-              block: int, root: int) -> np.ndarray:
-    stacked = np.stack([x.astype(np.float64) for x in inputs])
-    reduce = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "avg": np.mean}
-    if collective == "broadcast":
-        return stacked[root]
-    if collective in ("allreduce", "reduce"):     # reduce: what the root must hold
-        return reduce[op](stacked, axis=0)
-    if collective == "reduce-scatter":
-        return reduce[op](stacked, axis=0)[rank * block:(rank + 1) * block]
-    if collective in ("allgather", "gather"):       # gather: what the root must hold
-        return stacked.reshape(-1)
-    if collective == "scatter":
-        return stacked[root, rank * block:(rank + 1) * block]
-    if collective == "sendrecv":                   # from rank-1
-        return stacked[(rank - 1) % len(inputs)]
-    return np.concatenate([stacked[s, rank * block:(rank + 1) * block] for s in range(len(inputs))])
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
@@ -40,7 +22,7 @@ def test_expected_matches_reference(collective: str, dtype: str, world: int) -> 
         root = world - 1
         inputs = [make_input(lay, np_dtype, op, r, root) for r in range(world)]
         for rank in {0, world - 1}:
-            want = reference(collective, inputs, op, rank, lay.block, root)
+            want = get(collective).reference(inputs, op, rank, root)
             got = expected_output(lay, np_dtype, op, rank, root)
             # exactness: the float64 reference survives the cast to the narrow dtype
             assert np.array_equal(want.astype(np_dtype).astype(np.float64), want), (op, rank)
@@ -92,3 +74,18 @@ def test_reduce_checks_the_root_only() -> None:
     assert count_wrong(garbage, lay, "sum", 1, root=2) == 0
     assert count_wrong(garbage, lay, "sum", 2, root=2) == lay.recv_count
     assert count_wrong(expected_output(lay, dtype, "sum", 2, 2), lay, "sum", 2, root=2) == 0
+
+
+def test_every_collective_brings_its_own_reference() -> None:
+    """The reference is the collective's, not a chain of names in a test: every registered
+    collective has one, and none is another's (allgather's and gather's are one function)."""
+    from ccbench.collectives import every
+
+    inputs = [np.arange(6, dtype=np.float64) + 10 * r for r in range(3)]
+    results = {c.name: c.reference(inputs, "sum" if c.reduces else None, 1, 2).tolist()
+               for c in every()}
+    assert set(results) == set(COLLECTIVES)
+    assert results["alltoall"] == [2, 3, 12, 13, 22, 23]
+    assert results["sendrecv"] == list(range(6))
+    assert results["scatter"] == [22, 23]
+    assert results["reduce-scatter"] == [36, 39]

@@ -7,7 +7,7 @@ import math
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
 from ccbench.collectives.spec import Collective, whole_buffer
-from ccbench.collectives.values import reducing_inputs, whole_reduction
+from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
 def _ar_ring(p: int) -> Coefficients:
@@ -44,7 +44,8 @@ def _ar_dbt(p: int) -> Coefficients:             # double binary tree, pipelined
 ALLREDUCE = Collective(
     name="allreduce", aliases=("all_reduce", "all-reduce"), reduces=True, rooted=False,
     busbw=lambda n: 2.0 * (n - 1) / n, counts=whole_buffer, block=lambda lay: lay.send_count,
-    inplace="same", inputs=reducing_inputs, expected=whole_reduction, result_on="all",
+    inplace="same", inputs=reducing_inputs, expected=whole_reduction,
+    reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="all",
     input_on="all",
     chakra="ALL_REDUCE", astra="all-reduce-implementation",
     comm_size=lambda size, p: size, size_meaning="count x elsize",

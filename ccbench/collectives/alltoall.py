@@ -3,21 +3,19 @@ rank sends), busbw factor (n-1)/n."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout
-from ccbench.collectives.values import moved
+from ccbench.collectives.spec import Collective, Layout, blocks_both_ways
+from ccbench.collectives.values import block_of, moved, own_moved
 
 
-def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
-    block = size // (elsize * n)
-    return block * n, block * n, block * n, block * n * elsize
-
-
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
-            dtype: np.dtype) -> np.ndarray:
-    return moved(rank, index, lay.world_size)
+def _reference(inputs: Sequence[np.ndarray], op: str | None, rank: int, root: int
+               ) -> np.ndarray:
+    """Block `rank` of every rank's input, in rank order."""
+    return np.concatenate([block_of(x, rank, len(inputs)) for x in inputs])
 
 
 def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
@@ -51,9 +49,9 @@ def _resized(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int, in
 
 ALLTOALL = Collective(
     name="alltoall", aliases=("all_to_all", "all-to-all"), reduces=False, rooted=False,
-    busbw=lambda n: (n - 1) / n, counts=_counts,
-    block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=_inputs,
-    expected=_expected, result_on="all", input_on="all",
+    busbw=lambda n: (n - 1) / n, counts=blocks_both_ways,
+    block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=own_moved,
+    expected=_expected, reference=_reference, result_on="all", input_on="all",
     chakra="ALL_TO_ALL", astra="all-to-all-implementation", comm_size=lambda size, p: size,
     size_meaning="count x n x elsize", schedule_unit="block",
     costs={"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},

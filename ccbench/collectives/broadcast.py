@@ -32,6 +32,7 @@ BROADCAST = Collective(
     name="broadcast", aliases=("bcast",), reduces=False, rooted=True,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="one-buffer", inputs=_root_values, expected=_root_values,
+    reference=lambda inputs, op, rank, root: np.asarray(inputs[root], dtype=np.float64),
     result_on="all", input_on="root", chakra="BROADCAST", astra=None, comm_size=lambda size, p: size,
     size_meaning="count x elsize",
     costs={"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},

@@ -4,27 +4,9 @@ defined, so only the root's is checked."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout
-from ccbench.collectives.values import moved
-
-
-def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
-    block = size // (elsize * n)
-    return block * n, block, block * n, block * n * elsize
-
-
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
-            dtype: np.dtype) -> np.ndarray:
-    return moved(rank, index, lay.world_size)
-
-
-def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
-              dtype: np.dtype) -> np.ndarray:
-    block = max(lay.block, 1)
-    return moved(index // block, index % block, lay.world_size)
+from ccbench.collectives.spec import Collective, one_block_in
+from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
 def _binomial(p: int) -> Coefficients:
@@ -44,8 +26,9 @@ def _resized(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int, in
 
 GATHER = Collective(
     name="gather", aliases=(), reduces=False, rooted=True,
-    busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.send_count,
-    inplace="send-in-recv", inputs=_inputs, expected=_expected, result_on="root",
+    busbw=lambda n: (n - 1) / n, counts=one_block_in, block=lambda lay: lay.send_count,
+    inplace="send-in-recv", inputs=own_moved, expected=gathered_blocks, reference=concatenated,
+    result_on="root",
     input_on="all", chakra="GATHER",
     astra=None,         # ASTRA-sim's system file has no gather implementation to choose
     comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import Collective, whole_buffer
-from ccbench.collectives.values import reducing_inputs, whole_reduction
+from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
 def _reduce_binomial(p: int) -> Coefficients:
@@ -23,7 +23,8 @@ def _reduce_ring(p: int) -> Coefficients:
 REDUCE = Collective(
     name="reduce", aliases=(), reduces=True, rooted=True,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
-    inplace="same", inputs=reducing_inputs, expected=whole_reduction, result_on="root",
+    inplace="same", inputs=reducing_inputs, expected=whole_reduction,
+    reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="root",
     input_on="all",
     chakra="REDUCE",
     astra=None,         # ASTRA-sim's system file has no reduce implementation to choose

@@ -8,13 +8,8 @@ import math
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, Layout
-from ccbench.collectives.values import reduced, reducing_inputs
-
-
-def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
-    block = size // (elsize * n)
-    return block * n, block * n, block, block * n * elsize
+from ccbench.collectives.spec import Collective, Layout, one_block_out
+from ccbench.collectives.values import block_of, reduce_all, reduced, reducing_inputs
 
 
 def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
@@ -36,8 +31,11 @@ def _rs_rechalv(p: int) -> Coefficients:
 
 REDUCE_SCATTER = Collective(
     name="reduce-scatter", aliases=("reduce_scatter", "reducescatter"), reduces=True,
-    rooted=False, busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.recv_count,
-    inplace="recv-in-send", inputs=reducing_inputs, expected=_expected, result_on="all",
+    rooted=False, busbw=lambda n: (n - 1) / n, counts=one_block_out,
+    block=lambda lay: lay.recv_count, inplace="recv-in-send", inputs=reducing_inputs,
+    expected=_expected,
+    reference=lambda inputs, op, rank, root: block_of(reduce_all(inputs, op), rank, len(inputs)),
+    result_on="all",
     input_on="all", chakra="REDUCE_SCATTER",
     astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
     size_meaning="recvcount x n x elsize", schedule_unit="block",

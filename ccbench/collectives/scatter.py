@@ -7,13 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout
-from ccbench.collectives.values import moved
-
-
-def _counts(size: int, elsize: int, n: int) -> tuple[int, int, int, int]:
-    block = size // (elsize * n)
-    return block * n, block * n, block, block * n * elsize
+from ccbench.collectives.spec import Collective, Layout, one_block_out
+from ccbench.collectives.values import block_of, moved
 
 
 def _root_values(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
@@ -43,8 +38,10 @@ def _resized(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int, in
 
 SCATTER = Collective(
     name="scatter", aliases=(), reduces=False, rooted=True,
-    busbw=lambda n: (n - 1) / n, counts=_counts, block=lambda lay: lay.recv_count,
-    inplace="recv-in-send", inputs=_root_values, expected=_expected, result_on="all",
+    busbw=lambda n: (n - 1) / n, counts=one_block_out, block=lambda lay: lay.recv_count,
+    inplace="recv-in-send", inputs=_root_values, expected=_expected,
+    reference=lambda inputs, op, rank, root: block_of(inputs[root], rank, len(inputs)),
+    result_on="all",
     input_on="root", chakra="SCATTER",
     astra=None,         # ASTRA-sim's system file has no scatter implementation to choose
     comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block

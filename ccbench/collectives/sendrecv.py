@@ -8,17 +8,12 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients
 from ccbench.collectives.spec import Collective, Layout, whole_buffer
-from ccbench.collectives.values import moved
+from ccbench.collectives.values import moved, own_moved
 
 
 def peers(rank: int, world_size: int) -> tuple[int, int]:
     """(the rank this one sends to, the rank it receives from)."""
     return (rank + 1) % world_size, (rank - 1) % world_size
-
-
-def _inputs(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
-            dtype: np.dtype) -> np.ndarray:
-    return moved(rank, index, lay.world_size)
 
 
 def _expected(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
@@ -35,7 +30,10 @@ def _sendrecv(p: int) -> Coefficients:
 SENDRECV = Collective(
     name="sendrecv", aliases=("send_recv", "send-recv"), reduces=False, rooted=False,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
-    inplace="never", inputs=_inputs, expected=_expected, result_on="all", input_on="all",
+    inplace="never", inputs=own_moved, expected=_expected,
+    reference=lambda inputs, op, rank, root: np.asarray(
+        inputs[peers(rank, len(inputs))[1]], dtype=np.float64),
+    result_on="all", input_on="all",
     chakra=None,        # Chakra's CollectiveCommType has no send-receive (only p2p nodes)
     astra=None, comm_size=lambda size, p: size, size_meaning="count x elsize",
     costs={"direct": _sendrecv},

@@ -9,7 +9,7 @@ and exporters call it (each backend binds it by name: `Backend.builders`). Calle
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,7 +17,8 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import CostFormula
 
-__all__ = ["Collective", "InPlace", "Layout"]
+__all__ = ["Collective", "InPlace", "Layout", "Reference", "blocks_both_ways", "one_block_in",
+           "one_block_out", "whole_buffer"]
 
 #: how the in-place case lays out send and receive buffers:
 #: "one-buffer": one buffer, in-place or not (broadcast);
@@ -58,12 +59,34 @@ Counts = Callable[[int, int, int], tuple[int, int, int, int]]
 #: (layout, op, rank, root, element indices, dtype) -> int64 values (the dtype bounds them:
 #: no negatives in uint8, float8 sums within 8)
 Values = Callable[[Layout, "str | None", int, int, np.ndarray, np.dtype], np.ndarray]
+#: (every rank's whole send buffer, in rank order; op, rank, root) -> what `rank` receives
+#: (on a rank with no defined result, the root's), computed the obvious way in float64
+Reference = Callable[[Sequence[np.ndarray], "str | None", int, int], np.ndarray]
 
 
 def whole_buffer(size: int, elsize: int, world_size: int) -> tuple[int, int, int, int]:
     """S = count x elsize, the same count sent and received (allreduce, broadcast, reduce)."""
     count = size // elsize
     return count, count, count, count * elsize
+
+
+def one_block_in(size: int, elsize: int, world_size: int) -> tuple[int, int, int, int]:
+    """S = sendcount x n x elsize: one block sent, n received (allgather, gather)."""
+    block = size // (elsize * world_size)
+    return block * world_size, block, block * world_size, block * world_size * elsize
+
+
+def one_block_out(size: int, elsize: int, world_size: int) -> tuple[int, int, int, int]:
+    """S = recvcount x n x elsize: n blocks sent, one received (reduce-scatter, scatter)."""
+    block = size // (elsize * world_size)
+    return block * world_size, block * world_size, block, block * world_size * elsize
+
+
+def blocks_both_ways(size: int, elsize: int, world_size: int) -> tuple[int, int, int, int]:
+    """S = count x n x elsize: n blocks sent and n received (alltoall)."""
+    block = size // (elsize * world_size)
+    return block * world_size, block * world_size, block * world_size, \
+        block * world_size * elsize
 
 
 def _input_bytes(in_bytes: int, out_bytes: int, group_size: int) -> int:
@@ -96,6 +119,9 @@ class Collective:
     inputs: Values
     #: this rank's expected receive-buffer values at the given indices
     expected: Values
+    #: a brute-force reference from every rank's inputs, independent of `expected`: what the
+    #: tests check `expected` against and what the test suite's loopback backend delivers
+    reference: Reference
     #: the ranks whose receive buffer has a defined result: "all", or only the "root"
     #: (nccl-tests checks a reduce on its root alone)
     result_on: Literal["all", "root"]

@@ -10,12 +10,15 @@ others 0, with k chosen so that every way libraries compute the mean gives exact
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from ccbench.collectives.spec import Layout
 from ccbench.dtypes import avg_scales, exact_integers
 
-__all__ = ["moved", "reduced", "reducing_inputs", "values", "whole_reduction"]
+__all__ = ["block_of", "concatenated", "gathered_blocks", "moved", "own_moved", "reduce_all", "reduced",
+           "reducing_inputs", "values", "whole_reduction"]
 
 
 def _sum_values(rank: int | np.ndarray, index: np.ndarray, world_size: int, dtype: np.dtype
@@ -84,3 +87,41 @@ def whole_reduction(lay: Layout, op: str | None, rank: int, root: int, index: np
                     dtype: np.dtype) -> np.ndarray:
     """The reduction of every rank's whole buffer (allreduce everywhere, reduce on the root)."""
     return reduced(op or "sum", index, lay.world_size, dtype)
+
+
+def own_moved(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+              dtype: np.dtype) -> np.ndarray:
+    """A data-moving collective's input on `rank`: its own values (allgather, gather, alltoall,
+    sendrecv)."""
+    return moved(rank, index, lay.world_size)
+
+
+def gathered_blocks(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+                    dtype: np.dtype) -> np.ndarray:
+    """Every rank's block, in rank order (allgather everywhere, gather on the root)."""
+    block = max(lay.block, 1)
+    return moved(index // block, index % block, lay.world_size)
+
+
+# brute-force references (Collective.reference): every rank's whole input at once, in float64
+
+_REDUCERS: dict[str, Callable[..., np.ndarray]] = {
+    "sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "avg": np.mean}
+
+
+def reduce_all(inputs: Sequence[np.ndarray], op: str | None) -> np.ndarray:
+    """The element-wise reduction of every rank's input by `op`."""
+    stacked = np.stack([np.asarray(x).astype(np.float64) for x in inputs])
+    return np.asarray(_REDUCERS[op or "sum"](stacked, axis=0))
+
+
+def block_of(values: np.ndarray, rank: int, ranks: int) -> np.ndarray:
+    """Block `rank` of `values` cut in `ranks` equal blocks."""
+    block = np.asarray(values).size // ranks
+    return np.asarray(values, dtype=np.float64).reshape(-1)[rank * block:(rank + 1) * block]
+
+
+def concatenated(inputs: Sequence[np.ndarray], op: str | None, rank: int, root: int
+                 ) -> np.ndarray:
+    """Every rank's input, one after the other in rank order (allgather; gather's root)."""
+    return np.concatenate([np.asarray(x, dtype=np.float64) for x in inputs])
