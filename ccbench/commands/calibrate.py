@@ -109,7 +109,8 @@ def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) 
     for r in rows:
         table.append((r["backend"], r["library"], r["collective"], r["algorithm"],
                       r["world_size"], r.get("dtype", "-"),
-                      {True: "in-place", False: "out-of-place"}.get(r.get("inplace"), "-"),
+                      "-" if r.get("inplace") is None else
+                      "in-place" if r["inplace"] else "out-of-place",
                       r["size"], f"{r['measured_s'] * 1e6:.2f}", f"{r['predicted_s'] * 1e6:.2f}",
                       _pct(r["rel_err"])))
     groups: list[tuple[Any, ...]] = [("backend", "library", "collective", "algorithm", "p",
