@@ -23,7 +23,7 @@ from typing import Any, cast
 from ccbench.errors import UsageError
 
 __all__ = ["AT_LEAST", "BENCH_OPTIONS", "COMBINE_LABELS", "CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S",
-           "ENV_AXES", "METHOD_OPTIONS", "RUN_OPTIONS", "RUN_RECORD_KEYS", "BenchOption",
+           "ENV_AXES", "HELP_WORDS", "METHOD_OPTIONS", "RUN_OPTIONS", "RUN_RECORD_KEYS", "BenchOption",
            "Conflict", "GivenStore", "Method", "add_options", "check_flags", "conflict",
            "connect_timeout", "env_name", "environment_settings", "given", "method_from",
            "method_record", "option_argv", "option_named", "run_method_keys"]
@@ -50,6 +50,14 @@ class GivenStore(argparse.Action):
 def given(args: argparse.Namespace, name: str) -> str | None:
     """The flag that set `name` on the command line, or None when it holds its default."""
     return (getattr(args, "typed_options", None) or {}).get(name)
+
+
+#: what an option's help says where it names members of a registry (the collectives that have
+#: a root, the backends that read an option): the caller fills them from the registries
+#: (cli.option_words; this module may not import the backends), else these generic words
+HELP_WORDS: dict[str, str] = {"rooted": "the collectives with a root",
+                              "gpu_backends": "the GPU backends",
+                              "nccl_readers": "the NCCL backends"}
 
 
 def _shown(default: object) -> str:
@@ -79,8 +87,11 @@ class BenchOption:
     def variable(self) -> str:
         return env_name(self.name)
 
-    def help_for(self, default: int | float | str | None) -> str:
-        return self.help.format(default=_shown(default))
+    def help_for(self, default: int | float | str | None,
+                 words: Mapping[str, str] | None = None) -> str:
+        """The help with {default} and the registries' {words} filled in (HELP_WORDS' own
+        words where the caller gives none)."""
+        return self.help.format(default=_shown(default), **{**HELP_WORDS, **(words or {})})
 
     @property
     def limits(self) -> str:
@@ -91,12 +102,15 @@ class BenchOption:
             return "> 0"
         return "" if self.minimum is None else f">= {self.minimum:g}"
 
-    def add_to(self, parser: argparse.ArgumentParser, default: Any = ...) -> None:
-        """Add the flag(s); `default` replaces the table's for a command of its own (replay)."""
+    def add_to(self, parser: argparse.ArgumentParser, default: Any = ...,
+               words: Mapping[str, str] | None = None) -> None:
+        """Add the flag(s); `default` replaces the table's for a command of its own (replay);
+        `words` fill the help's names from the registries (cli.option_words)."""
         default = self.default if default is ... else default
         names = [self.flag, *([self.short] if self.short else [])]
         parser.add_argument(*names, dest=self.name, type=self.kind, default=default,
-                            choices=self.choices, help=self.help_for(default), action=GivenStore)
+                            choices=self.choices, help=self.help_for(default, words),
+                            action=GivenStore)
 
     def check(self, value: Any) -> int | float | str:
         """The value as this option holds it; ValueError (naming the valid form) otherwise."""
@@ -192,16 +206,15 @@ RUN_OPTIONS: tuple[BenchOption, ...] = (
     BenchOption("connect_timeout", float, None,
                 "seconds a rank may take to reach the control store (default: --timeout, at "
                 "most 30)", positive=True),
-    BenchOption("root", int, 0, "root rank of broadcast and reduce (default {default})",
-                minimum=0),
-    BenchOption("device", str, "auto", "where buffers live (default auto: cuda for nccl, "
-                "nccl-cupy and rccl, else cpu)", choices=("auto", "cpu", "cuda")),
+    BenchOption("root", int, 0, "root rank of {rooted} (default {default})", minimum=0),
+    BenchOption("device", str, "auto", "where buffers live (default auto: cuda for "
+                "{gpu_backends}, else cpu)", choices=("auto", "cpu", "cuda")),
     BenchOption("mpi_thread_level", str, "funneled",
                 "the thread level MPI is initialised at (default funneled: only the main thread "
                 "calls MPI, as in IMB-MPI1 and OSU; mpi4py's own default is multiple, which "
                 "slows every call in MPICH and Intel MPI)",
                 choices=("single", "funneled", "serialized", "multiple")),
-    BenchOption("nccl_algo", str, None, "sets NCCL_ALGO for the run (nccl, nccl-cupy, rccl)"),
+    BenchOption("nccl_algo", str, None, "sets NCCL_ALGO for the run ({nccl_readers})"),
     BenchOption("nccl_proto", str, None, "sets NCCL_PROTO for the run"),
 )
 
@@ -251,13 +264,15 @@ def method_from(values: Mapping[str, Any]) -> Method:
 
 
 def add_options(parser: argparse.ArgumentParser, names: Iterable[str] | None = None,
-                defaults: Mapping[str, Any] | None = None) -> None:
+                defaults: Mapping[str, Any] | None = None,
+                words: Mapping[str, str] | None = None) -> None:
     """The flags of the options `names` (all of them by default), in the table's order;
-    `defaults` replaces the table's defaults for a command of its own."""
+    `defaults` replaces the table's defaults for a command of its own; `words` fill the
+    registries' names into the help (HELP_WORDS)."""
     wanted = None if names is None else set(names)
     for option in BENCH_OPTIONS:
         if wanted is None or option.name in wanted:
-            option.add_to(parser, (defaults or {}).get(option.name, option.default))
+            option.add_to(parser, (defaults or {}).get(option.name, option.default), words)
 
 
 def check_flags(values: Mapping[str, Any]) -> None:

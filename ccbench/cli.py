@@ -24,7 +24,7 @@ from ccbench.bench_options import (
     given,
     method_from,
 )
-from ccbench.collectives import COLLECTIVES, parse_collectives, parse_ops
+from ccbench.collectives import COLLECTIVES, OPS, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
 from ccbench.errors import RunFailure, UsageError, error_line
 from ccbench.familiar import add_familiar_arguments, resolve_familiar
@@ -130,14 +130,38 @@ def _quiet_rank() -> bool:
     return False
 
 
+def _listed(names: Sequence[str], last: str = "and") -> str:
+    """`a, b and c`."""
+    return f"{', '.join(names[:-1])} {last} {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def option_words() -> dict[str, str]:
+    """The registries' names that option help texts show (bench_options.HELP_WORDS)."""
+    from ccbench.backends import device_backends, reading
+    from ccbench.collectives import ROOTED
+
+    return {"rooted": _listed([name for name in COLLECTIVES if name in ROOTED]),
+            "gpu_backends": _listed(device_backends()),
+            "nccl_readers": ", ".join(reading("nccl_algo"))}
+
+
+def backend_help() -> str:
+    """--backend's help: every registered backend and the default, from the registry."""
+    from ccbench.backends import DEVICE_DEFAULTS, HOST_BACKEND, backend_names
+
+    return (f"comma list: {', '.join(backend_names())}, <algorithm>@<transport> (default: "
+            f"{_listed(list(DEVICE_DEFAULTS), 'or')} where torch sees a GPU, else "
+            f"{HOST_BACKEND})")
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from ccbench.backends import reading
+
     parser.add_argument("collective", nargs="?", default=None,
                         help=f"{', '.join(COLLECTIVES)}, a comma list, or all; also an nccl-tests "
                              f"or OSU program name (all_reduce_perf, osu_allreduce, ...)")
     parser.add_argument("--backend", "-B", default=None, action=GivenStore,
-                        help="comma list: gloo, mpi, oneccl, nccl, nccl-cupy, rccl, "
-                             "<algorithm>@<transport> "
-                             "(default: nccl with CUDA, else gloo)")
+                        help=backend_help())
     parser.add_argument("--sizes", "-s", default=None, action=GivenStore,
                         help="bytes: 1K-1G (powers of 2), 1K-1G:4 (factor 4), 8,1K,1M (default "
                              "1K-16M; or -b/-e/-f, -m, --b/--e/--f below)")
@@ -145,15 +169,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{', '.join(DTYPES)}, a comma list or all (default float32); "
                              f"nccl-tests' names float, double, half, f8e4m3, f8e5m2 also")
     parser.add_argument("--op", "-o", default="sum", action=GivenStore,
-                        help="sum, max, min, prod, avg, a comma list or all (default sum); "
-                             "a backend without the op or --dtype refuses before any rank "
-                             "starts")
+                        help=f"{', '.join(OPS)}, a comma list or all (default sum); "
+                             f"a backend without the op or --dtype refuses before any rank "
+                             f"starts")
     parser.add_argument("--inplace", action="store_true", help="only in-place")
     parser.add_argument("--outofplace", action="store_true", help="only out-of-place")
     parser.add_argument("--timing", choices=("per-op", "pipelined"), default="per-op",
                         help="per-op: time each call and wait for it (default); pipelined: "
                              "time a batch of calls back to back, as nccl-tests' loop")
-    add_options(parser)                   # the same table makes the sweep file's keys
+    add_options(parser, words=option_words())   # the same table makes the sweep file's keys
     parser.add_argument("--full", action="store_true", default=False,
                         help="the table also shows each rank's median, min and max over ranks "
                              "(OSU -f); records always hold every statistic")
@@ -172,8 +196,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     # a switch of the nccl-cupy backend, not a method option of every backend (so not in
     # BENCH_OPTIONS, and not a sweep key)
     parser.add_argument("--cuda-graph", action="store_true",
-                        help="nccl-cupy: capture the measured call in a CUDA graph and time "
-                             "graph launches")
+                        help=f"{', '.join(reading('cuda_graph'))}: capture the measured call "
+                             f"in a CUDA graph and time graph launches")
     add_familiar_arguments(parser)
 
 
@@ -212,11 +236,11 @@ def bench_parser(list_subcommands: bool = False) -> argparse.ArgumentParser:
 
 def _check_consistency(args: argparse.Namespace, backends: list[str]) -> None:
     """Contradictions that would otherwise be accepted silently."""
-    from ccbench.backends import reading
+    from ccbench.backends import backend_names, reading
 
     if args.backend is not None and any(not part.strip() for part in args.backend.split(",")):
         raise UsageError(f"malformed --backend {args.backend!r}: empty item (valid: a comma "
-                         f"list such as gloo,mpi)")
+                         f"list such as {','.join(backend_names()[:2])})")
     for flag, value, option in (("--nccl-algo", args.nccl_algo, "nccl_algo"),
                                 ("--nccl-proto", args.nccl_proto, "nccl_proto")):
         readers = reading(option)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ccbench.backends import MPI_SUITE_BACKEND
+from ccbench.backends import MPI_SUITE_BACKEND, reading
 from ccbench.bench_options import COMBINE_LABELS, GivenStore, given
 from ccbench.collectives import every
 from ccbench.errors import UsageError
@@ -73,7 +73,8 @@ def add_familiar_arguments(parser: argparse.ArgumentParser) -> None:
                            "does, pipelined runs them back to back as nccl-tests' -z 0 loop "
                            "does; -z 1 with --timing pipelined is refused")
     nccl.add_argument("-G", "--cudagraph", type=int, default=None, metavar="N",
-                      help="N > 0: --cuda-graph (backend nccl-cupy only); ccbench's graph holds "
+                      help=f"N > 0: --cuda-graph (backend {', '.join(reading('cuda_graph'))} "
+                           "only); ccbench's graph holds "
                            "one call and is launched once per timed iteration (-n), where "
                            "nccl-tests' holds -n calls launched N times, so N counts nothing "
                            "here; 0: no graph")

@@ -47,7 +47,7 @@ def option_table() -> str:
         flags = f"`{option.flag}`" + (f", `{option.short}`" if option.short else "")
         default = "" if option.default is None else f"`{option.default}`"
         rows.append(f"| {flags} | {default} | {_cell(option.limits)} | `{option.variable}` | "
-                    f"{_cell(option.help_for(option.default))} |")
+                    f"{_cell(option.help_for(option.default, cli.option_words()))} |")
     axes = ", ".join(f"`{env_name(name)}`" for name in ENV_AXES)
     return "\n".join([*rows, "", f"The case axes come from the environment too: {axes}. "
                       "The command line wins over the environment."])

@@ -19,8 +19,9 @@ DEVICE_VARIANTS: dict[tuple[str, str], str] = {
     ("mpi", "cuda"): "ccbench.backends.cuda_mpi:CudaMPIBackend",
 }
 
-__all__ = ["REGISTRY", "Backend", "BackendFactory", "RankContext", "backend_class",
-           "backend_names", "check_launchable", "parse_backends", "prepare_process"]
+__all__ = ["DEVICE_DEFAULTS", "HOST_BACKEND", "REGISTRY", "Backend", "BackendFactory",
+           "RankContext", "backend_class", "backend_names", "check_launchable",
+           "device_backends", "parse_backends", "prepare_process", "reading"]
 
 
 def backend_names() -> list[str]:
@@ -52,7 +53,7 @@ HOST_BACKEND = "gloo"
 #: the backend the MPI benchmark suites measure: OSU's program names (osu_*) run on it
 MPI_SUITE_BACKEND = "mpi"
 #: without --backend, the first of these that is available here runs, else HOST_BACKEND
-_DEVICE_DEFAULTS = ("nccl", "rccl")
+DEVICE_DEFAULTS = ("nccl", "rccl")
 
 
 def _registered(name: str) -> type[Backend]:
@@ -64,7 +65,7 @@ def _registered(name: str) -> type[Backend]:
 
 def default_backend() -> str:
     """NCCL (RCCL on a ROCm build) where torch sees a device, else gloo."""
-    for name in _DEVICE_DEFAULTS:
+    for name in DEVICE_DEFAULTS:
         if _registered(name).unavailable_reason() is None:
             return name
     return HOST_BACKEND
@@ -79,6 +80,11 @@ def default_device(names: list[str]) -> str:
 def reading(option: str) -> list[str]:
     """The backends that read a BackendOptions field of their own (nccl_algo, cuda_graph)."""
     return [name for name in REGISTRY if option in _registered(name).reads_options]
+
+
+def device_backends() -> list[str]:
+    """The backends whose buffers live on the GPU when --device is auto."""
+    return [name for name in REGISTRY if _registered(name).default_device == "cuda"]
 
 
 def transports() -> tuple[str, ...]:

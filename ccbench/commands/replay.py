@@ -14,7 +14,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ccbench.backends import HOST_BACKEND
+from ccbench.backends import HOST_BACKEND, backend_names
 from ccbench.bench_options import add_options, check_flags, connect_timeout, method_from
 from ccbench.errors import UsageError
 
@@ -35,8 +35,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="PyTorch execution traces (rank<r>.json, one per rank, or their "
                              "folder) or Chakra traces (<prefix>.<r>.et[.gz])")
     parser.add_argument("--backend", "-B", default=HOST_BACKEND,
-                        help=f"comma list: gloo, mpi, oneccl, <algorithm>@mpi ... (default "
-                             f"{HOST_BACKEND})")
+                        help=f"comma list: {', '.join(backend_names())}, "
+                             f"<algorithm>@<transport> (default {HOST_BACKEND})")
     # the benchmark's options, applied to each call of the trace (fewer iterations by default:
     # a trace has many calls)
     add_options(parser, SHARED_OPTIONS, defaults=REPLAY_DEFAULTS)
