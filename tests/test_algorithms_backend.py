@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from algorithms import REGISTRY, generate
-from ccbench.backends import backend_class
+from ccbench.backends import backend_class, transports
 from ccbench.backends.algorithmic import AlgorithmBackend, AlgorithmSpec, algorithm_backend_class, parse_name
 from ccbench.commands import algorithms as cmd
 from ccbench.errors import UsageError
@@ -29,7 +29,7 @@ def test_names_parse() -> None:
 
 @pytest.mark.parametrize("name,match", [
     ("foo@mpi", r"unknown algorithm 'foo' \(valid: ring, tree"),
-    ("ring@rccl", r"unknown transport 'rccl' \(valid: gloo, mpi, oneccl, nccl, nccl-cupy\)"),
+    ("ring@rccl", rf"unknown transport 'rccl' \(valid: {', '.join(transports())}\)"),
     ("ring:abc@mpi", "malformed size"),
     ("@mpi", "malformed algorithm backend"),
     ("ring@", "malformed algorithm backend"),
