@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ccbench import cli  # noqa: E402
-from ccbench.bench_options import BENCH_OPTIONS, ENV_AXES, env_name  # noqa: E402
+from ccbench.bench_options import BENCH_OPTIONS, ENV_AXES, env_name, run_method_keys  # noqa: E402
 from ccbench.records.schema import SCHEMA, SCHEMA_VERSION, Record  # noqa: E402
 
 README = ROOT / "README.md"
@@ -157,6 +157,11 @@ def records_reference() -> str:
         f"`{SCHEMA}` version {SCHEMA_VERSION}; a reader refuses a version it does not know. "
         "Times are microseconds, bandwidths GB/s (1 GB = 1e9 bytes), sizes bytes.", "",
         *rows, "",
+        "A measurement's records share these `method` entries (`bench_options.method_record`: "
+        "one per method option, under the name it declares, then the run's): "
+        f"{', '.join(f'`{key}`' for key in run_method_keys())}; `iters` and `warmup` there "
+        "are what was asked, the record's `iterations` and `warmup` what ran. Its backend "
+        "adds the settings it reports (`buffers`, `timed_call` ...).", "",
         "`ccbench.load(paths)` gives one pandas row per record: these fields, `time_us` as "
         "`time_<statistic>_us`, `method` and `environment` as `method_<key>` and `env_<key>`, "
         "`hosts` as a comma list.", "",

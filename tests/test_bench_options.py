@@ -197,6 +197,7 @@ assert len(records) == 2 and {r.method["knob"] for r in records} == {4}   # the 
 assert {r.warmup for r in records} == {1} and {r.iterations for r in records} == {2}
 assert "knob" in _RUN_METHOD_KEYS and run_metadata(records[0])["method.knob"] == 4  # identity
 assert ccbench.load("knob.jsonl")["method_knob"].tolist() == [4, 4]      # ccbench.load
+assert "`knob`" in gen_docs.records_reference()                           # records.md
 print("ok")
 """
 
