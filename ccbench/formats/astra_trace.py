@@ -12,10 +12,12 @@ is comparable with its total:
   name none;
 * all-reduce, all-gather, reduce-scatter and all-to-all are COMM_COLL nodes that ASTRA-sim
   runs with its own implementation of the fitted formula (ccbench.formats.astra);
-* ops ASTRA-sim has no implementation for (broadcast, reduce, a barrier) are compute
-  nodes carrying ccbench's predicted time as their duration, rounded to the whole
-  microseconds Chakra stores: ASTRA-sim then adds them as given (the manifest says which,
-  and the expected total includes the rounding);
+* ops ASTRA-sim has no implementation for (broadcast, reduce, a barrier), and all-to-alls
+  priced by the direct formula on more than 2 ranks (ASTRA-sim's direct1 charges alpha
+  p-1 times, and the link latency is the whole run's), are compute nodes carrying
+  ccbench's predicted time as their duration, rounded to the whole microseconds Chakra
+  stores: ASTRA-sim then adds them as given (the manifest says which and why, and the
+  expected total includes the rounding);
 * one set of link parameters per run: the ops' fits must share alpha and beta (and the
   reducing ones gamma); otherwise the export is refused with the fits named.
 """
@@ -58,6 +60,23 @@ def _astra_collective(row: dict[str, Any]) -> str:
     return "alltoall" if row["collective"] == "alltoallv" else row["collective"]
 
 
+#: why an op ASTRA-sim implements is still written as a compute node of its predicted time
+DIRECT_ALLTOALL = ("all-to-all priced by the direct formula (every message at once, one "
+                   "alpha): ASTRA-sim's all-to-all (direct1) charges alpha per step, p-1 "
+                   "times, and its direct shares no link in the congestion-unaware binary; "
+                   "-a alltoall=pairwise runs it natively")
+
+
+def _not_native(row: dict[str, Any], coll: str) -> str:
+    """Why this op, of a collective ASTRA-sim implements, cannot run as its COMM_COLL node
+    with the time simulate --trace gives it ('' when it can). The one network of a run has
+    one latency, so the direct all-to-all's single alpha (which a one-collective export
+    gets by dividing the link latency by p-1) cannot be given to it beside other ops."""
+    if coll == "alltoall" and row["algorithm"] == "direct" and row["group_size"] > 2:
+        return DIRECT_ALLTOALL
+    return ""
+
+
 def _delay_node(node_id: int, name: str, micros: int, row: dict[str, Any], pg: str | None
                 ) -> Any:
     """A compute node ASTRA-sim replays for `micros` (it has no model of this op). Its
@@ -66,7 +85,7 @@ def _delay_node(node_id: int, name: str, micros: int, row: dict[str, Any], pg: s
     node = classes()["Node"](id=node_id, name=name, type=NODE_TYPES["COMP_NODE"],
                              duration_micros=micros)
     node.attr.append(_attr("is_cpu_op", False))
-    node.attr.append(_attr("ccbench_collective", str(row["collective"])))
+    node.attr.append(_attr("ccbench_collective", _astra_collective(row)))
     node.attr.append(_attr("ccbench_size", int(row["size"])))
     if pg is not None:
         node.attr.append(_attr("ccbench_pg_name", pg))
@@ -118,7 +137,8 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
                                                                  "--trace"})
         per_npu_us.append(expected)
     _write_configs(out, groups.ids, dims, impls)
-    delayed = sorted({r["collective"] for r, n in zip(rows, impls.native, strict=True) if not n})
+    delayed = sorted({_astra_collective(r) for r, n in zip(rows, impls.native, strict=True)
+                      if not n})
     manifest: dict[str, Any] = {
         "ranks": ranks, "topology": topology, "trace": pred["trace"],
         "recorded_world_size": pred["recorded_world_size"], "dims": dims,
@@ -127,7 +147,8 @@ def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.Pa
         "workload": {"prefix": str(work), "ops": len(rows),
                      "simulate_total_us": pred["total_us"],
                      "total_us": max(per_npu_us), "per_npu_us": per_npu_us,
-                     "predicted_duration_ops": delayed},
+                     "predicted_duration_ops": delayed,
+                     "predicted_duration_why": {c: impls.why[c] for c in delayed}},
         "not_modelled": pred["not_modelled"], "flags": pred["flags"], "fits": pred["fits"],
         "run": (f"AstraSim_Analytical_Congestion_Unaware --workload-configuration={work} "
                 f"--system-configuration={out / 'system.json'} "
@@ -168,6 +189,7 @@ class _Implementations:
 
     names: dict[str, str] = field(default_factory=dict)
     native: list[bool] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)    # collective -> why not native
     local_mem_bw: float = NO_REDUCTION_COST
 
 
@@ -195,8 +217,11 @@ def _implementations(rows: list[dict[str, Any]], network: str) -> _Implementatio
     reducing_bw: set[float] = set()
     for row in rows:
         coll = _astra_collective(row)
-        if coll not in _ASTRA_KEYS:
+        why = "no ASTRA-sim implementation" if coll not in _ASTRA_KEYS \
+            else _not_native(row, coll)
+        if why:
             out.native.append(False)
+            out.why.setdefault(coll, why)
             continue
         _impl, mult = _implementation(row, rows, coll, network, out.names)
         gamma = row["gamma_s_per_byte"] if coll in REDUCING else 0.0
@@ -293,10 +318,13 @@ def trace_export_lines(manifest: dict[str, Any]) -> list[str]:
         fit = manifest["fits"].get(coll, {})
         lines.append(f"  {coll}: {impl} (formula {fit.get('algorithm')}; "
                      f"{fit.get('fit_choice')})")
-    if w["predicted_duration_ops"]:
-        lines.append(f"  {', '.join(w['predicted_duration_ops'])}: no ASTRA-sim "
-                     f"implementation, written as compute nodes of ccbench's predicted time "
-                     f"(whole us)")
+    why = w.get("predicted_duration_why", {})
+    for reason in dict.fromkeys(why.get(c, "no ASTRA-sim implementation")
+                                for c in w["predicted_duration_ops"]):
+        colls = [c for c in w["predicted_duration_ops"]
+                 if why.get(c, "no ASTRA-sim implementation") == reason]
+        lines.append(f"  {', '.join(colls)}: {reason}; written as compute nodes of ccbench's "
+                     f"predicted time (whole us)")
     for skip in manifest["not_modelled"]:
         lines.append(f"  not exported ({skip['recorded_ops']} recorded ops): {skip['reason']}")
     lines.append(f"  simulate --trace total {w['simulate_total_us']:.2f} us; expected from "
