@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ccbench.errors import RunFailure, UsageError
 from ccbench.records import Record, append_record
@@ -46,10 +47,12 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     watchdog = watchdog_class(store, info.rank, info.world_size, timeout)
     apart = info.launcher == "mpiexec" and hosted_apart()
     watchdog.post_labels = apart
+    watchdog.launcher = info.launcher
     watchdog.rank_states = functools.partial(rank_states, info.launcher, info.world_size,
                                              info.local_world_size)
     watchdog.start()
     shared: BaseException | None = None
+    at_interrupt = _note_interrupt(watchdog)
     try:
         # the others connect within the connect timeout or say why not; rank 0 waits for late
         # ranks (ccbench.run.arrivals) and decides, the others wait for its verdict a little longer
@@ -70,6 +73,11 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
         raise
     except raised_by_every_rank as error:
         shared = error
+    except KeyboardInterrupt:
+        # SIGINT to this rank (or to every rank, from an mpiexec that passes it on): one line,
+        # from the first rank that got it, naming it; the others leave without one
+        raise _interrupted(store, info, at_interrupt.get("label", watchdog.label), apart) \
+            from None
     except BaseException:
         if apart:               # this rank says why (the CLI prints it): the store host must not
             with contextlib.suppress(RunFailure):
@@ -77,6 +85,8 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
         raise
     finally:
         watchdog.stop()
+        if "previous" in at_interrupt:
+            signal.signal(signal.SIGINT, at_interrupt["previous"])
     close_control(store, server, info)
     if shared is not None:
         raise shared
@@ -87,6 +97,37 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     # on 2 cores), and a healthy run must not end killed by this alarm
     signal.alarm(int(timeout) + 25)
     return status
+
+
+def _note_interrupt(watchdog: Watchdog) -> dict[str, Any]:
+    """SIGINT raises KeyboardInterrupt as usual, noting what the rank was doing then (the
+    label changes on the way out, e.g. to the backend's finalisation)."""
+    noted: dict[str, Any] = {}
+
+    def interrupted(_signum: int, _frame: object) -> None:
+        noted.setdefault("label", watchdog.label)
+        raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):          # not the main thread: leave it as it is
+        noted["previous"] = signal.signal(signal.SIGINT, interrupted)
+    return noted
+
+
+class Interrupted(SystemExit):
+    """A rank interrupted after another had said so: it leaves without a line (status 130)."""
+
+
+def _interrupted(store: ControlClient, info: LaunchInfo, label: str, apart: bool
+                 ) -> BaseException:
+    first = True
+    with contextlib.suppress(RunFailure):
+        first = store.add("aborted/interrupted", 1) == 1
+        if apart:                     # the store host of a bare mpiexec must not add a line
+            store.set("aborted", info.rank)
+    if not first:
+        return Interrupted(128 + signal.SIGINT)
+    return RunFailure(f"{label}: rank {info.rank} was interrupted (SIGINT); the run stops "
+                      f"here, records of the sizes before are kept")
 
 
 def close_control(store: ControlClient, server: ControlServer | None, info: LaunchInfo) -> None:

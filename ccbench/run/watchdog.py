@@ -18,6 +18,8 @@ from typing import Any
 from ccbench.errors import RunFailure, error_line
 from ccbench.run.arrivals import LATE_GRACE_S, RankStates
 from ccbench.run.control import ControlClient, StoreLost
+from ccbench.run.stopped import end as end_stopped
+from ccbench.run.stopped import stopped_peers
 from ccbench.run.storehost import LABEL_KEY
 
 __all__ = ["Watchdog"]
@@ -43,6 +45,7 @@ class Watchdog:
         # sees every rank's process running
         self.lenient = False
         self.rank_states: Callable[[], RankStates | None] | None = None
+        self.launcher: str | None = None              # where peers can be seen (stopped ones)
         self.position: tuple[int, int] = (0, 0)     # (case-size step, ops entered in it)
         self.blocked_since: float | None = None
         self.wait_limit: float | None = None          # instead of `timeout`, for one wait
@@ -259,6 +262,7 @@ class Watchdog:
             # this process was stopped long enough for its peers to give up on it: they have
             # said why, and the ranks it would name only left because of it
             self._leave_quietly(store_lost is None)
+        stopped = self._stopped_peers(missing)
         alive = [r for r in range(self.world_size) if r not in missing]
         speaker = alive[0] if alive else self.rank
         if self.rank == speaker:
@@ -268,9 +272,20 @@ class Watchdog:
             print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
                              f"{names or 'unknown'}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(store_lost, missing)
+            end_stopped(stopped)      # else a bare mpiexec or torchrun waits for them
             os._exit(EXIT_HUNG)
         self._giving_up.release()
         self._leave_quietly(store_lost is None)
+
+    def _stopped_peers(self, missing: dict[int, str]) -> dict[int, int]:
+        """The peers on this host whose process is stopped (ccbench.run.stopped): named as
+        such, unless a rank died (that explains the stop), and ended once the line is out."""
+        if self.launcher is None:
+            return {}
+        peers = stopped_peers(self.launcher, self.rank, self.world_size)
+        if not any(why == "dead" or why.startswith("unreachable") for why in missing.values()):
+            missing.update({rank: "stopped" for rank in peers})
+        return peers
 
     def _linger_as_store_host(self, store_lost: StoreLost | None, missing: dict[int, str]
                               ) -> None:

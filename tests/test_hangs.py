@@ -1,0 +1,207 @@
+"""A rank interrupted or stopped mid-run never holds the rest (docs/design/failures.md): the run
+ends with one line naming that rank and leaves no process, under `ccbench launch`, a bare
+mpiexec and torchrun. Waits are bounded (minutes); nothing here asserts a time. The measured
+seconds are printed (`pytest -s`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import MPIEXEC, have_mpi
+from fault_cells import tagged_processes
+
+from ccbench.errors import is_error_line
+from ccbench.records import load_records
+from ccbench.run import procfs
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+BOUND_S = 240            # a run that should end within seconds of the fault is given this long
+# long enough to be mid-run for minutes: the fault comes once the first record is written
+BENCH = ["allreduce", "--sizes", "1K-1M", "--iters", "2000", "--warmup", "2", "-q",
+         "--timeout", "10"]
+
+
+def _start(cmd: list[str], tag: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(cmd, env={**os.environ, "CCBENCH_FAULT_TAG": tag,
+                                      "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _rank_pid(tag: str, rank: int, rank_var: str) -> int:
+    """The rank's own process (the first with its rank variable: not its MPI_Init guard)."""
+    for pid in sorted(tagged_processes(tag)):
+        env = procfs.environ(pid) or {}
+        stat = procfs.stat(pid)
+        parent_env = (procfs.environ(stat[0]) or {}) if stat else {}
+        if env.get(rank_var.encode()) == str(rank).encode() \
+                and rank_var.encode() not in parent_env:
+            return pid
+    raise AssertionError(f"no process of rank {rank}")
+
+
+def _mid_run(out: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 1:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no record within {BOUND_S} s (exit {proc.poll()})")
+
+
+def _end(proc: subprocess.Popen[str], tag: str, since: float) -> tuple[str, list[int]]:
+    """stderr once the run ended (bounded), and the processes it left (none expected)."""
+    try:
+        _, err = proc.communicate(timeout=BOUND_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        err += f"\n(still running {BOUND_S} s after the fault)"
+    deadline = time.monotonic() + 30
+    left = tagged_processes(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = tagged_processes(tag)
+    print(f"\nended {time.monotonic() - since:.1f} s after the fault, exit {proc.returncode}")
+    for pid in tagged_processes(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return err, left
+
+
+def _fault(cmd: list[str], rank_var: str, action: signal.Signals, out: Path,
+           target: str = "rank") -> tuple[subprocess.Popen[str], str, list[int]]:
+    tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
+    proc = _start([*cmd, "--output", str(out)], tag)
+    try:
+        _mid_run(out, proc)
+        victim = proc.pid if target == "launcher" else _rank_pid(tag, 1, rank_var)
+        os.kill(victim, action)
+        since = time.monotonic()
+    finally:
+        if proc.poll() is None and "since" not in locals():
+            proc.kill()
+    err, left = _end(proc, tag, since)
+    return proc, err, left
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if is_error_line(line)]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_sigint_to_one_mpi_rank_under_launch(tmp_path: Path) -> None:
+    """Before: the rank sat in MPI_Finalize for ever, and the launcher, mpiexec and its proxy
+    with it."""
+    out = tmp_path / "r.jsonl"
+    proc, err, left = _fault([sys.executable, "-m", "ccbench", "launch", "-n", "2", *BENCH,
+                              "--backend", "mpi"], "PMI_RANK", signal.SIGINT, out)
+    assert left == [], err[-3000:]
+    assert "rank 1 was interrupted (SIGINT)" in _one_line(err)
+    assert proc.returncode != 0
+    assert load_records(out)                         # the sizes before are kept, whole
+
+
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_a_stopped_rank_under_bare_mpiexec(tmp_path: Path) -> None:
+    """Before: mpiexec, its proxy and the store host waited for the stopped rank for ever."""
+    out = tmp_path / "r.jsonl"
+    proc, err, left = _fault([MPIEXEC, "-n", "2", sys.executable, "-m", "ccbench", *BENCH,
+                              "--backend", "mpi"], "PMI_RANK", signal.SIGSTOP, out)
+    assert left == [], err[-3000:]
+    assert "ranks that did not arrive: 1 (stopped)" in _one_line(err)
+    assert proc.returncode != 0
+
+
+@pytest.mark.matrix
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_sigint_to_a_bare_mpiexec(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    proc, err, left = _fault([MPIEXEC, "-n", "2", sys.executable, "-m", "ccbench", *BENCH,
+                              "--backend", "mpi"], "PMI_RANK", signal.SIGINT, out,
+                             target="launcher")
+    assert left == [], err[-3000:]
+    assert "was interrupted (SIGINT)" in _one_line(err)
+
+
+@pytest.mark.matrix
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_sigint_to_one_ring_rank_under_launch(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    proc, err, left = _fault([sys.executable, "-m", "ccbench", "launch", "-n", "2", *BENCH,
+                              "--backend", "ring@mpi"], "PMI_RANK", signal.SIGINT, out)
+    assert left == [], err[-3000:]
+    assert "rank 1 was interrupted (SIGINT)" in _one_line(err)
+
+
+@pytest.mark.matrix
+def test_a_stopped_rank_under_torchrun(tmp_path: Path) -> None:
+    """Before: torchrun's SIGTERM waited on the stopped rank and its SIGKILL came 30 s later."""
+    out = tmp_path / "r.jsonl"
+    proc, err, left = _fault([TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", *BENCH,
+                              "--backend", "gloo"], "RANK", signal.SIGSTOP, out)
+    assert left == [], err[-3000:]
+    assert "ranks that did not arrive: 1 (stopped)" in _one_line(err)
+
+
+_SIBLING = """
+import time
+print("ready", flush=True)
+time.sleep(600)
+"""
+_SPEAKER = """
+import json, os, subprocess, sys, time
+from ccbench.run.stopped import end, stopped_peers
+print(json.dumps(stopped_peers(sys.argv[1], 0, 3)), flush=True)
+end(stopped_peers(sys.argv[1], 0, 3))
+"""
+_AGENT = """
+import os, signal, subprocess, sys, time
+env = {**os.environ, "TORCHELASTIC_RUN_ID": "run-a"}
+def sibling(**more):
+    proc = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env={**env, **more},
+                            stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()                  # started, with its own environment
+    return proc
+peers = [sibling(RANK=str(r)) for r in (1, 2)]
+other = sibling(RANK="1", TORCHELASTIC_RUN_ID="run-b")
+for proc in (peers[1], other):
+    os.kill(proc.pid, signal.SIGSTOP)
+subprocess.run([sys.executable, "-c", sys.argv[2], "torchrun"], env={**env, "RANK": "0"})
+for proc in (*peers, other):
+    if proc.poll() is None:
+        print("alive", proc.pid, flush=True)
+        os.kill(proc.pid, signal.SIGKILL)
+    else:
+        print("ended", proc.pid, proc.wait(), flush=True)
+    proc.wait()
+print("pids", peers[1].pid, other.pid, flush=True)
+"""
+
+
+def test_the_speaker_ends_only_its_own_runs_stopped_peers() -> None:
+    """The rank that gives up names and ends the peers of its run that are stopped (their
+    parent would wait for them), and nothing else: not a running peer, not a stopped process
+    of another run that shares the parent."""
+    proc = subprocess.run([sys.executable, "-c", _AGENT, _SIBLING, _SPEAKER],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=BOUND_S)
+    lines = proc.stdout.splitlines()
+    stopped, other = (int(pid) for pid in lines[-1].split()[1:])
+    import json
+
+    assert json.loads(lines[0]) == {"2": stopped}, proc.stdout
+    assert f"ended {stopped} -9" in lines, proc.stdout      # the speaker ended it
+    assert f"alive {other}" in lines, proc.stdout             # another run's: left alone
+    assert len([line for line in lines if line.startswith("alive")]) == 2, proc.stdout
