@@ -183,3 +183,46 @@ def test_prediction_at_1024_ranks_is_the_ground_truths(job: Path, tmp_path: Path
                            1024, "fat-tree:1024")
     assert recorded["total_us"] == pytest.approx(truth["total_us"], rel=0.01)
     assert recorded["total_us"] > 0
+
+
+def _op(collective: str, nbytes: int, **extra: Any) -> Any:
+    from ccbench.trace.ops import CommOp
+
+    return CommOp(rank=1, index=0, node_id=7, name=f"c10d::{collective}", collective=collective,
+                  dtype="float32", elsize=4, in_bytes=nbytes,
+                  out_bytes=0 if collective == "send" else nbytes, **extra)
+
+
+def test_a_call_before_the_window_is_never_taken_for_a_traced_one(tmp_path: Path) -> None:
+    """The same all-reduce before the observer started (MAX) and inside the window (SUM):
+    the traced op takes the window's call, its reduction and its time."""
+    from ccbench.formats.named import apply_capture
+
+    before = {"op": "allreduce", "group": [0, 1], "in_bytes": 400, "out_bytes": 400,
+              "reduce_op": "max", "traced": False, "start_us": 1.0, "dur_us": 9.0}
+    inside = {**before, "reduce_op": "sum", "traced": True, "start_us": 50.0, "dur_us": 12.5}
+    op = _op("allreduce", 400)
+    assert apply_capture([op], [before, inside], 2, tmp_path / "c.jsonl") == 1
+    assert (op.op, op.op_source, op.group.ranks, op.dur_us) == ("sum", "named", (0, 1), 12.5)
+
+
+def test_a_message_on_a_sub_group_keeps_its_global_peer(tmp_path: Path) -> None:
+    """A send on the group {1, 3} to its group rank 1: the trace says peer 1, the recording
+    peer 3 (global); the message runs between ranks 1 and 3 on the world."""
+    from ccbench.formats.named import apply_capture
+
+    op = _op("send", 1200, peer=1)
+    entry = {"op": "send", "group": [1, 3], "in_bytes": 1200, "out_bytes": 0, "peer": 3,
+             "traced": True}
+    assert apply_capture([op], [entry], 4, tmp_path / "c.jsonl") == 1
+    assert (op.peer, op.group.ranks, op.group_source) == (3, (0, 1, 2, 3), "named")
+
+
+def test_reductions_are_named_as_ccbench_names_them() -> None:
+    import torch.distributed as dist
+
+    from ccbench.collectives import OPS
+    from ccbench.formats.capture import REDUCTIONS
+
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
+        assert REDUCTIONS[int(getattr(dist.ReduceOp.RedOpType, name))] in OPS
