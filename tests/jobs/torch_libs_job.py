@@ -170,7 +170,9 @@ def object_and_functional(rank: int, world: int) -> None:
     note("broadcast", list(range(world)), torch.int64, 8, 8, "broadcast_object_list", root=1)
     note("broadcast", list(range(world)), torch.uint8, size, size, "broadcast_object_list",
          root=1)
-    out = funcol.all_reduce(torch.ones(700), "sum", dist.group.WORLD)
+    world_group = dist.group.WORLD
+    assert world_group is not None
+    out = funcol.all_reduce(torch.ones(700), "sum", world_group)
     float(out.sum())                  # the result used: waits for it
     note("allreduce", list(range(world)), torch.float32, 2800, 2800, "functional",
          reduce_op="sum")
