@@ -92,7 +92,9 @@ def _groups(rank: int, world: int, tp: object, dp: object) -> None:
     import torch
     import torch.distributed as dist
 
-    act = torch.randn(1024)
+    # each tensor-parallel pair's activations differ in size, so the trace alone tells its
+    # all-reduce from a world call (one the whole world makes alike is read as a world call)
+    act = torch.randn(1024 + 256 * (rank // 2))
     # the data-parallel gradient differs by tensor-parallel rank (an uneven shard)
     grad = torch.randn(4096 + 256 * (rank % 2))
     for _ in range(2):

@@ -52,10 +52,16 @@ def test_process_groups_are_re_tiled_and_priced_per_group(traces4: Path) -> None
     ops = out["ops"]
     tiles = [r for r in ops if r["group_shape"] == "tile"]
     strided = [r for r in ops if r["group_shape"] == "stride"]
-    # tensor-parallel calls of groups [0,1] and [2,3] are one step on 512 pairs
-    assert len(tiles) == 4 and all(r["group_size"] == 2 and r["group_copies"] == 512
-                                   for r in tiles)
-    assert all(sorted(r["recorded_ranks"]) == [0, 1, 2, 3] for r in tiles)
+    # tensor-parallel all-gathers of groups [0,1] and [2,3] are one step on 512 pairs; their
+    # all-reduces (each pair's activations of its own size) one step on the 256 copies of
+    # each pair
+    gathers = [r for r in tiles if r["collective"] == "allgather"]
+    assert len(gathers) == 2 and all(r["group_copies"] == 512 for r in gathers)
+    assert all(sorted(r["recorded_ranks"]) == [0, 1, 2, 3] for r in gathers)
+    reduces = [r for r in tiles if r["collective"] == "allreduce"]
+    assert len(reduces) == 4 and all(r["group_copies"] == 256 for r in reduces)
+    assert sorted(tuple(r["recorded_ranks"]) for r in reduces) == [(0, 1)] * 2 + [(2, 3)] * 2
+    assert all(r["group_size"] == 2 for r in tiles)
     # data-parallel allreduce: even and odd ranks carry different gradients (uneven shard)
     assert {r["group_size"] for r in strided} == {512} and len(strided) == 4
     sizes = {tuple(r["recorded_ranks"]): r["size"] for r in strided}

@@ -13,6 +13,7 @@ import argparse
 import os
 
 from ccbench.errors import UsageError
+from ccbench.formats.group_options import add_group_options
 
 __all__ = ["register", "main"]
 
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     astra.add_argument("--trace", nargs="+", default=None, metavar="TRACE",
                        help="write the Chakra workload of this trace's communication (as "
                             "simulate --trace predicts it at --ranks), with comm groups")
+    add_group_options(astra, "--trace")
     astra.add_argument("--sizes", "-s", default=None, help="sizes of the workload's nodes")
     astra.add_argument("--backend", default=None,
                         help="use the fits of this backend, library or backend/library "
@@ -56,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _trace(args: argparse.Namespace) -> int:
     from ccbench.formats import load_trace
     from ccbench.formats.astra_trace import export_astra_trace, trace_export_lines
+    from ccbench.formats.group_options import group_settings
     from ccbench.model.modelfile import load_model
     from ccbench.model.simulate import LinkOverrides
     from ccbench.model.tracesim import parse_algorithms
@@ -71,7 +74,8 @@ def _trace(args: argparse.Namespace) -> int:
         inter_alpha=None if args.inter_alpha_us is None else args.inter_alpha_us * 1e-6,
         inter_beta=None if args.inter_bw is None else 1 / (args.inter_bw * 1e9),
         intra_beta=None if args.intra_bw is None else 1 / (args.intra_bw * 1e9))
-    manifest = export_astra_trace(load_model(args.model), load_trace(args.trace), args.output,
+    trace = load_trace(args.trace, group_settings=group_settings(args))
+    manifest = export_astra_trace(load_model(args.model), trace, args.output,
                                   args.ranks, args.topology, args.backend, args.prefix, links,
                                   parse_algorithms(args.algorithm or ""))
     for line in trace_export_lines(manifest):
@@ -92,6 +96,9 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--intra-bw must be > 0, got {args.intra_bw}")
         if args.trace:
             return _trace(args)
+        if args.group or args.groups_file:
+            raise UsageError("--group and --groups-file settle a trace's process groups: give "
+                             "--trace")
         if args.inter_bw is not None or args.inter_alpha_us is not None:
             raise UsageError("--inter-bw and --inter-alpha-us are for --trace exports")
         collective = canonical_collective(args.collective) if args.collective else None

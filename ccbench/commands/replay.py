@@ -20,6 +20,7 @@ from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
     from ccbench.run.supervisor import LaunchPlan
+from ccbench.formats.group_options import add_group_options
 
 __all__ = ["register", "main", "launch_plan"]
 
@@ -49,12 +50,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=None,
                         help="replay at this many ranks (data-parallel sizes kept per rank, "
                              "groups re-tiled)")
-    parser.add_argument("--group", action="append", default=[], metavar="NODE=RANKS",
-                        help="settle an op's process group: NODE_ID=0,2 (that node id on each "
-                             "listed rank) or RANK:NODE_ID=0,2; repeatable")
-    parser.add_argument("--groups-file", default=None,
-                        help="JSON {\"NODE\": [ranks], \"RANK:NODE\": [ranks]}: --group "
-                             "entries from a file")
+    add_group_options(parser)
     parser.add_argument("--output", "-O", default=None,
                         help="append one record per measured call to this file (JSON lines)")
     parser.add_argument("--summary", default=None, help="write the per-trace summary (JSON)")
@@ -105,10 +101,10 @@ def launch_plan(argv: list[str], nprocs: int | None = None) -> LaunchPlan:
 
 def _load(args: argparse.Namespace, readers: int = 1) -> Any:
     from ccbench.formats import load_trace
+    from ccbench.formats.group_options import group_settings
     from ccbench.formats.load import require_communication
-    from ccbench.formats.named import parse_group_settings
 
-    trace = load_trace(args.traces, readers, parse_group_settings(args.group, args.groups_file))
+    trace = load_trace(args.traces, readers, group_settings(args))
     require_communication(trace)
     if args.world_size is not None and args.world_size != trace.world_size:
         from ccbench.trace.scale import rescale
@@ -118,6 +114,19 @@ def _load(args: argparse.Namespace, readers: int = 1) -> Any:
         raise UsageError(f"--sequence gaps: {trace.paths[0]} has no op timings (PyTorch "
                          f"execution traces carry none; Chakra traces do)")
     return trace
+
+
+def _uncertain(summary: dict[str, Any], results: list[Any]) -> None:
+    """The measured calls whose process group the trace leaves open: how much of the sum
+    they are (what a wrong reading of them can move), said in a line and in the summary."""
+    times = [r.time_us for r in results if r.group_source == "ambiguous" and r.time_us]
+    summary["uncertain_calls"], summary["uncertain_time_us"] = len(times), sum(times)
+    total = summary.get("total_time_us") or 0.0
+    if times and total:
+        print(f"#   uncertain: {len(times)} calls' process groups are not in the trace (read "
+              f"as world calls where every rank makes them alike): {sum(times):.1f} of the "
+              f"{total:.1f} us ({sum(times) / total:.0%}); settle them with --group or a "
+              f"capture file")
 
 
 def _report(config: Any, collected: list[dict[str, Any]]) -> None:
@@ -150,6 +159,7 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
             print(f"#   whole sequence ({config.sequence}), measured: median of "
                   f"{len(item['sequence_us'])} passes, each the slowest rank's: "
                   f"{summary['sequence_median_us']:.1f} us")
+        _uncertain(summary, item["results"])
         totals[str(meta.get("backend"))] = summary["total_time_us"]
         out["backends"].append({**meta, "summary": summary,
                                 "ops": [r.to_dict() for r in item["results"]]})

@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ccbench.errors import UsageError
+from ccbench.formats.group_options import add_group_options
 from ccbench.units import size_label
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace", nargs="+", default=None, metavar="TRACE",
                         help="predict this trace's communication instead: PyTorch execution "
                              "traces (rank<r>.json or their folder) or Chakra <prefix>.<r>.et")
+    add_group_options(parser, "--trace")
     parser.add_argument("--ranks", "-p", type=int, default=None,
                         help="rank count (default: the one in --topology)")
     parser.add_argument("--topology", "-t", default="switch",
@@ -191,6 +193,14 @@ def _print_trace(out: dict) -> None:
               f"{entry['time_us']:.1f} us ({share:.0%})")
     for skip in out["not_modelled"]:
         print(f"# not modelled ({skip['recorded_ops']} recorded ops): {skip['reason']}")
+    other = out.get("other_reading")
+    if other is not None:
+        low, high = sorted((out["total_us"], other["total_us"]))
+        print(f"# uncertain: {out['uncertain_calls']} calls' process groups are not in the "
+              f"trace; read as above (a call every rank makes alike on the world): total "
+              f"{out['total_us']:.1f} us; with them on the smallest groups that fit: "
+              f"{other['total_us']:.1f} us ({other['ops']} ops). The prediction lies in "
+              f"{low:.1f}-{high:.1f} us; settle them with --group or a capture file")
     for note in out["notes"]:
         print(f"# note: {note}")
     for warning in out["warnings"]:
@@ -199,6 +209,7 @@ def _print_trace(out: dict) -> None:
 
 def _main_trace(args: argparse.Namespace) -> int:
     from ccbench.formats import load_trace
+    from ccbench.formats.group_options import group_settings
     from ccbench.model.modelfile import load_model
     from ccbench.model.progress import StderrProgress
     from ccbench.model.tracesim import parse_algorithms, simulate_trace
@@ -212,7 +223,7 @@ def _main_trace(args: argparse.Namespace) -> int:
         raise UsageError("--segments, --sizes and --output are for one collective; with "
                          "--trace each op is priced at its own size")
     model = load_model(args.model)
-    trace = load_trace(args.trace)
+    trace = load_trace(args.trace, group_settings=group_settings(args))
     ranks = args.ranks if args.ranks is not None else _ranks_from_topology(args.topology)
     progress = StderrProgress()
     try:
@@ -236,6 +247,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.trace:
         return _main_trace(args)
+    if args.group or args.groups_file:
+        raise UsageError("--group and --groups-file settle a trace's process groups: give "
+                         "--trace")
     if args.collective is None:
         raise UsageError("give a collective (or all), or --trace TRACE")
     collectives = _collectives(args.collective)

@@ -10,7 +10,7 @@ from ccbench.errors import UsageError
 from ccbench.formats.chakra_et import parse_chakra_et, read_comm_groups
 from ccbench.formats.pytorch_et import parse_pytorch_et, read_json
 from ccbench.safeio import check_memory, scaled_size
-from ccbench.trace.groups import match_calls
+from ccbench.trace.groups import global_peers, match_calls
 from ccbench.trace.ops import CommOp, Group, Trace, TraceError
 
 __all__ = ["load_trace", "rank_files", "require_communication"]
@@ -173,10 +173,13 @@ def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1,
     declared.append({op.group.name: op.group for rank_ops in ops for op in rank_ops
                      if op.group is not None})
     groups = _merge_groups(declared, world, files[0])
+    if kind == "pytorch-et":          # its send/recv peers are ranks of their groups
+        global_peers(ops, groups)
     _canonical_groups(ops, groups)
     trace = Trace(kind=kind, paths=[str(p) for p in files], world_size=world, ops=ops,
                   groups=groups, schema=schema)
     match_calls(ops, groups)
+    trace.candidates = groups
     used = {op.group for op in trace.all_ops() if op.group is not None}
     trace.groups = [g for g in groups if g in used] or groups[:1]
     _notes(trace, captured)

@@ -41,6 +41,7 @@ from ccbench.model.rounds import Round, RoundProgram, round_program
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.simulate import LinkOverrides, _params
 from ccbench.model.topology import LinkClass, Topology, build_topology
+from ccbench.trace.groups import other_reading, uncertain_calls
 from ccbench.trace.ops import CommOp, Group, Trace
 from ccbench.trace.scale import resize_op, retile_group
 
@@ -352,10 +353,13 @@ def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: st
                    fidelity: str = "analytical", sharing: str = "max-min",
                    backend: str | None = None, links: LinkOverrides | None = None,
                    progress: Callable[[str, int, int], None] | None = None,
-                   algorithms: dict[str, str] | None = None) -> dict[str, Any]:
+                   algorithms: dict[str, str] | None = None,
+                   both_readings: bool = True) -> dict[str, Any]:
     """Every op's predicted time at `ranks` ranks on `topology`, the per-rank and total
     communication time, the fits used and what could not be priced. `algorithms` replaces
-    the fitted formula of a collective ({"allreduce": "ring"})."""
+    the fitted formula of a collective ({"allreduce": "ring"}). Where the trace leaves some
+    calls' groups open, `other_reading` is the total with them read on the smallest groups
+    that fit (ccbench.trace.groups.other_reading): the two totals bound the prediction."""
     if fidelity not in TRACE_FIDELITIES:
         raise UsageError(f"unknown fidelity {fidelity!r} for a trace "
                          f"(valid: {', '.join(TRACE_FIDELITIES)})")
@@ -400,4 +404,23 @@ def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: st
             "not_modelled": [{"reason": why, "recorded_ops": n}
                              for why, n in sorted(skipped.items())],
             "flags": flags, "notes": list(trace.notes),
-            "warnings": mapping_warnings(trace, ranks)}
+            "warnings": mapping_warnings(trace, ranks),
+            "uncertain_calls": uncertain_calls(trace),
+            "other_reading": _other_reading(trace, both_readings, model, ranks, topology,
+                                            fidelity, sharing, backend, links, algorithms)}
+
+
+def _other_reading(trace: Trace, wanted: bool, model: dict[str, Any], ranks: int,
+                   topology: str, fidelity: str, sharing: str, backend: str | None,
+                   links: LinkOverrides | None, algorithms: dict[str, str] | None
+                   ) -> dict[str, Any] | None:
+    """The prediction's total with the uncertain calls on the smallest groups that fit."""
+    other = other_reading(trace) if wanted else None
+    if other is None:
+        return None
+    out = simulate_trace(model, other, ranks, topology, fidelity, sharing, backend, links,
+                         None, algorithms, both_readings=False)
+    calls = {op.call for op in other.all_ops() if op.group_source == "ambiguous"}
+    return {"total_us": out["total_us"], "slowest_rank": out["slowest_rank"],
+            "calls": len(calls), "ops": len(out["ops"]),
+            "reading": "the uncertain calls on the smallest groups that fit"}

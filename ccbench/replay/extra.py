@@ -57,6 +57,15 @@ def _wrong(got: np.ndarray, want: np.ndarray) -> int:
     return int(np.count_nonzero(got.view(np.uint8) != want.view(np.uint8)))
 
 
+def _library_peer(op: CommOp) -> int:
+    """The peer as the op's communicator numbers it: ops hold global ranks (the trace's
+    reader translates a PyTorch trace's group ranks), a sub-communicator its own."""
+    assert op.peer is not None
+    if op.group is not None and op.peer in op.group.ranks:
+        return op.group.local(op.peer)
+    return op.peer
+
+
 def _p2p(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str:
     if op.peer is None or op.peer < 0:
         return f"{op.collective} from any source: the peer is not in the trace"
@@ -69,12 +78,12 @@ def _p2p(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str
     src, dst = (rank, op.peer) if op.collective == "send" else (op.peer, rank)
     want = _pattern(src, dst, count, dtype)
     buf = sub.alloc(count, dtype)
-    peer = op.peer
+    peer, members = _library_peer(op), tuple(sorted((rank, op.peer)))
     if op.collective == "send":
         sub.copy_from_numpy(buf, want)
-        return ExtraCall(lambda: send(buf, peer), lambda: 0, tuple(sorted((rank, peer))), count)
+        return ExtraCall(lambda: send(buf, peer), lambda: 0, members, count)
     return ExtraCall(lambda: recv(buf, peer), lambda: _wrong(sub.to_numpy(buf), want),
-                     tuple(sorted((rank, peer))), count)
+                     members, count)
 
 
 def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
@@ -97,7 +106,8 @@ def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
         src, dst = (rank, op.peer) if op.collective == "send" else (op.peer, rank)
         want = _pattern(src, dst, count, dtype)
         buf = np.array(want) if op.collective == "send" else np.zeros_like(want)
-        (sends if op.collective == "send" else recvs).append((buf.view(np.uint8), op.peer, 0))
+        (sends if op.collective == "send" else recvs).append((buf.view(np.uint8),
+                                                              _library_peer(op), 0))
         if op.collective == "recv":
             checks.append((buf, want))
     members = tuple(sorted({rank, *(op.peer for op in ops if op.peer is not None)}))

@@ -4,12 +4,15 @@ A collective call is one op on every rank of its group, at the same place in eac
 sequence of calls on that group. NCCL traces name the group of each op; gloo traces do not,
 so the group is found here: the ranks are walked forward together and each op is matched with
 the ops its group's other members have next, trying the candidate groups (those the trace
-declares, that contain the rank and whose size the op's buffers divide by) smallest first.
-An op whose group the trace (or a capture file, or the user) names keeps it
-(op.group_source = "named"); one matched to the only group that fitted is "inferred"; one
-where another group was ready as well is "ambiguous": the first consistent assignment is
-kept, and the op says so. Where no assignment is consistent, the ranks' sequences disagree
-and the trace is refused.
+declares, that contain the rank and whose size the op's buffers divide by). A call that
+every rank of the world makes next, alike, is read as one world call unless a smaller group
+fits strictly better (the rank's same op ran on that group before, or the world is not
+ready: the ranks' next ops differ); otherwise the smallest group first (`prefer="small"`
+reads every call so: the other reading of the uncertain ones). An op whose group the trace
+(or a capture file, or the user) names keeps it (op.group_source = "named"); one matched to
+the only group that fitted is "inferred"; one where another group was ready as well is
+"ambiguous": the first consistent assignment is kept, and the op says so. Where no
+assignment is consistent, the ranks' sequences disagree and the trace is refused.
 
 Point-to-point ops are matched as exchanges: a run of consecutive sends and receives on a
 rank (isend/irecv posted together, a ring step, a pipeline hand-off, batch_isend_irecv) is
@@ -21,9 +24,11 @@ a set, ops are paired one at a time, in order.
 
 from __future__ import annotations
 
-from ccbench.trace.ops import CommOp, Group, TraceError
+import dataclasses
 
-__all__ = ["match_calls"]
+from ccbench.trace.ops import CommOp, Group, Trace, TraceError
+
+__all__ = ["global_peers", "match_calls", "other_reading", "uncertain_calls"]
 
 _MAX_STEPS = 200_000       # backtracking budget; real traces need one step per call
 _P2P = ("send", "recv")
@@ -105,9 +110,11 @@ def _op_count(move: Move) -> int:
 
 
 class _Matcher:
-    def __init__(self, ops: list[list[CommOp]], groups: list[Group]) -> None:
+    def __init__(self, ops: list[list[CommOp]], groups: list[Group],
+                 prefer: str = "world") -> None:
         self.ops = ops
         self.world = Group(groups[0].name, tuple(range(len(ops))))
+        self.prefer_world = prefer == "world"
         self.cands = [[_candidates(op, groups, self.world) for op in rank_ops]
                       for rank_ops in ops]
         # (rank, op signature) -> groups it ran on so far: a training loop repeats an op
@@ -181,29 +188,43 @@ class _Matcher:
         return group, group.ranks, (tuple((m, pos[m]) for m in group.ranks),)
 
     def _moves(self, pos: list[int]) -> list[Move]:
-        """Calls that can happen next: (group, members) whose next ops all agree. A rank
-        whose op ran on a known group before waits for that group rather than taking
-        another; other groups are kept as the fallback a dead end backtracks to."""
-        fallback: list[Move] = []
+        """Calls that can happen next: (group, members) whose next ops all agree. Sends and
+        receives first (they settle no group). A rank whose op ran on a known group before
+        waits for that group rather than taking another; reading world calls first (see the
+        module doc), a rank whose op the world could take does not take a smaller group
+        while another rank can still move: the ranks behind may catch up and make it a
+        world call. Other groups are kept as the fallback a dead end backtracks to."""
         for rank, rank_ops in enumerate(self.ops):
-            if pos[rank] >= len(rank_ops):
-                continue
-            op = rank_ops[pos[rank]]
-            if op.collective in ("send", "recv"):
+            if pos[rank] < len(rank_ops) and rank_ops[pos[rank]].collective in _P2P:
                 moves = self._p2p(pos, rank)
                 if moves:
                     return moves
+        later: list[Move] = []
+        fallback: list[Move] = []
+        for rank, rank_ops in enumerate(self.ops):
+            if pos[rank] >= len(rank_ops) or rank_ops[pos[rank]].collective in _P2P:
                 continue
+            op = rank_ops[pos[rank]]
             before = self.history.get((rank, _signature(op)))
             ready = [g for g in self.cands[rank][pos[rank]] if self._ready(pos, rank, g)]
+            if self.prefer_world:       # every rank makes it next, alike: one world call
+                ready.sort(key=lambda g: g.size != self.world.size)
             if before and before[-1] in ready:
                 return [self._collective(before[-1], pos)] + \
                     [self._collective(g, pos) for g in ready if g != before[-1]]
             if ready and not before:
-                return [self._collective(g, pos) for g in ready]
+                waits = self.prefer_world and ready[0] != self.world \
+                    and self.world in self.cands[rank][pos[rank]]
+                if not waits:
+                    return [self._collective(g, pos) for g in ready]
+                later.extend(self._collective(g, pos) for g in ready
+                             if all(g != f[0] for f in later))
+                continue
             fallback.extend(self._collective(g, pos) for g in ready
                             if all(g != f[0] for f in fallback))
-        return fallback
+        # the calls of the ranks furthest behind first: the others wait for them
+        later.sort(key=lambda move: max(i for _, i in move[2][0]))
+        return later + [f for f in fallback if all(f[0] != m[0] for m in later)]
 
     def _apply(self, pos: list[int], move: Move, step: int) -> None:
         """step +1: make the move's calls; -1: undo them."""
@@ -266,10 +287,11 @@ class _Matcher:
                                     f"op; {others}", op.node_id)
 
 
-def match_calls(ops: list[list[CommOp]], groups: list[Group]) -> int:
+def match_calls(ops: list[list[CommOp]], groups: list[Group], prefer: str = "world") -> int:
     """Give every op its group and call number (in place); returns the number of calls.
-    `groups` starts with the world group."""
-    matcher = _Matcher(ops, groups)
+    `groups` starts with the world group; `prefer` ("world" or "small") which group a call
+    that fits several is read on (see the module doc)."""
+    matcher = _Matcher(ops, groups, prefer)
     path = matcher.run()
     keys = [{_call_key(op) for op in rank_ops} for rank_ops in ops]
     call = 0
@@ -296,3 +318,80 @@ def _settle(op: CommOp, group: Group, call: int, exchange: int, unsure: bool) ->
         elif op.collective == "reduce-scatter":
             op.out_bytes = op.in_bytes // op.group.size
     op.call, op.exchange = call, exchange
+
+
+def _peer_candidates(op: CommOp, groups: list[Group]) -> list[int]:
+    """The global ranks a send's or recv's group-local peer can be: rank `peer` of each
+    group of the op's rank (the world first), never the rank itself."""
+    assert op.peer is not None
+    found: list[int] = []
+    for group in groups:
+        if op.rank in group.ranks and op.peer < group.size:
+            peer = group.ranks[op.peer]
+            if peer != op.rank and peer not in found:
+                found.append(peer)
+    if not found:
+        raise TraceError(op.source, f"{op.collective} peer {op.peer} (a rank of the call's "
+                                    f"process group) is no other rank of any group of rank "
+                                    f"{op.rank}", op.node_id)
+    return found
+
+
+def global_peers(ops: list[list[CommOp]], groups: list[Group]) -> None:
+    """A PyTorch trace stores a send's or recv's peer as a rank of the call's process group,
+    which a gloo trace does not name: make every peer a global rank (in place). An op whose
+    group is named (a capture file, --group) is translated by it; otherwise each group of the
+    rank that has such a rank gives a candidate, and the candidates whose own ops hold the
+    other half (a recv from this rank, of the same size, for a send) are kept. Where several
+    remain, the world's reading is taken and the op is marked ambiguous."""
+    world = groups[0]
+    cands: dict[tuple[int, int], list[int]] = {}
+    for op in (op for rank_ops in ops for op in rank_ops):
+        if op.collective not in _P2P or op.peer is None or op.peer < 0:
+            continue
+        if op.group is not None:
+            if op.peer >= op.group.size:
+                raise TraceError(op.source, f"{op.collective} peer {op.peer} is not a rank of "
+                                            f"its group {list(op.group.ranks)}", op.node_id)
+            op.peer = op.group.ranks[op.peer]
+            continue
+        cands[(op.rank, op.index)] = _peer_candidates(op, groups)
+    # (rank, kind, size, peer) of every half a rank holds, under each reading of its peer
+    halves = {(r, ops[r][i].collective, ops[r][i].size, p) for (r, i), found in cands.items()
+              for p in found}
+    halves |= {(op.rank, op.collective, op.size, op.peer) for rank_ops in ops for op in rank_ops
+               if op.collective in _P2P and op.peer is not None
+               and (op.rank, op.index) not in cands}
+    for (rank, index), found in cands.items():
+        op = ops[rank][index]
+        want = "recv" if op.collective == "send" else "send"
+        fits = [p for p in found if (p, want, op.size, rank) in halves] or found
+        local, op.peer = op.peer, fits[0]
+        if len(fits) > 1:
+            op.group, op.group_source = world, "ambiguous"
+            op.notes.append(f"peer {local} of an unnamed process group: global ranks {fits} "
+                            f"fit, read as {fits[0]}")
+
+
+def uncertain_calls(trace: Trace) -> int:
+    """How many calls' groups the trace leaves open (group_source 'ambiguous')."""
+    return len({op.call for op in trace.all_ops() if op.group_source == "ambiguous"})
+
+
+def other_reading(trace: Trace) -> Trace | None:
+    """The trace with every group it does not name read on the smallest group that fits
+    (match_calls' prefer="small"), where the trace leaves some call's group open; else None.
+    The two readings bound what the uncertain calls cost."""
+    if not uncertain_calls(trace) or not trace.candidates:
+        return None
+    def unsettled(op: CommOp) -> CommOp:
+        named = op.group_source == "named"
+        return dataclasses.replace(op, notes=list(op.notes), call=-1, exchange=-1,
+                                   group=op.group if named else None,
+                                   group_source=op.group_source if named else "")
+
+    ops = [[unsettled(op) for op in rank_ops] for rank_ops in trace.ops]
+    match_calls(ops, trace.candidates, prefer="small")
+    used = {op.group for rank_ops in ops for op in rank_ops if op.group is not None}
+    return dataclasses.replace(trace, ops=ops, notes=list(trace.notes),
+                               groups=[g for g in trace.candidates if g in used])

@@ -103,6 +103,8 @@ class Trace:
     world_size: int
     ops: list[list[CommOp]]                # ops[rank] = that rank's comm ops
     groups: list[Group]                    # every group an op runs on (the world first)
+    # every group an op could run on (the world first): the trace's, the capture's, the user's
+    candidates: list[Group] = field(default_factory=list)
     schema: str = ""
     notes: list[str] = field(default_factory=list)
 
