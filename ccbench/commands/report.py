@@ -35,10 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a case measured in several runs: pool their iterations "
                              "(default), show each run as a series, or only the latest")
     parser.add_argument("--formats", default="png",
-                        help="figure formats, a comma list of png, svg, pdf (png always)")
+                        help="figure formats, a comma list of png, svg, pdf (default png; png "
+                             "always)")
     parser.add_argument("--paper", choices=("single", "double", "slides"), default="double",
                         help="the width every figure is laid out for: a single column "
-                             "(3.3 in), a double column (7 in) or a slide (10 in)")
+                             "(3.3 in), a double column (7 in, the default) or a slide (10 in)")
 
 
 def main(args: argparse.Namespace) -> int:
