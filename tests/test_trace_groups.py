@@ -73,6 +73,10 @@ def test_the_other_reading_puts_them_on_the_smallest_groups(tmp_path: Path) -> N
     assert out["uncertain_calls"] == 4 and alt["other_reading"] is None
     assert out["other_reading"]["total_us"] == pytest.approx(alt["total_us"], rel=1e-12)
     assert out["other_reading"]["total_us"] < out["total_us"]
+    # which ops: flagged where they are priced
+    flagged = [r["node_id"] for r in out["ops"] if any("group uncertain" in f
+                                                       for f in r["flags"])]
+    assert flagged == [10, 14, 16, 20]
 
 
 def test_odd_world_lockstep_call_is_one_world_call(tmp_path: Path) -> None:

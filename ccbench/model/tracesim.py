@@ -48,6 +48,9 @@ from ccbench.trace.scale import resize_op, retile_group
 __all__ = ["TraceOp", "parse_algorithms", "plan_trace", "simulate_trace", "TRACE_FIDELITIES"]
 
 TRACE_FIDELITIES = ("analytical", "replay")
+#: the flag of an op whose group the trace leaves open (ccbench.trace.groups)
+UNCERTAIN = ("group uncertain: the trace does not name it and a smaller group fits too "
+             "(other_reading prices that reading)")
 #: collectives priced with another collective's formula, and how
 _STAND_IN = {"barrier": ("allreduce", "barrier: a zero-byte allreduce (latency steps only)"),
              "alltoallv": ("alltoall", "alltoallv: priced as the even all-to-all of its largest "
@@ -73,6 +76,7 @@ class TraceOp:
     recorded_group: list[int]        # its group in the recorded trace (first call)
     table: np.ndarray = field(repr=False)   # (copies, group_size) ranks of every active copy
     async_op: bool = False
+    uncertain: bool = False          # the trace does not name its group and another fits
 
     @property
     def copies(self) -> int:
@@ -153,6 +157,7 @@ def plan_trace(trace: Trace, ranks: int) -> tuple[list[TraceOp], dict[str, int]]
                 recorded_group=list(first.group.ranks), table=np.zeros((0, 0), np.int64),
                 async_op=first.async_op)
         step.calls.append(call)
+        step.uncertain |= any(o.group_source == "ambiguous" for o in members)
         step.recorded_ranks = sorted(set(step.recorded_ranks) | {o.rank for o in live})
     ops = sorted(merged.values(), key=lambda s: s.calls[0])
     for i, step in enumerate(ops):
@@ -374,6 +379,8 @@ def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: st
     per_rank = dict.fromkeys(range(min(trace.world_size, ranks)), 0.0)
     for op in ops:
         priced = pricer.price(op, progress)
+        if op.uncertain:
+            priced["flags"] = [*priced["flags"], UNCERTAIN]
         for r in op.recorded_ranks:
             per_rank[r] += priced["time_us"]
         first = op.table[0]
