@@ -235,29 +235,38 @@ def _colour_bar(fig: Any, ax: Any, image: Any, label: str, grid: Any, k: int) ->
 
 
 def diagnose_figures(records: Sequence[Any], directory: str | Path,
-                     formats: Sequence[str] = ("png",), paper: str = "double") -> list[Path]:
-    """diagnose-<run id> per diagnose run; returns the files."""
-    from ccbench.report.paper import METADATA, PAPERS
+                     formats: Sequence[str] = ("png",), paper: str = "double",
+                     workers: int | None = None) -> list[Path]:
+    """diagnose-<run id> per diagnose run, drawn in worker processes; returns the files."""
+    from ccbench.report import parallel_map
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[Any]] = {}
     for r in records:
         runs.setdefault(r.run_id, []).append(r)
-    written: list[Path] = []
-    for run_id, mine in sorted(runs.items()):
-        names, measures, expect = measures_of(mine)
-        if len(names) < 2 or not measures:
-            continue
-        findings = recorded_findings(mine)
-        recomputed = findings is None
-        if findings is None:
-            findings = analyse(measures, expect, names, leaves=leaves_of(mine, names))
-        first = min(r.timestamp for r in mine)
-        fig = _figure(names, measures, findings, f"diagnose {run_id[:12]}: {len(names)} hosts, "
-                      f"{mine[0].backend}, {first[:16].replace('T', ' ')}", paper, recomputed)
-        for fmt in formats:
-            path = directory / f"diagnose-{run_id}.{fmt}"
-            fig.savefig(path, dpi=PAPERS[paper].dpi, metadata=METADATA[fmt])
-            written.append(path)
+    calls = [(run_id, mine, directory, tuple(formats), paper)
+             for run_id, mine in sorted(runs.items())]
+    return [path for paths in parallel_map(_run_figure, calls, workers) for path in paths]
+
+
+def _run_figure(run_id: str, mine: list[Any], directory: Path, formats: tuple[str, ...],
+                paper: str) -> list[Path]:
+    from ccbench.report.paper import METADATA, PAPERS
+
+    names, measures, expect = measures_of(mine)
+    if len(names) < 2 or not measures:
+        return []
+    findings = recorded_findings(mine)
+    recomputed = findings is None
+    if findings is None:
+        findings = analyse(measures, expect, names, leaves=leaves_of(mine, names))
+    first = min(r.timestamp for r in mine)
+    fig = _figure(names, measures, findings, f"diagnose {run_id[:12]}: {len(names)} hosts, "
+                  f"{mine[0].backend}, {first[:16].replace('T', ' ')}", paper, recomputed)
+    written = []
+    for fmt in formats:
+        path = directory / f"diagnose-{run_id}.{fmt}"
+        fig.savefig(path, dpi=PAPERS[paper].dpi, metadata=METADATA[fmt])
+        written.append(path)
     return written

@@ -376,9 +376,40 @@ def _too_wide(title: str, grid: Grid) -> bool:
     return len(title) * grid.paper.font * 0.64 / 72 > grid.panel_w
 
 
+def _spread_matrix(sub, name: str, collectives: list[str], world_size: int):
+    """One series' ratios: a block of world_size rows per collective (and a blank row
+    between blocks), a column per size any of them measured; None where none has per-rank
+    medians."""
+    import numpy as np
+
+    mine = sub[sub["series"] == name]
+    sizes = sorted(int(s) for s in mine["size"].unique())
+    column = {s: i for i, s in enumerate(sizes)}
+    blocks = []
+    for coll in collectives:
+        data = mine[mine["collective"] == coll]
+        if data.empty:
+            continue
+        data, _ = _preferred_mode(data)
+        block = np.full((world_size, len(sizes)), np.nan)
+        for size, ranks in zip(data["size"], data["rank_median_us"], strict=True):
+            if len(ranks) == world_size and min(ranks) > 0:
+                block[:, column[int(size)]] = np.asarray(ranks, float) / min(ranks)
+        if np.isfinite(block).any():
+            blocks.append((coll, block))
+    if not blocks:
+        return None
+    rows = []
+    for k, (_, block) in enumerate(blocks):
+        if k:
+            rows.append(np.full((1, len(sizes)), np.nan))
+        rows.append(block)
+    return [c for c, _ in blocks], np.clip(np.vstack(rows), 1.0, 4.0), sizes
+
+
 def rank_spread_figure(frame, world_size: int, paper: Paper) -> list:
     """Straggler view: each rank's median time over the fastest rank's, per size; a panel
-    per (series, collective)."""
+    per series, a block of rows (its ranks) per collective."""
     import numpy as np
 
     sub = frame[frame["world_size"] == world_size]
@@ -386,24 +417,16 @@ def rank_spread_figure(frame, world_size: int, paper: Paper) -> list:
     rank = {k: i for i, k in enumerate(style.PALETTE)}
     keys = dict(zip(sub["series"], sub["colour_key"], strict=False))
     series = sorted(_unique(sub["series"]), key=lambda s: (rank.get(keys[s], len(rank)), s))
-    cells = []
-    for name in series:
-        for coll in collectives:
-            data = sub[(sub["series"] == name) & (sub["collective"] == coll)]
-            if data.empty:
-                continue
-            data, _ = _preferred_mode(data)
-            data = data.sort_values("size")
-            rows = [r for r in data["rank_median_us"] if len(r) == world_size]
-            if len(rows) == len(data) and rows:
-                cells.append((name, coll, np.array(rows, dtype=float).T, data["size"].tolist()))
-    height = max(0.7, 0.14 * world_size + 0.35)
-    grids = Grid.plan(paper, max(1, len(cells)), header=0, legend_rows=0, left_chars=2,
-                      gap_chars=2, panel_h=height, footer_in=0.5, titled=2,
-                      rows_of=len(collectives) if len(cells) == len(series) * len(collectives)
-                      else None)
+    cells = [(name, m) for name in series
+             if (m := _spread_matrix(sub, name, collectives, world_size)) is not None]
+    rows = max((len(m[1]) for _, m in cells), default=1)
+    height = max(1.0, 0.035 * rows + 0.3, 0.13 * len(collectives))
+    label_chars = max((len(c) for c in collectives), default=4)
+    grids = Grid.plan(paper, max(1, len(cells)), header=0, legend_rows=0,
+                      left_chars=label_chars, gap_chars=label_chars, panel_h=height,
+                      footer_in=0.5, ylabel=False)
     norm = LogNorm(vmin=1.0, vmax=4.0)
-    cmap = "rocket_r" if _has_seaborn() else "magma_r"
+    cmap = _spread_cmap()
     pages = []
     done = 0
     for fig, grid, axes in _panels(grids, share=False):
@@ -412,34 +435,42 @@ def rank_spread_figure(frame, world_size: int, paper: Paper) -> list:
             if done + k >= len(cells):
                 ax.set_axis_off()
                 continue
-            name, coll, mat, sizes = cells[done + k]
-            fastest = np.where(mat.min(axis=0) > 0, mat.min(axis=0), np.nan)
-            ratio = np.clip(mat / fastest, 1.0, 4.0)
-            image = ax.imshow(ratio, aspect="auto", cmap=cmap, norm=norm,
+            name, (colls, ratio, sizes) = cells[done + k]
+            image = ax.imshow(np.ma.masked_invalid(ratio), aspect="auto", cmap=cmap, norm=norm,
                               interpolation="nearest")
             idx = _heat_ticks(sizes, most=max(2, int(grid.panel_w / (8 * paper.char_in))))
             ax.set_xticks(idx, [style.size_tick(sizes[i]) for i in idx])
-            step = 1 if world_size <= 8 else math.ceil(world_size / 8)
-            ax.set_yticks(range(0, world_size, step),
-                          [str(r) for r in range(0, world_size, step)])
-            ax.tick_params(length=2)
+            centres = [b * (world_size + 1) + (world_size - 1) / 2 for b in range(len(colls))]
+            ax.set_yticks(centres, colls)
+            ax.tick_params(length=0)
             for spine in ax.spines.values():
                 spine.set_visible(False)
             ax.grid(False)
-            ax.set_title(f"{coll}\n{name}", fontsize=paper.tick)
-            ax.set_ylabel("rank" if k % grid.ncols == 0 else "")
+            ax.set_title(name, fontweight="bold")
             ax.set_xlabel("message size" if grid.is_lowest(k) else "")
         done += len(axes)
         if image is not None:
-            y = 0.17 / grid.height
-            bar_ax = fig.add_axes((0.25, y, 0.5, 0.08 / grid.height), label="<colorbar>")
-            bar = fig.colorbar(image, cax=bar_ax, orientation="horizontal")
-            bar.ax.xaxis.set_label_position("top")
-            bar.set_label("rank median / fastest rank median (ratio)", labelpad=2)
-            bar.set_ticks([1, 1.5, 2, 3, 4], labels=["1", "1.5", "2", "3", "≥4"])
-            bar.ax.tick_params(length=2)
+            _spread_colour_bar(fig, grid, image, world_size)
         pages.append(fig)
     return pages
+
+
+def _spread_cmap():
+    import matplotlib
+
+    return matplotlib.colormaps["rocket_r" if _has_seaborn() else "magma_r"].with_extremes(
+        bad="white")
+
+
+def _spread_colour_bar(fig, grid: Grid, image, world_size: int) -> None:
+    y = 0.17 / grid.height
+    bar_ax = fig.add_axes((0.25, y, 0.5, 0.08 / grid.height), label="<colorbar>")
+    bar = fig.colorbar(image, cax=bar_ax, orientation="horizontal")
+    bar.ax.xaxis.set_label_position("top")
+    bar.set_label(f"rank median / fastest rank median (rows: ranks 0-{world_size - 1})",
+                  labelpad=2)
+    bar.set_ticks([1, 1.5, 2, 3, 4], labels=["1", "1.5", "2", "3", "≥4"])
+    bar.ax.tick_params(length=2)
 
 
 def _ratio_label(v: float, _pos: object = None) -> str:

@@ -114,7 +114,7 @@ class Grid:
         line = paper.line_in
         tick_h = paper.tick * 1.3 / 72
         left = left_chars * paper.char_in + (line + 0.06 if ylabel else 0.0) + 0.08
-        right = max(0.08, 3.2 * paper.char_in)   # half a size label at the right edge
+        right = max(0.08, 2.2 * paper.char_in)   # part of a size label at the right edge
         # shared y: room for half of a size label either side of the gap
         gap_w = (gap_chars * paper.char_in + 0.14) if gap_chars else 4 * paper.char_in
         usable = paper.width - left - right
@@ -142,8 +142,12 @@ class Grid:
             rows = min(most, rows_all - start)
             n = min(left_count, rows * cols)
             left_count -= n
-            pages.append(cls(paper, n, cols, math.ceil(n / cols), panel_w, height, left, right,
-                             gap_w, gap_h, top, bottom))
+            page = cls(paper, n, cols, math.ceil(n / cols), panel_w, height, left, right,
+                       gap_w, gap_h, top, bottom)
+            short = paper.width / MAX_ASPECT + 0.01 - page.height
+            if short > 0:            # one row of wide panels: taller, not a strip
+                page.panel_h += short / page.nrows
+            pages.append(page)
         return pages
 
     @property
