@@ -8,6 +8,9 @@ The traces are written as torch 2.13's ExecutionTraceObserver writes a gloo job'
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from ccbench.model.tracesim import simulate_trace
 from ccbench.trace.groups import other_reading
 from tests.conftest import run_ccbench, run_ccbench_forked
 from tests.et_synth import write_et
+from tests.trace_fixtures import TORCH_TEARDOWN_ABORT
 
 MODEL = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
 TP = [[0, 1], [2, 3]]           # tensor-parallel pairs
@@ -57,6 +61,27 @@ def test_world_calls_stay_world_calls_and_group_peers_become_global(tmp_path: Pa
     # no invented calls: one call per world op, one per pair for the dp all-reduce
     assert len({op.call for op in trace.all_ops()}) == 1 + 2 + 1 + 1 + 2 + 1
     assert any("4 calls' process groups are ambiguous" in n for n in trace.notes)
+
+
+def _reading(trace) -> list[list[tuple[object, ...]]]:  # noqa: ANN001
+    return [[(op.collective, op.group.ranks if op.group else None, op.group_source, op.root,
+              op.peer, op.call) for op in ops] for ops in trace.ops]
+
+
+def test_torch_writes_the_2d_job_as_the_synthetic_trace(tmp_path: Path) -> None:
+    """The same job recorded by torch's ExecutionTraceObserver reads call for call as the
+    synthetic trace (whose format the other tests rely on)."""
+    job = Path(__file__).with_name("torch_2d_job.py")
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "4", str(job), str(tmp_path / "real")]
+    (tmp_path / "real").mkdir()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    if done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stderr:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    real = load_trace([tmp_path / "real"])
+    assert _reading(real) == _reading(load_trace([_two_d(tmp_path / "synthetic")]))
 
 
 def test_the_other_reading_puts_them_on_the_smallest_groups(tmp_path: Path) -> None:
