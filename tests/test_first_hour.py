@@ -368,3 +368,25 @@ def test_compare_noise_judge_only_judges_the_runs_left_in_out(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr
     assert "identical, 1 run(s) per side, 1 comparison(s), 0 exit(s) with status 1" in proc.stdout
     assert "cases: 0 of 1 flagged" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_bare_mpiexec_keeps_its_records(tmp_path: Path) -> None:
+    from conftest import MPIEXEC
+
+    proc = subprocess.run([MPIEXEC, "-n", "2", PYTHON, "-m", "ccbench", "allreduce", "--backend",
+                           "mpi", "--sizes", "1K", "--iters", "2", "--warmup", "1", "-q"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=NO_RESULTS_VAR)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r.world_size for r in _kept(tmp_path, proc.stderr)] == [2, 2]
+
+
+def test_a_records_folder_that_cannot_be_made_leaves_the_run_printing(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    folder = tmp_path / "file" / "sub"                   # under a file: cannot be made
+    proc = run_ccbench_forked(*QUICK, cwd=str(tmp_path), env={"CCBENCH_RESULTS": str(folder)})
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "cannot keep records" in line]
+    assert len(warnings) == 1 and "-O FILE.jsonl" in warnings[0], proc.stderr
+    assert "ccbench: records in" not in proc.stderr and "# Avg bus bandwidth" in proc.stdout
