@@ -17,7 +17,8 @@ list of the calls it issued in the window, written by the job from what it asked
 what the libraries state about their own work (DDP's bucket sizes from its logging data,
 FSDP2's shard sizes from its sharded parameters), not read back from any recording; each
 entry: op, group (global ranks), dtype, bytes in and out, reduction, root / peer (global
-ranks), split sizes (elements), and who issued it. With --capture the job runs inside
+ranks), split sizes (elements), and who issued it; OUT/calls/window-rank<r>.json: the
+window's wall time on the rank. With --capture the job runs inside
 `ccbench.formats.capture.capture(OUT)`.
 """
 
@@ -27,6 +28,7 @@ import contextlib
 import json
 import pickle
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -205,6 +207,7 @@ def main() -> int:
         dist.all_reduce(bound, op=dist.ReduceOp.MAX)   # before the window
         model, mesh = fsdp_model(world)
         observer.start()
+        began = time.perf_counter()
         ddp_step(ddp, world)
         zero_step(rank, world)
         fsdp_step(model, mesh, world)
@@ -214,10 +217,12 @@ def main() -> int:
         low_precision(world)
         async_ops(world)
         object_and_functional(rank, world)
+        window_us = (time.perf_counter() - began) * 1e6
         observer.stop()
         dist.all_reduce(torch.ones(64))                # after the window
     observer.unregister_callback()
     (out / "calls" / f"rank{rank}.json").write_text(json.dumps(CALLS, indent=1))
+    (out / "calls" / f"window-rank{rank}.json").write_text(json.dumps({"window_us": window_us}))
     dist.barrier()
     dist.destroy_process_group()
     return 0
