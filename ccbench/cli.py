@@ -401,7 +401,8 @@ def _run_subcommand(name: str, argv: Sequence[str]) -> int:
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):
             raise
-        where = f"{exc.filename}: " if exc.filename is not None else ""
+        target = exc.filename if exc.filename is not None else getattr(args, "output", None)
+        where = f"{os.fspath(target)!r}: " if target is not None else ""
         raise UsageError(f"{where}{exc.strerror or exc}") from None
     except MemoryError:
         raise UsageError(f"ccbench {name}: out of memory (its input needs more memory than "

@@ -23,6 +23,7 @@ from ccbench.records.table import (
     journal_path,
     read_parquet,
 )
+from ccbench.safeio import check_not_symlink
 
 __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
            "check_writable_file", "default_output", "make_writer", "new_records_file",
@@ -41,6 +42,7 @@ def check_output_file(path: str) -> None:
     already holds something else."""
     target = Path(path)
     where = f"--output {path!r}"
+    check_not_symlink(path, "--output")
     if not path.endswith(OUTPUT_SUFFIXES) and not target.is_dir():
         suffix = repr("".join(target.suffixes[-2:])) if target.suffix else "a name without one"
         raise UsageError(f"{where}: records are written as JSON lines or Parquet, not "
@@ -126,8 +128,10 @@ def say_where_records_are(path: str) -> None:
 
 
 def check_writable_file(path: str, flag: str = "-o") -> None:
-    """A file about to be (over)written, e.g. a model: its folder exists, it is no folder."""
+    """A file about to be (over)written, e.g. a model: its folder exists, it is no folder and
+    no symbolic link (safeio.write_atomic then replaces it whole)."""
     target = Path(path)
+    check_not_symlink(path, flag)
     if target.is_dir():
         raise UsageError(f"{flag} {path!r} is a directory (valid: a file path such as "
                          f"{path.rstrip('/')}/model.json)")

@@ -42,15 +42,32 @@ def oversubscription_note(ranks: int, cores: int, what: str = "cores") -> str | 
 
 def available_memory() -> int | None:
     """Bytes the kernel says can be allocated without swapping (MemAvailable), less where this
-    process's cgroup (v2) allows less; None where /proc/meminfo does not say."""
+    process's cgroup (v2) allows less, or its address-space limit (RLIMIT_AS, `ulimit -v`)
+    leaves less room; None where /proc/meminfo does not say."""
     try:
         with open("/proc/meminfo", encoding="utf-8") as handle:
             fields = dict(line.split(":", 1) for line in handle)
         available = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return None
-    room = _cgroup_room()
-    return available if room is None else min(available, room)
+    rooms = [r for r in (_cgroup_room(), address_space_room()) if r is not None]
+    return min([available, *rooms])
+
+
+def address_space_room() -> int | None:
+    """Bytes of address space this process may still map under RLIMIT_AS (its soft limit
+    less the size it has now, /proc/self/statm); None without a limit."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/statm", encoding="utf-8") as handle:
+            size = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        size = 0
+    return max(0, soft - size)
 
 
 def _cgroup_room() -> int | None:

@@ -230,6 +230,7 @@ def test_records_gzip_bomb_of_blank_lines_stops_at_the_cap(tmp_path: Path,
     with gzip.open(bomb, "wb") as out:
         out.write(FIXTURE.read_bytes() + b"\n" * (16 << 20))
     monkeypatch.setenv("CCBENCH_MAX_INPUT_BYTES", str(4 << 20))
+    monkeypatch.setenv("CCBENCH_MAX_INPUT_LINES", str(1 << 30))    # the byte cap, not lines
     with pytest.raises(UsageError, match=r"bomb.jsonl.gz: inflates to more than 4 MiB"):
         read_records(bomb)
 

@@ -147,7 +147,7 @@ def test_malformed_fit_in_model(model, ccb, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
     proc = ccb("simulate", str(bad), "allreduce", "--topology", "ring:4")
-    assert proc.returncode == 2 and "fit 0 lacks alpha" in proc.stderr
+    assert proc.returncode == 2 and "fit 0: lacks alpha" in proc.stderr
 
 
 @pytest.mark.parametrize("case", ["one-record", "torus-zero", "all-algorithm"])

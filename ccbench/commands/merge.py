@@ -5,7 +5,8 @@ when another record is the same measurement: the same run id, the same case (eve
 the case identity) and the same size. Every run of a case is kept. Records that claim the
 same run id with different run metadata (ccbench version, hosts, world, method, environment),
 or the same measurement with different results, are refused unless --force (then the first
-seen, or the one that passed validation, is kept). OUT is written atomically.
+seen, or the one that passed validation, is kept). OUT is written atomically, under the lock
+every appender takes, so a run appending to OUT meanwhile loses nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from ccbench.errors import UsageError
 from ccbench.records import Record, RecordKey, load_records, run_metadata, write_records
+from ccbench.records.writer import rewriting
+from ccbench.safeio import check_not_symlink
 
 __all__ = ["MergeResult", "merge_records", "register", "main"]
 
@@ -72,16 +75,21 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {str(out)!r} is a folder; name a .jsonl or .parquet file")
-    records = load_records(*args.inputs, require=True)
-    merged = merge_records(records)
-    if merged.conflicts:
-        unique = list(dict.fromkeys(merged.conflicts))
-        if not args.force:
-            more = f" (and {len(unique) - 1} more)" if len(unique) > 1 else ""
-            raise UsageError(f"refusing to merge: {unique[0]}{more}; pass --force to merge anyway")
-        for line in unique:
-            print(f"ccbench merge: warning: {line}", file=sys.stderr)
-    write_records(out, merged.records)
+    check_not_symlink(out)
+    # OUT may be an input that a run is appending to: its lock is held from the read to the
+    # rename, so an appender waits and then appends to the merged file
+    with rewriting(out):
+        records = load_records(*args.inputs, require=True)
+        merged = merge_records(records)
+        if merged.conflicts:
+            unique = list(dict.fromkeys(merged.conflicts))
+            if not args.force:
+                more = f" (and {len(unique) - 1} more)" if len(unique) > 1 else ""
+                raise UsageError(f"refusing to merge: {unique[0]}{more}; pass --force to "
+                                 f"merge anyway")
+            for line in unique:
+                print(f"ccbench merge: warning: {line}", file=sys.stderr)
+        write_records(out, merged.records)
     runs = len({r.run_id for r in merged.records})
     print(f"ccbench merge: {len(records)} records in, {len(merged.records)} written to {out} "
           f"({runs} run(s)), {merged.duplicates} duplicates dropped", file=sys.stderr)

@@ -254,6 +254,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("give a collective (or all), or --trace TRACE")
     collectives = _collectives(args.collective)
     sizes = parse_sizes(args.sizes)
+    if args.output:
+        from ccbench.output import check_output_file
+
+        check_output_file(args.output)            # as launch's -O: records files only
     model = load_model(args.model)
     ranks = args.ranks if args.ranks is not None else _ranks_from_topology(args.topology)
     links = _links(args)
@@ -274,10 +278,16 @@ def main(args: argparse.Namespace) -> int:
     if args.output:
         from ccbench.model.simulate import prediction_records
         from ccbench.records import append_record
+        from ccbench.records.table import finish_parquet, journal_path
+        from ccbench.safeio import output_error
 
         for out in outs:
             for rec in prediction_records(out):
-                append_record(args.output, rec)
+                try:
+                    append_record(journal_path(args.output), rec)
+                except OSError as exc:
+                    raise output_error(exc, args.output, "append to") from None
+        finish_parquet(args.output)                     # a .parquet output: folded in now
     if args.format == "json":
         json.dump(outs[0] if len(outs) == 1 else {"predictions": outs}, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 from ccbench.errors import UsageError
 from ccbench.formats.chakra_et import parse_chakra_et, read_comm_groups
 from ccbench.formats.pytorch_et import parse_pytorch_et, read_json
-from ccbench.safeio import check_memory, scaled_size
+from ccbench.safeio import check_memory, inflated_size
 from ccbench.trace.groups import global_peers, match_calls
 from ccbench.trace.ops import CommOp, Group, Trace, TraceError
 
@@ -17,8 +17,10 @@ __all__ = ["load_trace", "rank_files", "require_communication"]
 
 _RANK_RE = re.compile(r"(\d+)(?=\D*$)")
 # memory a parsed trace takes per byte of its (inflated) files, measured on this reader:
-# protobuf nodes plus ops 19-28x (a 259 MB Chakra trace: 4.7-7.2 GB), JSON objects ~8.5x
-_MEMORY_PER_BYTE = {"chakra-et": 30, "pytorch-et": 10}
+# protobuf nodes plus ops and simulate's results 39-48x (nodes of 71 and 57 bytes), JSON
+# objects ~8.5x; a Chakra file is checked again by its node count once read
+# (chakra.NODE_MEMORY), since small nodes take more per byte
+_MEMORY_PER_BYTE = {"chakra-et": 40, "pytorch-et": 10}
 
 
 def _kind(path: Path) -> str:
@@ -127,6 +129,21 @@ def _notes(trace: Trace, captured: int) -> None:
                            f"reduction in the trace: taken as sum (a capture file says)")
 
 
+#: bytes one op may move, as a record's size (docs/input-limits.md): 1 PiB
+MAX_OP_BYTES = 1 << 50
+
+
+def _check_sizes(ops: list[list[CommOp]]) -> None:
+    """An op that moves a negative or absurd number of bytes is a damaged trace: refused,
+    naming the node, before it turns into a negative or astronomical prediction."""
+    for op in (op for rank_ops in ops for op in rank_ops):
+        for what, value in (("input", op.in_bytes), ("output", op.out_bytes)):
+            if not 0 <= value <= MAX_OP_BYTES:
+                raise TraceError(op.source, f"{op.collective} of {value:,} {what} bytes "
+                                            f"(sizes are 0 to 2^50 bytes: a damaged trace)",
+                                 op.node_id)
+
+
 def require_communication(trace: Trace) -> None:
     """A trace without a single communication op: one line, exit 2 (replaying it would
     measure nothing and say nothing)."""
@@ -142,7 +159,7 @@ def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1,
     `group_settings` ({"[RANK:]NODE": ranks}, from --group) name ops' groups."""
     kind, files = rank_files(paths)
     world = len(files)
-    need = _MEMORY_PER_BYTE[kind] * sum(scaled_size(p) for p in files)
+    need = _MEMORY_PER_BYTE[kind] * sum(inflated_size(p) for p in files)
     check_memory(f"{files[0]}{' ...' if world > 1 else ''}: the trace of {world} rank(s)"
                  f"{f', read by {readers} processes,' if readers > 1 else ''}", need * readers)
     ops: list[list[CommOp]] = []
@@ -166,6 +183,7 @@ def load_trace(paths: list[str | os.PathLike[str]], readers: int = 1,
         else:
             rank_ops, schema, _ = parse_chakra_et(path, rank, world, comm_groups)
         ops.append(rank_ops)
+    _check_sizes(ops)
     if group_settings:
         from ccbench.formats.named import apply_user_groups
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ccbench.errors import UsageError
-from ccbench.safeio import read_input
+from ccbench.safeio import check_json_depth, load_json, read_lines
 from ccbench.trace.ops import CommOp, Group, TraceError
 
 __all__ = ["apply_capture", "apply_user_groups", "parse_group_settings", "read_capture"]
@@ -26,14 +26,15 @@ _FAMILY = {"alltoallv": "alltoall"}
 def read_capture(path: Path) -> list[dict[str, Any]]:
     """The capture file's entries (a torn last line, from a job that died, is left out)."""
     try:
-        lines = read_input(path).decode("utf-8").splitlines()     # bounded, as every input
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = read_lines(path)                  # bounded in bytes and lines, as every input
+    except OSError as exc:
         raise TraceError(path, f"cannot read the capture file ({exc})") from None
     entries = []
     for number, line in enumerate(lines, 1):
+        check_json_depth(line, str(path), number)
         try:
             entry = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:                        # not JSON, not UTF-8
             if number == len(lines):
                 break
             raise TraceError(path, f"line {number} is not JSON") from None
@@ -109,9 +110,13 @@ def parse_group_settings(items: list[str], groups_file: str | None) -> dict[str,
     settings: dict[str, list[int]] = {}
     if groups_file:
         try:
-            data = json.loads(Path(groups_file).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--groups-file {groups_file}: {exc}") from None
+            data = load_json(groups_file)         # a regular file, bounded, not too deep
+        except UsageError as exc:
+            raise UsageError(f"--groups-file {exc}") from None
+        except OSError as exc:
+            raise UsageError(f"--groups-file {groups_file}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise UsageError(f"--groups-file {groups_file}: not JSON ({exc})") from None
         if not isinstance(data, dict) or not all(
                 isinstance(v, list) and all(isinstance(r, int) for r in v) for v in data.values()):
             raise UsageError(f"--groups-file {groups_file}: expected "

@@ -157,13 +157,17 @@ def _param_comms(node: dict[str, Any]) -> dict[str, Any]:
             if isinstance(a, dict)}
 
 
+_MAX_GROUP = 1 << 24         # ranks in a group at most, as a record's world_size
+
+
 def _group_of(info: dict[str, Any], groups: dict[str, Group]) -> Group | None:
     name = info.get("pg_name")
     if name is not None and str(name) in groups:
         return groups[str(name)]
     size, start, stride = (info.get(k) for k in ("pg_size", "global_rank_start",
                                                  "global_rank_stride"))
-    if isinstance(size, int) and isinstance(start, int) and isinstance(stride, int) and size > 0:
+    if isinstance(size, int) and isinstance(start, int) and isinstance(stride, int) \
+            and 0 < size <= _MAX_GROUP:
         ranks = tuple(start + stride * i for i in range(size))
         return Group(str(name if name is not None else ranks), ranks)
     return None

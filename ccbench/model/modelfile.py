@@ -7,7 +7,7 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import IO, Any
 
 from ccbench import __version__
 from ccbench.errors import UsageError
@@ -15,7 +15,7 @@ from ccbench.model.costs import canonical_algorithm
 from ccbench.model.fit import SELECTION, GroupFit
 from ccbench.records import SCHEMA as RECORD_SCHEMA
 from ccbench.records import Record
-from ccbench.safeio import load_json
+from ccbench.safeio import load_json, write_atomic
 
 SCHEMA = "ccbench.model"
 VERSION = 1
@@ -48,9 +48,13 @@ def build_model(fits: Sequence[GroupFit], records: Sequence[Record],
 
 
 def save_model(model: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(model, handle, indent=1, sort_keys=False)
-        handle.write("\n")
+    """Replace the model file whole or not at all (safeio.write_atomic): a full disk keeps
+    the previous model and ends with one line."""
+    text = (json.dumps(model, indent=1, sort_keys=False) + "\n").encode("utf-8")
+    def write(handle: IO[bytes]) -> None:
+        handle.write(text)
+
+    write_atomic(path, write)
 
 
 _RECORDS_NOT_MODEL = ("{path} is a records file (what a run writes), not a model: calibrate "
@@ -71,7 +75,8 @@ def _holds_records(path: str | os.PathLike[str]) -> bool:
 
 def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        model = load_json(path, cap=_MODEL_CAP)
+        model = load_json(path, cap=_MODEL_CAP, fixed="a model file of every backend and "
+                          "collective is tens of KiB")
     except FileNotFoundError:
         raise UsageError(f"no such model file: {str(path)!r}") from None
     except json.JSONDecodeError as exc:
@@ -91,19 +96,86 @@ def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
                          f"(this ccbench reads: {VERSION})")
     if not model.get("fits"):
         raise UsageError(f"{path}: the model has no fits")
-    need = ("backend", "library", "collective", "scope", "world_sizes", "model_algorithm",
-            "alpha", "beta", "gamma", "goodness")
+    if not isinstance(model["fits"], list):
+        raise UsageError(f"{path}: \"fits\" is not a list of fits")
     for i, fit in enumerate(model["fits"]):
-        missing = [k for k in need if not isinstance(fit, dict) or k not in fit]
-        if missing:
-            raise UsageError(f"{path}: fit {i} lacks {', '.join(missing)}")
         try:
-            canonical_algorithm(fit["collective"], fit["model_algorithm"])
+            _check_fit(fit)
         except UsageError as exc:
-            raise UsageError(f"{path}: fit {i}: {exc}") from None
-        if min(fit["alpha"], fit["beta"], fit["gamma"]) < 0:
-            raise UsageError(f"{path}: fit {i} has a negative alpha, beta or gamma")
+            raise UsageError(f"{path}: fit {i}: {exc} (a damaged or hand-edited model; "
+                             f"`ccbench calibrate` writes a valid one)") from None
     return model
+
+
+_NEED = ("backend", "library", "collective", "scope", "world_sizes", "model_algorithm",
+         "alpha", "beta", "gamma", "goodness")
+# what a fit's constants may hold, so that every prediction is a finite time: alpha at most
+# an hour per step, beta and gamma at most a second per byte (1 B/s); records allow 2^50 B
+_BOUNDS = {"alpha": 3600.0, "beta": 1.0, "gamma": 1.0}
+_MAX_WORLD = 1 << 24
+_MAX_BYTES = float(1 << 50)
+
+
+def _number(value: Any, what: str, high: float, low: float = 0.0) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{what} is {value!r}, not a number")
+    if not low <= value <= high:        # NaN fails both comparisons
+        raise UsageError(f"{what} is {value!r}: must be finite, {low:g} to {high:g}")
+
+
+def _check_constants(entry: Any, where: str) -> None:
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where} is not an object")
+    for name, high in _BOUNDS.items():
+        if name not in entry:
+            raise UsageError(f"{where} lacks {name}")
+        _number(entry[name], f"{where}{' ' if where else ''}{name}".strip(), high)
+
+
+def _check_fit(fit: Any) -> None:
+    """UsageError naming the first field of a fit that cannot be predicted with."""
+    missing = [k for k in _NEED if not isinstance(fit, dict) or k not in fit]
+    if missing:
+        raise UsageError(f"lacks {', '.join(missing)}")
+    for name in ("backend", "library", "collective", "scope", "model_algorithm"):
+        if not isinstance(fit[name], str):
+            raise UsageError(f"{name} is {fit[name]!r}, not text")
+    canonical_algorithm(fit["collective"], fit["model_algorithm"])
+    for name, high in _BOUNDS.items():
+        _number(fit[name], name, high)
+    worlds = fit["world_sizes"]
+    if not isinstance(worlds, list) or not worlds:
+        raise UsageError(f"world_sizes is {worlds!r}, not a list of rank counts")
+    for p in worlds:
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= _MAX_WORLD:
+            raise UsageError(f"world_sizes holds {p!r}: rank counts are 1 to 2^24")
+    goodness = fit["goodness"]
+    if not isinstance(goodness, dict) or "points" not in goodness:
+        raise UsageError(f"goodness is {goodness!r}, without its points")
+    _number(goodness["points"], "goodness points", float(1 << 40))
+    _check_optional(fit)
+
+
+def _check_optional(fit: dict[str, Any]) -> None:
+    """Pieces, the sizes seen and the flags, where a fit has them."""
+    pieces = fit.get("pieces")
+    if pieces is not None:
+        if not isinstance(pieces, list):
+            raise UsageError(f"pieces is {pieces!r}, not a list")
+        for k, piece in enumerate(pieces):
+            _check_constants(piece, f"piece {k}")
+            if piece.get("max_bytes") is not None:
+                _number(piece["max_bytes"], f"piece {k} max_bytes", _MAX_BYTES)
+    sizes = fit.get("sizes")
+    if sizes is not None:
+        if not isinstance(sizes, list) or len(sizes) != 2:
+            raise UsageError(f"sizes is {sizes!r}, not [smallest, largest]")
+        for value in sizes:
+            _number(value, "sizes", _MAX_BYTES, 1e-300)
+    flags = fit.get("flags")
+    if flags is not None and (not isinstance(flags, list)
+                              or not all(isinstance(f, str) for f in flags)):
+        raise UsageError(f"flags is {flags!r}, not a list of text")
 
 
 def matches(fit: dict[str, Any], backend: str | None) -> bool:

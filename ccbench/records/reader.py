@@ -23,7 +23,7 @@ from typing import TextIO
 
 from ccbench.errors import UsageError
 from ccbench.records.schema import BadRecord, Record, record_from_dict
-from ccbench.safeio import check_json_depth, open_lines
+from ccbench.safeio import ReadBudget, check_json_depth, open_lines
 
 __all__ = ["ReadReport", "Skipped", "iter_result_files", "read_records", "load_records",
            "RESULT_SUFFIXES"]
@@ -92,10 +92,10 @@ def _as_list(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]
     return list(paths)
 
 
-def _lines(path: Path, report: ReadReport) -> Iterator[tuple[int, bytes]]:
+def _lines(path: Path, report: ReadReport, budget: ReadBudget) -> Iterator[tuple[int, bytes]]:
     number = 0
     try:
-        for number, raw in open_lines(path):                 # noqa: B007 -- used below
+        for number, raw in open_lines(path, budget=budget):                 # noqa: B007 -- used below
             yield number, raw
     except (EOFError, zlib.error) as exc:                   # gzip garbage or a truncated stream
         report.skipped.append(Skipped(str(path), number + 1,
@@ -129,8 +129,10 @@ def _parse(path: Path, number: int, raw: bytes, last: bool) -> Record:
 
 def read_records(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]
                  ) -> tuple[list[Record], ReadReport]:
-    """Every record in the given files and folders, in file order, and what was skipped."""
+    """Every record in the given files and folders, in file order, and what was skipped.
+    The input cap (inflated bytes) and the line cap count across all of them."""
     report = ReadReport()
+    budget = ReadBudget()
     records: list[Record] = []
     for path in iter_result_files(paths):
         report.files.append(str(path))
@@ -140,7 +142,7 @@ def read_records(paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str
             records.extend(read_parquet(path))
             continue
         pending: tuple[int, bytes] | None = None
-        for number, raw in _lines(path, report):
+        for number, raw in _lines(path, report, budget):
             if pending is not None:
                 _take(path, *pending, False, records, report)
             pending = (number, raw)

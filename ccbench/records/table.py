@@ -8,12 +8,13 @@ so reading it back gives exactly the records that were written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ccbench.errors import UsageError
 from ccbench.records.schema import Record, record_from_dict
@@ -101,16 +102,16 @@ def write_parquet(path: str | os.PathLike[str], records: Sequence[Record]) -> in
         frame["record"] = [r.to_json() for r in records]
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        frame.to_parquet(tmp, index=False)
-    except ImportError as exc:
-        raise UsageError(f"writing {str(out)!r} needs pyarrow (pip install pyarrow): {exc}"
-                         ) from None
-    try:
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from ccbench.safeio import write_atomic
+
+    def write(handle: IO[bytes]) -> None:
+        try:
+            frame.to_parquet(handle, index=False)
+        except ImportError as exc:
+            raise UsageError(f"writing {str(out)!r} needs pyarrow (pip install pyarrow): {exc}"
+                             ) from None
+
+    write_atomic(out, write)
     return len(records)
 
 
@@ -147,14 +148,24 @@ def journal_path(output: str | os.PathLike[str]) -> str:
 
 def finish_parquet(output: str | os.PathLike[str]) -> int:
     """Fold the journal of a finished run into the Parquet output (after what it held before)
-    and remove the journal. A run that dies leaves the journal: `ccbench merge` reads it."""
+    and remove the journal. Done under the journal's append lock (and the output's, as merge
+    takes it), so runs that share one output and end together fold each record once: one
+    finds the journal gone (another folded it: 0), and one still appending waits, then starts
+    a journal of its own. A run that dies leaves the journal: `ccbench merge` reads it."""
     from ccbench.records.reader import load_records
+    from ccbench.records.writer import _locked, rewriting
 
-    journal = Path(journal_path(output))
-    if not os.fspath(output).endswith(PARQUET_SUFFIX) or not journal.exists():
+    if not os.fspath(output).endswith(PARQUET_SUFFIX):
         return 0
-    before = read_parquet(output) if Path(output).exists() else []
-    new = load_records(journal)
-    write_parquet(output, [*before, *new])
-    journal.unlink()
+    journal = journal_path(output)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_locked(journal, create=False))
+        except FileNotFoundError:
+            return 0
+        with rewriting(output):
+            before = read_parquet(output) if Path(output).exists() else []
+            new = load_records(journal)
+            write_parquet(output, [*before, *new])
+        os.unlink(journal)
     return len(new)

@@ -8,10 +8,11 @@ import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from ccbench.records.schema import Record
 
-__all__ = ["append_record", "write_records", "cut_torn_tail", "torn_warning"]
+__all__ = ["append_record", "write_records", "cut_torn_tail", "rewriting", "torn_warning"]
 
 
 # every ccbench appender takes this lock (flock on the file) around its check-and-cut of a
@@ -21,13 +22,42 @@ _write = os.write                 # a seam: tests make it fail part-way (a full 
 
 @contextmanager
 def _locked(path: str | os.PathLike[str], create: bool) -> Iterator[int]:
-    flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, 0o644)
+    """The file opened (never through a symbolic link) and locked. A file that another
+    ccbench replaced (merge, a Parquet run's end) or removed while this one waited for the
+    lock is opened again, so a record is never appended to a file no longer in its folder.
+    FileNotFoundError when it is gone and `create` is false."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    while True:
+        fd = os.open(path, flags, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            mine = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            break
+        os.close(fd)              # replaced or removed meanwhile: take the one there now
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
     finally:
         os.close(fd)              # releases the lock
+
+
+@contextmanager
+def rewriting(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the append lock of a file that is about to be read and replaced as a whole
+    (`merge IN -o IN`, a Parquet run's end): an appender waits, then appends to the new
+    file, so nothing appended meanwhile is lost with the old one. Nothing to hold for a file
+    that does not exist yet."""
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(FileNotFoundError):
+            stack.enter_context(_locked(path, create=False))
+        yield
 
 
 def _cut_locked(fd: int, aside: str | os.PathLike[str] | None) -> int:
@@ -94,24 +124,23 @@ def torn_warning(path: str | os.PathLike[str], torn: int) -> str:
 
 
 def write_records(path: str | os.PathLike[str], records: Iterable[Record]) -> int:
-    """Write a whole results file atomically (a temporary file renamed into place); a name
-    ending in .parquet gets a Parquet file."""
+    """Write a whole results file atomically (safeio.write_atomic: a temporary file renamed
+    into place; a symbolic link refused); a name ending in .parquet gets a Parquet file."""
     if str(path).endswith(".parquet"):
         from ccbench.records.table import write_parquet
 
         return write_parquet(path, list(records))
+    from ccbench.safeio import write_atomic
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     count = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(record.to_json() + "\n")
-                count += 1
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    def write(handle: IO[bytes]) -> None:
+        nonlocal count
+        for record in records:
+            handle.write((record.to_json() + "\n").encode("utf-8"))
+            count += 1
+
+    write_atomic(out, write)
     return count

@@ -185,7 +185,8 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     """Read and validate a sweep file; any problem is `<file>: <key>: ...` (UsageError)."""
     where = str(path)
     try:
-        text = read_input(path, cap=_SWEEP_CAP).decode("utf-8")
+        text = read_input(path, cap=_SWEEP_CAP, fixed="a sweep file is a page of YAML"
+                          ).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{where}: no such sweep file") from None
     except OSError as exc:
