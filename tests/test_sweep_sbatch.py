@@ -30,10 +30,17 @@ GOLDEN = Path(__file__).parent / "golden"
 FIXED = dict(workdir="/home/me/ccbench", python="/opt/venv/bin/python")
 
 
+#: the plan file's digest in the golden files: it hashes the sweep as loaded (`collectives:
+#: all` is the registry's list), so a new collective must not change the golden text
+DIGEST = "DIGEST"
+
+
 def render_all(sweep, options: SlurmOptions) -> str:  # type: ignore[no-untyped-def]
     plan = f"{sweep.results}/plan-{sweep.digest()}.json"
-    return "\n".join(render_sbatch(sweep, job, options, plan=plan, **FIXED)
+    text = "\n".join(render_sbatch(sweep, job, options, plan=plan, **FIXED)
                      for job in array_jobs(sweep.tasks()))
+    assert f"plan-{sweep.digest()}.json" in text           # each task runs the sweep's plan
+    return text.replace(sweep.digest(), DIGEST)
 
 
 def check_golden(name: str, text: str) -> None:
@@ -77,7 +84,7 @@ def test_hostile_values_stay_inert() -> None:
     export = next(line for line in body if line.startswith("export NOTE="))
     assert shlex.split(export) == ["export", "NOTE='; touch pwned; '"]
     command = shlex.split(next(line for line in body if line.startswith("exec ")))
-    assert command[6] == f"out/$(touch pwned) dir/plan-{sweep.digest()}.json"
+    assert command[6] == f"out/$(touch pwned) dir/plan-{DIGEST}.json"
     # the body really is inert: bash -n parses it, and running the exports and echo
     # (with sbatch's variables set) creates nothing
     script = "\n".join(line for line in text.splitlines() if not line.startswith("exec "))
