@@ -165,11 +165,18 @@ class _Reference:
         self.bw = (expect.link_bps if expect.link_bps is not None and not self.cluster_slow
                    else self.median_bw)
         self.lat = expect.latency_us if expect.latency_us is not None else self.median_lat
+        # the good pairs (upper quartile; 3 or more pairs): a rate is slow only when it is
+        # also out of line with them, so that a cluster all a little below the expectation
+        # (CPU-starved ranks: 26-42 Mbit/s of 50 at load 30 on 2 cores) has no slow paths
+        self.good_bw = (statistics.quantiles(rates, n=4, method="inclusive")[2]
+                        if len(rates) >= 3 else None)
 
     def slow(self, bw: float | None, scale: float = 1.0) -> bool:
         if bw is None or math.isnan(self.bw):
             return False
         if bw >= SLOW * self.bw * scale:
+            return False
+        if self.good_bw is not None and bw >= SLOW * self.good_bw * scale:
             return False
         if self.expect.link_bps is None or self.cluster_slow:       # relative: also an outlier
             return bw < self.median_bw * scale - MAD_SIGMAS * self.mad_bw
