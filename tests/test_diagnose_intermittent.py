@@ -248,3 +248,15 @@ def test_a_cluster_a_little_below_expected_has_no_slow_or_intermittent_path():
                            rounds=rounds, seed=again)
     kinds = {f.kind for f in analyse(measures, ABSOLUTE, NAMES8)}
     assert kinds <= {"below expected"}, kinds          # the cluster as a whole, if anything
+
+
+def test_one_way_host_fault_on_every_plane_names_the_direction():
+    def oneway(a, b, r):
+        return 15e6 if a == 5 else 0.96 * LINK
+    measures = _tries(8, oneway)
+    for plane in ("eth0", "eth1"):
+        measures += _tries(8, oneway, kind="planes", plane=plane)
+    findings = analyse(measures, ABSOLUTE, NAMES8)
+    assert _kinds(findings) == [("slow link", "host h5's link (every plane)")]
+    assert findings[0].measured.startswith("h5 -> others: 1")
+    assert findings[0].evidence.startswith("one way (h5 -> others); ")

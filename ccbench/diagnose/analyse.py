@@ -542,7 +542,26 @@ def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[st
         out += ports
         flagged = {names.index(h) for f in ports for h in f.hosts}
         out += _plane_path_findings(plane, pairs, bad, some, ref, names, flagged)
-    return _whole_host(out, len(by_plane))
+    tries = [m for pairs in by_plane.values() for ms in pairs.values() for m in ms]
+    return _whole_host(out, len(by_plane),
+                       lambda host: _tries_directions(tries, names.index(host), names, ref))
+
+
+def _tries_directions(tries: list[PairMeasure], host: int, names: list[str],
+                      ref: _Reference) -> tuple[str, str]:
+    """A host's rate out and in over its pairs' tries (medians): the text, and the
+    `one way (...); ` prefix of the evidence when only one direction is slow."""
+    out = [m.bw_ab if m.a == host else m.bw_ba for m in tries if host in (m.a, m.b)]
+    into = [m.bw_ba if m.a == host else m.bw_ab for m in tries if host in (m.a, m.b)]
+    med_out = statistics.median([v for v in out if v is not None] or [0.0])
+    med_in = statistics.median([v for v in into if v is not None] or [0.0])
+    name = names[host]
+    text = f"{name} -> others: {rate_text(med_out)}; others -> {name}: {rate_text(med_in)}"
+    slow_out, slow_in = ref.slow(med_out), ref.slow(med_in)
+    if slow_out == slow_in:
+        return text, ""
+    return text, (f"one way ({name} -> others); " if slow_out
+                  else f"one way (others -> {name}); ")
 
 
 def _port_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
@@ -609,8 +628,10 @@ def _plane_path_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasu
     return out
 
 
-def _whole_host(ports: list[Finding], planes: int) -> list[Finding]:
-    """A host whose ports are out of line on every plane: its link(s), one finding."""
+def _whole_host(ports: list[Finding], planes: int,
+                directions: Any = None) -> list[Finding]:
+    """A host whose ports are out of line on every plane: its link(s), one finding (slow:
+    measured per direction, `directions(host)`)."""
     by_host: dict[str, list[Finding]] = defaultdict(list)
     for f in ports:
         if f.hosts and f.kind in ("port down", "slow port"):
@@ -621,9 +642,12 @@ def _whole_host(ports: list[Finding], planes: int) -> list[Finding]:
         if planes < 2 or len(found) < planes:
             continue
         down = all(f.kind == "port down" for f in found)
+        measured, one_way = (", ".join(f.measured for f in found), "")
+        if not down and directions is not None:
+            measured, one_way = directions(host)
         out.append(Finding(f"host {host}'s link (every plane)", "link down" if down
-                           else "slow link", ", ".join(f.measured for f in found),
-                           found[0].expected, " | ".join(f.evidence for f in found),
+                           else "slow link", measured,
+                           found[0].expected, one_way + " | ".join(f.evidence for f in found),
                            min((f.confidence for f in found), key=["low", "medium",
                                                                    "high"].index),
                            [host], [p for f in found for p in f.pairs]))
