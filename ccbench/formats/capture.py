@@ -15,10 +15,13 @@ a `c10d::` operator (`c10d::allreduce_`, `c10d::_reduce_scatter_base_`, `c10d::s
 replicas, the all-gather that checks parameter shapes), `broadcast_object_list`'s
 broadcasts, the single-tensor `all_gather_into_tensor`/`reduce_scatter_tensor`, functional
 collectives (their c10d call), DTensor and FSDP2 on a DeviceMesh, `batch_isend_irecv`,
-torch.distributed.pipelining. The recorder is a `TorchDispatchMode` that sees these
-operators with their arguments (the ProcessGroup and ReduceOp objects included) and leaves
-every other operator to torch. The job's own functions are not replaced (so
-`dist.P2POp(dist.isend, ...)` keeps comparing against torch's own `dist.isend`).
+torch.distributed.pipelining. The recorder registers a kernel of its own for each c10d
+operator at the ADInplaceOrView dispatch key, which every call on an ordinary tensor
+passes, reads the call's arguments there (the ProcessGroup and ReduceOp objects included)
+and hands it on below that key, so the execution trace still holds each call once and no
+other operator comes to Python. Inside `torch.inference_mode` that key is skipped: there a
+`TorchDispatchMode` records the same operators. The job's own functions are not replaced
+(so `dist.P2POp(dist.isend, ...)` keeps comparing against torch's own `dist.isend`).
 
     python -m ccbench.formats.capture -o traces/job -- train.py --epochs 1
     torchrun --nproc-per-node 4 -m ccbench.formats.capture -o traces/job -- train.py
@@ -269,16 +272,29 @@ def _first_tensor(value: Any) -> Any:
     return tensors[0] if tensors else None
 
 
-def _call_once(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    """Run the operator below the Python dispatch key: `func(*args)` would dispatch it
+def _call_once(func: Any, args: Any, kwargs: dict[str, Any], after: Any) -> Any:
+    """Run the operator below the dispatch key `after`: `func(*args)` would dispatch it
     again from the top, and the execution trace (its RecordFunction) would hold it twice."""
     import torch
 
     tensor = _first_tensor(args)
     if tensor is None or type(tensor) is not torch.Tensor:
         return func(*args, **kwargs)
-    below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
+    below = torch._C._dispatch_keyset_full_after(after)
     return func.redispatch(torch._C._dispatch_keys(tensor) & below, *args, **kwargs)
+
+
+def _record(dist: Any, log: _Log, name: str, args: tuple[Any, ...], functional: bool,
+            call: Callable[[], Any]) -> Any:
+    """One call: its entry, then the call itself, timed."""
+    entry = log.add(_entry(dist, name, args, functional))
+    entry["start_us"] = round((time.perf_counter() - log.origin) * 1e6, 3)
+    result = call()
+    if functional:      # its Work stays inside torch: the time to issue it
+        log.finish(entry, time.perf_counter(), "return")
+    else:
+        _watch(log, entry, result, dist)
+    return result
 
 
 def _entry(dist: Any, name: str, args: tuple[Any, ...], functional: bool) -> dict[str, Any]:
@@ -290,7 +306,40 @@ def _entry(dist: Any, name: str, args: tuple[Any, ...], functional: bool) -> dic
         return {"op": family, "call": name, "error": f"not described: {exc}"}
 
 
+@contextlib.contextmanager
+def _c10d_kernels(dist: Any, log: _Log) -> Iterator[None]:
+    """A kernel of ours for every c10d operator at the ADInplaceOrView dispatch key, which
+    every call on an ordinary tensor passes (none is registered there by torch): it records
+    the call and hands it on below that key. Only the communication operators come to
+    Python; every thread's calls come (DDP's, gloo's, the job's own threads)."""
+    import torch
+
+    library = torch.library.Library("c10d", "IMPL")
+    view = torch._C.DispatchKey.ADInplaceOrView
+
+    def kernel_of(name: str) -> Callable[..., Any]:
+        op = getattr(torch.ops.c10d, name).default
+        below = torch._C._dispatch_keyset_full_after(view)
+
+        def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            return _record(dist, log, name, args, False,
+                           lambda: op.redispatch(keyset & below, *args, **kwargs))
+
+        return kernel
+
+    for name in _FAMILY:
+        library.impl(name, kernel_of(name), "ADInplaceOrView", with_keyset=True)
+    try:
+        yield
+    finally:
+        library._destroy()
+
+
 def _recorder(dist: Any, log: _Log) -> Any:
+    """Inside torch.inference_mode the ADInplaceOrView key is skipped: there a dispatch
+    mode records the c10d and functional operators (it sees every operator, so it is
+    entered only there)."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Recorder(TorchDispatchMode):
@@ -302,17 +351,39 @@ def _recorder(dist: Any, log: _Log) -> Any:
             if name not in (_FUNCTIONAL if functional else _FAMILY) or \
                     func.namespace not in ("c10d", "_c10d_functional"):
                 return func(*args, **kwargs)
-            entry = log.add(_entry(dist, name, tuple(args), functional))
-            start = time.perf_counter()
-            entry["start_us"] = round((start - log.origin) * 1e6, 3)
-            result = _call_once(func, args, kwargs)
-            if functional:      # its Work stays inside torch: the time to issue it
-                log.finish(entry, time.perf_counter(), "return")
-            else:
-                _watch(log, entry, result, dist)
-            return result
+            after = torch._C.DispatchKey.Python if functional \
+                else torch._C.DispatchKey.ADInplaceOrView
+            return _record(dist, log, name, tuple(args), functional,
+                           lambda: _call_once(func, args, kwargs, after))
 
     return Recorder()
+
+
+@contextlib.contextmanager
+def _inference_mode(dist: Any, log: _Log) -> Iterator[None]:
+    """torch.inference_mode, entered by the job, also enters the recorder's dispatch mode."""
+    from torch.autograd import grad_mode
+
+    cls = grad_mode.inference_mode
+    enter, leave = cls.__enter__, cls.__exit__
+
+    def entered(self: Any) -> None:
+        enter(self)
+        if self.mode:
+            self._ccbench_recorder = _recorder(dist, log)
+            self._ccbench_recorder.__enter__()
+
+    def left(self: Any, *exc: Any) -> None:
+        recorder = self.__dict__.pop("_ccbench_recorder", None)
+        if recorder is not None:
+            recorder.__exit__(*exc)
+        leave(self, *exc)
+
+    cls.__enter__, cls.__exit__ = entered, left  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.__enter__, cls.__exit__ = enter, leave  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -341,8 +412,8 @@ def _trace_window(log: _Log) -> Iterator[None]:
 
 @contextlib.contextmanager
 def capture(folder: str | Path) -> Iterator[Path]:
-    """Inside: every communication call this thread (and the autograd threads it starts)
-    makes, from Python or C++, is also written, one JSON line, to
+    """Inside: every communication call of this process, from Python or C++, on any thread,
+    is also written, one JSON line, to
     `folder`/ccbench-comms.rank<r>.jsonl (r: the caller's global rank). The process group
     must be initialised before entering."""
     import torch.distributed as dist
@@ -353,7 +424,8 @@ def capture(folder: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     log = _Log(path)
     try:
-        with _trace_window(log), _waits(dist, log), _recorder(dist, log):
+        with _trace_window(log), _waits(dist, log), _c10d_kernels(dist, log), \
+                _inference_mode(dist, log):
             yield path
     finally:
         log.close()

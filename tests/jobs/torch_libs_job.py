@@ -9,8 +9,9 @@ all_gather_into_tensor, an FSDP2 (`fully_shard`) step on a DeviceMesh (2-D, repl
 shard, HSDP, at 4 ranks; 1-D at 3), a ring exchange with dist.P2POp + batch_isend_irecv,
 an MoE token dispatch with uneven all_to_all_single, a send/recv on a sub-group (group_dst /
 group_src), PRODUCT / MIN / MAX on bfloat16 and float16, async ops, broadcast_object_list,
-a functional all_reduce and a barrier. Before the window: DDP's construction (its replica
-sync) and two warm-up steps (its bucket rebuild), and a MAX all-reduce; after it, one more all-reduce.
+a functional all_reduce, an all-reduce under torch.inference_mode and a barrier. Before
+the window: DDP's construction (its replica sync) and two warm-up steps (its bucket
+rebuild), and a MAX all-reduce; after it, one more all-reduce.
 
 Writes OUT/rank<r>.json (ExecutionTraceObserver) and OUT/calls/rank<r>.json: the job's own
 list of the calls it issued in the window, written by the job from what it asked for and
@@ -178,6 +179,10 @@ def object_and_functional(rank: int, world: int) -> None:
     float(out.sum())                  # the result used: waits for it
     note("allreduce", list(range(world)), torch.float32, 2800, 2800, "functional",
          reduce_op="sum")
+    with torch.inference_mode():            # an evaluation metric, summed over the world
+        metric = torch.full((3,), float(rank), dtype=torch.float64)
+        dist.all_reduce(metric)
+    note("allreduce", list(range(world)), metric.dtype, 24, 24, reduce_op="sum")
     dist.barrier()
     note("barrier", list(range(world)), None, 0, 0)
 
