@@ -390,3 +390,12 @@ def test_a_records_folder_that_cannot_be_made_leaves_the_run_printing(tmp_path: 
     warnings = [line for line in proc.stderr.splitlines() if "cannot keep records" in line]
     assert len(warnings) == 1 and "-O FILE.jsonl" in warnings[0], proc.stderr
     assert "ccbench: records in" not in proc.stderr and "# Avg bus bandwidth" in proc.stdout
+
+
+def test_the_tests_keep_default_records_outside_the_checkout() -> None:
+    """A run without -O keeps its records in ccbench-results/ of its working directory, which
+    for most tests (and the documented commands' copies) would be the checkout: conftest
+    points CCBENCH_RESULTS at a temporary folder of the session instead."""
+    root = Path(__file__).resolve().parent.parent
+    folder = Path(os.environ["CCBENCH_RESULTS"]).resolve()
+    assert folder.is_dir() and root not in folder.parents and folder != root
