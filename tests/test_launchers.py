@@ -293,6 +293,9 @@ def test_torchrun_across_hosts_agrees_on_keys_nobody_reading_the_store_learns(
     clients = [ControlClient(host, port, rank, secret=key) for rank, key in enumerate(keys)]
     with pytest.raises(RunFailure, match="refused rank 2's proof"):
         ControlClient(host, port, 2, secret=keys[1])
+    with pytest.raises(RunFailure, match="another rank's time"):      # only its own times
+        clients[1].set("m/1/times/2", {"samples": [3000.0], "wrong": 0, "copy_us": None})
+    clients[2].set("m/1/times/2", {"samples": [1e-5], "wrong": 0, "copy_us": None})
     for client in clients:
         client.close()
     server.close()                                                  # type: ignore[attr-defined]

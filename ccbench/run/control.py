@@ -157,8 +157,13 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_value(key: str, value: Any) -> None:
-    """What the harness's time keys must hold; the records are computed from them."""
+def _check_value(key: str, value: Any, claimed: int) -> None:
+    """What the harness's time keys must hold; the records are computed from them. A rank
+    sets only its own (the rank its connection proved: with a key per rank, one rank's key
+    cannot forge another's times)."""
+    if (_TIMES_KEY.fullmatch(key) or _WARM_KEY.fullmatch(key)) \
+            and int(key.rsplit("/", 1)[1]) != claimed:
+        raise BadRequest(f"{key}: another rank's time (this connection is rank {claimed}'s)")
     if _TIMES_KEY.fullmatch(key):
         if not (isinstance(value, dict) and isinstance(value.get("samples"), list)
                 and all(_is_time(v) for v in value["samples"])
@@ -318,7 +323,7 @@ class ControlServer:
                     self._data[key] = int(self._data.get(key, 0)) + 1
             else:
                 try:
-                    reply = self._handle(command, request)
+                    reply = self._handle(command, request, state["claimed"])
                 except BadRequest as bad:
                     reply = {"ok": False, "error": str(bad)}
             _write_line(stream, reply)
@@ -369,11 +374,11 @@ class ControlServer:
             return self.secret
         return self._keys.get(rank) if isinstance(rank, int) else None
 
-    def _handle(self, command: Any, request: dict[str, Any]) -> dict[str, Any]:
+    def _handle(self, command: Any, request: dict[str, Any], claimed: int) -> dict[str, Any]:
         key = _check_key(request.get("key", ""), setting=command in ("set", "add"))
         with self._cond:
             if command == "set":
-                _check_value(key, request.get("value"))
+                _check_value(key, request.get("value"), claimed)
                 self._data[key] = request.get("value")
                 self._cond.notify_all()
                 return {"ok": True}
