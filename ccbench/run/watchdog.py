@@ -162,8 +162,8 @@ class Watchdog:
     def abort(self, why: str) -> None:
         """A library reported an error mid-collective: usually a peer died. Give the store a
         moment to notice the dead connection, then stop like a timeout would (never returns).
-        Where no peer died and none is behind (each live rank posts where it is within the
-        grace), the first rank whose library failed is the cause: it says so, naming itself
+        Where no peer died, is seen stopped or is behind (each live rank posts where it is
+        within the grace), the first rank whose library failed is the cause: it says so, naming itself
         and its own error, and the others (whose errors follow from it) leave once it has."""
         deadline = time.monotonic() + _DEAD_GRACE_S
         try:
@@ -172,9 +172,16 @@ class Watchdog:
                 time.sleep(0.1)
         except StoreLost as lost:
             self._give_up(why, store_lost=lost)
-        if order == 1 and not self._missing_ranks(None):
+        if order == 1 and not self._missing_ranks(None) and not self._peer_stopped():
             self._give_up_own(why)
         self._give_up(why)
+
+    def _peer_stopped(self) -> bool:
+        """A peer's process is seen stopped or gone (where peers can be seen): a library
+        error then waited on it, and is not this rank's own."""
+        seen = self.rank_states() if self.rank_states is not None else None
+        return seen is not None and any(state != "alive" for rank, state in seen.items()
+                                        if rank != self.rank)
 
     def _give_up_own(self, why: str) -> None:
         """This rank's own error stopped the run: one line naming it (never returns)."""
