@@ -8,13 +8,17 @@ them (`send`/`recv`, `point_to_point`, `uneven_alltoall`) is replayed on them.""
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_ccbench
 
+import ccbench
 from algorithms.transport import ThreadFabric, Transport
 from ccbench.backends import REGISTRY
 from ccbench.backends.base import AlltoallvCall, Backend, Library, RankContext, library_line
@@ -187,3 +191,73 @@ def test_what_a_backend_offers_trace_replay_runs_bit_exact() -> None:
     assert _run(prepare_exchange(backend, [_SEND, _RECV], 0, 10.0)) == 0
     assert _run(prepare(backend, _ALLTOALLV, 0, 10.0)) == 0
     assert _run(prepare(MessagingBackend(_context(), copies=False), _ALLTOALLV, 0, 10.0)) > 0
+
+
+# -- a backend from another distribution: an entry point of group ccbench.backends ---------
+
+PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
+
+
+def _with_plugins() -> dict[str, str]:
+    """The fixture distributions on the path, as installed ones: `good` adds gloo-plugin,
+    `broken` four entry points that must each be skipped with their reason."""
+    paths = [str(PLUGINS / "good"), str(PLUGINS / "broken"), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def test_doctor_lists_entry_point_backends_and_why_broken_ones_were_skipped() -> None:
+    proc = run_ccbench("doctor", "--format", "json", timeout=180, env=_with_plugins())
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    rows = {(row["name"], row["kind"]): row for row in json.loads(proc.stdout)["backends"]}
+    plugin = rows["gloo-plugin", "plugin"]
+    assert plugin["display"] == "Gloo (from a plugin)"
+    assert plugin["available"] == rows["gloo", "library"]["available"]
+    where = "from ccbench-broken-plugins 0.2): "
+    expected = {
+        "missing-lib": "import failed: ModuleNotFoundError: No module named "
+                       "'ccbench_no_such_library'",
+        "not-a-class": "ccbench_broken_plugins:not_a_class is a function, not a subclass of "
+                       "ccbench.backends.base.Backend",
+        "unfinished": "ccbench_broken_plugins:Unfinished is abstract: it does not define "
+                      "barrier, info",
+        # the built-in gloo keeps its name (its own row above): the plugin's is skipped
+        "gloo": "its name clashes with the backend 'gloo' already registered",
+    }
+    for name, reason in expected.items():
+        row = rows[name, "plugin"]
+        assert row["available"] is False and row["reason"].endswith(where + reason), row
+
+
+def test_discover_refuses_unusable_names_and_a_second_plugin_of_one_name() -> None:
+    from importlib.metadata import EntryPoint
+
+    from ccbench.backends.plugins import discover
+
+    group = "ccbench.backends"
+    good = EntryPoint(NAME, f"{__name__}:CopyOnlyBackend", group)
+    plugins, broken = discover(["gloo"], [
+        good, EntryPoint(NAME, f"{__name__}:MessagingBackend", group),
+        EntryPoint("a,b", f"{__name__}:CopyOnlyBackend", group),
+        EntryPoint("other", f"{__name__}:CopyOnlyBackend", group),
+        EntryPoint("dotless", "tests_no_module", group)])
+    assert [(p.name, p.target) for p in plugins] == [(NAME, good.value)]
+    assert [(b.name, b.reason) for b in broken] == [
+        (NAME, f"its name clashes with the backend {NAME!r} already registered"),
+        ("a,b", "'a,b' is not a usable backend name (letters, digits, _ . + -)"),
+        ("other", f"{__name__}:CopyOnlyBackend.name is {NAME!r}, not its entry point's name "
+                  "'other'"),
+        ("dotless", "'tests_no_module' is not of the form module:Class")]
+
+
+def test_an_entry_point_backend_runs_under_launch_into_records_and_load(tmp_path: Path
+                                                                        ) -> None:
+    out = tmp_path / "plugin.jsonl"
+    proc = run_ccbench("launch", "-n", "2", "allreduce", "--backend", "gloo-plugin", "--sizes",
+                       "8,1K", "--iters", "2", "--warmup", "1", "-q", "--output", str(out),
+                       timeout=300, env=_with_plugins())
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    records = load_records(out)
+    assert {(r.backend, r.library, r.world_size) for r in records} == {("gloo-plugin", "gloo", 2)}
+    assert len(records) == 4 and all(r.wrong == 0 for r in records)
+    frame = ccbench.load(out)
+    assert list(frame["backend"].unique()) == ["gloo-plugin"]

@@ -8,19 +8,27 @@ import importlib
 from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import Backend, BackendFactory, RankContext
 from ccbench.backends.options import BackendOptions
+from ccbench.backends.plugins import BrokenPlugin, Plugin, discover
 from ccbench.errors import BackendUnavailable, choices_error
 
 # name -> "module:Class", from ccbench/backend_facts.py (where report/ and model/ read the
 # rest of an entry). Each backend is one file; its library is imported only inside it.
 REGISTRY: dict[str, str] = {name: facts.target for name, facts in BACKENDS.items()}
 
+#: the backends installed distributions add (entry points of group `ccbench.backends`),
+#: registered after the built-in ones; those skipped, with why, in BROKEN_PLUGINS
+PLUGINS: list[Plugin]
+BROKEN_PLUGINS: list[BrokenPlugin]
+PLUGINS, BROKEN_PLUGINS = discover(REGISTRY)
+REGISTRY.update((plugin.name, plugin.target) for plugin in PLUGINS)
+
 # (name, device) -> a class that replaces the registry's for that device
 DEVICE_VARIANTS: dict[tuple[str, str], str] = {
     ("mpi", "cuda"): "ccbench.backends.cuda_mpi:CudaMPIBackend",
 }
 
-__all__ = ["DEVICE_DEFAULTS", "HOST_BACKEND", "REGISTRY", "Backend", "BackendFactory",
-           "RankContext", "backend_class", "backend_names", "check_launchable",
+__all__ = ["BROKEN_PLUGINS", "DEVICE_DEFAULTS", "HOST_BACKEND", "PLUGINS", "REGISTRY", "Backend",
+           "BackendFactory", "RankContext", "backend_class", "backend_names", "check_launchable",
            "device_backends", "parse_backends", "prepare_process", "reading"]
 
 
@@ -43,7 +51,10 @@ def backend_class(name: str, device: str = "cpu") -> BackendFactory:
         module = importlib.import_module(module_name)
     except ImportError as exc:   # the backend's own file is missing or broken
         raise BackendUnavailable(f"backend {name!r} unavailable: {exc}") from None
-    cls: type[Backend] = getattr(module, class_name)
+    found: object = module
+    for attribute in class_name.split("."):     # an entry point may name Outer.Inner
+        found = getattr(found, attribute)
+    cls: type[Backend] = found  # type: ignore[assignment]
     return cls
 
 

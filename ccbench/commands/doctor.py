@@ -117,9 +117,10 @@ def _launch() -> dict[str, Any]:
 
 # -- backends -----------------------------------------------------------------------------------
 def _backend_names() -> list[tuple[str, str]]:
-    from ccbench.backends import REGISTRY, transports
+    from ccbench.backends import PLUGINS, REGISTRY, transports
 
-    names = [(name, "library") for name in REGISTRY]
+    plugins = {plugin.name for plugin in PLUGINS}
+    names = [(name, "plugin" if name in plugins else "library") for name in REGISTRY]
     if importlib.util.find_spec("ccbench.backends.algorithmic") is not None:
         algorithmic = importlib.import_module("ccbench.backends.algorithmic")
         for algorithm in algorithmic.algorithm_names():
@@ -147,6 +148,15 @@ def _backend(name: str, kind: str, device: str = "cpu") -> dict[str, Any]:
     row.update(display=cls.display_name or name, available=reason is None, reason=reason)
     row["version"] = cls.probe_version() if reason is None else None
     return row
+
+
+def _broken_plugin_rows() -> list[dict[str, Any]]:
+    """The entry points of group ccbench.backends that were skipped, each with why."""
+    from ccbench.backends import BROKEN_PLUGINS
+
+    return [{"name": plugin.name, "kind": "plugin", "available": False,
+             "reason": f"plugin skipped ({plugin.target} from {plugin.distribution}): "
+                       f"{plugin.reason}"} for plugin in BROKEN_PLUGINS]
 
 
 def _backend_classes() -> list[type[Backend]]:
@@ -205,7 +215,7 @@ def collect() -> dict[str, Any]:
         cls.quiet_probes()
     libraries = _libraries(classes)
     backends = [_backend(name, kind) for name, kind in _backend_names()]
-    backends += _device_rows()
+    backends += _device_rows() + _broken_plugin_rows()
     return {
         "ccbench": __version__,
         "python": platform.python_version(),
