@@ -237,3 +237,35 @@ def test_diagnose_map_without_a_recorded_verdict_says_it_recomputed() -> None:
     fig = _figure(names, measures, found, "t", "single", recomputed=True)
     assert any("recomputed" in t.get_text() for t in fig.texts)
     assert not check_figure(fig, PAPERS["single"], min_data=0.9)
+
+
+# -- the replay figures --------------------------------------------------------------------
+
+def _replayed() -> list:
+    """A replayed trace on two backends: 4 ranks, two tensor-parallel pairs and the world."""
+    out = []
+    calls = [("allreduce", (0, 1), 16 << 10), ("allreduce", (2, 3), 16 << 10),
+             ("allgather", (0, 1, 2, 3), 1 << 20), ("broadcast", (0, 1, 2, 3), 256),
+             ("allreduce", (0, 1, 2, 3), 64 << 20), ("reduce-scatter", (0, 1, 2, 3), 4 << 20)]
+    for backend, library, scale in (("gloo", "gloo", 3.0), ("mpi", "Intel MPI", 1.0)):
+        for call, (collective, group, size) in enumerate(calls):
+            out.append(SimpleNamespace(
+                run_id=f"run-{backend}", timestamp="2026-12-05T06:00:00+00:00",
+                backend=backend, library=library, library_version="1.0", collective=collective,
+                size_asked=size, size_used=size, world_size=len(group),
+                time_us={"median": scale * (20.0 + size / 2e3)},
+                method={"trace": {"file": "traces/job/rank0.json", "call": call,
+                                  "node_id": 10 + call, "group": list(group),
+                                  "trace_world_size": 4}}))
+    return out
+
+
+@pytest.mark.parametrize("paper", PAPER_NAMES)
+def test_replay_figures_fit_the_paper(paper) -> None:
+    from ccbench.report.traces import _breakdown_figure, _timeline_figure, latest_runs
+
+    backends = latest_runs(_replayed())["job"]
+    for draw in (_timeline_figure, _breakdown_figure):
+        fig = draw("job", backends, PAPERS[paper])
+        problems = check_figure(fig, PAPERS[paper], min_data=0.2)
+        assert not problems, "\n".join(problems)

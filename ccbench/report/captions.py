@@ -27,6 +27,18 @@ def _series(frame: Any) -> str:
     return and_list([label for _, label, _ in figures._legend_entries(frame)])
 
 
+def _only(frame: Any) -> str:
+    """'; 3 ranks: Intel MPI 2021.18.1 only' where a world size has fewer series than the
+    figure draws."""
+    every = figures._legend_entries(frame)
+    out = []
+    for p in figures._world_sizes(frame):
+        here = figures._legend_entries(frame[frame["world_size"] == p])
+        if len(here) < len(every):
+            out.append(f"{p} ranks: {and_list([label for _, label, _ in here])} only")
+    return "; " + "; ".join(out) if out else ""
+
+
 def _over(frame: Any) -> str:
     notes = [f"{p} ranks{figures.oversubscription(p, frame)}"
              for p in figures._world_sizes(frame) if figures.oversubscription(p, frame)]
@@ -48,7 +60,7 @@ def overview_caption(frame: Any, metric: str) -> str:
             f"out-of-place." if inplace else " Out-of-place.")
     return (f"{what} against message size: {len(colls)} collective"
             f"{'s' if len(colls) > 1 else ''} ({and_list(colls)}) at {_worlds(frame)}; "
-            f"{_series(frame)}. Medians;{mode} {figures.context_line(frame)}."
+            f"{_series(frame)}{_only(frame)}. Medians;{mode} {figures.context_line(frame)}."
             + (_scale(frame) if metric == "busbw" else "") + _over(frame))
 
 
@@ -61,7 +73,7 @@ def collective_caption(frame: Any, collective: str) -> str:
     how = ("solid out-of-place, dashed in-place" if len(modes) > 1
            else ("in-place" if modes[0] else "out-of-place"))
     return (f"{collective}: bus bandwidth (first row) and time per operation (second row) "
-            f"against message size at {_worlds(sub)}; {_series(sub)}; {how}; "
+            f"against message size at {_worlds(sub)}; {_series(sub)}{_only(sub)}; {how}; "
             f"{figures.band_note(bool(banded))}. {figures.context_line(sub)}."
             + _scale(sub) + _over(sub))
 

@@ -129,13 +129,15 @@ def _series_styles(frame):
 
 
 def busbw_is_log(frame) -> bool:
-    """Whether the series' peak bus bandwidths differ by more than LOG_BUSBW_RATIO (a linear
-    axis would lay the slow ones flat on the baseline)."""
-    peaks = frame.groupby("series")["busbw"].max()
+    """Whether, in some panel (collective and world size), the series' peak bus bandwidths
+    differ by more than LOG_BUSBW_RATIO (a linear axis would lay the slow ones flat on the
+    baseline)."""
+    peaks = frame.groupby(["collective", "world_size", "series"])["busbw"].max()
     peaks = peaks[peaks > 0]
-    if len(peaks) < 2:
+    if peaks.empty:
         return False
-    return bool(peaks.max() / peaks.min() > LOG_BUSBW_RATIO)
+    spread = peaks.groupby(level=[0, 1]).agg(lambda v: v.max() / v.min())
+    return bool((spread > LOG_BUSBW_RATIO).any())
 
 
 def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = True) -> bool:
@@ -220,7 +222,13 @@ def _limits(ax, values, log: bool) -> None:
 
 
 def _bw_label(v: float, _pos: object = None) -> str:
-    return f"{v:g}"
+    """0.01, 0.1, 10, 1000; below 0.01 a power of ten (10⁻⁵), never 1e-05."""
+    if v <= 0 or v >= 1:
+        return f"{v:g}"
+    exponent = math.floor(math.log10(v) + 1e-9)
+    if exponent < -2 and abs(v / 10.0 ** exponent - 1) < 1e-6:
+        return f"$10^{{{exponent}}}$"
+    return f"{v:.{max(0, -exponent)}f}"
 
 
 def _panel_grid(paper: Paper, count: int, rows_of_legend: int, *, shared: bool,
@@ -279,28 +287,19 @@ def collective_figure(frame, collective: str, paper: Paper) -> list:
     k_all = 0
     panels = [(metric, p) for metric in ("busbw", "time") for p in worlds]
     for fig, grid, axes in _panels(grids, share=False):
-        first_bw = first_t = None
         for k, ax in enumerate(axes):
             metric, p = panels[k_all + k]
             data = sub[sub["world_size"] == p]
             if metric == "busbw":
                 _plot_lines(ax, data, "busbw", "busbw_p5", "busbw_p95", styles)
-                if first_bw is None:
-                    first_bw = ax
-                    _busbw_axis(ax, log_bw)
-                    _limits(ax, sub[["busbw", "busbw_p5", "busbw_p95"]].to_numpy().ravel(),
-                            log_bw)
-                else:
-                    ax.sharey(first_bw)
+                _busbw_axis(ax, log_bw)       # each panel its own range: a spike at one
+                _limits(ax, data[["busbw", "busbw_p5", "busbw_p95"]].to_numpy().ravel(),
+                        log_bw)               # world size flattens no other
                 ylabel = "busbw (GB/s)"
             else:
                 _plot_lines(ax, data, "median_us", "p5_us", "p95_us", styles)
-                if first_t is None:
-                    first_t = ax
-                    _time_axis(ax)
-                    _limits(ax, sub[["median_us", "p5_us", "p95_us"]].to_numpy().ravel(), True)
-                else:
-                    ax.sharey(first_t)
+                _time_axis(ax)
+                _limits(ax, data[["median_us", "p5_us", "p95_us"]].to_numpy().ravel(), True)
                 ylabel = "time per op"
             _size_axis(ax, lo, hi, grid)
             ax.set_title(_ranks(p, sub), fontweight="bold")
@@ -323,11 +322,9 @@ def overview_figure(frame, metric: str, paper: Paper) -> list:
     collectives = _unique(frame["collective"])
     worlds = _world_sizes(frame)
     styles = _series_styles(frame)
-    cells = [(p, c) for p in worlds for c in collectives
-             if ((frame["world_size"] == p) & (frame["collective"] == c)).any()]
     handles = _legend_handles(frame, [])
     rows = legend_rows([str(h.get_label()) for h in handles], paper)
-    rows_of = len(collectives) if len(cells) == len(worlds) * len(collectives) else None
+    cells, rows_of = _overview_cells(frame, collectives, worlds, paper, rows)
     titles = [_overview_title(frame, p, c, len(worlds) > 1) for p, c in cells]
     grids = Grid.plan(paper, len(cells), header=0, legend_rows=rows, left_chars=5,
                       rows_of=rows_of)
@@ -362,6 +359,20 @@ def overview_figure(frame, metric: str, paper: Paper) -> list:
         _add_legend(fig, grid, handles)
         pages.append(fig)
     return pages
+
+
+def _overview_cells(frame, collectives: list[str], worlds: list[int], paper: Paper,
+                    rows: int) -> tuple[list[tuple[int, str]], int | None]:
+    """The panels in reading order: a row per world size where every collective fits in
+    a row, else a column per world size where they fit, else row after row."""
+    measured = {(int(p), c) for p, c in zip(frame["world_size"], frame["collective"],
+                                            strict=True)}
+    if len(measured) != len(worlds) * len(collectives):
+        return [(p, c) for p in worlds for c in collectives if (p, c) in measured], None
+    fits = Grid.plan(paper, len(measured), header=0, legend_rows=rows, left_chars=5)[0].ncols
+    if len(collectives) <= fits or len(worlds) > fits:
+        return [(p, c) for p in worlds for c in collectives], len(collectives)
+    return [(p, c) for c in collectives for p in worlds], len(worlds)
 
 
 def _overview_title(frame, p: int, coll: str, worlds: bool) -> str:
@@ -571,6 +582,6 @@ def _model_ratio(ax, data, predictions, p: int, styles) -> None:
         ax.plot(sizes, ratio, color=c, marker=m)
     ax.axhline(1.0, color="0.3", linewidth=0.8)
     ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_locator(mticker.LogLocator(base=4, numticks=5))
+    ax.yaxis.set_major_locator(mticker.LogLocator(base=2, numticks=7))
     ax.yaxis.set_major_formatter(mticker.FuncFormatter(_ratio_label))
     ax.yaxis.set_minor_locator(mticker.NullLocator())

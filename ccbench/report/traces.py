@@ -176,11 +176,11 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> 
                     label=f"{backend} ({lib}): {_us(totals[backend])} in all")
         ax.set_yticks(y, [f"{c} {b}" for c, _, b in keys])
         ax.invert_yaxis()
-        ax.set_xlabel("communication time (µs, summed over calls)")
+        ax.set_xlabel("time (µs, summed over calls)")
         values = [v for t in per.values() for v in t.values() if v > 0]
         if values and max(values) > 100 * min(values):     # keep the small bars visible
             ax.set_xscale("log")
-            ax.set_xlabel("communication time (µs, summed over calls; log)")
+            ax.set_xlabel("time (µs, summed over calls; log)")
         title = f"trace {name}: time by collective and size"
         ratios = speedups(totals)
         if ratios:
@@ -188,7 +188,7 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> 
             title += f"; {fast} {ratio:.2f}x faster than {slow} ({SPEEDUP_STATISTIC})"
         from ccbench.report.paper import wrap_text
 
-        ax.set_title(wrap_text(title, paper, paper.width - 0.4))
+        ax.set_title(wrap_text(title, paper, 0.8 * paper.width - 0.4))
         fig.legend(loc="outside lower center", ncols=1)
     return fig
 
