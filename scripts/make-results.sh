@@ -145,7 +145,9 @@ if ! "$VENV/bin/python" -m ccbench calibrate "${natives[@]}" -o "$MODEL" --boots
      >"$LOGS/calibrate.txt" 2>&1; then
   echo "calibrate failed (see $LOGS/calibrate.txt): report without the model"; MODEL=""
 fi
-rm -rf "$ROOT/results/report"
+# the figures and documents are remade; the dated notes beside them (YYYY-MM-DD-*.md) stay
+mkdir -p "$ROOT/results/report"
+find "$ROOT/results/report" -maxdepth 1 -type f ! -name '20[0-9][0-9]-*.md' -delete
 "$VENV/bin/python" -m ccbench report "$DATA"/*.jsonl.gz -o "$ROOT/results/report" \
   --title "ccbench on a 2-core CPU machine: gloo, Intel MPI, MPICH, Open MPI, oneCCL" \
   ${MODEL:+--model "$MODEL"}
