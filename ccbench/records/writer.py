@@ -53,9 +53,9 @@ def rewriting(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the append lock of a file that is about to be read and replaced as a whole
     (`merge IN -o IN`, a Parquet run's end): an appender waits, then appends to the new
     file, so nothing appended meanwhile is lost with the old one. Nothing to hold for a file
-    that does not exist yet."""
+    that does not exist yet, nor for one this user may not write (no appender can open it)."""
     with contextlib.ExitStack() as stack:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
             stack.enter_context(_locked(path, create=False))
         yield
 
