@@ -14,7 +14,7 @@ from typing import Any
 
 from ccbench import __version__
 from ccbench.backends import backend_class, prepare_process
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.bench_options import COMBINE_LABELS, method_record
 from ccbench.collectives import REDUCING, layout
@@ -221,7 +221,7 @@ class _Run:
             with watchdog.waiting():
                 backend.finalize()
 
-    def _run_group(self, backend: Backend, meta: dict[str, Any], watchdog: Watchdog,
+    def _run_group(self, backend: Backend, meta: BackendInfo, watchdog: Watchdog,
                    progress: Progress, collective: str, dtype: str, op: str | None) -> None:
         config = self.config
         reason = backend.unsupported(collective, numpy_dtype(dtype), op)
@@ -253,7 +253,7 @@ class _Run:
                 if result is not None:
                     self._emit(backend, meta, case, size, result, modes)
 
-    def _emit(self, backend: Backend, meta: dict[str, Any], case: Case, size: int,
+    def _emit(self, backend: Backend, meta: BackendInfo, case: Case, size: int,
               result: SizeResult, modes: tuple[bool, ...]) -> None:
         config, info, lay = self.config, self.info, result.layout
         record = Record(
@@ -273,7 +273,7 @@ class _Run:
                     "oversubscribed": self.placement["oversubscribed"],
                     "cores_per_node": self.placement["cores"],
                     # settings that change what is measured, when the backend has them
-                    **{k: meta[k] for k in METHOD_KEYS if meta.get(k) is not None},
+                    **{k: v for k in METHOD_KEYS if (v := meta.get(k)) is not None},
                     # what the clock saw: one bound call (per-op) or a batch's loop (pipelined)
                     **({"timed_call": result.batch_loop} if result.batch_loop else {}),
                     **({"local_copy_us": result.local_copy_us}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.collectives import every
 from ccbench.collectives import get as get_collective
 from ccbench.run.control import StoreTimeout
@@ -139,7 +139,7 @@ class LoopbackBackend(Backend):
         super().__init__(ctx)
         self.world, self.corrupt = world, corrupt
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         return {"library": "loopback", "library_version": "0", "device": "cpu", "env": {}}
 
     def _exchange(self, values: np.ndarray) -> list[np.ndarray]:

@@ -21,7 +21,14 @@ from conftest import run_ccbench
 import ccbench
 from algorithms.transport import ThreadFabric, Transport
 from ccbench.backends import REGISTRY
-from ccbench.backends.base import AlltoallvCall, Backend, Library, RankContext, library_line
+from ccbench.backends.base import (
+    AlltoallvCall,
+    Backend,
+    BackendInfo,
+    Library,
+    RankContext,
+    library_line,
+)
 from ccbench.records import load_records
 from ccbench.replay.extra import ExtraCall
 from ccbench.trace.ops import CommOp, Group
@@ -49,7 +56,7 @@ class CopyOnlyBackend(Backend):
     def probe_version(cls) -> str | None:
         return "copylib 1.2.3"
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         return {"library": "copylib", "library_version": "1.2.3", "device": "cpu", "env": {}}
 
     def _allreduce(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:

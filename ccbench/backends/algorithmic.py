@@ -39,6 +39,7 @@ from ccbench.backends.base import (
     AlltoallvCall,
     Backend,
     BackendFactory,
+    BackendInfo,
     Exchange,
     MessageCall,
     RankContext,
@@ -240,11 +241,9 @@ class AlgorithmBackend(Backend):
             return f"unsupported by {self.name}: avg on device buffers (no division kernel)"
         return self.refuses(dtype, op)
 
-    def info(self) -> dict[str, Any]:
-        meta = dict(self.inner.info())
-        meta["algorithm"] = self.algorithm
-        meta["reductions"] = type(self._reducer).__name__
-        return meta
+    def info(self) -> BackendInfo:
+        return {**self.inner.info(), "algorithm": self.algorithm,
+                "reductions": type(self._reducer).__name__}
 
     def split(self, groups: Sequence[Sequence[int]], timeout: float
               ) -> list[Backend | str | None]:

@@ -18,7 +18,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, Protocol, Required, TypedDict
 
 import numpy as np
 
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from algorithms.transport import Transport
     from ccbench.run.control import ControlClient
 
-__all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendOptions", "Builder", "Exchange",
+__all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendInfo", "BackendOptions", "Builder",
+           "Exchange",
            "HostBuffers", "Library", "Message", "MessageCall", "RankContext", "Support",
            "in_sequence"]
 
@@ -64,6 +65,47 @@ class Library:
     name: str
     probe: Callable[[], dict[str, Any]]
     lines: Callable[[dict[str, Any]], list[str]]
+
+
+class BackendInfo(TypedDict, total=False):
+    """What `Backend.info()` says about the library a run measured. The first four keys are
+    every backend's: records hold library, library_version and device as fields, env under
+    environment.backend. Of the rest, those that change what is measured (buffers, nccl_algo,
+    nccl_proto, *_out_of_place, mpi_thread_level, cuda_graph, timed_call ...) go to the
+    record's method block, every other one to its environment."""
+
+    library: Required[str]
+    library_version: Required[str]
+    device: Required[str]                   # cpu | cuda:<index>
+    env: Required[dict[str, str]]           # the environment variables that steer the library
+    # -- how the measured call is made
+    timed_call: NotRequired[str]
+    allreduce_out_of_place: NotRequired[str]
+    reduce_out_of_place: NotRequired[str]
+    stream: NotRequired[str]
+    cuda_graph: NotRequired[bool | None]
+    algorithm: NotRequired[str]             # an algorithms/ schedule run over the library
+    reductions: NotRequired[str]
+    # -- the library's settings
+    mpi_thread_level: NotRequired[str | None]
+    nccl_algo: NotRequired[str | None]
+    nccl_proto: NotRequired[str | None]
+    torch_threads: NotRequired[int]
+    library_path: NotRequired[str]
+    libfabric: NotRequired[str | None]
+    # -- buffers and devices
+    buffers: NotRequired[str]
+    buffers_detected_by: NotRequired[str]
+    device_shared: NotRequired[bool]
+    host_mirror: NotRequired[str | None]
+    gpu: NotRequired[str]
+    gpu_count: NotRequired[int]
+    gpu_memory_bytes: NotRequired[int]
+    compute_capability: NotRequired[str]
+    torch: NotRequired[str]
+    cupy: NotRequired[str]
+    cuda_runtime: NotRequired[str | int | None]
+    hip_runtime: NotRequired[str | None]
 
 
 class BackendFactory(Protocol):
@@ -185,8 +227,9 @@ class Backend(ABC):
         return self.name
 
     @abstractmethod
-    def info(self) -> dict[str, Any]:
-        """library, library_version, device and an `env` dict of the variables that steer it."""
+    def info(self) -> BackendInfo:
+        """library, library_version, device and an `env` dict of the variables that steer it
+        (with what else the backend says about how it measured: `BackendInfo`)."""
 
     # -- buffers (the policy's) ------------------------------------------------------
     def alloc(self, count: int, dtype: np.dtype) -> Any:

@@ -24,7 +24,7 @@ import ctypes
 import os
 from typing import TYPE_CHECKING, Any
 
-from ccbench.backends.base import RankContext
+from ccbench.backends.base import BackendInfo, RankContext
 from ccbench.backends.buffers import CupyBuffers, CupyStagedBuffers, DeviceBuffer, pinned_allocator
 from ccbench.backends.cupy_device import CUPY, cupy_missing_reason
 from ccbench.backends.mpi import MPIBackend, MPITransport
@@ -119,7 +119,7 @@ class CudaMPIBackend(MPIBackend):
                         else CupyStagedBuffers(cupy, pinned_allocator()))
 
     # -- metadata ---------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         meta = super().info()
         runtime = self.cupy.cuda.runtime
         try:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
+from ccbench.backends.base import BackendInfo
 from ccbench.backends.torch_dist import (
     TORCH_TIMED_CALL,
     TorchDistBackend,
@@ -62,7 +63,7 @@ class GlooBackend(TorchDistBackend):
                     f"floating-point types only)")
         return None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         return {"library": "gloo", "library_version": f"torch {self.torch.__version__}",
                 "device": "cpu", "env": self._env("GLOO_", "TORCH_", "OMP_"),
                 "torch_threads": self.torch.get_num_threads(), "timed_call": TORCH_TIMED_CALL,

@@ -19,6 +19,7 @@ from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import (
     AlltoallvCall,
     Backend,
+    BackendInfo,
     Batch,
     Library,
     RankContext,
@@ -230,7 +231,7 @@ class MPIBackend(Backend):
             self._probed[key] = f"no {dtype.name} datatype ({exc})"
             _NO_DATATYPE.add(dtype.name)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         first_line = self.version.splitlines()[0] if self.version else ""
         prefixes = ("MPIR_", "MPICH_", "OMPI_MCA_", "I_MPI_", "FI_", "UCX_", "PMI_", "HYDRA_")
         return {"library": _library_name(self.version), "library_version": first_line,

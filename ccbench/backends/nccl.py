@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
-from ccbench.backends.base import RankContext
+from ccbench.backends.base import BackendInfo, RankContext
 from ccbench.backends.torch_dist import (
     GroupedTorchTransport,
     TorchDistBackend,
@@ -222,7 +222,7 @@ class NCCLBackend(TorchDistBackend):
         self.torch.cuda.synchronize(self.device)
 
     # -- metadata ---------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         torch = self.torch
         props = torch.cuda.get_device_properties(self.device)
         options = self.ctx.options

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
-from ccbench.backends.base import Backend, Batch, RankContext, starmap_batch
+from ccbench.backends.base import Backend, BackendInfo, Batch, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import CUPY, cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
@@ -368,7 +368,7 @@ class NCCLCupyBackend(Backend):
         self.comm = None
 
     # -- metadata ---------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         cupy, options = self.cupy, self.ctx.options
         runtime = cupy.cuda.runtime
         try:

@@ -25,6 +25,7 @@ from ccbench.backends._oneccl_lib import OneCCLLib, OneCCLLoadError, UniqueId, l
 from ccbench.backends.base import (
     AlltoallvCall,
     Backend,
+    BackendInfo,
     Library,
     Message,
     RankContext,
@@ -224,7 +225,7 @@ class OneCCLBackend(Backend):
     def transport(self) -> str:
         return f"oneccl/{os.environ.get('CCL_ATL_TRANSPORT', 'ofi')}"
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         env = {k: v for k, v in os.environ.items()
                if k.startswith(_ENV_PREFIXES) and k != "CCL_LOCAL_RANK"}
         return {"library": "oneCCL", "library_version": self.ccl.version, "device": "cpu",

@@ -26,7 +26,7 @@ import numpy as np
 
 from ccbench import __version__
 from ccbench.backends import backend_class
-from ccbench.backends.base import Backend, RankContext
+from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_tries
 from ccbench.diagnose.counters import (
@@ -175,7 +175,7 @@ class _Rank:
         self.host_of: list[int] = []            # rank -> host index
         self.rep: list[int] = []                # host index -> its representative rank
         self.run_id = ""
-        self.meta: dict[str, Any] = {}
+        self.meta: BackendInfo | None = None      # the backend's, once it is set up
         self.collected: Collected | None = None
         self.counters_before: dict[str, dict[str, Any]] = {}
 
@@ -503,8 +503,9 @@ class _Rank:
                 timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(
                     timespec="seconds"),
                 ccbench_version=__version__, collective=collective, backend=self.config.backend,
-                library=self.meta.get("library", ""),
-                library_version=self.meta.get("library_version", ""), algorithm="native",
+                library=self.meta["library"] if self.meta else "",
+                library_version=self.meta["library_version"] if self.meta else "",
+                algorithm="native",
                 transport=self.config.backend, device="cpu",
                 dtype="float32" if collective != "broadcast" else "uint8",
                 op="sum" if collective == "allreduce" else None,

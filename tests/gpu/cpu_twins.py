@@ -14,6 +14,7 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+from ccbench.backends.base import BackendInfo
 from ccbench.backends.nccl import NCCLBackend
 
 
@@ -108,7 +109,7 @@ class NCCLCpuTwin(NCCLBackend):
         finally:
             self._in_bound_call = False
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> BackendInfo:
         torch = self.torch
         props = SimpleNamespace(name="CPU twin", total_memory=0, major=0, minor=0)
         real = torch.cuda.get_device_properties, torch.cuda.device_count
@@ -121,7 +122,7 @@ class NCCLCpuTwin(NCCLBackend):
         finally:
             torch.cuda.get_device_properties, torch.cuda.device_count = real
             self.device = saved_device
-        meta["cpu_twin"] = True
+        meta["cpu_twin"] = True  # type: ignore[typeddict-unknown-key]  # a key of the twin
         return meta
 
     def finalize(self) -> None:
