@@ -265,17 +265,20 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
     bufs = _Buffers(backend, case, lay, rank)
     bufs.hold_steady()
     warm, _ = _timed_samples(backend, case, bufs, method, watchdog, method.warmup)
+    # keyed by global rank: the store accepts a rank's times only from that rank's connection
+    members = [ctx.global_rank(r) for r in range(world)]
     with watchdog.waiting():
-        iterations = _agree_iterations(store, f"{key}/warm", warm, method, rank, world)
+        iterations = _agree_iterations(store, f"{key}/warm", warm, method, members, rank)
     samples, loop = _timed_samples(backend, case, bufs, method, watchdog, iterations, on_sample)
     copy_us = _local_copy_us(backend, case, bufs, iterations)
     wrong = _validate(backend, case, bufs, method, watchdog) if method.check else None
     del bufs
-    store.set(f"{key}/times/{rank}", {"samples": samples, "wrong": wrong, "copy_us": copy_us})
+    store.set(f"{key}/times/{members[rank]}",
+              {"samples": samples, "wrong": wrong, "copy_us": copy_us})
     if rank != 0:
         return None, wrong or 0
     with watchdog.waiting():
-        per_rank = [store.get(f"{key}/times/{r}", method.timeout) for r in range(world)]
+        per_rank = [store.get(f"{key}/times/{g}", method.timeout) for g in members]
     result = _summarize(lay, per_rank, iterations, wrong is not None, method.combine)
     result.batch_loop = loop
     result.warmup = len(warm)
@@ -283,13 +286,14 @@ def measure_size(backend: Backend, store: ControlClient, watchdog: Watchdog, cas
 
 
 def _agree_iterations(store: ControlClient, key: str, warm: list[float], method: Method,
-                      rank: int, world: int) -> int:
-    """Timed-iteration count, the same on every rank (raised to fill --min-time)."""
+                      members: list[int], rank: int) -> int:
+    """Timed-iteration count, the same on every rank of `members` (global ranks; raised to
+    fill --min-time)."""
     if method.min_time <= 0:
         return method.iters
     estimate = float(np.median(warm)) if warm else 0.0
-    store.set(f"{key}/{rank}", estimate)
-    slowest = max(float(store.get(f"{key}/{r}", method.timeout)) for r in range(world))
+    store.set(f"{key}/{members[rank]}", estimate)
+    slowest = max(float(store.get(f"{key}/{g}", method.timeout)) for g in members)
     if slowest <= 0:
         return method.max_iters
     wanted = math.ceil(method.min_time / slowest)

@@ -68,13 +68,13 @@ def test_iterations_agreed_on_the_slowest_rank_and_capped() -> None:
     warm = {0: [0.001, 0.001], 1: [0.004, 0.004], 2: [0.002]}   # rank 1 is slowest: 4 ms
     world = ThreadWorld(3)
     world.store = store
-    counts = world.run(lambda r: _agree_iterations(store, "k", warm[r], method, r, 3))
+    counts = world.run(lambda r: _agree_iterations(store, "k", warm[r], method, [0, 1, 2], r))
     assert counts == [250, 250, 250]                 # ceil(1 s / 4 ms), the same everywhere
     capped = Method(iters=5, warmup=2, min_time=10.0, max_iters=400, timeout=5)
     store2 = MemoryStore()
     assert ThreadWorld(3).run(
-        lambda r: _agree_iterations(store2, "k", warm[r], capped, r, 3)) == [400] * 3
-    assert _agree_iterations(MemoryStore(), "k", [1.0], Method(iters=7), 0, 1) == 7
+        lambda r: _agree_iterations(store2, "k", warm[r], capped, [0, 1, 2], r)) == [400] * 3
+    assert _agree_iterations(MemoryStore(), "k", [1.0], Method(iters=7), [0], 0) == 7
 
 
 def test_rank_zero_combines_the_slowest_rank_of_every_iteration() -> None:

@@ -49,6 +49,13 @@ class RankContext:
     hostname: str
     device: str = "cpu"             # cpu | cuda (the backend picks the index from local_rank)
     options: BackendOptions = field(default_factory=BackendOptions)
+    # the global rank of each rank of this communicator, on a sub-communicator (empty: the
+    # world, where the two agree); the control store knows each process by its global rank
+    members: tuple[int, ...] = ()
+
+    def global_rank(self, rank: int) -> int:
+        """The global rank of this communicator's `rank` (the store's name for it)."""
+        return self.members[rank] if self.members else rank
 
     def __post_init__(self) -> None:
         if not isinstance(self.options, BackendOptions):     # a dict from an older caller
@@ -328,7 +335,7 @@ class Backend(ABC):
         `split` fills in with the group's communicator."""
         sub = copy.copy(self)
         sub.ctx = dataclasses.replace(self.ctx, rank=list(ranks).index(self.ctx.rank),
-                                      world_size=len(ranks))
+                                      world_size=len(ranks), members=tuple(ranks))
         return sub
 
     # -- control --------------------------------------------------------------------
