@@ -155,6 +155,22 @@ def test_a_stopped_rank_under_torchrun(tmp_path: Path) -> None:
     assert "ranks that did not arrive: 1 (stopped)" in _one_line(err)
 
 
+@pytest.mark.matrix
+@pytest.mark.parametrize("victim", ["0", "1"])
+def test_sigint_to_one_rank_under_torchrun(tmp_path: Path, victim: str) -> None:
+    """torchrun passes every rank's lines on: the interrupted rank's is the only one (rank 0,
+    which hosts the store, stays until the others have read that it was said)."""
+    tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "r.jsonl"
+    proc = _start([TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", *BENCH, "--backend",
+                   "gloo", "--output", str(out)], tag)
+    _mid_run(out, proc)
+    os.kill(_rank_pid(tag, int(victim), "RANK"), signal.SIGINT)
+    err, left = _end(proc, tag, time.monotonic())
+    assert left == [], err[-3000:]
+    assert f"rank {victim} was interrupted (SIGINT)" in _one_line(err)
+
+
 _SIBLING = """
 import time
 print("ready", flush=True)

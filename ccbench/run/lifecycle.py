@@ -76,7 +76,7 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     except KeyboardInterrupt:
         # SIGINT to this rank (or to every rank, from an mpiexec that passes it on): one line,
         # from the first rank that got it, naming it; the others leave without one
-        raise _interrupted(store, info, at_interrupt.get("label", watchdog.label), apart) \
+        raise _interrupted(store, info, at_interrupt.get("label", watchdog.label), watchdog) \
             from None
     except BaseException:
         if apart:               # this rank says why (the CLI prints it): the store host must not
@@ -117,15 +117,16 @@ class Interrupted(SystemExit):
     """A rank interrupted after another had said so: it leaves without a line (status 130)."""
 
 
-def _interrupted(store: ControlClient, info: LaunchInfo, label: str, apart: bool
+def _interrupted(store: ControlClient, info: LaunchInfo, label: str, watchdog: Watchdog
                  ) -> BaseException:
     first = True
     with contextlib.suppress(RunFailure):
         first = store.add("aborted/interrupted", 1) == 1
-        if apart:                     # the store host of a bare mpiexec must not add a line
-            store.set("aborted", info.rank)
     if not first:
         return Interrupted(128 + signal.SIGINT)
+    # said here: the others (and the store host of a bare mpiexec) leave without a line of
+    # their own, and rank 0, which may host the store, stays until they have read that
+    watchdog._linger_as_store_host(None, {})
     return RunFailure(f"{label}: rank {info.rank} was interrupted (SIGINT); the run stops "
                       f"here, records of the sizes before are kept")
 
