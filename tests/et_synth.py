@@ -20,8 +20,9 @@ def _tensor(tid: int, count: int, dtype: str) -> list[Any]:
 
 
 def _node(nid: int, call: dict[str, Any]) -> dict[str, Any]:
-    """One c10d node: call = {"op": allreduce|broadcast|send|recv|barrier|alltoallv,
-    "count", "dtype", "root"/"peer" (group-local), "in_splits"/"out_splits" (rows)}."""
+    """One c10d node: call = {"op": allreduce|broadcast|send|recv|barrier|alltoallv|scatter,
+    "count", "dtype", "root"/"peer" (group-local), "in_splits"/"out_splits" (rows),
+    "blocks" (scatter: the root's list)}."""
     op, count, dtype = call["op"], call.get("count", 4), call.get("dtype", "float32")
     ttype = f"Tensor({_TYPE[dtype]})"
     tlist = f"GenericList[{ttype}]"
@@ -35,6 +36,12 @@ def _node(nid: int, call: dict[str, Any]) -> dict[str, Any]:
     elif op in ("send", "recv"):
         name = "c10d::send" if op == "send" else "c10d::recv_"
         values, types = [[t], "<Object>", call["peer"], 0], [tlist, "Object", "Int", "Int"]
+    elif op == "scatter":               # the root passes one tensor per member
+        name = "c10d::scatter_"
+        blocks = [_tensor(nid + 1 + i, count, dtype) for i in range(call.get("blocks", 0))]
+        values = [[t], [blocks] if blocks else [], "<Object>", call["root"], False, -1]
+        types = [tlist, f"GenericList[GenericList[{ttype}]]" if blocks else "GenericList[]",
+                 "Object", "Int", "Bool", "Int"]
     elif op == "barrier":
         name = "c10d::barrier"
         values = [_tensor(nid, 1, "float32"), "<Object>", [], False, -1]

@@ -117,6 +117,16 @@ def test_odd_world_lockstep_call_is_one_world_call(tmp_path: Path) -> None:
     assert len({op.call for op in trace.all_ops()}) == 2
 
 
+def test_a_scatter_whose_list_fits_the_world_only_is_inferred(tmp_path: Path) -> None:
+    """The root's list of a scatter (one tensor per member) says the group's size."""
+    calls = [[{"op": "scatter", "count": 4, "root": 1, "blocks": 4 if rank == 1 else 0}]
+             for rank in range(4)]
+    trace = load_trace([write_et(tmp_path / "t", calls, TP + DP)])
+    assert {(op.group.ranks, op.group_source, op.root) for op in trace.all_ops()} == \
+        {((0, 1, 2, 3), "inferred", 1)}
+    assert trace.ops[1][0].size == 4 * 4 * 4
+
+
 def test_a_send_to_a_rank_no_group_has_is_one_line(tmp_path: Path) -> None:
     folder = write_et(tmp_path / "t", [[{"op": "send", "count": 4, "peer": 5}],
                                        [{"op": "recv", "count": 4, "peer": 0}]])

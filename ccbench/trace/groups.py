@@ -51,6 +51,12 @@ def _divides(op: CommOp, group: Group) -> str | None:
         return f"all-gather output {op.out_bytes} B is not {n} x its input {op.in_bytes} B"
     elif op.collective == "reduce-scatter" and op.in_bytes != op.out_bytes * n:
         return f"reduce-scatter input {op.in_bytes} B is not {n} x its output {op.out_bytes} B"
+    # a PyTorch trace gives the root's whole list: one block per member of the group
+    if op.name in ("c10d::scatter_", "c10d::gather_") and op.in_bytes and op.out_bytes:
+        whole, block = (op.in_bytes, op.out_bytes) if op.collective == "scatter" \
+            else (op.out_bytes, op.in_bytes)
+        if whole != block * n:
+            return f"{op.collective} root's list of {whole} B is not {n} x {block} B"
     if op.collective == "alltoall" and op.in_bytes % (n * max(op.elsize, 1)):
         return f"all-to-all of {op.in_bytes} B does not divide into {n} blocks"
     if op.collective == "alltoallv" and op.in_splits and len(op.in_splits) != n:
@@ -96,13 +102,34 @@ def _call_key(op: CommOp) -> tuple[object, ...]:
     return (op.collective, op.dtype, op.root, None if variable else op.size)
 
 
+_LISTED = ("c10d::scatter_", "c10d::gather_")     # the root passes one tensor per member
+
+
+def _listed(op: CommOp) -> bool:
+    """The op is the root's part of a PyTorch scatter or gather: it holds the list."""
+    return op.name in _LISTED and bool(op.in_bytes if op.collective == "scatter"
+                                       else op.out_bytes)
+
+
+def _list_fits(op: CommOp, group: Group, roots: dict[tuple[int, object], set[int]]) -> bool:
+    """A PyTorch scatter's or gather's root member, in this group, has an op of this kind
+    whose list is one block per member (other ops: True)."""
+    if op.name not in _LISTED or op.root is None:
+        return True
+    block = op.out_bytes if op.collective == "scatter" else op.in_bytes
+    return block * group.size in roots.get((group.ranks[op.root], _call_key(op)), set())
+
+
 def _other_fit(op: CommOp, chosen: Group, groups: list[Group],
-               keys: list[set[tuple[object, ...]]]) -> bool:
-    """Another group fits the op, and each of its members has an op of the same kind: the
-    trace alone cannot tell which group the call ran on."""
+               keys: list[set[tuple[object, ...]]],
+               roots: dict[tuple[int, object], set[int]]) -> bool:
+    """Another group fits the op, and each of its members has an op of the same kind (and,
+    for a PyTorch scatter or gather, its root member one whose list fits): the trace alone
+    cannot tell which group the call ran on."""
     key = _call_key(op)
     return any(g != chosen and op.rank in g.ranks and _divides(op, g) is None
-               and all(key in keys[m] for m in g.ranks) for g in groups)
+               and all(key in keys[m] for m in g.ranks) and _list_fits(op, g, roots)
+               for g in groups)
 
 
 def _op_count(move: Move) -> int:
@@ -123,8 +150,13 @@ class _Matcher:
 
     def _ready(self, pos: list[int], rank: int, group: Group) -> bool:
         op = self.ops[rank][pos[rank]]
-        return all(pos[m] < len(self.ops[m]) and group in self.cands[m][pos[m]]
-                   and _same_call(self.ops[m][pos[m]], op) for m in group.ranks)
+        if not all(pos[m] < len(self.ops[m]) and group in self.cands[m][pos[m]]
+                   and _same_call(self.ops[m][pos[m]], op) for m in group.ranks):
+            return False
+        if op.name in _LISTED and op.root is not None:     # its root holds the list
+            root = group.ranks[op.root]
+            return _listed(self.ops[root][pos[root]])
+        return True
 
     def _run(self, pos: list[int], rank: int) -> list[int]:
         """Indices of the rank's consecutive point-to-point ops from its position."""
@@ -294,6 +326,10 @@ def match_calls(ops: list[list[CommOp]], groups: list[Group], prefer: str = "wor
     matcher = _Matcher(ops, groups, prefer)
     path = matcher.run()
     keys = [{_call_key(op) for op in rank_ops} for rank_ops in ops]
+    roots: dict[tuple[int, object], set[int]] = {}     # (root rank, kind) -> list bytes
+    for op in (op for rank_ops in ops for op in rank_ops if _listed(op)):
+        whole = op.in_bytes if op.collective == "scatter" else op.out_bytes
+        roots.setdefault((op.rank, _call_key(op)), set()).add(whole)
     call = 0
     for number, (group, _, calls) in enumerate(path):
         exchange = number if len(calls) > 1 else -1
@@ -302,7 +338,7 @@ def match_calls(ops: list[list[CommOp]], groups: list[Group], prefer: str = "wor
                 _settle(ops[m][i], group, call, exchange,
                         matcher.alternatives[number] or (
                             ops[m][i].collective not in _P2P
-                            and _other_fit(ops[m][i], group, groups, keys)))
+                            and _other_fit(ops[m][i], group, groups, keys, roots)))
             call += 1
     return call
 
