@@ -284,8 +284,8 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
                 os.fsync(folder_fd)
             finally:
                 os.close(folder_fd)
-    except OSError as exc:
-        raise output_error(exc, target) from None
+    except OSError as exc:          # named by the target, not the temporary file
+        raise UsageError(f"cannot write {target!r}: {exc.strerror or exc}") from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
