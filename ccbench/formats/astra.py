@@ -55,7 +55,7 @@ from ccbench.errors import UsageError
 from ccbench.formats.chakra import comm_coll_node, write_trace
 from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import link_dims
-from ccbench.model.modelfile import select_fit
+from ccbench.model.modelfile import ModelFile, select_fit
 from ccbench.model.topology import LinkClass, build_topology
 
 __all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "astra_implementation", "export_astra",
@@ -219,7 +219,7 @@ class _Export:
 class _Request:
     """The arguments of export_astra for a collective workload."""
 
-    model: dict[str, Any]
+    model: ModelFile
     out_dir: str | os.PathLike[str]
     ranks: int
     topology: str
@@ -232,7 +232,7 @@ class _Request:
     algorithm: str | None
 
 
-def export_astra(model: dict[str, Any], out_dir: str | os.PathLike[str], ranks: int,
+def export_astra(model: ModelFile, out_dir: str | os.PathLike[str], ranks: int,
                  topology: str | None = None, collective: str | None = None,
                  sizes: Sequence[int] = (), backend: str | None = None,
                  prefix: str = "workload", intra_beta: float | None = None,
@@ -366,7 +366,7 @@ def _write_workload(req: _Request, rows: list[dict[str, Any]], algo: str, impl: 
                                               "others: whole buffer"}
 
 
-def _configs_only(model: dict[str, Any], ranks: int, topology: str, backend: str | None,
+def _configs_only(model: ModelFile, ranks: int, topology: str, backend: str | None,
                   intra_alpha: float | None, intra_beta: float | None, export: _Export) -> None:
     """Configs without a workload: the links from the all-gather fit (no reduction in its
     beta), local-mem-bw from the same library's allreduce gamma."""

@@ -47,6 +47,7 @@ from ccbench.formats.astra import (
     system_json,
 )
 from ccbench.formats.chakra import NODE_TYPES, _attr, classes, comm_coll_node, write_trace
+from ccbench.model.modelfile import ModelFile
 from ccbench.model.simulate import LinkOverrides
 from ccbench.model.tracesim import plan_trace, simulate_trace
 from ccbench.trace.ops import Trace
@@ -107,7 +108,7 @@ def _one_value(rows: list[dict[str, Any]], key: str, what: str, given: float | N
     return values[0] if values else 0.0
 
 
-def export_astra_trace(model: dict[str, Any], trace: Trace, out_dir: str | os.PathLike[str],
+def export_astra_trace(model: ModelFile, trace: Trace, out_dir: str | os.PathLike[str],
                        ranks: int, topology: str | None = None, backend: str | None = None,
                        prefix: str = "workload", links: LinkOverrides | None = None,
                        algorithms: dict[str, str] | None = None) -> dict[str, Any]:

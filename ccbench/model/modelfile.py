@@ -7,7 +7,7 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import IO, Any
+from typing import IO, Any, NotRequired, TypedDict, cast
 
 from ccbench import __version__
 from ccbench.errors import UsageError
@@ -25,11 +25,37 @@ UNITS = {"alpha": "seconds", "beta": "seconds per byte", "gamma": "seconds per b
 
 _MODEL_CAP = 64 << 20      # a model of every backend and collective is tens of KiB
 
-__all__ = ["SCHEMA", "VERSION", "build_model", "load_model", "save_model", "select_fit"]
+__all__ = ["SCHEMA", "VERSION", "ModelFile", "ModelSources", "build_model", "load_model",
+           "save_model", "select_fit"]
+
+
+class ModelSources(TypedDict):
+    """What a model was calibrated from."""
+
+    files: list[str]
+    run_ids: list[str]
+    records: int
+
+
+class ModelFile(TypedDict):
+    """model.json's top level. `load_model` checks schema, version and every fit (each as
+    `GroupFit.to_json` writes it: backend, library, collective, scope, world_sizes,
+    model_algorithm, alpha, beta, gamma, goodness ...); the rest describes the model."""
+
+    schema: str                             # SCHEMA
+    version: int                            # VERSION
+    fits: list[dict[str, Any]]
+    ccbench_version: NotRequired[str]
+    created: NotRequired[str]               # ISO 8601, UTC
+    units: NotRequired[dict[str, str]]
+    formula: NotRequired[str]
+    fit_method: NotRequired[str]
+    selection: NotRequired[str]
+    sources: NotRequired[ModelSources]
 
 
 def build_model(fits: Sequence[GroupFit], records: Sequence[Record],
-                sources: Sequence[str]) -> dict[str, Any]:
+                sources: Sequence[str]) -> ModelFile:
     runs: dict[str, set[str]] = defaultdict(set)
     for r in records:
         runs[r.run_id].add(r.collective)
@@ -47,7 +73,7 @@ def build_model(fits: Sequence[GroupFit], records: Sequence[Record],
     }
 
 
-def save_model(model: dict[str, Any], path: str | os.PathLike[str]) -> None:
+def save_model(model: ModelFile, path: str | os.PathLike[str]) -> None:
     """Replace the model file whole or not at all (safeio.write_atomic): a full disk keeps
     the previous model and ends with one line."""
     text = (json.dumps(model, indent=1, sort_keys=False) + "\n").encode("utf-8")
@@ -73,7 +99,7 @@ def _holds_records(path: str | os.PathLike[str]) -> bool:
     return isinstance(data, dict) and data.get("schema") == RECORD_SCHEMA
 
 
-def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_model(path: str | os.PathLike[str]) -> ModelFile:
     try:
         model = load_json(path, cap=_MODEL_CAP, fixed="a model file of every backend and "
                           "collective is tens of KiB")
@@ -104,7 +130,7 @@ def load_model(path: str | os.PathLike[str]) -> dict[str, Any]:
         except UsageError as exc:
             raise UsageError(f"{path}: fit {i}: {exc} (a damaged or hand-edited model; "
                              f"`ccbench calibrate` writes a valid one)") from None
-    return model
+    return cast(ModelFile, model)
 
 
 _NEED = ("backend", "library", "collective", "scope", "world_sizes", "model_algorithm",
@@ -187,7 +213,7 @@ def matches(fit: dict[str, Any], backend: str | None) -> bool:
                  f"{fit['backend']}/{fit['library']}".lower())
 
 
-def select_fit(model: dict[str, Any], collective: str, ranks: int,
+def select_fit(model: ModelFile, collective: str, ranks: int,
                backend: str | None = None) -> tuple[dict[str, Any], str]:
     """The fit to predict `collective` at `ranks` with, and a line saying why.
 

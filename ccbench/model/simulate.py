@@ -28,7 +28,7 @@ from ccbench.model.costs import canonical_algorithm, coefficients, predict_time
 from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import COLLECTIVES as HIER_COLLECTIVES
 from ccbench.model.hierarchical import hierarchical_steps, hierarchical_time, link_dims
-from ccbench.model.modelfile import default_algorithm, select_fit
+from ccbench.model.modelfile import ModelFile, default_algorithm, select_fit
 from ccbench.model.netsim import replay_collective
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.topology import LinkClass, Topology, build_topology
@@ -73,7 +73,7 @@ def _labelled(progress: Callable[[str, int, int], None] | None,
     return lambda done, total: progress(label, done, total)
 
 
-def simulate(model: dict[str, Any], collective: str, ranks: int, topology: str,
+def simulate(model: ModelFile, collective: str, ranks: int, topology: str,
              sizes: Sequence[int], algorithm: str | None = None, fidelity: str = "analytical",
              sharing: str = "max-min", backend: str | None = None,
              links: LinkOverrides | None = None, segments: int = 1,

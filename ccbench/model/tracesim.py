@@ -35,7 +35,7 @@ import numpy as np
 from ccbench.collectives import busbw_factor
 from ccbench.errors import UsageError
 from ccbench.model.costs import FORMULAS, coefficients, predict_time
-from ccbench.model.modelfile import default_algorithm, select_fit
+from ccbench.model.modelfile import ModelFile, default_algorithm, select_fit
 from ccbench.model.netsim import no_schedule, replay_collective, replay_rounds
 from ccbench.model.rounds import Round, RoundProgram, round_program
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
@@ -207,7 +207,7 @@ def _sample_pairs(group: np.ndarray) -> list[tuple[int, int]]:
 
 @dataclass
 class _Pricer:
-    model: dict[str, Any]
+    model: ModelFile
     ranks: int
     topology: str
     fidelity: str
@@ -354,7 +354,7 @@ def _replayable(ops: list[TraceOp], skipped: dict[str, int]) -> list[TraceOp]:
     return kept
 
 
-def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: str,
+def simulate_trace(model: ModelFile, trace: Trace, ranks: int, topology: str,
                    fidelity: str = "analytical", sharing: str = "max-min",
                    backend: str | None = None, links: LinkOverrides | None = None,
                    progress: Callable[[str, int, int], None] | None = None,
@@ -417,7 +417,7 @@ def simulate_trace(model: dict[str, Any], trace: Trace, ranks: int, topology: st
                                             fidelity, sharing, backend, links, algorithms)}
 
 
-def _other_reading(trace: Trace, wanted: bool, model: dict[str, Any], ranks: int,
+def _other_reading(trace: Trace, wanted: bool, model: ModelFile, ranks: int,
                    topology: str, fidelity: str, sharing: str, backend: str | None,
                    links: LinkOverrides | None, algorithms: dict[str, str] | None
                    ) -> dict[str, Any] | None:

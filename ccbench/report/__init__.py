@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,7 +274,7 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
-def build_report(records, out_dir: str | os.PathLike[str], model: dict[str, Any] | None = None,
+def build_report(records, out_dir: str | os.PathLike[str], model: Mapping[str, Any] | None = None,
                  sources: list[str] | None = None, title: str = "ccbench results",
                  formats: tuple[str, ...] = ("png",), runs: str = "pooled",
                  paper: str = "double", workers: int | None = None) -> Report:
@@ -506,7 +507,7 @@ def _write_documents(doc: _Doc, title: str, report: Report) -> None:
     report.markdown, report.html = md, page
 
 
-def _model_section(doc: _Doc, frame, model: dict[str, Any], report: Report) -> None:
+def _model_section(doc: _Doc, frame, model: Mapping[str, Any], report: Report) -> None:
     from ccbench.report import figures
     from ccbench.report.captions import model_caption
     from ccbench.report.model import predictions

@@ -7,6 +7,7 @@ note; a model file that cannot be read at all is a UsageError (the user named it
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from ccbench.units import size_label
@@ -14,7 +15,7 @@ from ccbench.units import size_label
 __all__ = ["load", "predictions"]
 
 
-def load(path: str) -> dict[str, Any]:
+def load(path: str) -> Mapping[str, Any]:
     try:
         from ccbench.model.modelfile import load_model
     except ImportError:          # a build without the model package: read the JSON plainly
@@ -69,7 +70,7 @@ def _choose(fits: list[dict[str, Any]], p: int) -> tuple[dict[str, Any] | None, 
     return None, "no fit"
 
 
-def predictions(frame, model: dict[str, Any]):
+def predictions(frame, model: Mapping[str, Any]):
     """{(collective, series, world size): (sizes, predicted us)} and the same keys: note."""
     preds: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
     notes: dict[tuple[str, str, int], str] = {}
