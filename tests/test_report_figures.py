@@ -269,3 +269,21 @@ def test_replay_figures_fit_the_paper(paper) -> None:
         fig = draw("job", backends, PAPERS[paper])
         problems = check_figure(fig, PAPERS[paper], min_data=0.2)
         assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("paper", PAPER_NAMES)
+def test_prediction_figure_fits_the_paper(paper) -> None:
+    """`simulate -o` records beside the first run's: predictions at 16 and 1024 ranks."""
+    import dataclasses
+
+    from ccbench.report.predictions import prediction_figure
+
+    measured = [r for r in load_records(FIRST_RUN) if r.collective == "allreduce"
+                and r.backend == "mpi" and not r.inplace]
+    predicted = [dataclasses.replace(r, world_size=p, busbw_gbps=r.busbw_gbps * f,
+                                     method={"predicted": True, "fidelity": fid})
+                 for r in measured for p, f, fid in ((16, 0.8, "analytical"),
+                                                     (1024, 0.5, "replay"))]
+    fig = prediction_figure("allreduce", predicted, measured, paper)
+    problems = check_figure(fig, PAPERS[paper])
+    assert not problems, "\n".join(problems)
