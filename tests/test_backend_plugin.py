@@ -268,3 +268,23 @@ def test_an_entry_point_backend_runs_under_launch_into_records_and_load(tmp_path
     assert len(records) == 4 and all(r.wrong == 0 for r in records)
     frame = ccbench.load(out)
     assert list(frame["backend"].unique()) == ["gloo-plugin"]
+
+
+def test_a_distribution_whose_entry_points_cannot_be_read_is_listed_not_raised(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """importlib.metadata raises on a malformed entry_points.txt: ccbench skips that one
+    distribution, says why, and still finds the others' backends."""
+    from ccbench.backends.plugins import discover
+
+    bad = tmp_path / "bad_backends-0.3.dist-info"
+    bad.mkdir()
+    (bad / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-backends\nVersion: 0.3\n")
+    (bad / "entry_points.txt").write_text("[ccbench.backends]\nthis line has no equals sign\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(PLUGINS / "good"))
+    plugins, broken = discover(["gloo"])
+    assert [(p.name, p.distribution) for p in plugins] == [("gloo-plugin",
+                                                            "ccbench-gloo-plugin 0.1")]
+    assert [(b.name, b.target, b.distribution) for b in broken] == [
+        ("bad_backends", "entry_points.txt", "bad-backends 0.3")]
+    assert broken[0].reason.startswith("its entry points cannot be read: "), broken[0]
