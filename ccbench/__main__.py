@@ -1,11 +1,29 @@
-from ccbench.cli import main
-from ccbench.run.exit import leave
-from ccbench.run.torchrun_errors import install
+"""`python -m ccbench ...`: what every rank and launcher runs. Ctrl-C (or a launcher passing
+SIGINT on) can come while the interpreter still imports ccbench and its libraries, before
+cli.main handles it: that too ends with one line and status 130, not a traceback."""
 
-install()                   # under torchrun, its report names ccbench's error line
-status: str | int | None
+import sys
+
+
+def _interrupted() -> None:
+    try:
+        print("ccbench: interrupted", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    sys.exit(130)
+
+
 try:
-    status = main()
-except SystemExit as end:
-    status = end.code
+    from ccbench.cli import main
+    from ccbench.run.exit import leave
+    from ccbench.run.torchrun_errors import install
+
+    install()               # under torchrun, its report names ccbench's error line
+    status: str | int | None
+    try:
+        status = main()
+    except SystemExit as end:
+        status = end.code
+except KeyboardInterrupt:
+    _interrupted()
 leave(status)

@@ -1,0 +1,77 @@
+"""Start-up failures that must end in one line, not a traceback: Ctrl-C while a rank (or the
+launcher) still imports, and a control port taken between its choice and its bind."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import runpy
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_ccbench
+
+_REAL_IMPORT = builtins.__import__
+
+
+def test_interrupt_while_importing_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted_import(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "ccbench.cli":
+            raise KeyboardInterrupt
+        return _REAL_IMPORT(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    with pytest.raises(SystemExit) as end:
+        try:
+            runpy.run_module("ccbench", run_name="__main__")
+        except KeyboardInterrupt:
+            pytest.fail("KeyboardInterrupt came out of `python -m ccbench` (a traceback)")
+    assert end.value.code == 130
+    assert capsys.readouterr().err == "ccbench: interrupted\n"
+
+
+# every rank stops inside `import ccbench.cli`; once all are there, rank 0 sends the launcher
+# SIGINT (a Ctrl-C), which the launcher passes on to them (bounded: 120 s, then they go on)
+_HOOK = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    class _Hook:
+        def find_spec(self, name, path=None, target=None):
+            if name != "ccbench.cli" or os.environ.get("RANK") is None:
+                return None
+            sys.meta_path.remove(self)
+            here = Path(os.environ["HOOK_DIR"])
+            (here / os.environ["RANK"]).touch()
+            if os.environ["RANK"] == "0":
+                deadline = time.monotonic() + 120
+                while (len(list(here.iterdir())) < int(os.environ["WORLD_SIZE"])
+                       and time.monotonic() < deadline):
+                    time.sleep(0.05)
+                os.kill(int(os.environ["CCBENCH_LAUNCHER_PID"]), signal.SIGINT)
+            time.sleep(120)
+            return None
+
+    sys.meta_path.insert(0, _Hook())
+""")
+
+
+def test_launch_interrupted_while_ranks_import(tmp_path: Path) -> None:
+    hooks, arrived = tmp_path / "hooks", tmp_path / "arrived"
+    hooks.mkdir()
+    arrived.mkdir()
+    (hooks / "sitecustomize.py").write_text(_HOOK)
+    path = os.pathsep.join(p for p in (str(hooks), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "HOOK_DIR": str(arrived)}
+    result = run_ccbench("launch", "-n", "2", "allreduce", "--backend", "gloo", "--sizes",
+                         "1K", "-O", str(tmp_path / "r.jsonl"), timeout=240, env=env)
+    assert sorted(p.name for p in arrived.iterdir()) == ["0", "1"]
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ccbench")]
+    assert lines == ["ccbench: error: interrupted (SIGINT); the ranks were stopped"], \
+        result.stderr
+    assert result.returncode == 130
