@@ -1,5 +1,6 @@
 """The recording (ccbench.formats.capture) against a job written with torch's own libraries
-(tests/jobs/torch_libs_job.py: DDP, ZeRO sharding, FSDP2 on a mesh, a P2POp ring, MoE
+(tests/jobs/torch_libs_job.py: DDP, ZeRO sharding, FSDP2 on a mesh, a GPipe pipeline
+(torch.distributed.pipelining) on a sub-group, a P2POp ring, MoE
 all_to_all_single, group send/recv, bf16/fp16 PROD/MIN/MAX, async, object and functional
 collectives, calls before and after the trace window), at 3 and at 4 gloo ranks: every call
 the job logged itself is read back with every fact right, replayed call for call on gloo and
@@ -74,8 +75,9 @@ def test_recording_reads_as_the_job_call_for_call(job: Path) -> None:
             read = _as_read(op)
             assert read == {k: call.get(k) for k in read}, (rank, op.node_id, call["by"])
             assert op.group_source == "named" and op.dur_us is not None
-    libraries = {call["by"] for call in _truth(job, 0)}
-    assert libraries >= {"ddp", "fsdp", "job", "broadcast_object_list", "functional"}
+    libraries = {call["by"] for rank in range(trace.world_size) for call in _truth(job, rank)}
+    assert libraries >= {"ddp", "fsdp", "job", "broadcast_object_list", "functional",
+                         "pipelining"}
 
 
 def test_calls_outside_the_window_are_recorded_and_passed_over(job: Path) -> None:

@@ -6,17 +6,21 @@ CPU and gloo, at 3 or 4 ranks (torchrun):
 In the execution trace's window: a DistributedDataParallel step (the C++ reducer's bucket
 all-reduces), ZeRO-style gradient sharding with the single-tensor reduce_scatter_tensor /
 all_gather_into_tensor, an FSDP2 (`fully_shard`) step on a DeviceMesh (2-D, replicate x
-shard, HSDP, at 4 ranks; 1-D at 3), a ring exchange with dist.P2POp + batch_isend_irecv,
+shard, HSDP, at 4 ranks; 1-D at 3), a GPipe step of torch.distributed.pipelining
+(PipelineStage + ScheduleGPipe, 3 microbatches) on the group of ranks 1..world-1, a ring
+exchange with dist.P2POp + batch_isend_irecv,
 an MoE token dispatch with uneven all_to_all_single, a send/recv on a sub-group (group_dst /
 group_src), PRODUCT / MIN / MAX on bfloat16 and float16, async ops, broadcast_object_list,
 a functional all_reduce, an all-reduce under torch.inference_mode and a barrier. Before
 the window: DDP's construction (its replica sync) and two warm-up steps (its bucket
-rebuild), and a MAX all-reduce; after it, one more all-reduce.
+rebuild), the pipeline's first step (its stages' warm-up vote), and a MAX all-reduce;
+after it, one more all-reduce.
 
 Writes OUT/rank<r>.json (ExecutionTraceObserver) and OUT/calls/rank<r>.json: the job's own
 list of the calls it issued in the window, written by the job from what it asked for and
 what the libraries state about their own work (DDP's bucket sizes from its logging data,
-FSDP2's shard sizes from its sharded parameters), not read back from any recording; each
+FSDP2's shard sizes from its sharded parameters, the pipeline's messages from GPipe's
+order and the stages' shapes), not read back from any recording; each
 entry: op, group (global ranks), dtype, bytes in and out, reduction, root / peer (global
 ranks), split sizes (elements), and who issued it; OUT/calls/window-rank<r>.json: the
 window's wall time on the rank. With --capture the job runs inside
@@ -187,6 +191,61 @@ def object_and_functional(rank: int, world: int) -> None:
     note("barrier", list(range(world)), None, 0, 0)
 
 
+PIPE_BATCH, PIPE_MICRO = 6, 3
+
+
+def pipeline(rank: int, world: int, group: Any) -> Any:
+    """A GPipe pipeline (torch.distributed.pipelining) on the ranks 1..world-1, one stage a
+    rank; stage k is a Linear from width 8 + 4k to 12 + 4k, so each hop's tensors have their
+    own shape. Rank 0 is not in it."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    if rank == 0:
+        return None
+    stage, stages = rank - 1, world - 1
+    mb = PIPE_BATCH // PIPE_MICRO
+    torch.manual_seed(stage)
+    module = nn.Linear(8 + 4 * stage, 12 + 4 * stage)
+    pipe = PipelineStage(module, stage, stages, torch.device("cpu"),
+                         input_args=torch.empty(mb, 8 + 4 * stage),
+                         output_args=torch.empty(mb, 12 + 4 * stage),
+                         output_grads=torch.empty(mb, 12 + 4 * stage),
+                         input_grads=torch.empty(mb, 8 + 4 * stage), group=group)
+    return ScheduleGPipe(pipe, PIPE_MICRO,
+                         loss_fn=lambda out, target: (out - target).square().mean())
+
+
+def pipeline_step(schedule: Any, rank: int, world: int, log: bool) -> None:
+    """One GPipe step: every microbatch forward (each stage receives its input activation
+    from the stage before, then sends its output to the stage after), then every
+    microbatch backward (each stage receives its output's gradient from the stage after,
+    then sends its input's gradient to the stage before)."""
+    if schedule is None:
+        return
+    stage, last = rank - 1, world - 2
+    if stage == 0:
+        schedule.step(torch.randn(PIPE_BATCH, 8))
+    elif stage == last:
+        schedule.step(target=torch.randn(PIPE_BATCH, 12 + 4 * last), losses=[])
+    else:
+        schedule.step()
+    if not log:
+        return
+    mb = PIPE_BATCH // PIPE_MICRO
+    before, after = rank - 1, rank + 1
+    into, out = mb * (8 + 4 * stage) * 4, mb * (12 + 4 * stage) * 4
+    for _ in range(PIPE_MICRO):
+        if stage > 0:
+            note("recv", [rank, before], torch.float32, 0, into, "pipelining", peer=before)
+        if stage < last:
+            note("send", [rank, after], torch.float32, out, 0, "pipelining", peer=after)
+    for _ in range(PIPE_MICRO):
+        if stage < last:
+            note("recv", [rank, after], torch.float32, 0, out, "pipelining", peer=after)
+        if stage > 0:
+            note("send", [rank, before], torch.float32, into, 0, "pipelining", peer=before)
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     warnings.simplefilter("ignore")
@@ -194,6 +253,7 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world in (3, 4), "this job is laid out for 3 or 4 ranks"
     pair = dist.new_group([0, world - 1])
+    stages = dist.new_group(list(range(1, world)))
     (out / "calls").mkdir(parents=True, exist_ok=True)
     wrapper: Any = contextlib.nullcontext()
     if "--capture" in sys.argv[2:]:
@@ -211,6 +271,8 @@ def main() -> int:
         bound = torch.tensor([float(rank)])
         dist.all_reduce(bound, op=dist.ReduceOp.MAX)   # before the window
         model, mesh = fsdp_model(world)
+        schedule = pipeline(rank, world, stages)
+        pipeline_step(schedule, rank, world, log=False)  # warm-up: the stages' first step
         observer.start()
         began = time.perf_counter()
         ddp_step(ddp, world)
@@ -219,6 +281,7 @@ def main() -> int:
         ring_exchange(rank, world)
         moe_dispatch(rank, world)
         group_p2p(rank, world, pair)
+        pipeline_step(schedule, rank, world, log=True)
         low_precision(world)
         async_ops(world)
         object_and_functional(rank, world)
