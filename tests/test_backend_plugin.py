@@ -288,3 +288,21 @@ def test_a_distribution_whose_entry_points_cannot_be_read_is_listed_not_raised(
     assert [(b.name, b.target, b.distribution) for b in broken] == [
         ("bad_backends", "entry_points.txt", "bad-backends 0.3")]
     assert broken[0].reason.startswith("its entry points cannot be read: "), broken[0]
+
+
+def test_asking_for_a_skipped_plugin_says_why_it_was_skipped(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """`--backend <a broken plugin>` is one line with the reason doctor shows (exit 2), not
+    'unknown backend'."""
+    import ccbench.backends as backends
+    from ccbench.backends.plugins import BrokenPlugin
+    from ccbench.errors import BackendUnavailable
+
+    skipped = BrokenPlugin("halfdone", "halfdone:Backend", "halfdone 0.1",
+                           "import failed: ModuleNotFoundError: No module named 'halflib'")
+    monkeypatch.setattr(backends, "BROKEN_PLUGINS", [skipped])
+    with pytest.raises(BackendUnavailable) as caught:
+        backends.parse_backends("halfdone")
+    assert str(caught.value) == (
+        "backend 'halfdone' unavailable: plugin skipped (halfdone:Backend from halfdone 0.1): "
+        "import failed: ModuleNotFoundError: No module named 'halflib'")

@@ -45,6 +45,11 @@ def backend_class(name: str, device: str = "cpu") -> BackendFactory:
         return algorithm_backend_class(name, device)
     target = DEVICE_VARIANTS.get((name, device)) or REGISTRY.get(name)
     if target is None:
+        for broken in BROKEN_PLUGINS:        # an installed one that was skipped: say why
+            if broken.name == name:
+                raise BackendUnavailable(f"backend {name!r} unavailable: plugin skipped "
+                                         f"({broken.target} from {broken.distribution}): "
+                                         f"{broken.reason}")
         raise choices_error("backend", name, [*REGISTRY, "<algorithm>@<transport>"])
     module_name, _, class_name = target.partition(":")
     try:
