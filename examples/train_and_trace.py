@@ -5,9 +5,9 @@
 
 Each rank writes traces/myjob/rank<r>.json (torch.profiler.ExecutionTraceObserver), which
 `ccbench replay traces/myjob`, `ccbench simulate MODEL --trace traces/myjob` and
-`ccbench export astra-sim MODEL --trace traces/myjob` read. The four lines marked
+`ccbench export astra-sim MODEL --trace traces/myjob` read. The five lines marked
 "trace" are all a job of your own needs: register a file per rank, start the observer
-before the steps you want, stop it after.
+before the steps you want, stop it and unregister it after (unregistering finishes the file).
 
 The job: a 4-layer MLP under DistributedDataParallel (gradient buckets of 1 MB, so each
 step's backward pass issues several allreduces), a few SGD steps on random data, an
@@ -62,7 +62,7 @@ def main() -> None:
         lr = torch.tensor([opt.param_groups[0]["lr"]], device=device)
         dist.broadcast(lr, src=0)
     observer.stop()                                                        # trace
-    observer.unregister_callback()
+    observer.unregister_callback()                                         # trace
     dist.barrier()
     if rank == 0:
         print(f"wrote {args.out}/rank0..{dist.get_world_size() - 1}.json")

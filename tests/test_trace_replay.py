@@ -99,7 +99,8 @@ def test_truncated_json(traces4: Path, tmp_path: Path) -> None:
     def edit(folder: Path) -> None:
         path = folder / "rank1.json"
         path.write_text(path.read_text()[: 5000])
-    _refused(_bad(tmp_path, traces4 / "tp", edit), "rank1.json", "truncated JSON")
+    _refused(_bad(tmp_path, traces4 / "tp", edit), "rank1.json", "truncated JSON",
+             "observer.unregister_callback()")
 
 
 def _drop_first(name: str):                                   # noqa: ANN202

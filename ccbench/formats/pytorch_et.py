@@ -49,9 +49,12 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        what = "truncated JSON" if exc.pos >= len(text.rstrip()) - 1 else "malformed JSON"
-        raise TraceError(path, f"{what} at line {exc.lineno} column {exc.colno} ({exc.msg})"
-                         ) from None
+        truncated = exc.pos >= len(text.rstrip()) - 1
+        hint = ("; the job probably ended before its ExecutionTraceObserver finished the "
+                "file: call observer.stop() and observer.unregister_callback() after the "
+                "traced steps" if truncated else "")
+        raise TraceError(path, f"{'truncated' if truncated else 'malformed'} JSON at line "
+                               f"{exc.lineno} column {exc.colno} ({exc.msg}){hint}") from None
     if not isinstance(data, dict):
         raise TraceError(path, "not a PyTorch execution trace (top level is not an object)")
     return data
