@@ -13,7 +13,8 @@ an MoE token dispatch with uneven all_to_all_single, a send/recv on a sub-group 
 group_src), PRODUCT / MIN / MAX on bfloat16 and float16, async ops, broadcast_object_list,
 a functional all_reduce, an all-reduce under torch.inference_mode and a barrier. Before
 the window: DDP's construction (its replica sync) and two warm-up steps (its bucket
-rebuild), the pipeline's first step (its stages' warm-up vote), and a MAX all-reduce;
+rebuild), the pipeline's first step (its stages' warm-up vote and shape exchange), and a
+MAX all-reduce;
 after it, one more all-reduce.
 
 Writes OUT/rank<r>.json (ExecutionTraceObserver) and OUT/calls/rank<r>.json: the job's own
@@ -203,14 +204,10 @@ def pipeline(rank: int, world: int, group: Any) -> Any:
     if rank == 0:
         return None
     stage, stages = rank - 1, world - 1
-    mb = PIPE_BATCH // PIPE_MICRO
     torch.manual_seed(stage)
     module = nn.Linear(8 + 4 * stage, 12 + 4 * stage)
-    pipe = PipelineStage(module, stage, stages, torch.device("cpu"),
-                         input_args=torch.empty(mb, 8 + 4 * stage),
-                         output_args=torch.empty(mb, 12 + 4 * stage),
-                         output_grads=torch.empty(mb, 12 + 4 * stage),
-                         input_grads=torch.empty(mb, 8 + 4 * stage), group=group)
+    # no example shapes: the stages infer them in their first step (sending them as objects)
+    pipe = PipelineStage(module, stage, stages, torch.device("cpu"), group=group)
     return ScheduleGPipe(pipe, PIPE_MICRO,
                          loss_fn=lambda out, target: (out - target).square().mean())
 
