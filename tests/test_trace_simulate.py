@@ -204,3 +204,31 @@ def test_uneven_mapping_is_warned(tmp_path: Path) -> None:
                        "fat-tree:1024")
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("ccbench: warning:") == 2
+
+
+def _ring_trace(world: int) -> object:
+    """A synthetic trace: every rank sends to the next and receives from the one before, as
+    one exchange (batch_isend_irecv), then a world all-reduce."""
+    from ccbench.trace.groups import match_calls
+    from ccbench.trace.ops import CommOp, Group, Trace
+
+    whole = Group("world", tuple(range(world)))
+    ops = [[CommOp(rank=r, index=0, node_id=10, name="c10d::send", collective="send",
+                   dtype="float32", elsize=4, in_bytes=64, out_bytes=0, peer=(r + 1) % world),
+            CommOp(rank=r, index=1, node_id=11, name="c10d::recv_", collective="recv",
+                   dtype="float32", elsize=4, in_bytes=0, out_bytes=64, peer=(r - 1) % world),
+            CommOp(rank=r, index=2, node_id=12, name="c10d::allreduce_",
+                   collective="allreduce", dtype="float32", elsize=4, in_bytes=64,
+                   out_bytes=64)] for r in range(world)]
+    match_calls(ops, [whole])
+    return Trace(kind="pytorch-et", paths=["ring"], world_size=world, ops=ops, groups=[whole],
+                 schema="synthetic")
+
+
+def test_exchange_sends_and_receives_are_listed_each_as_its_own_kind() -> None:
+    from ccbench.model.tracesim import plan_trace
+
+    ops, skipped = plan_trace(_ring_trace(4), 8)          # type: ignore[arg-type]
+    assert skipped == {"send: point-to-point ops are not modelled": 4,
+                       "recv: point-to-point ops are not modelled": 4}
+    assert [op.collective for op in ops] == ["allreduce"]

@@ -138,7 +138,9 @@ def plan_trace(trace: Trace, ranks: int) -> tuple[list[TraceOp], dict[str, int]]
             elif first.root is not None and first.root >= group.size:
                 why = f"{first.collective} root {first.root} outside a group of {group.size}"
         if why:
-            skipped[why] = skipped.get(why, 0) + len(members)
+            for o in members:      # an exchange's sends and receives, each by its own kind
+                own = _skip_reason(o, old, ranks) if o.collective != first.collective else ""
+                skipped[own or why] = skipped.get(own or why, 0) + 1
             continue
         assert first.group is not None and isinstance(group, Group)
         new = resize_op(even_stand_in(first, members), first.group.size, group.size)
