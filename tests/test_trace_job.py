@@ -153,10 +153,14 @@ def _same_numbers_as_the_report(records: list[Any], data: dict[str, Any]) -> Non
         assert sum(per[name].values()) == pytest.approx(summary["total_time_us"], rel=1e-9)
         assert max(s["end"] for s in timeline(runs[name])) == pytest.approx(
             summary["schedule_us"], rel=1e-9)
+    calls = {b: {r.method["trace"]["call"]: r.time_us["median"] for r in recs}
+             for b, recs in runs.items()}
+    common = set.intersection(*(set(c) for c in calls.values()))
     for entry in data["speedups"]:
-        totals = {b: sum(t.values()) for b, t in per.items()}
+        totals = {b: sum(c[k] for k in common) for b, c in calls.items()}
         assert entry["times"] == pytest.approx(totals[entry["other"]] / totals[entry["fastest"]])
         assert entry["statistic"] == "sum of per-call medians"
+        assert entry["calls"] == len(common)
 
 
 def _with_param_comms(job: Path, tmp_path: Path) -> Path:

@@ -63,3 +63,42 @@ def test_report_draws_the_trace_figures(replayed: Path, tmp_path: Path) -> None:
         png = tmp_path / "rep" / f"trace-groups-{kind}.png"
         assert f"trace {png}" in done.stdout
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_speedup_compares_only_the_calls_every_backend_measured() -> None:
+    from ccbench.trace.summary import speedups
+
+    # b skipped call 1, the slow one: over all calls it would look 50x faster than a
+    [entry] = speedups({"a": {0: 1.0, 1: 100.0, 2: 1.0}, "b": {0: 2.0, 2: 2.0}})
+    assert (entry.fastest, entry.other, entry.times) == ("a", "b", 2.0)
+    assert (entry.fastest_us, entry.other_us, entry.calls, entry.left_out) == (2.0, 4.0, 2, 1)
+    assert "over the 2 calls every compared backend measured: 2.0 vs 4.0 us; 1 calls " \
+           "measured by only some backends left out" in entry.line()
+    assert entry.to_dict()["calls"] == 2
+    assert speedups({"a": {0: 1.0}, "b": {1: 1.0}}) == []          # nothing in common
+    assert speedups({"a": {0: 1.0}, "b": {}}) == []                # b measured nothing
+
+
+def test_breakdown_figure_compares_common_calls_and_marks_skipped(replayed: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from ccbench.report.paper import PAPERS
+    from ccbench.report.traces import _breakdown_figure
+
+    records = load_records(replayed)
+    # mpi: twice as fast, but skipped the largest call (it would look faster still)
+    largest = max(records, key=lambda r: r.time_us["median"])
+    faster = [dataclasses.replace(r, backend="mpi", run_id="r2",
+                                  time_us={**r.time_us, "median": r.time_us["median"] / 2})
+              for r in records if r is not largest]
+    fig = _breakdown_figure("groups", latest_runs(records + faster)["groups"],
+                            PAPERS["double"])
+    try:
+        ax = fig.axes[0]
+        assert f"mpi 2.00x faster than gloo (sum of per-call medians over the " \
+               f"{len(records) - 1} calls all measured, 1 left out)" in \
+               ax.get_title().replace("\n", " ")
+        marks = [t.get_text() for t in ax.texts]
+        assert marks and all(m == "skipped" or " of " in m for m in marks)
+    finally:
+        plt.close(fig)

@@ -131,7 +131,6 @@ def _uncertain(summary: dict[str, Any], results: list[Any]) -> None:
 
 def _report(config: Any, collected: list[dict[str, Any]]) -> None:
     from ccbench.trace.summary import (
-        SPEEDUP_STATISTIC,
         format_summary,
         sequence_median,
         speedups,
@@ -146,7 +145,7 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
           f"{1 + max((op.call for op in trace.all_ops()), default=-1)} calls")
     for note in trace.notes:
         print(f"# note: {note}")
-    totals: dict[str, float] = {}
+    per_call: dict[str, dict[int, float]] = {}
     for item in collected:
         meta = item["meta"] or {}
         summary = summarize_results(item["results"])
@@ -160,15 +159,16 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
                   f"{len(item['sequence_us'])} passes, each the slowest rank's: "
                   f"{summary['sequence_median_us']:.1f} us")
         _uncertain(summary, item["results"])
-        totals[str(meta.get("backend"))] = summary["total_time_us"]
+        per_call[str(meta.get("backend"))] = {r.call: r.time_us for r in item["results"]
+                                               if r.time_us is not None}
         out["backends"].append({**meta, "summary": summary,
                                 "ops": [r.to_dict() for r in item["results"]]})
-    out["speedups"] = [{"fastest": fast, "other": other, "times": ratio,
-                        "statistic": SPEEDUP_STATISTIC}
-                       for fast, other, ratio in speedups(totals)]
-    for fast, other, ratio in speedups(totals):
-        print(f"# {fast} replays this trace {ratio:.2f}x faster than {other} "
-              f"({SPEEDUP_STATISTIC}: {totals[fast]:.1f} vs {totals[other]:.1f} us)")
+    ratios = speedups(per_call)
+    out["speedups"] = [entry.to_dict() for entry in ratios]
+    for entry in ratios:
+        print(f"# {entry.line()}")
+    if len(per_call) > 1 and not ratios:
+        print("# no speed-up: no call was measured by every backend")
     if config.summary:
         with open(config.summary, "w", encoding="utf-8") as handle:
             json.dump(out, handle, indent=1)

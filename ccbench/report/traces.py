@@ -149,6 +149,33 @@ def breakdown(backends: dict[str, list[Any]]) \
     return sorted(cats), per
 
 
+def _calls_per_key(backends: dict[str, list[Any]]) -> dict[str, dict[tuple[str, str], int]]:
+    """backend -> (collective, bucket label) -> calls it measured there."""
+    from ccbench.trace.summary import bucket
+
+    counts: dict[str, dict[tuple[str, str], int]] = {}
+    for backend, recs in backends.items():
+        table = counts.setdefault(backend, {})
+        for r in recs:
+            key = (r.collective, bucket(int(r.size_asked)))
+            table[key] = table.get(key, 0) + 1
+    return counts
+
+
+def _mark_skipped(ax: Any, ys: Any, keys: list[tuple[str, int, str]],
+                  counts: dict[str, dict[tuple[str, str], int]], backend: str) -> None:
+    """Where this backend measured fewer of a bucket's calls than another backend did (it
+    skipped them), say so at its bar: 'skipped' or 'k of n calls'."""
+    for y, (collective, _, label) in zip(ys, keys, strict=True):
+        most = max(c.get((collective, label), 0) for c in counts.values())
+        mine = counts[backend].get((collective, label), 0)
+        if mine < most:
+            text = "skipped" if mine == 0 else f"{mine} of {most} calls"
+            ax.annotate(text, (0, y), xycoords=("axes fraction", "data"), xytext=(2, 0),
+                        textcoords="offset points", va="center", fontsize="x-small",
+                        color="#aa0000")
+
+
 def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> Any:
     import matplotlib.pyplot as plt
     import numpy as np
@@ -160,6 +187,7 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> 
 
     keys, per = breakdown(backends)
     totals = {b: sum(t.values()) for b, t in per.items()}
+    counts = _calls_per_key(backends)
     # horizontal bars: one row per (collective, size bucket), labels never overlap
     height = 1.3 + (0.12 + 0.06 * len(per)) * len(keys)
     with plt.rc_context(RC | rc_for(paper)):
@@ -174,6 +202,7 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> 
             ax.barh(y + (i - (len(per) - 1) / 2) * width, [table.get(k, 0.0) for k in keys],
                     width, color=colour(colour_key(first)),
                     label=f"{backend} ({lib}): {_us(totals[backend])} in all")
+            _mark_skipped(ax, y + (i - (len(per) - 1) / 2) * width, keys, counts, backend)
         ax.set_yticks(y, [f"{c} {b}" for c, _, b in keys])
         ax.invert_yaxis()
         ax.set_xlabel("time (µs, summed over calls)")
@@ -182,10 +211,13 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> 
             ax.set_xscale("log")
             ax.set_xlabel("time (µs, summed over calls; log)")
         title = f"trace {name}: time by collective and size"
-        ratios = speedups(totals)
+        ratios = speedups({b: {r.method["trace"]["call"]: float(r.time_us["median"])
+                               for r in recs} for b, recs in backends.items()})
         if ratios:
-            fast, slow, ratio = ratios[-1]
-            title += f"; {fast} {ratio:.2f}x faster than {slow} ({SPEEDUP_STATISTIC})"
+            last = ratios[-1]
+            title += (f"; {last.fastest} {last.times:.2f}x faster than {last.other} "
+                      f"({SPEEDUP_STATISTIC} over the {last.calls} calls all measured"
+                      f"{f', {last.left_out} left out' if last.left_out else ''})")
         from ccbench.report.paper import wrap_text
 
         ax.set_title(wrap_text(title, paper, 0.8 * paper.width - 0.4))

@@ -12,7 +12,7 @@ import numpy as np
 
 from ccbench.units import format_size
 
-__all__ = ["SPEEDUP_STATISTIC", "OpResult", "bucket", "fidelity", "format_summary", "schedule",
+__all__ = ["SPEEDUP_STATISTIC", "OpResult", "Speedup", "bucket", "fidelity", "format_summary", "schedule",
            "sequence_median",
            "speedups",
            "summarize_results"]
@@ -67,15 +67,48 @@ def schedule(calls: Iterable[tuple[Sequence[int], float]]) -> list[tuple[float, 
     return spans
 
 
-def speedups(totals: dict[str, float]) -> list[tuple[str, str, float]]:
-    """(fastest backend, another, how many times faster) for each other backend, from one
-    time per backend (SPEEDUP_STATISTIC wherever a replay shows one)."""
-    timed = {b: t for b, t in totals.items() if t > 0}
+@dataclass(frozen=True)
+class Speedup:
+    """One backend against the fastest, over the calls every compared backend measured."""
+
+    fastest: str
+    other: str
+    times: float           # other_us / fastest_us
+    fastest_us: float      # SPEEDUP_STATISTIC over the common calls
+    other_us: float
+    calls: int             # the calls compared: measured by every backend
+    left_out: int          # calls measured by some backends only (not compared)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fastest": self.fastest, "other": self.other, "times": self.times,
+                "statistic": SPEEDUP_STATISTIC, "fastest_us": self.fastest_us,
+                "other_us": self.other_us, "calls": self.calls, "left_out": self.left_out}
+
+    def line(self) -> str:
+        """The speed-up as `replay` prints it."""
+        left = (f"; {self.left_out} calls measured by only some backends left out"
+                if self.left_out else "")
+        return (f"{self.fastest} replays this trace {self.times:.2f}x faster than {self.other} "
+                f"({SPEEDUP_STATISTIC} over the {self.calls} calls every compared backend "
+                f"measured: {self.fastest_us:.1f} vs {self.other_us:.1f} us{left})")
+
+
+def speedups(per_call: dict[str, dict[Any, float]]) -> list[Speedup]:
+    """The fastest backend against each other one, from each backend's measured time per call
+    (call -> us, SPEEDUP_STATISTIC's terms): only the calls every backend measured are
+    compared, so a backend that skipped calls does not look faster for it."""
+    timed = {b: calls for b, calls in per_call.items() if calls}
     if len(timed) < 2:
         return []
-    fast = min(timed, key=lambda b: timed[b])
-    return [(fast, other, timed[other] / timed[fast])
-            for other in sorted(timed, key=lambda b: timed[b]) if other != fast]
+    common = set.intersection(*(set(calls) for calls in timed.values()))
+    every = set.union(*(set(calls) for calls in timed.values()))
+    sums = {b: sum(calls[c] for c in common) for b, calls in timed.items()}
+    fast = min(sums, key=lambda b: sums[b])
+    if not common or sums[fast] <= 0:
+        return []
+    return [Speedup(fast, other, sums[other] / sums[fast], sums[fast], sums[other],
+                    len(common), len(every) - len(common))
+            for other in sorted(sums, key=lambda b: sums[b]) if other != fast]
 
 
 def sequence_median(passes: Sequence[float] | None) -> float | None:
