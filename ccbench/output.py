@@ -27,7 +27,7 @@ from ccbench.safeio import check_not_symlink
 
 __all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
            "check_writable_file", "default_output", "make_writer", "new_records_file",
-           "say_where_records_are", "wants_default_output"]
+           "records_line", "say_where_records_are", "wants_default_output"]
 
 _PEEK_BYTES = 1 << 16
 
@@ -119,12 +119,18 @@ def default_output(args: Any) -> str | None:
     return new_records_file() if wants_default_output(args) else None
 
 
+def records_line(path: str, so_far: bool = False) -> str:
+    """Where a run's records are and the report command; `so_far` for a run that failed (the
+    line then comes before its error line, which stays the last one)."""
+    report = os.path.join(os.path.dirname(path), "report")
+    return (f"ccbench: records {'so far ' if so_far else ''}in {path}; figures and tables: "
+            f"ccbench report {path} -o {report}")
+
+
 def say_where_records_are(path: str) -> None:
     """The line that ends a run that chose its records file: where they are, and the report
     command."""
-    report = os.path.join(os.path.dirname(path), "report")
-    print(f"ccbench: records in {path}; figures and tables: ccbench report {path} -o "
-          f"{report}", file=sys.stderr, flush=True)
+    print(records_line(path), file=sys.stderr, flush=True)
 
 
 def check_writable_file(path: str, flag: str = "-o") -> None:

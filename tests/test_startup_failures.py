@@ -1,5 +1,6 @@
-"""Start-up failures that must end in one line, not a traceback: Ctrl-C while a rank (or the
-launcher) still imports, and a control port taken between its choice and its bind."""
+"""Failures that must end in one line, not a traceback, and with that line last: Ctrl-C while
+a rank (or the launcher) still imports, a control port taken between its choice and its bind,
+a failed `ccbench launch` that kept records."""
 
 from __future__ import annotations
 
@@ -75,3 +76,18 @@ def test_launch_interrupted_while_ranks_import(tmp_path: Path) -> None:
     assert lines == ["ccbench: error: interrupted (SIGINT); the ranks were stopped"], \
         result.stderr
     assert result.returncode == 130
+
+
+def test_failed_launch_names_its_records_before_the_error_line(tmp_path: Path) -> None:
+    """Rank 1 exits at the third size: the records of the first two are kept, said before the
+    error line, which stays the last line (docs/design/failures.md)."""
+    result = run_ccbench("launch", "-n", "2", "allreduce", "--backend", "gloo", "--sizes",
+                         "1K-16K", "--iters", "2", "--warmup", "1", "-q", timeout=240,
+                         env={"CCBENCH_RESULTS": str(tmp_path), "CCBENCH_FAULT": "mid-run:1:exit"})
+    assert result.returncode != 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ccbench")]
+    assert len(lines) >= 2 and lines[-1].startswith("ccbench: error: "), result.stderr
+    kept = sorted(tmp_path.glob("*.jsonl"))
+    assert len(kept) == 1 and kept[0].read_text().strip(), result.stderr
+    assert lines[-2].startswith(f"ccbench: records so far in {kept[0]}; "), result.stderr
+    assert sum("records" in line and " in " in line for line in lines) == 1, result.stderr

@@ -138,11 +138,21 @@ def main(args: argparse.Namespace) -> int:
     if plan.one_launch or len(groups) == 1:      # a replay compares its backends in one run
         groups = [(backends, any(by_backend.values()))]
 
+    said: list[str] = []        # the records line, once: before the error line of a failure
+
+    def records_so_far() -> str | None:
+        from ccbench.output import records_line
+
+        if said or not saved or not os.path.exists(saved):
+            return None
+        said.append(saved)
+        return records_line(saved, so_far=True)
+
     def launch(extra_env: dict[str, str], bench: list[str]) -> int:
         for names, needs_mpi in groups:             # each group in its own launch, in turn
             status = run_ranks(nprocs, bench if len(groups) == 1 else
                                with_backends(bench, names), needs_mpi, mpiexec,
-                               connect_timeout, extra_env)
+                               connect_timeout, extra_env, records_so_far)
             if status != 0:
                 return status
         return 0
@@ -153,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
         from ccbench.repeats import repeat_launches
 
         status = repeat_launches(args.repeat, launch, bench, output, fmt)
-    if saved and os.path.exists(saved):
+    if saved and os.path.exists(saved) and not said:
         from ccbench.output import say_where_records_are
 
         say_where_records_are(saved)

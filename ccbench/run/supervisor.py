@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -139,7 +140,11 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
 
 
 def run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None,
-              connect_timeout: float, extra_env: dict[str, str] | None = None) -> int:
+              connect_timeout: float, extra_env: dict[str, str] | None = None,
+              before_error: Callable[[], str | None] | None = None) -> int:
+    """Start the ranks and watch them (Supervisor). `before_error`: the line to print just
+    before the run's one error line, if any (where the records so far are), so that the error
+    line is the last one on screen."""
     commands, envs = build_commands(nprocs, bench, needs_mpi, mpiexec)
     envs = [{**(extra_env or {}), **e} for e in envs]
     if needs_mpi and nprocs > usable_cores():
@@ -151,7 +156,7 @@ def run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | Non
     if sys.stdout.isatty():               # rank 0 draws its bar on the terminal of the table
         envs = [{"CCBENCH_STDOUT_TTY": "1", **e} for e in envs]
     if not needs_mpi:
-        return Supervisor(commands, envs, connect_timeout).run()
+        return Supervisor(commands, envs, connect_timeout, before_error=before_error).run()
     # under mpiexec the control store lives here, not in rank 0: an mpiexec that ends every rank
     # when one dies (MPICH's on a signal even with -disable-auto-cleanup, Open MPI's on any
     # failure) leaves no rank to say which one it was, but this process saw their connections
@@ -159,7 +164,8 @@ def run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | Non
     envs = [{**e, MPI_CONTROL_VAR: f"127.0.0.1:{store.port}", SECRET_VAR: store.secret}
             for e in envs]
     try:
-        return Supervisor(commands, envs, connect_timeout, store=store, world_size=nprocs).run()
+        return Supervisor(commands, envs, connect_timeout, store=store, world_size=nprocs,
+                          before_error=before_error).run()
     finally:
         store.close()
 
@@ -230,8 +236,10 @@ class Supervisor:
 
     def __init__(self, commands: list[list[str]], envs: list[dict[str, str]],
                  connect_timeout: float, store: ControlServer | None = None,
-                 world_size: int = 0) -> None:
+                 world_size: int = 0, before_error: Callable[[], str | None] | None = None
+                 ) -> None:
         self.commands, self.envs = commands, envs
+        self.before_error = before_error    # asked once, for a line to go before the error
         # the control store of ranks under mpiexec (one command): when they all went without a
         # word, it tells which rank went first and what they were doing
         self.store, self.world_size = store, world_size
@@ -266,7 +274,7 @@ class Supervisor:
             reader.join(timeout=5)
         if self.interrupted is not None:
             if not self._error_before_interruption:
-                print(error_line(_interruption(self.interrupted)), file=sys.stderr, flush=True)
+                self._say(error_line(_interruption(self.interrupted)))
             return 128 + self.interrupted
         if self.ended_here and self.error_seen.is_set():
             # a rank said why, and the ranks still there were ended here after the grace (on a
@@ -275,8 +283,20 @@ class Supervisor:
             codes = [1 if code < 0 else code for code in codes]
         status = _combined_status(codes)
         if status != 0 and not self.error_seen.is_set():
-            print(error_line(self._why(codes)), file=sys.stderr, flush=True)
+            self._say(error_line(self._why(codes)))
         return status
+
+    def _before_error(self) -> bytes:
+        """The line that goes before the error line (once), as bytes, or nothing."""
+        ask, self.before_error = self.before_error, None
+        line = ask() if ask is not None else None
+        return f"{line}\n".encode() if line else b""
+
+    def _say(self, line: str) -> None:
+        """The launcher's own error line."""
+        with self._print_lock:
+            sys.stderr.buffer.write(self._before_error() + f"{line}\n".encode())
+            sys.stderr.buffer.flush()
 
     def _start(self) -> None:
         for cmd, env in zip(self.commands, self.envs, strict=True):
@@ -361,6 +381,7 @@ class Supervisor:
                 if self.error_seen.is_set():
                     continue                  # a consequence of the first; that one said why
                 self.error_seen.set()
+                out.append(self._before_error())
             out.append(line)
         with self._print_lock:
             sys.stderr.buffer.write(b"".join(out))
