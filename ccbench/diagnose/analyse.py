@@ -301,6 +301,9 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
                            done_pairs)
     findings += pairs
     done_pairs |= {(names.index(a), names.index(b)) for f in pairs for a, b in f.pairs}
+    if uplinks:                 # the cross-leaf pairs share the flagged uplink: explained
+        leaf_of = {h: i for i, members in enumerate(leaves or []) for h in members}
+        done_pairs |= {p for p in table if leaf_of.get(p[0]) != leaf_of.get(p[1])}
     findings += _intermittent_pairs(table, ref, names, explained, done_pairs)
     if not findings:                       # a slow world collective a finding explains is not news
         findings += _world_finding(world, ref)
