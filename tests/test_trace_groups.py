@@ -60,7 +60,7 @@ def test_world_calls_stay_world_calls_and_group_peers_become_global(tmp_path: Pa
         assert ops[4].peer == (rank ^ 1) and ops[4].group_source == "inferred"
     # no invented calls: one call per world op, one per pair for the dp all-reduce
     assert len({op.call for op in trace.all_ops()}) == 1 + 2 + 1 + 1 + 2 + 1
-    assert any("4 calls' process groups are ambiguous" in n for n in trace.notes)
+    assert any("4 of 8 calls' process groups are ambiguous" in n for n in trace.notes)
 
 
 def _reading(trace) -> list[list[tuple[object, ...]]]:  # noqa: ANN001
@@ -144,7 +144,10 @@ def test_simulate_and_export_take_the_group_settings(tmp_path: Path) -> None:
     plain = run_ccbench_forked("simulate", str(model), "--trace", str(folder), "--ranks", "8",
                                "--topology", "switch:8")
     assert plain.returncode == 0, plain.stderr
-    assert "# uncertain: 4 calls' process groups are not in the trace" in plain.stdout
+    # one count, one definition: the note's, priced on 4 rows, and the JSON's
+    assert "# uncertain: 4 calls' process groups are ambiguous (4 priced, on the 4 rows " \
+        "flagged 'group uncertain')" in plain.stdout
+    assert "# note: 4 of 8 calls' process groups are ambiguous" in plain.stdout
     # the tp all-reduce (node 10) on each pair, from a file and from --group
     groups = tmp_path / "groups.json"
     groups.write_text(json.dumps({"10": [0, 1], "2:10": [2, 3], "3:10": [2, 3]}))
@@ -153,7 +156,9 @@ def test_simulate_and_export_take_the_group_settings(tmp_path: Path) -> None:
                                  "--format", "json")
     assert settled.returncode == 0, settled.stderr
     out = json.loads(settled.stdout)
-    assert out["uncertain_calls"] == 3
+    # settling one tp all-reduce leaves 3, in the JSON and in the note alike
+    assert out["uncertain_calls"] == 3 and out["uncertain_priced_calls"] == 3
+    assert any(n.startswith("3 of ") for n in out["notes"]), out["notes"]
     first = next(r for r in out["ops"] if r["node_id"] == 10)
     assert first["group_shape"] == "tile" and first["group_size"] == 2
     export = run_ccbench_forked("export", "astra-sim", str(model), "--trace", str(folder),
@@ -185,4 +190,5 @@ def test_replay_sends_on_a_sub_group_to_its_own_rank(tmp_path: Path) -> None:
     sends = [op for op in ops if op["collective"] == "sendrecv"]
     assert sorted(tuple(op["group"]) for op in sends) == [(0, 1), (2, 3)]
     assert all(op["wrong"] == 0 and op["time_us"] > 0 for op in sends)
-    assert "uncertain: 4 calls' process groups are not in the trace" in done.stdout
+    assert "uncertain: 4 calls' process groups are ambiguous" in done.stdout
+    assert json.loads(summary.read_text())["backends"][0]["summary"]["uncertain_calls"] == 4

@@ -117,16 +117,19 @@ def _load(args: argparse.Namespace, readers: int = 1) -> Any:
 
 
 def _uncertain(summary: dict[str, Any], results: list[Any]) -> None:
-    """The measured calls whose process group the trace leaves open: how much of the sum
+    """The calls whose process group the trace leaves open (ccbench.trace.groups.
+    ambiguous_calls: the count the trace's note gives) and how much of the measured sum
     they are (what a wrong reading of them can move), said in a line and in the summary."""
-    times = [r.time_us for r in results if r.group_source == "ambiguous" and r.time_us]
-    summary["uncertain_calls"], summary["uncertain_time_us"] = len(times), sum(times)
+    calls = [r for r in results if r.group_source == "ambiguous"]
+    times = [r.time_us for r in calls if r.time_us is not None]
+    summary["uncertain_calls"], summary["uncertain_time_us"] = len(calls), sum(times)
     total = summary.get("total_time_us") or 0.0
-    if times and total:
-        print(f"#   uncertain: {len(times)} calls' process groups are not in the trace (read "
-              f"as world calls where every rank makes them alike): {sum(times):.1f} of the "
-              f"{total:.1f} us ({sum(times) / total:.0%}); settle them with --group or a "
-              f"capture file")
+    if calls:
+        share = f" ({sum(times) / total:.0%})" if total else ""
+        print(f"#   uncertain: {len(calls)} calls' process groups are ambiguous (read as "
+              f"world calls where every rank makes them alike): {len(times)} of them "
+              f"measured, {sum(times):.1f} of the {total:.1f} us{share}; settle them with "
+              f"--group or a capture file")
 
 
 def _report(config: Any, collected: list[dict[str, Any]]) -> None:

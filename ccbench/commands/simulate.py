@@ -196,8 +196,11 @@ def _print_trace(out: dict) -> None:
     other = out.get("other_reading")
     if other is not None:
         low, high = sorted((out["total_us"], other["total_us"]))
-        print(f"# uncertain: {out['uncertain_calls']} calls' process groups are not in the "
-              f"trace; read as above (a call every rank makes alike on the world): total "
+        rest = out["uncertain_calls"] - out["uncertain_priced_calls"]
+        print(f"# uncertain: {out['uncertain_calls']} calls' process groups are ambiguous "
+              f"({out['uncertain_priced_calls']} priced, on the {out['uncertain_rows']} rows "
+              f"flagged 'group uncertain'{f'; {rest} not modelled' if rest else ''}); "
+              f"read as above (a call every rank makes alike on the world): total "
               f"{out['total_us']:.1f} us; with them on the smallest groups that fit: "
               f"{other['total_us']:.1f} us ({other['ops']} ops). The prediction lies in "
               f"{low:.1f}-{high:.1f} us; settle them with --group or a capture file")

@@ -10,7 +10,7 @@ from ccbench.errors import UsageError
 from ccbench.formats.chakra_et import parse_chakra_et, read_comm_groups
 from ccbench.formats.pytorch_et import parse_pytorch_et, read_json
 from ccbench.safeio import check_memory, inflated_size
-from ccbench.trace.groups import global_peers, match_calls
+from ccbench.trace.groups import global_peers, match_calls, uncertain_calls
 from ccbench.trace.ops import CommOp, Group, Trace, TraceError
 
 __all__ = ["load_trace", "rank_files", "require_communication"]
@@ -117,10 +117,11 @@ def _notes(trace: Trace, captured: int) -> None:
     if captured:
         trace.notes.append(f"{captured} of {len(ops)} ops settled from the capture files beside "
                            f"the trace (group, reduction, root, splits)")
-    calls = {op.call for op in ops if op.group_source == "ambiguous"}
+    calls = uncertain_calls(trace)
     if calls:
         trace.notes.append(
-            f"{len(calls)} calls' process groups are ambiguous (the trace does not name them "
+            f"{calls} of {1 + max(op.call for op in ops)} calls' process groups are "
+            f"ambiguous (the trace does not name them "
             f"and more than one group fits; group_source 'ambiguous' on each): record the job "
             f"under `python -m ccbench.formats.capture` or settle them with --group NODE=RANKS")
     assumed = [op for op in ops if op.reduce_op and not op.op_source]

@@ -41,7 +41,7 @@ from ccbench.model.rounds import Round, RoundProgram, round_program
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.simulate import LinkOverrides, _params
 from ccbench.model.topology import LinkClass, Topology, build_topology
-from ccbench.trace.groups import other_reading, uncertain_calls
+from ccbench.trace.groups import ambiguous_calls, other_reading
 from ccbench.trace.ops import CommOp, Group, Trace
 from ccbench.trace.scale import resize_op, retile_group
 
@@ -414,9 +414,20 @@ def simulate_trace(model: ModelFile, trace: Trace, ranks: int, topology: str,
                              for why, n in sorted(skipped.items())],
             "flags": flags, "notes": list(trace.notes),
             "warnings": mapping_warnings(trace, ranks),
-            "uncertain_calls": uncertain_calls(trace),
+            **_uncertain_counts(trace, rows),
             "other_reading": _other_reading(trace, both_readings, model, ranks, topology,
                                             fidelity, sharing, backend, links, algorithms)}
+
+
+def _uncertain_counts(trace: Trace, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """The trace's ambiguous calls (ccbench.trace.groups.ambiguous_calls, the count replay
+    and the trace's note give), how many of them are priced and on how many rows (calls of
+    one step on disjoint groups share a row)."""
+    calls = ambiguous_calls(trace)
+    flagged = [row for row in rows if UNCERTAIN in row["flags"]]
+    return {"uncertain_calls": len(calls),
+            "uncertain_priced_calls": len(calls & {c for row in flagged for c in row["calls"]}),
+            "uncertain_rows": len(flagged)}
 
 
 def _other_reading(trace: Trace, wanted: bool, model: ModelFile, ranks: int,

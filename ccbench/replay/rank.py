@@ -38,6 +38,7 @@ from ccbench.run.faults import inject
 from ccbench.run.launchers import LaunchInfo, detect_launch
 from ccbench.run.watchdog import Watchdog
 from ccbench.stats import summarize
+from ccbench.trace.groups import ambiguous_calls
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
@@ -82,6 +83,7 @@ class _Rank:
         self.config, self.info, self.store, self.watchdog = config, info, store, watchdog
         self.trace = config.trace
         self.ops = self.trace.ops[info.rank]
+        self.ambiguous = ambiguous_calls(self.trace)
         self.hosts: list[str] = []
         self.run_id = ""
         self.wrong = 0
@@ -119,13 +121,17 @@ class _Rank:
         if self.config.output:
             append_output(self.config.output, record, self.watchdog)
 
+    def _group_source(self, op: CommOp) -> str:
+        """The call's group_source: 'ambiguous' where any rank's op of it is."""
+        return "ambiguous" if op.call in self.ambiguous else op.group_source
+
     def _trace_tag(self, op: CommOp, note: str) -> dict[str, Any]:
         """method.trace of a record: which call of which trace, and how sure its facts are."""
         group = sorted((op.rank, op.peer)) if op.collective in ("send", "recv") \
             and op.peer is not None else list(op.group.ranks) if op.group else None
         return {"file": op.source, "node_id": op.node_id, "name": op.name, "call": op.call,
                 "index": op.index, "group": group,
-                "group_source": op.group_source,
+                "group_source": self._group_source(op),
                 "reduce_op_source": ("named" if op.op_source else "assumed")
                 if op.reduce_op else None,
                 "in_splits": list(op.in_splits) or None, "out_splits": list(op.out_splits) or None,
@@ -248,7 +254,7 @@ class _Rank:
                                    reason=outcome, original_us=self._original(op),
                                    extra=self._trace_tag(op, ""))
             if isinstance(outcome, OpResult):
-                outcome.group_source, outcome.reduce_op = op.group_source, op.reduce_op
+                outcome.group_source, outcome.reduce_op = self._group_source(op), op.reduce_op
                 self.store.set(f"trace/{number}/op/{op.call}", outcome.to_dict())
 
     # -- the sequence ---------------------------------------------------------------------

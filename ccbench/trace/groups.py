@@ -28,7 +28,7 @@ import dataclasses
 
 from ccbench.trace.ops import CommOp, Group, Trace, TraceError
 
-__all__ = ["global_peers", "match_calls", "other_reading", "uncertain_calls"]
+__all__ = ["ambiguous_calls", "global_peers", "match_calls", "other_reading", "uncertain_calls"]
 
 _MAX_STEPS = 200_000       # backtracking budget; real traces need one step per call
 _P2P = ("send", "recv")
@@ -409,9 +409,16 @@ def global_peers(ops: list[list[CommOp]], groups: list[Group]) -> None:
                             f"fit, read as {fits[0]}")
 
 
+def ambiguous_calls(trace: Trace) -> set[int]:
+    """The calls whose group the trace leaves open: those with an op of any rank whose
+    group_source is 'ambiguous' (a send whose receive is matched on one side only counts).
+    The one definition `replay`, `simulate --trace` and the trace's note count."""
+    return {op.call for op in trace.all_ops() if op.group_source == "ambiguous"}
+
+
 def uncertain_calls(trace: Trace) -> int:
-    """How many calls' groups the trace leaves open (group_source 'ambiguous')."""
-    return len({op.call for op in trace.all_ops() if op.group_source == "ambiguous"})
+    """How many calls' groups the trace leaves open (ambiguous_calls)."""
+    return len(ambiguous_calls(trace))
 
 
 def other_reading(trace: Trace) -> Trace | None:
