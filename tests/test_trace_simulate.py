@@ -232,3 +232,31 @@ def test_exchange_sends_and_receives_are_listed_each_as_its_own_kind() -> None:
     assert skipped == {"send: point-to-point ops are not modelled": 4,
                        "recv: point-to-point ops are not modelled": 4}
     assert [op.collective for op in ops] == ["allreduce"]
+
+
+@pytest.mark.parametrize("algorithm, world_engine, group_engine", [
+    ("ring", "events", "formula"), ("tree", "rounds", "rounds")])
+def test_replay_fidelity_of_reduce_as_docs_replay_md_says(algorithm: str, world_engine: str,
+                                                          group_engine: str) -> None:
+    """--fidelity replay: a world reduce runs the algorithms/ schedule; a reduce on process
+    groups (every copy at once) needs a round schedule, else keeps the formula's time,
+    flagged (docs/replay.md's table)."""
+    from ccbench.trace.groups import match_calls
+    from ccbench.trace.ops import CommOp, Group, Trace
+
+    world = Group("world", (0, 1, 2, 3))
+    pairs = [Group("tp0", (0, 1)), Group("tp1", (2, 3))]
+    ops = [[CommOp(rank=r, index=i, node_id=10 + i, name="c10d::reduce_", collective="reduce",
+                   dtype="float32", elsize=4, in_bytes=4096, out_bytes=4096, root=0,
+                   group=group, group_source="named")
+            for i, group in enumerate((world, pairs[r // 2]))] for r in range(4)]
+    match_calls(ops, [world, *pairs])
+    trace = Trace(kind="pytorch-et", paths=["reduce"], world_size=4, ops=ops,
+                  groups=[world, *pairs], schema="synthetic")
+    out = simulate_trace(MODEL, trace, 16, "switch:16", "replay",
+                         algorithms={"reduce": algorithm})
+    rows = {r["group_shape"]: r for r in out["ops"]}
+    assert (rows["world"]["engine"], rows["tile"]["engine"]) == (world_engine, group_engine)
+    flagged = f"no round schedule for reduce {algorithm}: analytical time"
+    assert (flagged in rows["tile"]["flags"]) == (group_engine == "formula")
+    assert flagged not in rows["world"]["flags"]
