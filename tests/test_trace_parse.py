@@ -107,3 +107,29 @@ def test_rescale_keeps_per_rank_sizes_and_retiles_groups(traces4: Path) -> None:
         [op.size for op in load_trace([traces4 / "ddp"]).ops[0] if op.collective == "allreduce"]
     p2p = rescale(load_trace([traces4 / "p2p"]), 6)
     assert any("send: point-to-point peers are not rescaled" in n for n in p2p.notes)
+
+
+def test_rescale_down_says_which_groups_became_one_rank() -> None:
+    """Data-parallel groups (every 2nd rank of 4) at 2 ranks are one rank each: said in one
+    warning naming them; at 8 ranks (groups of 4) nothing is said."""
+    from ccbench.trace.groups import match_calls
+    from ccbench.trace.ops import CommOp, Group, Trace
+    from ccbench.trace.scale import rescale
+
+    world = Group("world", (0, 1, 2, 3))
+    dp = [Group("dp0", (0, 2)), Group("dp1", (1, 3))]
+    ops = [[CommOp(rank=r, index=0, node_id=10, name="c10d::allreduce_",
+                   collective="allreduce", dtype="float32", elsize=4, in_bytes=64,
+                   out_bytes=64, group=dp[r % 2], group_source="named"),
+            CommOp(rank=r, index=1, node_id=11, name="c10d::allreduce_",
+                   collective="allreduce", dtype="float32", elsize=4, in_bytes=64,
+                   out_bytes=64, group=world, group_source="named")] for r in range(4)]
+    match_calls(ops, [world, *dp])
+    trace = Trace(kind="pytorch-et", paths=["dp"], world_size=4, ops=ops,
+                  groups=[world, *dp], schema="synthetic")
+    down = rescale(trace, 2)
+    assert [op.group.ranks for op in down.ops[1] if op.group] == [(1,), (0, 1)]
+    assert down.warnings == ["--world-size 2: recorded groups [0, 2], [1, 3] of the 4 ranks "
+                             "became one-rank groups: allreduce on them replay on one rank "
+                             "and move no data"]
+    assert rescale(trace, 8).warnings == [] and trace.warnings == []

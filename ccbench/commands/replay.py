@@ -148,6 +148,9 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
           f"{1 + max((op.call for op in trace.all_ops()), default=-1)} calls")
     for note in trace.notes:
         print(f"# note: {note}")
+    for warning in trace.warnings:
+        print(f"ccbench: warning: {warning}", file=sys.stderr)
+    out["warnings"] = list(trace.warnings)
     per_call: dict[str, dict[int, float]] = {}
     for item in collected:
         meta = item["meta"] or {}

@@ -107,6 +107,7 @@ class Trace:
     candidates: list[Group] = field(default_factory=list)
     schema: str = ""
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # said once on stderr (rescale's)
 
     @property
     def has_timings(self) -> bool:

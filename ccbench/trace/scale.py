@@ -111,6 +111,7 @@ def rescale(trace: Trace, world: int) -> Trace:
     old = trace.world_size
     ops: list[list[CommOp]] = []
     dropped: dict[str, int] = {}
+    shrunk: dict[tuple[int, ...], set[str]] = {}     # recorded group -> its collectives
     for rank in range(world):
         template = trace.ops[rank % old]
         mine: list[CommOp] = []
@@ -131,6 +132,8 @@ def rescale(trace: Trace, world: int) -> Trace:
                 dropped[reason] = dropped.get(reason, 0) + 1
                 continue
             assert op.group is not None and isinstance(group, Group)
+            if group.size == 1 < op.group.size:
+                shrunk.setdefault(op.group.ranks, set()).add(op.collective)
             new = resize_op(op, op.group.size, group.size)
             new.rank, new.index, new.group, new.call = rank, len(mine), group, -1
             mine.append(new)
@@ -145,4 +148,16 @@ def rescale(trace: Trace, world: int) -> Trace:
                 + [f"not mapped ({count} ops over all ranks): {why}"
                    for why, count in sorted(dropped.items())])
     match_calls(ops, groups)
+    if shrunk:
+        out.warnings.append(_one_rank_warning(shrunk, old, world))
     return out
+
+
+def _one_rank_warning(shrunk: dict[tuple[int, ...], set[str]], old: int, world: int) -> str:
+    """The line that says which recorded groups became one-rank groups at `world` ranks
+    (data-parallel groups when scaling down): their calls replay on one rank, moving no
+    data."""
+    groups = ", ".join(str(list(ranks)) for ranks in sorted(shrunk))
+    colls = ", ".join(sorted(set().union(*shrunk.values())))
+    return (f"--world-size {world}: recorded groups {groups} of the {old} ranks became "
+            f"one-rank groups: {colls} on them replay on one rank and move no data")
