@@ -416,12 +416,23 @@ def test_records_carry_percent_of_expected(tmp_path):
 
     records = tmp_path / "diag.jsonl"
     proc = _ccbench("launch", "-n", "2", "diagnose", "--link-rate", "1G", "--latency-us", "100",
-                    "--no-compute", "--no-repeat", "--iters", "2", "-O", str(records))
+                    "--no-compute", "--no-repeat", "--iters", "2", "--leaves", "2",
+                    "--format", "json", "-O", str(records))
     assert proc.returncode in (0, 1), proc.stderr
-    assert "% of expected" in proc.stdout
+    assert "pct_of_expected" in proc.stdout
     seen = set()
-    for line in records.read_text().splitlines():
-        record = json.loads(line)
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    verdict = lines.pop()             # the run's verdict, after its measurements
+    assert verdict["collective"] == "diagnose" and verdict["method"]["diagnose"]["step"] == \
+        "verdict" and verdict["iterations"] == 0
+    assert verdict["method"]["diagnose"]["findings"] == json.loads(
+        proc.stdout[proc.stdout.index("{"):])["findings"]
+    # --leaves 2, the count form: the leaf of each host, in the leaf step's records too
+    leaf_hosts = verdict["method"]["diagnose"]["leaf_hosts"]
+    assert sorted(h for members in leaf_hosts for h in members) == verdict["hosts"]
+    assert [r["method"]["diagnose"].get("leaf_hosts") for r in lines
+            if r["method"]["diagnose"]["step"] == "leaves"] == [leaf_hosts] * 3
+    for record in lines:
         median, pct = record["time_us"]["median"], record["method"]["pct_of_expected"]
         if record["collective"] == "sendrecv":
             assert pct == pytest.approx(100 * 100.0 / median, abs=0.1)
@@ -463,3 +474,106 @@ def test_report_of_a_leaf_run_uses_the_recorded_leaves():
     assert leaves_of([record], NAMES8) == leaves
     found = analyse(measures, Expectation(), NAMES8, leaves=leaves_of([record], NAMES8))
     assert [f.kind for f in found] == ["slow uplink"] and found[0].hosts == NAMES8
+
+
+# -- the run's verdict in its records -> the report's heat map ----------------------------
+
+def _write_run(path, measures, findings, collected, config):
+    """The records a rank 0 writes with -O: every measurement, then the verdict record."""
+    from types import SimpleNamespace
+
+    from ccbench.diagnose.measure import _Rank, write_verdict
+    from ccbench.diagnose.plan import Step
+
+    rank = _Rank(config, SimpleNamespace(world_size=len(collected.names), launcher="local"),
+                 None, None)
+    rank.names, rank.run_id, rank.collected = collected.names, collected.run_id, collected
+
+    def result(size, us):
+        return {"size_asked": size, "size_used": size, "count": size, "iterations": 2,
+                "time_us": {"median": us}, "samples_us": [us, us], "rank_median_us": [us, us],
+                "algbw_gbps": size / us / 1e3, "busbw_gbps": size / us / 1e3, "wrong": 0}
+
+    size = 1 << 20
+    for m in measures:
+        if m.error:                      # a port that did not answer: no measurement
+            continue
+        label = f"leaf{m.leaves[0]}-leaf{m.leaves[1]}" if m.leaves else \
+            f"{m.kind} {m.plane or ''} {m.round}"
+        step = Step(m.kind, label, [(m.a, m.b)], round=m.round, plane=m.plane)
+        rank._records(step, m.a, m.b, {"lat": result(8, m.lat_us),
+                                       "ab": result(size, size * 8 / m.bw_ab * 1e6),
+                                       "ba": result(size, size * 8 / m.bw_ba * 1e6)})
+    write_verdict(config, collected, findings)
+
+
+def test_report_draws_the_verdict_the_run_recorded_with_leaves_as_a_count(tmp_path,
+                                                                          monkeypatch):
+    """--leaves 4 (the count form) and a plane port down: the -O file carries the leaf of
+    every host and the run's findings in one verdict record after the measurements, which
+    `ccbench report` draws as they are (not recomputed: the port that did not answer left
+    no measurement), and which no measurement reader counts."""
+    import argparse
+
+    pytest.importorskip("matplotlib")
+    from ccbench.cli import main as cli_main
+    from ccbench.collectives import COLLECTIVES
+    from ccbench.commands.diagnose import _config
+    from ccbench.commands.diagnose import register as _register
+    from ccbench.diagnose.measure import Collected
+    from ccbench.errors import UsageError
+    from ccbench.model.fit import calibrate
+    from ccbench.records import load_records
+    from ccbench.report import diagnose as report_diagnose
+
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers()
+    _register(subparsers)
+    out = tmp_path / "diag.jsonl"
+    config, leaves = _config(parser.parse_args(["diagnose", "--leaves", "4", "-O", str(out)]))
+    assert leaves == 4 and config.leaf_count == 4
+    hosts = list(range(8))
+    leaf_hosts = [hosts[leaf::4] for leaf in range(4)]
+    measures = _pairs(8, lambda a, b, r: LINK / 3 if 5 in (a, b) else 0.9 * LINK)
+    measures += [PairMeasure("leaves", 0, a, b, 150, 0.9 * LINK, 0.9 * LINK, leaves=(x, y))
+                 for x, y, pairs in leaf_pairs(leaf_hosts) for a, b in pairs]
+    for name in ("eth0", "eth1"):
+        for number, r in enumerate(round_robin(8)):
+            for a, b in r:
+                measures.append(PairMeasure("planes", number, a, b, plane=name,
+                                            error="no answer on eth1")
+                                if name == "eth1" and 3 in (a, b) else
+                                PairMeasure("planes", number, a, b, 150, 0.9 * LINK,
+                                            0.9 * LINK, plane=name))
+    findings = analyse(measures, Expectation(), NAMES8, leaves=leaf_hosts)
+    assert {("port down", "host h3's plane eth1 port"), ("slow link", "host h5's link")} <= \
+        set(_kinds(findings))
+    collected = Collected(NAMES8, measures=measures, run_id="run4leaves",
+                          leaves=leaf_hosts, meta={"launcher": "local", "world_size": 8})
+    _write_run(out, measures, findings, collected, config)
+
+    records = load_records(out)
+    verdicts = [r for r in records if r.method["diagnose"]["step"] == "verdict"]
+    assert len(verdicts) == 1 and records[-1] is verdicts[0]
+    assert verdicts[0].collective not in COLLECTIVES
+    assert verdicts[0].method["diagnose"]["leaf_hosts"] == [
+        [NAMES8[h] for h in members] for members in leaf_hosts]
+    # the measurements read back without the verdict record; calibrate leaves it out
+    names, back, _ = report_diagnose.measures_of(records)
+    assert names == NAMES8 and len(back) == sum(1 for m in measures if not m.error)
+    with pytest.raises(UsageError, match="no records to calibrate on"):
+        calibrate(verdicts)
+    assert report_diagnose.leaves_of(records, NAMES8) == leaf_hosts
+
+    drawn = []
+    figure = report_diagnose._figure
+    monkeypatch.setattr(report_diagnose, "_figure",
+                        lambda names, measures, found, *a, **k: drawn.append(
+                            (names, found, a, k)) or figure(names, measures, found, *a, **k))
+    assert cli_main(["report", str(out), "-o", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "diagnose-run4leaves.png").stat().st_size > 0
+    assert len(drawn) == 1
+    names, found, _args, kwargs = drawn[0]
+    assert names == NAMES8 and [f.to_json() for f in found] == [f.to_json() for f in findings]
+    recomputed = _args[2] if len(_args) > 2 else kwargs.get("recomputed", False)
+    assert recomputed is False

@@ -184,6 +184,7 @@ def _config(args: argparse.Namespace) -> Any:
         quick=args.quick, repeat=not args.no_repeat,
         leaves=None if leaves is None or isinstance(leaves, int) else
         [[h.strip() for h in g.split(",") if h.strip()] for g in str(leaves).split("/")],
+        leaf_count=leaves if isinstance(leaves, int) else None,
         planes=planes, ranks_per_host=args.ranks_per_host, expect=expect,
         compute=not args.no_compute,
         nic_speed=not args.no_nic_speed and expect.link_bps is None, output=args.output,
@@ -292,7 +293,7 @@ def launch_plan(argv: list[str], nprocs: int | None = None) -> LaunchPlan:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ccbench.diagnose.measure import diagnose_rank
+    from ccbench.diagnose.measure import diagnose_rank, write_verdict
     from ccbench.diagnose.plan import build_plan
     from ccbench.diagnose.preflight import before_mpi
     from ccbench.diagnose.verdict import findings_of, format_plan, print_verdict
@@ -317,7 +318,9 @@ def main(args: argparse.Namespace) -> int:
 
     def on_stop(collected: Any, why: str, stopped: dict[int, str]) -> None:
         collected.stopped = stopped
-        print_verdict(collected, findings_of(collected, args.oversub), args.format)
+        findings = findings_of(collected, args.oversub)
+        print_verdict(collected, findings, args.format)
+        write_verdict(config, collected, findings)
         sys.stdout.flush()
 
     def status_of(collected: Any) -> int:
@@ -348,6 +351,7 @@ def main(args: argparse.Namespace) -> int:
     status_of(collected)
     findings = findings_of(collected, args.oversub)
     print_verdict(collected, findings, args.format)
+    write_verdict(config, collected, findings)
     if findings:                  # the reason for the exit status, for launchers that ask
         print(error_line(f"diagnose flagged {len(findings)} component"
                          f"{'s' if len(findings) > 1 else ''} (the verdict above)"),

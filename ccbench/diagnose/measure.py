@@ -28,7 +28,7 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
-from ccbench.diagnose.analyse import Expectation, PairMeasure, suspicious_tries
+from ccbench.diagnose.analyse import Expectation, Finding, PairMeasure, suspicious_tries
 from ccbench.diagnose.counters import (
     counter_deltas,
     interface_addresses,
@@ -45,7 +45,7 @@ from ccbench.run.watchdog import Watchdog
 from ccbench.trace.ops import Group
 from ccbench.trace.subcomm import free_groups, split_groups
 
-__all__ = ["DiagnoseConfig", "diagnose_rank"]
+__all__ = ["DiagnoseConfig", "diagnose_rank", "verdict_record", "write_verdict"]
 
 _STEP_STRIDE = 1000          # harness step numbers: plan step x this + pair x 4 + measurement
 COMPUTE_REPEATS = 5
@@ -65,6 +65,7 @@ class DiagnoseConfig:
     quick: bool = False
     repeat: bool = True
     leaves: list[list[str]] | None = None      # host names per leaf
+    leaf_count: int | None = None              # --leaves L: host i (natural order) on leaf i mod L
     planes: list[str] | None = None            # interface name per plane
     ranks_per_host: int = 1
     expect: Expectation = field(default_factory=Expectation)
@@ -97,6 +98,10 @@ class Collected:
     counters: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     #: before the library: prober host -> target host -> its interfaces that did not answer
     reach: dict[int, dict[int, list[str]]] = field(default_factory=dict)
+    run_id: str = ""
+    #: the records' run-wide fields (library, launcher, world size), once the backend is up
+    meta: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
 
 
 class _DiagnoseWatchdog(Watchdog):
@@ -221,6 +226,10 @@ class _Rank:
                              f"planes; valid: interfaces with an IPv4 address on every host)")
 
     def _leaf_indices(self) -> list[list[int]] | None:
+        if self.config.leaf_count:
+            hosts = list(range(len(self.names)))
+            return [hosts[leaf::self.config.leaf_count]
+                    for leaf in range(self.config.leaf_count)]
         if not self.config.leaves:
             return None
         out = []
@@ -532,6 +541,49 @@ class _Rank:
             append_record(self.config.output, record)
 
 
+def verdict_record(config: DiagnoseConfig, collected: Collected,
+                   findings: list[Finding]) -> Record:
+    """The run's verdict as one record after its measurements: method.diagnose.findings
+    (every finding as the run printed it) and leaf_hosts (every form of --leaves), which
+    `report` draws; step "verdict" and collective "diagnose" (no measurement: calibrate and
+    the report's other sections leave it out); time_us: the run's wall time."""
+    names = collected.names
+    wall_us = max(1.0, (time.monotonic() - collected.started) * 1e6)
+    leaves = ({"leaf_hosts": [[names[h] for h in members] for members in collected.leaves]}
+              if collected.leaves else {})
+    meta = collected.meta
+    return Record(
+        run_id=collected.run_id,
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        ccbench_version=__version__, collective="diagnose", backend=config.backend,
+        library=meta.get("library", ""), library_version=meta.get("library_version", ""),
+        algorithm="native", transport=config.backend, device="cpu", dtype="uint8", op=None,
+        inplace=False, timing="per-op", world_size=int(meta.get("world_size", len(names))),
+        nodes=len(names), ranks_per_node=config.ranks_per_host, hosts=list(names), root=0,
+        size_asked=0, size_used=0, count=0, iterations=0, warmup=0,
+        time_us={k: wall_us for k in ("median", "mean", "min", "p5", "p95", "max")}
+        | {"stdev": 0.0},
+        samples_us=[], rank_median_us=[], algbw_gbps=0.0, busbw_gbps=0.0, wrong=None,
+        method={"timing": "per-op", "check": config.method.check, "combine": "max over ranks",
+                "launcher": meta.get("launcher", ""), "timeout_s": config.method.timeout,
+                "diagnose": {"step": "verdict", "label": "verdict", "round": 0, "pair": None,
+                             "plane": None, "direction": None,
+                             "expected": {"link_bps": collected.expect.link_bps,
+                                          "latency_us": collected.expect.latency_us,
+                                          "source": collected.expect.source},
+                             "stopped": {names[h]: why for h, why in collected.stopped.items()
+                                         if 0 <= h < len(names)},
+                             "findings": [f.to_json() for f in findings], **leaves}},
+        environment={"hostname": socket.gethostname()})
+
+
+def write_verdict(config: DiagnoseConfig, collected: Collected,
+                  findings: list[Finding]) -> None:
+    """Rank 0: append the verdict record to --output (nothing without it)."""
+    if config.output:
+        append_record(config.output, verdict_record(config, collected, findings))
+
+
 def _work(a: np.ndarray) -> None:
     b = a
     for _ in range(COMPUTE_PASSES):
@@ -629,7 +681,10 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
     leaves = rank._leaf_indices()
     steps = build(len(rank.names), leaves)
     if rank.info.rank == 0:
-        rank.collected = Collected(rank.names, expect=expect, leaves=leaves)
+        rank.collected = Collected(rank.names, expect=expect, leaves=leaves,
+                                   run_id=rank.run_id,
+                                   meta={"launcher": rank.info.launcher,
+                                         "world_size": rank.info.world_size})
         collected = rank.collected
         watchdog.on_stop = lambda why, lost: on_stop(
             collected, why, {rank.host_of[r]: why for r in lost})
@@ -642,6 +697,9 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
     backend = _make_backend(config, rank.info, rank.store, watchdog, len(rank.names))
     try:
         rank.meta = backend.info()
+        if rank.collected is not None:
+            rank.collected.meta.update(library=rank.meta["library"],
+                                       library_version=rank.meta["library_version"])
         _run_steps(rank, backend, steps, build)
         rank.gather_counters()
     finally:
