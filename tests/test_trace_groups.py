@@ -192,3 +192,19 @@ def test_replay_sends_on_a_sub_group_to_its_own_rank(tmp_path: Path) -> None:
     assert all(op["wrong"] == 0 and op["time_us"] > 0 for op in sends)
     assert "uncertain: 4 calls' process groups are ambiguous" in done.stdout
     assert json.loads(summary.read_text())["backends"][0]["summary"]["uncertain_calls"] == 4
+
+
+def test_a_call_is_ambiguous_when_any_rank_s_op_is() -> None:
+    """A send matched on one side only (its receive fits two groups) is one ambiguous call,
+    for the note, replay and simulate alike."""
+    from ccbench.trace.groups import ambiguous_calls, uncertain_calls
+    from ccbench.trace.ops import CommOp, Group, Trace
+
+    world = Group("world", (0, 1))
+    ops = [[CommOp(rank=r, index=0, node_id=10, name=name, collective=coll, dtype="float32",
+                   elsize=4, in_bytes=8, out_bytes=8, peer=1 - r, group=world, call=0,
+                   group_source=source)]
+           for r, (name, coll, source) in enumerate((("c10d::send", "send", "inferred"),
+                                                     ("c10d::recv_", "recv", "ambiguous")))]
+    trace = Trace(kind="pytorch-et", paths=["p2p"], world_size=2, ops=ops, groups=[world])
+    assert ambiguous_calls(trace) == {0} and uncertain_calls(trace) == 1
