@@ -304,17 +304,27 @@ def _ccbench(*args, env=None):
                           env={**os.environ, "PYTHONPATH": str(root), **(env or {})})
 
 
-def test_a_rank_gone_at_the_end_is_named_as_in_the_benchmark():
+def test_a_rank_gone_at_the_end_is_named_as_in_the_benchmark(tmp_path):
     """diagnose runs inside the benchmark's rank lifecycle (ccbench.run.lifecycle): its end is
     a step of its own with the benchmark's fault point, so a rank that exits there is found
-    at the closing barrier and the verdict names its host as stopped (exit 1)."""
-    proc = _ccbench("launch", "-n", "3", "diagnose", "--quick", "--no-compute",
-                    env={"CCBENCH_FAULT": "shutdown:2:exit"})
+    at the closing barrier and the verdict names its host as stopped (exit 1), in the
+    records too (one verdict record, last)."""
+    import json
+
+    records = tmp_path / "diag.jsonl"
+    proc = _ccbench("launch", "-n", "3", "diagnose", "--quick", "--no-compute", "-O",
+                    str(records), env={"CCBENCH_FAULT": "shutdown:2:exit"})
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     stopped = [line.split() for line in proc.stdout.splitlines() if "stopped" in line]
     assert stopped and stopped[0][0] == "host" and stopped[0][1].endswith(":r2"), proc.stdout
     assert stopped[0][2] == "stopped", proc.stdout
     assert "the end of the run" in proc.stderr and "did not arrive: 2" in proc.stderr
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    verdicts = [r for r in lines if r["method"]["diagnose"]["step"] == "verdict"]
+    assert len(verdicts) == 1 and lines[-1] == verdicts[0]
+    found = verdicts[0]["method"]["diagnose"]["findings"]
+    assert [(f["kind"], f["hosts"]) for f in found if f["kind"] == "stopped"] == [
+        ("stopped", [stopped[0][1]])], found
 
 
 @pytest.mark.parametrize("args, words", [
