@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import os
 import runpy
+import socket
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -91,3 +92,38 @@ def test_failed_launch_names_its_records_before_the_error_line(tmp_path: Path) -
     assert len(kept) == 1 and kept[0].read_text().strip(), result.stderr
     assert lines[-2].startswith(f"ccbench: records so far in {kept[0]}; "), result.stderr
     assert sum("records" in line and " in " in line for line in lines) == 1, result.stderr
+
+
+def test_a_control_port_taken_before_the_bind_is_replaced(monkeypatch: pytest.MonkeyPatch,
+                                                          capfd: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    """The launcher's first choice of port is taken (by a listener here) before it binds it:
+    it binds a fresh one, which rank 0's store listens on, and the run goes through."""
+    from ccbench.run import supervisor
+    from ccbench.run.addresses import free_port
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        choices = [taken.getsockname()[1]]
+        monkeypatch.setattr(supervisor, "free_port",
+                            lambda host: choices.pop() if choices else free_port(host))
+        status = supervisor.run_ranks(2, ["allreduce", "--backend", "gloo", "--sizes", "1K",
+                                          "--iters", "2", "--warmup", "1", "-q", "--no-output"],
+                                      False, None, 20.0)
+    err = capfd.readouterr().err
+    assert status == 0 and not choices, err
+    assert "Traceback" not in err and "ccbench: error" not in err, err
+
+
+def test_a_taken_control_port_of_hand_started_ranks_is_one_line(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_ccbench("allreduce", "--backend", "gloo", "--sizes", "1K", "--no-output",
+                             timeout=120, env={"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                                               "LOCAL_WORLD_SIZE": "1",
+                                               "CCBENCH_CONTROL": f"127.0.0.1:{port}",
+                                               "CCBENCH_CONTROL_SECRET": "ab" * 32})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"ccbench: error: start-up: the control port 127.0.0.1:{port} is taken by another "
+        f"process (EADDRINUSE): choose a free port for CCBENCH_CONTROL, or let `ccbench launch` "
+        f"choose one"], result.stderr

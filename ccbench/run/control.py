@@ -191,10 +191,13 @@ class ControlServer:
 
     `secret`: the run's secret (made here when not given: read `.secret`). `world_size`, where
     known, sizes the connection limit. `keys`: a key for each rank instead of one secret (each
-    rank proves its own; ccbench.run.keyexchange)."""
+    rank proves its own; ccbench.run.keyexchange). `bound`: a socket already bound to the
+    port (by the launcher that chose it, so that nothing else takes it meanwhile), to listen on
+    instead of binding host:port."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | None = None,
-                 world_size: int = 0, keys: dict[int, str] | None = None) -> None:
+                 world_size: int = 0, keys: dict[int, str] | None = None,
+                 bound: socket.socket | None = None) -> None:
         self.secret = secret or (keys or {}).get(0) or new_secret()
         self._keys = keys
         self.max_connections = CONNECTIONS_PER_RANK * max(world_size, 4) + _SPARE_CONNECTIONS
@@ -212,7 +215,11 @@ class ControlServer:
         self._nonces: set[str] = set()          # every nonce a proven hello used
         self._warned = 0
         self._closing = False
-        self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
+        if bound is None:
+            self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
+        else:
+            self._sock = bound
+            self._sock.listen(1024)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.port: int = self._sock.getsockname()[1]
         self._thread = threading.Thread(target=self._accept_loop, name="ccbench-store", daemon=True)

@@ -14,8 +14,10 @@ node count, and the address of the control store (hosted by rank 0).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,8 +54,9 @@ from ccbench.run.secretfile import (
 )
 from ccbench.run.storehost import start_store_host
 
-__all__ = ["MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control", "detect_launch",
-           "expand_nodelist", "mpiexec_beside", "published_address", "require_mpi_launcher"]
+__all__ = ["CONTROL_FD_VAR", "MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control",
+           "detect_launch", "expand_nodelist", "mpiexec_beside", "published_address",
+           "require_mpi_launcher"]
 
 # the launchers whose ranks are MPI processes (single: MPI_Init with no mpiexec, one rank)
 MPI_LAUNCHERS = ("mpiexec", "srun", "single")
@@ -61,6 +64,10 @@ MPI_LAUNCHERS = ("mpiexec", "srun", "single")
 # set by `ccbench launch` for ranks it starts under mpiexec: the address of the control store it
 # hosts itself (it outlives every rank, whatever the mpiexec does to them when one dies)
 MPI_CONTROL_VAR = "CCBENCH_MPI_CONTROL"
+# the descriptor of the control port that `ccbench launch` bound for rank 0 (its store listens on
+# it: the port cannot be taken between the launcher's choice and the store's start)
+CONTROL_FD_VAR = "CCBENCH_CONTROL_FD"
+
 
 @dataclass(frozen=True, slots=True)
 class LaunchInfo:
@@ -169,6 +176,31 @@ def require_mpi_launcher(info: LaunchInfo, backend: str) -> None:
                          f"{info.launcher}; `ccbench launch` starts it under mpiexec")
 
 
+def _handed_socket() -> socket.socket | None:
+    """The control port's socket that `ccbench launch` bound and handed to rank 0 (by its
+    descriptor in CONTROL_FD_VAR), or None."""
+    fd = os.environ.pop(CONTROL_FD_VAR, None)
+    if fd is None:
+        return None
+    try:
+        return socket.socket(fileno=int(fd))
+    except (OSError, ValueError):
+        return None                        # not (or no longer) a socket: bind the port
+
+
+def _own_store(host: str, port: int, secret: str, world_size: int,
+               bound: socket.socket | None = None, hint: str = "") -> ControlServer:
+    """Rank 0's control store on a port chosen before it started: one taken meanwhile by
+    another process is one line, not a traceback."""
+    try:
+        return ControlServer(host, port, secret, world_size, bound=bound)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise UsageError(f"start-up: the control port {host}:{port} is taken by another "
+                         f"process (EADDRINUSE): {hint}") from None
+
+
 def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = CONNECT_TIMEOUT_S
                     ) -> tuple[ControlClient, ControlServer | None]:
     """Rank 0 starts the store; every rank (rank 0 too) connects to it, giving up after
@@ -191,7 +223,9 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
                              f"{SECRET_VAR}=$(python -c 'import secrets; "
                              f"print(secrets.token_hex(32))') (`ccbench launch` sets both)")
         if info.rank == 0:
-            server = ControlServer(listen_address(host), port, secret, info.world_size)
+            server = _own_store(listen_address(host), port, secret, info.world_size,
+                                _handed_socket(), f"choose a free port for {CONTROL_VAR}, or "
+                                f"let `ccbench launch` choose one")
     elif info.launcher == "single":
         server = ControlServer("127.0.0.1", 0, world_size=1)
         port, secret = server.port, server.secret
@@ -202,7 +236,9 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
         port = 20000 + (_env_int("SLURM_JOB_ID", 0) * 7 + _env_int("SLURM_STEP_ID", 0)) % 30000
         secret = secret or _srun_without_secret(info)
         if info.rank == 0:
-            server = ControlServer(listen_address(host), port, secret, info.world_size)
+            server = _own_store(listen_address(host), port, secret, info.world_size,
+                                hint="the port comes from SLURM_JOB_ID and SLURM_STEP_ID: "
+                                     "run the step again")
     elif info.launcher == "torchrun":
         server, host, port, secret = _via_torchrun_store(info, timeout, connect_timeout)
     elif info.launcher == "mpiexec" and MPI_CONTROL_VAR in env:

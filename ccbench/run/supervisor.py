@@ -4,9 +4,11 @@ process group of their own, watching them, killing the group, and the one error 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ from ccbench.run.addresses import free_port
 from ccbench.run.arrivals import LAUNCHER_PID_VAR
 from ccbench.run.control import SECRET_VAR, ControlServer, new_secret
 from ccbench.run.launcher_env import CONTROL_VAR, LOCAL
-from ccbench.run.launchers import MPI_CONTROL_VAR, mpiexec_beside
+from ccbench.run.launchers import CONTROL_FD_VAR, MPI_CONTROL_VAR, mpiexec_beside
 from ccbench.run.lifeline import lifeline_env
 from ccbench.run.rankexits import RankExits
 from ccbench.run.storehost import LABEL_KEY, unexplained_end
@@ -114,9 +116,11 @@ def with_backends(bench: list[str], names: list[str]) -> list[str]:
     return out if replaced else [*out, "--backend", value]
 
 
-def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None
+def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | None,
+                   control_port: int | None = None
                    ) -> tuple[list[list[str]], list[dict[str, str]]]:
-    """The command line and extra environment of each process to start (pure, for tests)."""
+    """The command line and extra environment of each process to start (pure, for tests);
+    `control_port`: rank 0's control store port (default: one free now)."""
     python = [*rank_python(), "-m", "ccbench", *bench]
     if needs_mpi:
         if mpiexec is None:
@@ -128,7 +132,7 @@ def build_commands(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str 
             flags.append("--oversubscribe")  # Open MPI refuses more ranks than cores without it
         return [[mpiexec, *flags, "-n", str(nprocs), *python]], \
             [{LAUNCHER_PID_VAR: str(os.getpid()), **lifeline_env()}]
-    control = f"127.0.0.1:{free_port('127.0.0.1')}"
+    control = f"127.0.0.1:{control_port or free_port('127.0.0.1')}"
     # the launcher's pid tells each rank that all were started together (ccbench.run.arrivals);
     # the secret, that a connection to rank 0's store is one of them (ccbench.run.control)
     secret = new_secret()
@@ -145,8 +149,13 @@ def run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | Non
     """Start the ranks and watch them (Supervisor). `before_error`: the line to print just
     before the run's one error line, if any (where the records so far are), so that the error
     line is the last one on screen."""
-    commands, envs = build_commands(nprocs, bench, needs_mpi, mpiexec)
+    # rank 0's control port, bound here until rank 0 listens on it: nothing takes it meanwhile
+    reserved = None if needs_mpi else reserve_port("127.0.0.1")
+    commands, envs = build_commands(nprocs, bench, needs_mpi, mpiexec,
+                                    reserved.getsockname()[1] if reserved else None)
     envs = [{**(extra_env or {}), **e} for e in envs]
+    if reserved is not None:
+        envs[0] = {**envs[0], CONTROL_FD_VAR: str(reserved.fileno())}
     if needs_mpi and nprocs > usable_cores():
         # oversubscribed: yield the core while waiting, so ranks do not starve each other (with a
         # core each, Intel MPI busy-polls, as IMB-MPI1 and the OSU benchmarks measure it)
@@ -155,8 +164,10 @@ def run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | Non
         envs = [{"CCBENCH_STDERR_TTY": "1", **e} for e in envs]
     if sys.stdout.isatty():               # rank 0 draws its bar on the terminal of the table
         envs = [{"CCBENCH_STDOUT_TTY": "1", **e} for e in envs]
-    if not needs_mpi:
-        return Supervisor(commands, envs, connect_timeout, before_error=before_error).run()
+    if reserved is not None:
+        with reserved:
+            return Supervisor(commands, envs, connect_timeout, before_error=before_error,
+                              handed=reserved).run()
     # under mpiexec the control store lives here, not in rank 0: an mpiexec that ends every rank
     # when one dies (MPICH's on a signal even with -disable-auto-cleanup, Open MPI's on any
     # failure) leaves no rank to say which one it was, but this process saw their connections
@@ -168,6 +179,26 @@ def run_ranks(nprocs: int, bench: list[str], needs_mpi: bool, mpiexec: str | Non
                           before_error=before_error).run()
     finally:
         store.close()
+
+
+def reserve_port(host: str, tries: int = 8) -> socket.socket:
+    """A socket bound (not listening, without SO_REUSEADDR: no other process can bind the
+    port) to a port free_port chose; one taken between that choice and the bind is replaced
+    by a fresh choice."""
+    for _ in range(tries):
+        port = free_port(host)
+        sock = socket.socket()
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise UsageError(f"cannot bind a control port on {host}: "
+                                 f"{exc.strerror or exc}") from None
+            continue
+        return sock
+    raise UsageError(f"no control port on {host}: {tries} free ports in turn were taken by "
+                     f"other processes before they could be bound (EADDRINUSE)")
 
 
 def default_nprocs(device: str) -> int:
@@ -236,9 +267,10 @@ class Supervisor:
 
     def __init__(self, commands: list[list[str]], envs: list[dict[str, str]],
                  connect_timeout: float, store: ControlServer | None = None,
-                 world_size: int = 0, before_error: Callable[[], str | None] | None = None
-                 ) -> None:
+                 world_size: int = 0, before_error: Callable[[], str | None] | None = None,
+                 handed: socket.socket | None = None) -> None:
         self.commands, self.envs = commands, envs
+        self.handed = handed                # a socket the first process inherits (its fd kept)
         self.before_error = before_error    # asked once, for a line to go before the error
         # the control store of ranks under mpiexec (one command): when they all went without a
         # word, it tells which rank went first and what they were doing
@@ -265,6 +297,8 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
         try:
             self._start()
+            if self.handed is not None:     # rank 0 has it: a rank 0 gone closes it for good
+                self.handed.close()
             codes = self._watch()
         finally:
             self._kill_group()
@@ -300,9 +334,10 @@ class Supervisor:
 
     def _start(self) -> None:
         for cmd, env in zip(self.commands, self.envs, strict=True):
+            fds = (self.handed.fileno(),) if self.handed is not None and not self.procs else ()
             try:
                 proc = subprocess.Popen(cmd, env={**os.environ, **env}, stderr=subprocess.PIPE,
-                                        process_group=self.group)
+                                        process_group=self.group, pass_fds=fds)
             except OSError as exc:
                 raise UsageError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
             if not self.group:
