@@ -1,6 +1,7 @@
-"""`python -m ccbench ...`: what every rank and launcher runs. Ctrl-C (or a launcher passing
-SIGINT on) can come while the interpreter still imports ccbench and its libraries, before
-cli.main handles it: that too ends with one line and status 130, not a traceback."""
+"""`python -m ccbench ...` and the `ccbench` console script: what every rank and launcher
+runs. Ctrl-C (or a launcher passing SIGINT on) can come while the interpreter still imports
+ccbench's commands and libraries, before cli.main handles it: that too ends with one line and
+status 130, not a traceback."""
 
 import sys
 
@@ -13,17 +14,24 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
-try:
-    from ccbench.cli import main
-    from ccbench.run.exit import leave
-    from ccbench.run.torchrun_errors import install
-
-    install()               # under torchrun, its report names ccbench's error line
-    status: str | int | None
+def entry() -> None:
+    """Run the command line; the imports are inside so that an interrupt during them is
+    answered as one during the run is."""
     try:
-        status = main()
-    except SystemExit as end:
-        status = end.code
-except KeyboardInterrupt:
-    _interrupted()
-leave(status)
+        from ccbench.cli import main
+        from ccbench.run.exit import leave
+        from ccbench.run.torchrun_errors import install
+
+        install()               # under torchrun, its report names ccbench's error line
+        status: str | int | None
+        try:
+            status = main()
+        except SystemExit as end:
+            status = end.code
+    except KeyboardInterrupt:
+        _interrupted()
+    leave(status)
+
+
+if __name__ == "__main__":
+    entry()

@@ -5,6 +5,7 @@ a failed `ccbench launch` that kept records."""
 from __future__ import annotations
 
 import builtins
+import importlib
 import os
 import runpy
 import socket
@@ -19,8 +20,21 @@ from tests.conftest import run_ccbench
 _REAL_IMPORT = builtins.__import__
 
 
+def _console_script() -> None:
+    """What the installed `ccbench` command runs (its console-script entry point)."""
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="ccbench")
+    module, _, function = script.value.partition(":")
+    getattr(importlib.import_module(module), function)()
+
+
+@pytest.mark.parametrize("start", [
+    lambda: runpy.run_module("ccbench", run_name="__main__"), _console_script],
+    ids=["python -m ccbench", "console script"])
 def test_interrupt_while_importing_is_one_line(monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+                                               capsys: pytest.CaptureFixture[str],
+                                               start: Any) -> None:
     def interrupted_import(name: str, *args: Any, **kwargs: Any) -> Any:
         if name == "ccbench.cli":
             raise KeyboardInterrupt
@@ -29,7 +43,7 @@ def test_interrupt_while_importing_is_one_line(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(builtins, "__import__", interrupted_import)
     with pytest.raises(SystemExit) as end:
         try:
-            runpy.run_module("ccbench", run_name="__main__")
+            start()
         except KeyboardInterrupt:
             pytest.fail("KeyboardInterrupt came out of `python -m ccbench` (a traceback)")
     assert end.value.code == 130
