@@ -78,6 +78,7 @@ class BenchOption:
     minimum: float | None = None          # numbers: the smallest valid value
     positive: bool = False                # numbers: must be > 0 (a limit of time)
     choices: tuple[str, ...] | None = None
+    maximum: float | None = None          # numbers: the largest valid value
 
     @property
     def flag(self) -> str:
@@ -98,9 +99,10 @@ class BenchOption:
         """The valid values in a few words (the generated option table's `valid` column)."""
         if self.choices:
             return ", ".join(self.choices)
-        if self.positive:
-            return "> 0"
-        return "" if self.minimum is None else f">= {self.minimum:g}"
+        low = "> 0" if self.positive else (
+            "" if self.minimum is None else f">= {self.minimum:g}")
+        high = "" if self.maximum is None else f"<= {self.maximum:g}"
+        return ", ".join(part for part in (low, high) if part)
 
     def add_to(self, parser: argparse.ArgumentParser, default: Any = ...,
                words: Mapping[str, str] | None = None) -> None:
@@ -131,6 +133,8 @@ class BenchOption:
             raise ValueError(f"must be >= {self.minimum:g}, got {value!r}")
         if self.positive and number <= 0:
             raise ValueError(f"must be > 0, got {value!r}")
+        if self.maximum is not None and number > self.maximum:
+            raise ValueError(f"must be <= {self.maximum:g}, got {value!r}")
         return number
 
     def check_flag(self, value: Any) -> None:
@@ -142,6 +146,8 @@ class BenchOption:
         if not math.isfinite(value):
             unit = "seconds" if self.kind is float else "iterations"
             raise UsageError(f"{self.flag} must be a finite number of {unit}, got {value!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise UsageError(f"{self.flag} must be <= {self.maximum:g}, got {value:g}")
         floor = 0.0 if self.positive else self.minimum
         if floor is None:
             return
@@ -164,6 +170,9 @@ def _method_option(default: int | float | str, help: str, *, recorded_as: str | 
     return field(default=default, metadata={"option": {"help": help, **limits},
                                             "record": {"as": recorded_as, "labels": labels}})
 
+
+#: the longest --timeout: a week (sockets and timers refuse far larger numbers of seconds)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 #: rank-time combinations (--combine): name -> what records say in method.combine
 COMBINE_LABELS = {"max": "max over ranks", "mean": "mean over ranks", "min": "min over ranks",
@@ -197,7 +206,8 @@ class Method:
         minimum=0)
     timeout: float = _method_option(
         DEFAULT_TIMEOUT_S, "seconds one operation may take before the run is stopped "
-        "(default {default})", positive=True, recorded_as="timeout_s")
+        "(default {default})", positive=True, maximum=MAX_TIMEOUT_S,
+        recorded_as="timeout_s")
     timing: str = "per-op"      # per-op | pipelined
 
 

@@ -441,3 +441,30 @@ def test_model_and_sweep_caps_do_not_suggest_a_variable_that_does_not_raise_them
         load_sweep(tmp_path / "big.yaml")
     assert "more than 1 KiB" in str(caught.value)
     assert "CCBENCH_MAX_INPUT_BYTES" not in str(caught.value)
+
+
+# -- found by probing from outside: a group key that is not a node id, a group of 100,000
+#    copies of one rank (it ran for minutes), a --timeout no socket or timer can hold ------
+
+@pytest.mark.parametrize("setting,message", [
+    ({"abc": [0, 1]}, "expected NODE_ID or RANK:NODE_ID"),
+    ({"1": [0] * 100_000}, "names each of the 2 ranks at most once"),
+    ({"1": [0, 1, 2]}, "names each of the 2 ranks at most once"),
+])
+def test_group_settings_that_name_no_node_or_repeat_ranks_are_one_line(
+        setting: dict[str, list[int]], message: str) -> None:
+    from ccbench.formats.named import apply_user_groups
+
+    with pytest.raises(UsageError, match=message):
+        apply_user_groups([[], []], setting)
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_a_timeout_beyond_a_week_is_one_line(how: str) -> None:
+    args, env = ["allreduce", "--sizes", "1K", "--no-output"], {}
+    if how == "flag":
+        args += ["--timeout", "1e10"]
+    else:
+        env["CCBENCH_TIMEOUT"] = "1e10"
+    line = _one_error_line(run_ccbench_forked(*args, env=env))
+    assert "must be <= 604800" in line

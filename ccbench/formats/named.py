@@ -142,6 +142,12 @@ def apply_user_groups(ops: list[list[CommOp]], settings: dict[str, list[int]]) -
     world = len(ops)
     for key, ranks in settings.items():
         rank_text, _, node_text = key.rpartition(":")
+        if not node_text.isdigit() or not (rank_text == "" or rank_text.isdigit()):
+            raise UsageError(f"--group {key}: expected NODE_ID or RANK:NODE_ID as the key, "
+                             f"e.g. 19 or 2:19")
+        if len(set(ranks)) != len(ranks) or len(ranks) > world:
+            raise UsageError(f"--group {key}: a group names each of the {world} ranks at most "
+                             f"once (got {len(ranks)} ranks, {len(set(ranks))} distinct)")
         node = int(node_text)
         for rank in ([int(rank_text)] if rank_text else ranks):
             if not 0 <= rank < world:

@@ -293,6 +293,8 @@ class ControlServer:
                     state["silent"] = True   # the kernel gave up: no ACK for PEER_SILENT_S
                 except (OSError, ValueError, KeyError, TypeError):
                     pass      # a broken or foreign connection loses only its own answers
+        except OSError:
+            pass   # closing flushes a last answer to a peer already gone (it was stopped)
         finally:
             deadline.cancel()
             with self._cond:
