@@ -25,7 +25,7 @@ from ccbench.records.table import (
 )
 from ccbench.safeio import check_not_symlink
 
-__all__ = ["Progress", "TableWriter", "check_output_file", "check_output_folder",
+__all__ = ["Progress", "TableWriter", "check_holds_records", "check_output_file", "check_output_folder",
            "check_writable_file", "default_output", "make_writer", "new_records_file",
            "records_line", "say_where_records_are", "wants_default_output"]
 
@@ -49,8 +49,7 @@ def check_output_file(path: str) -> None:
                          f"{suffix} (valid suffixes: {', '.join(OUTPUT_SUFFIXES)}; for CSV "
                          f"use --format csv > FILE.csv)")
     if path.endswith(PARQUET_SUFFIX) and not target.is_dir():
-        if target.exists():
-            read_parquet(target)       # a file that is not ccbench Parquet: refused now
+        check_holds_records(path, "--output")   # a file that is not ccbench Parquet: refused now
         check_output_file(journal_path(path))   # where the run appends until it ends
         return
     if target.is_dir():
@@ -68,10 +67,23 @@ def check_output_file(path: str) -> None:
         raise UsageError(f"{where} is not a regular file (valid: a .jsonl results file)")
     if not os.access(target, os.W_OK):
         raise UsageError(f"{where} is not writable (permission denied)")
+    check_holds_records(path, "--output")
+
+
+def check_holds_records(path: str, flag: str) -> None:
+    """Refuse an output that already holds something other than ccbench records (a regular
+    file that is not empty, not a records file, not ccbench Parquet): the one check of every
+    command that appends to or replaces a records file (-O, simulate -o, merge -o)."""
+    target = Path(path)
+    if not target.is_file():
+        return
+    if path.endswith(PARQUET_SUFFIX):
+        read_parquet(target)
+        return
     first = _first_line(target)
     if first is not None and not _is_record_line(first):
-        raise UsageError(f"{where} already holds something that is not ccbench records "
-                         f"(first line {first[:40]!r}); records are only appended to an empty "
+        raise UsageError(f"{flag} {path!r} already holds something that is not ccbench records "
+                         f"(first line {first[:40]!r}); records are only written to an empty "
                          f"file or a ccbench results file")
 
 

@@ -164,6 +164,21 @@ def test_merge_into_its_input_keeps_records_appended_meanwhile(tmp_path: Path,
     assert sorted(r.run_id for r in records) == ["late", "r-0", "r-1", "r-2", "r-3"]
 
 
+def test_merge_refuses_an_output_that_is_not_records_as_dash_o_does(tmp_path: Path) -> None:
+    """merge -o replaced any file; -O and simulate -o refuse one that is not ccbench records:
+    one shared check, and the file is left as it was."""
+    source = tmp_path / "in.jsonl"
+    append_record(source, _record("r-0"))
+    text = tmp_path / "text.jsonl"
+    text.write_text("my notes, not records\n")
+    args = merge_command.argparse.Namespace(inputs=[str(source)], output=str(text), force=False)
+    with pytest.raises(UsageError, match="not ccbench records"):
+        merge_command.main(args)
+    assert text.read_text() == "my notes, not records\n"
+    with pytest.raises(UsageError, match="not ccbench records"):
+        check_output_file(str(text))                        # the same words as -O
+
+
 # -- item 2 and the OSError tracebacks: outputs on a full disk ------------------------------
 
 def test_calibrate_on_a_full_disk_keeps_the_previous_model(tmp_path: Path, model: Path) -> None:

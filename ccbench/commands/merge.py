@@ -76,6 +76,9 @@ def main(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise UsageError(f"-o {str(out)!r} is a folder; name a .jsonl or .parquet file")
     check_not_symlink(out)
+    from ccbench.output import check_holds_records
+
+    check_holds_records(str(out), "-o")           # as -O and simulate -o: records files only
     # OUT may be an input that a run is appending to: its lock is held from the read to the
     # rename, so an appender waits and then appends to the merged file
     with rewriting(out):
