@@ -311,6 +311,7 @@ def test_the_input_cap_counts_across_the_files_of_one_read(tmp_path: Path,
     ({"world_sizes": []}, "world_sizes is [], not a list"),
     ({"pieces": [{"max_bytes": 4096, "alpha": 1e-6, "beta": float("nan"), "gamma": 0}]},
      "piece 0 beta is nan"),
+    ({"sizes": [10, 1]}, "sizes is [10, 1]: the smallest comes first"),
 ])
 def test_model_values_that_cannot_predict_are_refused(tmp_path: Path, model: Path,
                                                       change: dict[str, Any], says: str) -> None:

@@ -198,6 +198,9 @@ def _check_optional(fit: dict[str, Any]) -> None:
             raise UsageError(f"sizes is {sizes!r}, not [smallest, largest]")
         for value in sizes:
             _number(value, "sizes", _MAX_BYTES, 1e-300)
+        if sizes[0] > sizes[1]:
+            raise UsageError(f"sizes is {sizes!r}: the smallest comes first ([smallest, "
+                             f"largest])")
     flags = fit.get("flags")
     if flags is not None and (not isinstance(flags, list)
                               or not all(isinstance(f, str) for f in flags)):
