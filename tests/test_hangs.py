@@ -156,13 +156,26 @@ def test_a_stopped_rank_under_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.matrix
-@pytest.mark.parametrize("victim", ["0", "1"])
-def test_sigint_to_one_rank_under_torchrun(tmp_path: Path, victim: str) -> None:
+def test_sigterm_to_torchrun_says_the_launcher_stopped_the_run(tmp_path: Path) -> None:
+    """torchrun passes SIGTERM to every rank: no rank died, so none is named dead (it said
+    'a rank died ... 2 (dead)' once the first rank to leave had gone)."""
+    out = tmp_path / "r.jsonl"
+    _, err, left = _fault([TORCHRUN, "--nproc-per-node", "3", "-m", "ccbench", *BENCH,
+                           "--backend", "gloo"], "RANK", signal.SIGTERM, out, target="launcher")
+    assert left == [], err[-3000:]
+    line = _one_line(err)
+    assert "the launcher stopped the run (SIGTERM" in line and "dead" not in line, line
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize(("world", "victim"), [("2", "0"), ("2", "1"), ("3", "2")])
+def test_sigint_to_one_rank_under_torchrun(tmp_path: Path, world: str, victim: str) -> None:
     """torchrun passes every rank's lines on: the interrupted rank's is the only one (rank 0,
-    which hosts the store, stays until the others have read that it was said)."""
+    which hosts the store, stays until the others have read that it was said; with 3 ranks,
+    rank 1 said 'lost the control store' once rank 0 had left)."""
     tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "r.jsonl"
-    proc = _start([TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", *BENCH, "--backend",
+    proc = _start([TORCHRUN, "--nproc-per-node", world, "-m", "ccbench", *BENCH, "--backend",
                    "gloo", "--output", str(out)], tag)
     _mid_run(out, proc)
     os.kill(_rank_pid(tag, int(victim), "RANK"), signal.SIGINT)

@@ -238,20 +238,46 @@ class Watchdog:
 
     def _on_terminate(self) -> None:
         """SIGTERM: when a peer is known dead, the launcher is stopping the rest because of it,
-        so say so (once, from the lowest live rank); otherwise end as SIGTERM would have."""
-        if self.store.prefix("dead/"):
+        so say so (once, from the lowest live rank). Where a rank has already said why (it was
+        interrupted, refused to start), leave without a line. Otherwise the launcher itself
+        was told to stop (SIGTERM to torchrun): the first rank to get here says so, every
+        rank leaves on purpose (not to be named dead by the others), rank 0 last."""
+        left = set(self.store.prefix("left/"))
+        if {key.split("/")[1] for key in self.store.prefix("dead/")} - \
+                {key.split("/")[1] for key in left}:
             self._give_up("a rank died (the launcher then sent SIGTERM)")
         with self._giving_up:
-            os._exit(128 + signal.SIGTERM)     # (a handler can be reset from the main thread only)
+            if self.store.peek("aborted") is None and \
+                    self.store.add("aborted/terminated", 1) == 1:
+                print(error_line(f"{self.label}: the launcher stopped the run (SIGTERM to every "
+                                 f"rank); records of the sizes before are kept"),
+                      file=sys.stderr, flush=True)
+                self.store.set("aborted", self.rank)
+            self._leave_quietly(status=128 + signal.SIGTERM)
 
-    def _leave_quietly(self, tell_store: bool = True) -> None:
+    def _leave_quietly(self, tell_store: bool = True, status: int = EXIT_HUNG) -> None:
         with self._giving_up:
             try:                      # leaving on purpose: not to be reported as a dead rank
                 if tell_store:
                     self.store.set(f"left/{self.rank}", 1)
+                    self._outlast_peers()
             except StoreLost:
                 pass
-            os._exit(EXIT_HUNG)
+            os._exit(status)
+
+    def _outlast_peers(self) -> None:
+        """Rank 0 may host the store: leaving, it waits (at most 3 s) until every other rank
+        has left or gone, so that none of them reports a lost store instead of the cause
+        another rank has already given (torchrun ends every rank at once)."""
+        if self.rank != 0:
+            return
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            gone = {key.split("/")[1] for key in self.store.prefix("left/")} | \
+                {key.split("/")[1] for key in self.store.prefix("dead/")}
+            if all(str(rank) in gone for rank in range(1, self.world_size)):
+                return
+            time.sleep(0.05)
 
     def _give_up(self, why: str, store_lost: StoreLost | None = None,
                  missing: dict[int, str] | None = None) -> None:
