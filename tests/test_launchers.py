@@ -268,6 +268,25 @@ def test_torchrun_store_never_holds_the_secret_on_one_host(torchrun_store, tmp_p
 
     with pytest.raises(RunFailure, match="is not a private file of this user"):
         _via_torchrun_store(LaunchInfo("torchrun", 1, 3, 1, 3), 60, 60)
+    # one line: a second rank refused leaves without one, and the ranks torchrun then stops
+    # see that a rank has said why (they said 'lost the control store ... 0 (dead)')
+    with pytest.raises(SystemExit):
+        _via_torchrun_store(LaunchInfo("torchrun", 2, 3, 2, 3), 60, 60)
+    from ccbench.run.launchers import spoken_before_connecting
+
+    spoken = spoken_before_connecting()
+    assert spoken is not None and spoken()
+
+
+def test_a_secret_file_is_removed_by_a_rank_that_ends_at_once() -> None:
+    """os._exit (a rank stopped by torchrun, a failed MPI rank) skips atexit: the secret file
+    rank 0 wrote was left in the temporary folder."""
+    from ccbench.run.secretfile import remove_written, write_secret_file
+
+    path = write_secret_file("s" * 64)
+    assert os.path.exists(path)
+    remove_written()
+    assert not os.path.exists(path)
 
 
 def _wait_gone(path: str) -> None:

@@ -36,5 +36,8 @@ def leave(status: str | int | None) -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        from ccbench.run.secretfile import remove_written
+
+        remove_written()                      # atexit does not run
         os._exit(code)
     sys.exit(status)

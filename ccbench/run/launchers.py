@@ -349,6 +349,7 @@ def _via_torchrun_store(info: LaunchInfo, timeout: float, connect_timeout: float
         + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     given = secret_from_env()
     all_local = info.local_world_size == info.world_size
+    _note_spoken_check(store, key)
     if info.rank == 0:
         bound = "127.0.0.1" if all_local else published_address(master_of_torchrun()[0])
         if given is None and not all_local:
@@ -373,9 +374,41 @@ def _via_torchrun_store(info: LaunchInfo, timeout: float, connect_timeout: float
         secret = rank_key(store, key, info.rank, timeout)
     host, _, port = store.get(key).decode().rpartition(":")
     if given is None and all_local:
-        given = read_secret_file(store.get(key + "/secret-file").decode(),
-                                 f"rank {info.rank}: the secret file torchrun's store names")
+        try:
+            given = read_secret_file(store.get(key + "/secret-file").decode(),
+                                     f"rank {info.rank}: the secret file torchrun's store names")
+        except RunFailure:
+            # the first rank refused says why (it cannot reach the control store): the others,
+            # refused too or stopped by torchrun then, must not add a line of their own
+            first = True
+            with contextlib.suppress(RuntimeError, OSError):
+                first = store.add(key + SPOKEN_SUFFIX, 1) == 1
+            if not first:
+                raise SystemExit(1) from None
+            raise
     return None, host, int(port), secret if given is None else given
+
+
+#: under torchrun: a key of its store that a rank refused before reaching the control store
+#: sets, once it has said why (anyone who reaches torchrun's store can set it: it only keeps
+#: the others from adding a line when torchrun stops them)
+SPOKEN_SUFFIX = "/spoken"
+_SPOKEN_CHECK: list[Callable[[], bool]] = []
+
+
+def spoken_before_connecting() -> Callable[[], bool] | None:
+    """Under torchrun, whether a rank said why it ends before it reached the control store."""
+    return _SPOKEN_CHECK[0] if _SPOKEN_CHECK else None
+
+
+def _note_spoken_check(store: Any, key: str) -> None:
+    def spoken() -> bool:
+        try:
+            return bool(store.check([key + SPOKEN_SUFFIX]))
+        except (RuntimeError, OSError):
+            return False
+
+    _SPOKEN_CHECK[:] = [spoken]
 
 
 def master_of_torchrun() -> tuple[str, int]:

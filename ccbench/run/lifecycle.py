@@ -23,7 +23,12 @@ from ccbench.records.writer import torn_warning
 from ccbench.run.arrivals import RankStates, await_ranks, rank_states, start_limit
 from ccbench.run.control import ControlClient, ControlServer, StoreLost, StoreTimeout
 from ccbench.run.faults import inject
-from ccbench.run.launchers import LaunchInfo, connect_control, hosted_apart
+from ccbench.run.launchers import (
+    LaunchInfo,
+    connect_control,
+    hosted_apart,
+    spoken_before_connecting,
+)
 from ccbench.run.watchdog import Watchdog
 
 __all__ = ["agree_on_arguments", "append_output", "close_control", "rank_lifecycle"]
@@ -48,6 +53,7 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     apart = info.launcher == "mpiexec" and hosted_apart()
     watchdog.post_labels = apart
     watchdog.launcher = info.launcher
+    watchdog.spoken_elsewhere = spoken_before_connecting()
     watchdog.rank_states = functools.partial(rank_states, info.launcher, info.world_size,
                                              info.local_world_size)
     watchdog.start()

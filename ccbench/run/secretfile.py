@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 from ccbench.errors import RunFailure, UsageError
 
-__all__ = ["SECRET_FILE_VAR", "read_secret_file", "remove_when", "secret_from_file_var",
-           "write_secret_file"]
+__all__ = ["SECRET_FILE_VAR", "read_secret_file", "remove_when", "remove_written",
+           "secret_from_file_var", "write_secret_file"]
 
 #: a file that holds the run's secret (yours: the ranks of every host must read it)
 SECRET_FILE_VAR = "CCBENCH_CONTROL_SECRET_FILE"
@@ -58,7 +58,19 @@ def write_secret_file(secret: str) -> str:
     finally:
         os.close(fd)
     atexit.register(_remove, path)
+    _WRITTEN.add(path)
     return path
+
+
+#: the secret files this process wrote and has not removed yet
+_WRITTEN: set[str] = set()
+
+
+def remove_written() -> None:
+    """Remove every secret file this process wrote: before os._exit, which skips atexit (a
+    rank that ends at once when the launcher stops it, or that skips MPI_Finalize)."""
+    for path in list(_WRITTEN):
+        _remove(path)
 
 
 def read_secret_file(path: str, what: str) -> str:
@@ -110,5 +122,6 @@ def remove_when(path: str, done: Callable[[], bool], limit_s: float) -> None:
 
 
 def _remove(path: str) -> None:
+    _WRITTEN.discard(path)
     with contextlib.suppress(OSError):
         os.unlink(path)

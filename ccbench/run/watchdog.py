@@ -18,6 +18,7 @@ from typing import Any
 from ccbench.errors import RunFailure, error_line
 from ccbench.run.arrivals import LATE_GRACE_S, RankStates
 from ccbench.run.control import ControlClient, StoreLost
+from ccbench.run.secretfile import remove_written
 from ccbench.run.stopped import end as end_stopped
 from ccbench.run.stopped import stopped_peers
 from ccbench.run.storehost import LABEL_KEY
@@ -46,6 +47,8 @@ class Watchdog:
         self.lenient = False
         self.rank_states: Callable[[], RankStates | None] | None = None
         self.launcher: str | None = None              # where peers can be seen (stopped ones)
+        # whether a rank said why it ends before it reached the control store (torchrun)
+        self.spoken_elsewhere: Callable[[], bool] | None = None
         self.position: tuple[int, int] = (0, 0)     # (case-size step, ops entered in it)
         self.blocked_since: float | None = None
         self.wait_limit: float | None = None          # instead of `timeout`, for one wait
@@ -145,7 +148,7 @@ class Watchdog:
         with self._giving_up:
             print(error_line(f"{self.label}: {why}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(None, {})
-            os._exit(status)
+            _exit(status)
 
     def store_failed(self, failure: RunFailure) -> None:
         """The main thread's own store call failed (rank 0 gone or silent, a key never set):
@@ -193,7 +196,7 @@ class Watchdog:
             pass
         print(error_line(f"{self.label}: rank {self.rank}: {why}"), file=sys.stderr, flush=True)
         self._linger_as_store_host(None, {})
-        os._exit(EXIT_HUNG)
+        _exit(EXIT_HUNG)
 
     # -- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -239,14 +242,18 @@ class Watchdog:
     def _on_terminate(self) -> None:
         """SIGTERM: when a peer is known dead, the launcher is stopping the rest because of it,
         so say so (once, from the lowest live rank). Where a rank has already said why (it was
-        interrupted, refused to start), leave without a line. Otherwise the launcher itself
-        was told to stop (SIGTERM to torchrun): the first rank to get here says so, every
-        rank leaves on purpose (not to be named dead by the others), rank 0 last."""
+        interrupted, refused the secret file before it could reach the store), leave without
+        a line. Otherwise the launcher itself was told to stop (SIGTERM to torchrun): the
+        first rank to get here says so, every rank leaves on purpose (not to be named dead by
+        the others), rank 0 last."""
         left = set(self.store.prefix("left/"))
         if {key.split("/")[1] for key in self.store.prefix("dead/")} - \
                 {key.split("/")[1] for key in left}:
             self._give_up("a rank died (the launcher then sent SIGTERM)")
         with self._giving_up:
+            if self.store.peek("aborted") is None and self.spoken_elsewhere is not None \
+                    and self.spoken_elsewhere():
+                self.store.set("aborted", self.rank)       # said: the others leave quietly
             if self.store.peek("aborted") is None and \
                     self.store.add("aborted/terminated", 1) == 1:
                 print(error_line(f"{self.label}: the launcher stopped the run (SIGTERM to every "
@@ -263,7 +270,7 @@ class Watchdog:
                     self._outlast_peers()
             except StoreLost:
                 pass
-            os._exit(status)
+            _exit(status)
 
     def _outlast_peers(self) -> None:
         """Rank 0 may host the store: leaving, it waits (at most 3 s) until every other rank
@@ -306,7 +313,7 @@ class Watchdog:
                              f"{names or 'unknown'}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(store_lost, missing)
             end_stopped(stopped)      # else a bare mpiexec or torchrun waits for them
-            os._exit(EXIT_HUNG)
+            _exit(EXIT_HUNG)
         self._giving_up.release()
         self._leave_quietly(store_lost is None)
 
@@ -362,6 +369,13 @@ class Watchdog:
             if rank != self.rank and where < self.position:
                 missing[rank] = ""
         return missing
+
+
+def _exit(status: int) -> None:
+    """os._exit, once the secret file this rank may have written is removed (atexit will not
+    run)."""
+    remove_written()
+    os._exit(status)
 
 
 def _ignore(_signum: int, _frame: object) -> None:
