@@ -729,3 +729,29 @@ def test_a_server_binds_where_its_peers_reach_it(monkeypatch: pytest.MonkeyPatch
     assert addresses.listen_address("node7") == "10.1.2.3"
     # a host name that resolves to loopback only here, in a run across hosts
     assert addresses.listen_address("debian") == "192.0.2.9"
+
+
+_LAUNCHER_STOPPED = """
+from ccbench.run.control import ControlClient, ControlServer, StoreLost
+from ccbench.run.watchdog import Watchdog
+
+server = ControlServer("127.0.0.1", 0, "s" * 32, 3)
+client = ControlClient("127.0.0.1", server.port, 0, secret="s" * 32)
+client.holder = "the launcher (ccbench launch)"
+watchdog = Watchdog(client, 0, 3, 5.0)
+assert watchdog.store.holder == client.holder        # the watchdog's own connection too
+watchdog._give_up("lost the control store", store_lost=StoreLost(
+    "the control store did not answer within 5 s", unresponsive=True, holder=client.holder))
+"""
+
+
+def test_a_stopped_launcher_that_hosts_the_store_is_named_not_rank_0() -> None:
+    """Under `ccbench launch` with mpiexec the launcher hosts the store: when it stops
+    answering (SIGSTOP), the ranks named rank 0 '(not answering)', a rank that was running."""
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER_STOPPED], capture_output=True,
+                          text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("ccbench: error:")]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert "0 (not answering)" not in lines[0], lines[0]
+    assert "the launcher (ccbench launch), which hosts the control store, is not answering" \
+        in lines[0], lines[0]

@@ -88,9 +88,11 @@ class StoreLost(RunFailure):
     """The connection to the control store (rank 0) broke: rank 0 died or the network did,
     or rank 0 stopped answering (`unresponsive`: stopped, frozen or cut off)."""
 
-    def __init__(self, message: str, unresponsive: bool = False) -> None:
+    def __init__(self, message: str, unresponsive: bool = False, holder: str = "rank 0"
+                 ) -> None:
         super().__init__(message)
         self.unresponsive = unresponsive
+        self.holder = holder            # the process that hosts the store (ControlClient.holder)
 
 
 class StoreTimeout(RunFailure):
@@ -526,6 +528,9 @@ class ControlClient:
                  secret: str | None = None) -> None:
         self.rank = rank
         self.address = (host, port)
+        # the process that hosts the store, as errors name it: rank 0, unless the launcher
+        # (`ccbench launch` under mpiexec) hosts it
+        self.holder = "rank 0"
         self.connect_timeout, self.reply_timeout = connect_timeout, reply_timeout
         self._lock = threading.Lock()
         known = secret or secret_from_env()
@@ -613,8 +618,11 @@ class ControlClient:
     def second_connection(self) -> ControlClient:
         """Another connection for the same rank (its watchdog), so a long blocking `get` on the
         main connection never delays liveness posts; it does not count for liveness."""
-        return ControlClient(*self.address, self.rank, connect_timeout=self.connect_timeout,
-                             reply_timeout=self.reply_timeout, track=False, secret=self._secret)
+        other = ControlClient(*self.address, self.rank, connect_timeout=self.connect_timeout,
+                              reply_timeout=self.reply_timeout, track=False,
+                              secret=self._secret)
+        other.holder = self.holder
+        return other
 
     def _exchange(self, request: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
         limit = self.reply_timeout + wait
@@ -625,13 +633,15 @@ class ControlClient:
                 self._stream.flush()
                 line = self._stream.readline()
             except TimeoutError:
-                raise StoreLost(f"the control store at {self.where} (rank 0) did not answer "
-                                f"within {limit:g} s", unresponsive=True) from None
+                raise StoreLost(f"the control store at {self.where} ({self.holder}) did not "
+                                f"answer within {limit:g} s", unresponsive=True,
+                                holder=self.holder) from None
             except OSError as exc:
-                raise StoreLost(f"lost the control store at {self.where} (rank 0): {exc}") \
-                    from None
+                raise StoreLost(f"lost the control store at {self.where} ({self.holder}): "
+                                f"{exc}", holder=self.holder) from None
         if not line:
-            raise StoreLost(f"lost the control store at {self.where} (rank 0 exited)")
+            raise StoreLost(f"lost the control store at {self.where} ({self.holder} exited)",
+                            holder=self.holder)
         reply = json.loads(line)
         return reply if isinstance(reply, dict) else {"ok": False, "error": "not an object"}
 

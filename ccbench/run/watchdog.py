@@ -309,6 +309,10 @@ class Watchdog:
             if store_lost is not None and store_lost.unresponsive:
                 why = f"{why}: {store_lost}"
             names = ", ".join(f"{r}{f' ({d})' if d else ''}" for r, d in sorted(missing.items()))
+            if store_lost is not None and store_lost.holder != "rank 0":
+                # not a rank: the process that hosts the store stopped answering or went
+                names = f"none known ({store_lost.holder}, which hosts the control store, " \
+                    f"{'is not answering' if store_lost.unresponsive else 'is gone'})"
             print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
                              f"{names or 'unknown'}"), file=sys.stderr, flush=True)
             self._linger_as_store_host(store_lost, missing)
@@ -348,7 +352,7 @@ class Watchdog:
         """rank -> '' (behind us), 'dead' or 'not answering'. A rank is missing when it is
         dead or has entered fewer ops than us; rank 0 when its store is gone."""
         if store_lost is not None:
-            return {0: "not answering" if store_lost.unresponsive else "dead"}
+            return _store_host_missing(store_lost)
         try:
             left = {int(k.split("/")[1]) for k in self.store.prefix("left/")}
             dead = {int(k.split("/")[1]) for k in self.store.prefix("dead/")} - left
@@ -357,7 +361,7 @@ class Watchdog:
             progress = self.store.prefix("progress/")
             self.store.set(f"progress/{self.rank}", list(self.position))
         except StoreLost as lost:
-            return {0: "not answering" if lost.unresponsive else "dead"}
+            return _store_host_missing(lost)
         except RunFailure:
             return {0: "dead"}
         if dead:                  # a dead rank explains the stop; the others only wait for it
@@ -369,6 +373,13 @@ class Watchdog:
             if rank != self.rank and where < self.position:
                 missing[rank] = ""
         return missing
+
+
+def _store_host_missing(lost: StoreLost) -> dict[int, str]:
+    """Rank 0 when it hosts the store; no rank when another process does (the launcher)."""
+    if lost.holder != "rank 0":
+        return {}
+    return {0: "not answering" if lost.unresponsive else "dead"}
 
 
 def _exit(status: int) -> None:
