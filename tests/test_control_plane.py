@@ -737,7 +737,7 @@ from ccbench.run.watchdog import Watchdog
 
 server = ControlServer("127.0.0.1", 0, "s" * 32, 3)
 client = ControlClient("127.0.0.1", server.port, 0, secret="s" * 32)
-client.holder = "the launcher (ccbench launch)"
+client.holder = "ccbench launch"
 watchdog = Watchdog(client, 0, 3, 5.0)
 assert watchdog.store.holder == client.holder        # the watchdog's own connection too
 watchdog._give_up("lost the control store", store_lost=StoreLost(
@@ -753,5 +753,5 @@ def test_a_stopped_launcher_that_hosts_the_store_is_named_not_rank_0() -> None:
     lines = [line for line in done.stderr.splitlines() if line.startswith("ccbench: error:")]
     assert len(lines) == 1, done.stderr[-3000:]
     assert "0 (not answering)" not in lines[0], lines[0]
-    assert "the launcher (ccbench launch), which hosts the control store, is not answering" \
+    assert "none known (ccbench launch, which hosts the control store, is not answering)" \
         in lines[0], lines[0]

@@ -251,7 +251,7 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
         client = ControlClient(host, int(port_text), info.rank,
                                connect_timeout=connect_timeout, reply_timeout=timeout,
                                secret=secret)
-        client.holder = "the launcher (ccbench launch)"
+        client.holder = "ccbench launch"
         inject("start-up", info.rank)
         _mpi_init(info, timeout)
         return client, None
