@@ -356,6 +356,35 @@ def test_store_host_names_the_rank_that_went_first_and_only_when_nobody_spoke() 
                                                              {0, 2}) or "")
 
 
+def test_store_verdict_goes_by_the_order_the_kernel_saw_connections_close() -> None:
+    """A bare mpiexec, rank 2 SIGKILLed: rank 1's process ended and its connection's thread
+    noticed first (a killed rank closes its store connection before the MPI's descriptor that
+    tells mpiexec, but its exit can complete after the others'), and rank 1 was named. The
+    store's one epoll over the ranks' connections sees them close in the kernel's order."""
+    from ccbench.run.control import ControlClient, ControlServer
+    from ccbench.run.storehost import unexplained_end
+
+    server = ControlServer("127.0.0.1", 0, "k" * 32, 3)
+    server.watch_hangups()
+    clients = [ControlClient("127.0.0.1", server.port, rank, secret="k" * 32)
+               for rank in range(3)]
+    for rank in (2, 0, 1):              # each closes without a goodbye, as a killed rank's
+        clients[rank]._stream.close()
+        clients[rank]._sock.close()
+    deadline = time.monotonic() + 60
+    while len(server.hangups) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.hangups == [2, 0, 1]
+    server.close()
+    line = unexplained_end([(1, False), (2, False), (0, False)], {}, "mpiexec", 3, {0, 1, 2},
+                           ([[1], [2], [0]], {0, 1, 2}), [2, 1, 0])
+    assert line is not None and line.endswith("ranks that did not arrive: 2 (dead)"), line
+    # a rank that said goodbye before the killed one's connection closed is not the cause
+    line = unexplained_end([(0, True), (2, False), (1, False)], {}, "mpiexec", 3, {0, 1, 2},
+                           None, [0, 2, 1])
+    assert line is not None and line.endswith("ranks that did not arrive: 2 (dead)"), line
+
+
 def test_store_verdict_goes_by_which_rank_process_ended_first() -> None:
     """With the order in which the rank processes ended (ccbench.run.rankexits), the rank that
     ended first is named, not the rank whose connection closed first."""

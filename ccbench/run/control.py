@@ -34,6 +34,7 @@ import math
 import os
 import re
 import secrets
+import select
 import socket
 import threading
 import time
@@ -210,6 +211,11 @@ class ControlServer:
         self.open_ranks = 0
         self.closed: list[tuple[int, bool]] = []
         self.arrived: set[int] = set()          # every rank whose main connection said hello
+        # with watch_hangups(): the ranks whose main connection the peer closed, in the order
+        # the kernel saw them close (not the order their serving threads noticed)
+        self.hangups: list[int] = []
+        self._hangup_poll: select.epoll | None = None
+        self._hangup_ranks: dict[int, int] = {}     # fd -> rank
         self.dropped = 0                        # connections dropped for breaking the rules
         self._proven = 0                        # open connections that proved the secret
         # connections waiting for their hello, oldest first: socket -> its handler's state
@@ -313,6 +319,35 @@ class ControlServer:
                     self._data[f"unreachable/{state['rank']}"] = PEER_SILENT_S
             self._cond.notify_all()
 
+    def watch_hangups(self) -> None:
+        """Record in `hangups` the order in which the ranks' main connections close, as the
+        kernel saw it: one epoll, whose ready list is in the order the hang-ups arrived, read
+        by one thread. A rank killed closes its connection before its launcher can notice the
+        death and end the others; each connection's own thread notices its close later, in
+        whatever order the scheduler runs them (ccbench.run.storehost). Before any rank
+        connects."""
+        self._hangup_poll = select.epoll()
+        threading.Thread(target=self._hangup_loop, name="ccbench-store-hangups",
+                         daemon=True).start()
+
+    def _hangup_loop(self) -> None:
+        poller = self._hangup_poll
+        assert poller is not None
+        with poller:
+            while not self._closing:
+                for fd, _ in poller.poll(0.2, 64):
+                    with self._cond:
+                        rank = self._hangup_ranks.pop(fd, None)
+                        if rank is None:
+                            continue
+                        poller.unregister(fd)
+                        os.close(fd)
+                        self.hangups.append(rank)
+            with self._cond:
+                for fd in self._hangup_ranks:
+                    os.close(fd)
+                self._hangup_ranks.clear()
+
     def snapshot(self) -> tuple[int, list[tuple[int, bool]], dict[str, Any]]:
         """(open rank connections, closed ones in order, a copy of the data)."""
         with self._cond:
@@ -377,6 +412,12 @@ class ControlServer:
             with self._cond:
                 self.open_ranks += 1
                 self.arrived.add(rank)
+                if self._hangup_poll is not None:
+                    # a descriptor of its own: the connection's thread closing its own must not
+                    # take the hang-up out of the ready list before this one is read
+                    watched = os.dup(conn.fileno())
+                    self._hangup_ranks[watched] = rank
+                    self._hangup_poll.register(watched, select.EPOLLRDHUP | select.EPOLLHUP)
         _write_line(stream, {"ok": True, "proof": _proof(key, "server", nonce)})
 
     def _key_of(self, rank: Any) -> str | None:

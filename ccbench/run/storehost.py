@@ -28,6 +28,7 @@ import select
 import socket
 import struct
 import sys
+import time
 from typing import Any
 
 from ccbench.errors import error_line
@@ -89,6 +90,7 @@ def start_store_host(launcher: str, host: str, secret: str, world_size: int,
         spoken.bind(_spoken_address(proxy))
         spoken.setblocking(False)
         server = ControlServer(host, 0, secret, world_size)
+        server.watch_hangups()
         exits = RankExits(proxy, world_size).start() if watch else None
         os.write(write_fd, str(server.port).encode())
         os.close(write_fd)
@@ -118,10 +120,20 @@ def _serve(server: ControlServer, launcher: str, world_size: int, exits: RankExi
         if _spoken_by_us(spoken, proxy) or said:
             return                            # a rank said why before it could connect
         line = unexplained_end(closed, data, launcher, world_size or None, set(server.arrived),
-                               exits.snapshot() if exits is not None else None)
+                               exits.snapshot() if exits is not None else None,
+                               _hangups(server, len(closed)))
         if line:
             os.write(sys.stderr.fileno(), (line + "\n").encode())
         return
+
+
+def _hangups(server: ControlServer, closed: int) -> list[int]:
+    """The ranks' connections in the order the kernel saw them close (its thread may still be
+    reading the last ones: waited for, at most a second)."""
+    deadline = time.monotonic() + 1.0
+    while len(server.hangups) < closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return list(server.hangups)
 
 
 def _spoken_by_us(spoken: socket.socket, proxy: int) -> bool:
@@ -158,7 +170,8 @@ def _below(pid: int, proxy: int) -> bool:
 
 def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str,
                     world_size: int | None = None, arrived: set[int] | None = None,
-                    exits: tuple[list[list[int]], set[int]] | None = None) -> str | None:
+                    exits: tuple[list[list[int]], set[int]] | None = None,
+                    hangups: list[int] | None = None) -> str | None:
     """The error line for ranks that all went, some without a goodbye, none saying why.
 
     Which rank went first: by default the rank whose connection closed first. With
@@ -176,6 +189,11 @@ def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launch
       other way round), else the one whose connection closed first;
     - with nothing seen, a rank that never connected while the others' connections closed
       with a goodbye, or the rank whose connection closed first.
+    Where every rank connected, `hangups` (the order in which the kernel saw the connections
+    close: ControlServer.watch_hangups) decides before the processes' ends: a killed rank
+    closes its connection before it closes the MPI's descriptor that tells mpiexec, so before
+    mpiexec ends the others, while its own exit can complete after theirs (it was seen so on a
+    loaded machine: rank 2 killed, rank 1's process and its connection's thread first).
     """
     if "aborted" in data or any(key.startswith("left/") for key in data):
         return None
@@ -184,7 +202,10 @@ def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launch
     arrived = arrived or set()
     never = sorted(set(range(world_size)) - arrived) if world_size else []
     culprits: list[int] = []
-    if exits is not None and exits[1]:
+    hung = [rank for rank in hangups or [] if rank not in said_bye]
+    if hung and not never:
+        culprits = hung[:1]
+    elif exits is not None and exits[1]:
         order, seen = exits
         culprits = [rank for rank in never if rank not in seen]
         if not culprits:
