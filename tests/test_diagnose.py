@@ -327,6 +327,50 @@ def test_a_rank_gone_at_the_end_is_named_as_in_the_benchmark(tmp_path):
         ("stopped", [stopped[0][1]])], found
 
 
+def test_every_live_rank_ends_with_the_verdicts_status_when_a_host_stopped(tmp_path):
+    """srun and mpiexec report the highest status of the ranks: a host that stopped answering
+    gave srun 3 (rank 0 ended with the verdict's 1, the other live ranks with the benchmark's
+    EXIT_HUNG). Ranks started by hand, as srun starts them: every live rank ends with 1, and
+    only rank 0 prints the verdict."""
+    import os
+    import secrets
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ccbench.run.addresses import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "WORLD_SIZE": "3",
+           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "CCBENCH_FAULT": "shutdown:2:exit",
+           "CCBENCH_CONTROL": f"127.0.0.1:{free_port('127.0.0.1')}",
+           "CCBENCH_CONTROL_SECRET": secrets.token_hex(32)}
+    ranks = [subprocess.Popen([sys.executable, "-m", "ccbench", "diagnose", "--quick",
+                               "--no-compute", "--format", "json"],
+                              env={**env, "RANK": str(rank)}, cwd=root,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(3)]
+    ended = [(proc.returncode, out, err) for proc in ranks
+             for out, err in [proc.communicate(timeout=240)]]
+    assert [rc for rc, _out, _err in ended[:2]] == [1, 1], ended
+    assert '"stopped"' in ended[0][1] and not ended[1][1].strip(), ended
+
+
+def test_a_flagged_json_verdict_is_on_stdout_and_stderr_says_so():
+    """--format json: the verdict is on stdout, and the line on stderr that gives the reason
+    for exit status 1 says where it is (it said '(the verdict above)')."""
+    import json
+
+    proc = _ccbench("launch", "-n", "2", "diagnose", "--link-rate", "1T", "--no-compute",
+                    "--no-repeat", "--iters", "2", "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    findings = json.loads(proc.stdout[proc.stdout.index("{"):])["findings"]
+    word = "component" if len(findings) == 1 else "components"
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ccbench: error")]
+    assert findings and errors == [f"ccbench: error: diagnose flagged {len(findings)} {word}: "
+                                   f"exit status 1 (the verdict is on stdout)"], proc.stderr
+
+
 @pytest.mark.parametrize("args, words", [
     (["diagnose", "--link-rate", "fast"], "unknown --link-rate 'fast'"),
     (["diagnose", "--planes", "eth0"], "--planes needs 2 or more interfaces"),

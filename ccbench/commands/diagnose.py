@@ -353,7 +353,8 @@ def main(args: argparse.Namespace) -> int:
     print_verdict(collected, findings, args.format)
     write_verdict(config, collected, findings)
     if findings:                  # the reason for the exit status, for launchers that ask
+        # `ccbench launch` needs a rank's `ccbench: error:` line for a status other than 0
         print(error_line(f"diagnose flagged {len(findings)} component"
-                         f"{'s' if len(findings) > 1 else ''} (the verdict above)"),
-              file=sys.stderr, flush=True)
+                         f"{'s' if len(findings) > 1 else ''}: exit status 1 (the verdict is "
+                         f"on stdout)"), file=sys.stderr, flush=True)
     return 1 if findings else 0

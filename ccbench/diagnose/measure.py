@@ -41,7 +41,7 @@ from ccbench.harness import Case, Method, SizeResult, measure_size
 from ccbench.records import Record, append_record
 from ccbench.run.control import ControlClient
 from ccbench.run.launchers import LaunchInfo, detect_launch
-from ccbench.run.watchdog import Watchdog
+from ccbench.run.watchdog import EXIT_HUNG, Watchdog
 from ccbench.trace.ops import Group
 from ccbench.trace.subcomm import free_groups, split_groups
 
@@ -104,17 +104,47 @@ class Collected:
     started: float = field(default_factory=time.monotonic)
 
 
+#: set by rank 0 before it prints the verdict of a run a host stopped answering in: the
+#: other ranks, leaving, end with this status too (not the benchmark's EXIT_HUNG)
+STOPPED_VERDICT_KEY = "diag/stopped-verdict"
+#: how long a rank that gave up first waits for rank 0's verdict before it leaves
+VERDICT_WAIT_S = 10.0
+
+
 class _DiagnoseWatchdog(Watchdog):
     """The benchmark's watchdog; when it gives up on a rank, rank 0 first hands what it has
-    to `on_stop` (the verdict, naming the stopped host) and ends with status 1."""
+    to `on_stop` (the verdict, naming the stopped host) and ends with status 1, and so do
+    the other live ranks (they would end with EXIT_HUNG), so that srun and mpiexec, which
+    report the highest status of the ranks, end with the verdict's 1."""
 
     on_stop: Callable[[str, dict[int, str]], None] | None = None
+
+    def _leave_quietly(self, tell_store: bool = True, status: int = EXIT_HUNG) -> None:
+        if status == EXIT_HUNG and tell_store and self.rank != 0:
+            status = self._verdict_status(status)
+        super()._leave_quietly(tell_store, status)
+
+    def _verdict_status(self, status: int) -> int:
+        """1 once rank 0 has given the verdict of a stopped host (waiting for it at most
+        VERDICT_WAIT_S while no other rank has said why the run ended), else `status`. Read
+        before this rank says it left: rank 0 keeps the store up until then."""
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        with contextlib.suppress(Exception):
+            while True:
+                verdict = self.store.peek(STOPPED_VERDICT_KEY)
+                if verdict is not None:
+                    return int(verdict)
+                if self.store.peek("aborted") is not None or time.monotonic() >= deadline:
+                    return status
+                time.sleep(0.1)
+        return status
 
     def _give_up(self, why: str, store_lost: Any = None,
                  missing: dict[int, str] | None = None) -> None:
         if self.rank == 0 and store_lost is None and self.on_stop is not None:
             with contextlib.suppress(Exception):
                 if self.store.peek("aborted") is None:
+                    self.store.set(STOPPED_VERDICT_KEY, 1)
                     lost = missing if missing is not None else self._missing_ranks(None)
                     print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
                                      f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}"),
