@@ -133,7 +133,7 @@ def _judge(outcome: Outcome, stderr: str, fault_at: float | None) -> list[str]:
         problems.append(f"processes left: {outcome.leftovers}")
     if len(outcome.error_lines) != 1:
         problems.append(f"{len(outcome.error_lines)} error lines")
-    if _own_traceback(stderr):
+    if own_traceback(stderr):
         problems.append("a traceback")
     if not outcome.records_ok:
         problems.append("a torn or invalid record")
@@ -149,10 +149,16 @@ def _judge(outcome: Outcome, stderr: str, fault_at: float | None) -> list[str]:
     return problems
 
 
-def _own_traceback(stderr: str) -> bool:
+# a frame in ccbench's own package: its folder exactly, since a checkout named `ccbench`
+# holds the venv whose torchrun frames must not count
+_OWN_FRAME = re.compile(r'File "' + re.escape(str(Path(__file__).resolve().parent.parent
+                                                   / "ccbench")) + r'[/\\]')
+
+
+def own_traceback(stderr: str) -> bool:
     """A Python traceback through ccbench's code (torchrun prints one of its own, from the
     launcher's process, whenever a worker fails: not ours to judge)."""
-    return "Traceback" in stderr and re.search(r'File "[^"]*ccbench[/\\]', stderr) is not None
+    return "Traceback" in stderr and _OWN_FRAME.search(stderr) is not None
 
 
 def _records_whole(path: Path) -> bool:

@@ -237,15 +237,14 @@ def test_uneven_all_to_all_costed_exported_and_read_back(job: Path, tmp_path: Pa
 
 
 def test_export_agrees_with_the_astra_sim_binary(job: Path, tmp_path: Path) -> None:
-    from conftest import missing_prerequisite
+    from conftest import need_astra_sim
 
-    from ccbench.formats.astra import astra_bin_dir, run_astra
+    from ccbench.formats.astra import run_astra
     from ccbench.formats.astra_trace import export_astra_trace
     from ccbench.model.synthetic import known_model
     from ccbench.model.tracesim import simulate_trace
 
-    if not (astra_bin_dir() / "AstraSim_Analytical_Congestion_Unaware").is_file():
-        missing_prerequisite(f"ASTRA-sim binary not found in {astra_bin_dir()}")
+    need_astra_sim("AstraSim_Analytical_Congestion_Unaware")
     model = known_model(alpha=5e-6, beta=1e-10, gamma=2e-11)
     man = export_astra_trace(model, load_trace([job]), tmp_path, 64, "switch:64")
     on_export = simulate_trace(model, load_trace([tmp_path]), 64, "switch:64")["total_us"]
