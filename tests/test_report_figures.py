@@ -75,6 +75,11 @@ def test_first_run_figures_fit_the_paper(first_run, paper) -> None:
     pages = _draw(_jobs(first_run)[0], paper)
     width, height = pages[0].get_size_inches()
     assert width == PAPERS[paper].width and height / width > 0.5      # a grid, not a strip
+    # nor a column: at 7 in the nine panels of one world size sit side by side on one page
+    # (they were stacked in one column 18.5 in tall)
+    columns = {round(ax.get_position().x0, 3) for ax in pages[0].axes if ax.has_data()}
+    assert len(columns) >= (3 if paper == "double" else 2), sorted(columns)
+    assert paper != "double" or len(pages) == 1
 
 
 @pytest.mark.parametrize("paper", PAPER_NAMES)

@@ -367,7 +367,8 @@ def _overview_cells(frame, collectives: list[str], worlds: list[int], paper: Pap
     a row, else a column per world size where they fit, else row after row."""
     measured = {(int(p), c) for p, c in zip(frame["world_size"], frame["collective"],
                                             strict=True)}
-    if len(measured) != len(worlds) * len(collectives):
+    if len(measured) != len(worlds) * len(collectives) or len(worlds) == 1:
+        # one world size (a first run): the collectives simply wrap into a grid
         return [(p, c) for p in worlds for c in collectives if (p, c) in measured], None
     fits = Grid.plan(paper, len(measured), header=0, legend_rows=rows, left_chars=5)[0].ncols
     if len(collectives) <= fits or len(worlds) > fits:
