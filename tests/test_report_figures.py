@@ -121,6 +121,25 @@ def test_busbw_is_log_where_the_series_differ_tenfold(first_run) -> None:
     assert fig.axes[0].get_yscale() == "linear" and fig.axes[0].get_ylim()[0] == 0
 
 
+def test_busbw_is_log_where_series_meet_only_at_their_peaks() -> None:
+    """Two series whose peaks are within 3x but that lie 50x apart at most sizes (gloo
+    beside MPI on a reduce): on a linear axis the slow one lies on the baseline."""
+    import pandas as pd
+
+    from ccbench.report.figures import busbw_is_log
+
+    sizes = [1 << k for k in range(10, 19)]
+    fast = [0.05 * 2 ** k for k in range(9)]
+    slow = [v / 50 for v in fast[:-1]] + [fast[-1] / 3]
+    rows = [{"collective": "reduce", "world_size": 3, "size": s, "series": name, "busbw": v}
+            for name, values in (("fast", fast), ("slow", slow))
+            for s, v in zip(sizes, values, strict=True)]
+    assert busbw_is_log(pd.DataFrame(rows))
+    close = [{**row, "busbw": row["busbw"] * (25 if row["series"] == "slow" else 1)}
+             for row in rows]
+    assert not busbw_is_log(pd.DataFrame(close))
+
+
 def test_axes_say_their_units_and_sizes_have_binary_suffixes(first_run) -> None:
     fig = _draw(_jobs(first_run)[2], "double")[0]
     labels = {ax.get_ylabel() for ax in fig.axes} | {ax.get_xlabel() for ax in fig.axes}
