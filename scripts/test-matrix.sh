@@ -3,7 +3,7 @@
 # covers with one cell each (more world sizes, dtypes, launch modes, the fault cells under
 # MPICH and Open MPI, the whole GPU check script on its CPU twin). Run before a release and
 # report the result:
-#   bash scripts/test-matrix.sh            # 26 tests (19 of them took 3.5 minutes on a quiet 2-core machine)
+#   bash scripts/test-matrix.sh            # 27 tests (19 of them took 3.5 minutes on a quiet 2-core machine)
 # The MPICH and Open MPI cells use the venvs .ci/run makes (.venv-mpich, .venv-openmpi) unless
 # CCBENCH_OTHER_MPI_PYTHONS names other interpreters.
 set -euo pipefail
