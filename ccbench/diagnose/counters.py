@@ -24,7 +24,7 @@ from typing import Any
 from ccbench.diagnose.analyse import Finding
 
 __all__ = ["counter_deltas", "counter_findings", "down_ports", "interface_addresses",
-           "probe_all", "probe_failures", "reach_findings", "read_counters"]
+           "probe", "probe_all", "probe_failures", "reach_findings", "read_counters"]
 
 _RTM_GETLINK, _RTM_NEWLINK, _NLMSG_DONE, _NLMSG_ERROR = 18, 16, 3, 2
 _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64, _IFLA_CARRIER_CHANGES = 3, 16, 23, 35

@@ -32,6 +32,7 @@ from ccbench.diagnose.analyse import Expectation, Finding, PairMeasure, suspicio
 from ccbench.diagnose.counters import (
     counter_deltas,
     interface_addresses,
+    probe,
     probe_failures,
     read_counters,
 )
@@ -188,19 +189,6 @@ def _interface_address(name: str) -> str | None:
     return socket.inet_ntoa(packed[20:24])
 
 
-def _answers(address: str, timeout: float = 2.0) -> bool:
-    """A TCP connect to a closed port: a refusal (RST) proves the path works both ways."""
-    with socket.socket() as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect((address, 9))
-        except ConnectionRefusedError:
-            return True
-        except OSError:
-            return False
-        return True
-
-
 class _Rank:
     def __init__(self, config: DiagnoseConfig, info: LaunchInfo, store: ControlClient,
                  watchdog: Watchdog) -> None:
@@ -331,7 +319,7 @@ class _Rank:
                 peer = self.store.get(f"diag/{number}/addr/{other}", self.timeout)
             if address is None:
                 self.store.set(f"diag/{number}/down/{index}", f"no address on {step.plane}")
-            elif peer is not None and not _answers(peer):
+            elif peer is not None and not probe(peer):
                 self.store.set(f"diag/{number}/down/{index}", f"no answer on {step.plane}")
         with self.watchdog.waiting():
             self.store.barrier(f"diag/{number}/probed", self.info.world_size, self.timeout)
