@@ -34,9 +34,8 @@ def _one_error_line(done) -> str:
     return lines[0]
 
 
-def _model(tmp_path: Path) -> Path:
-    """A model calibrated from a synthetic allreduce at several sizes."""
-    records = tmp_path / "fit.jsonl"
+def fit_records(path: Path) -> Path:
+    """A synthetic allreduce at several sizes, alpha 5 us, beta 1 ns/B: records to calibrate."""
     lines = []
     for size in (1 << k for k in range(10, 20)):
         rec = json.loads(json.dumps(GOOD[0]))
@@ -47,7 +46,13 @@ def _model(tmp_path: Path) -> Path:
         rec["time_us"].update(median=time_us, min=time_us * 0.98, max=time_us * 1.02,
                               mean=time_us, p5=time_us * 0.98, p95=time_us * 1.02)
         lines.append(json.dumps(rec))
-    records.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _model(tmp_path: Path) -> Path:
+    """A model calibrated from a synthetic allreduce at several sizes."""
+    records = fit_records(tmp_path / "fit.jsonl")
     model = tmp_path / "model.json"
     done = run_ccbench("calibrate", str(records), "-o", str(model))
     assert done.returncode == 0, done.stderr

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import PYTHON, run_ccbench_forked
+from test_hostile_input import fit_records
 
 import ccbench.commands.merge as merge_command
 import ccbench.records.table as table
@@ -63,25 +64,10 @@ def _limited(*args: str, fsize: int | None = None, address_space: int | None = N
                           timeout=timeout, env=env, preexec_fn=limit)
 
 
-def _fit_records(path: Path) -> Path:
-    lines = []
-    for size in (1 << k for k in range(10, 20)):
-        rec = json.loads(json.dumps(GOOD[0]))
-        time_us = 5.0 + size / 1e3
-        rec.update(size_asked=size, size_used=size, count=size // 4,
-                   samples_us=[time_us * f for f in (0.98, 1.0, 1.02)],
-                   rank_median_us=[time_us, time_us])
-        rec["time_us"].update(median=time_us, min=time_us * 0.98, max=time_us * 1.02,
-                              mean=time_us, p5=time_us * 0.98, p95=time_us * 1.02)
-        lines.append(json.dumps(rec))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("calibrated")
-    done = run_ccbench_forked("calibrate", str(_fit_records(folder / "fit.jsonl")), "-o",
+    done = run_ccbench_forked("calibrate", str(fit_records(folder / "fit.jsonl")), "-o",
                               str(folder / "model.json"), "--bootstrap", "0")
     assert done.returncode == 0, done.stderr
     return folder
