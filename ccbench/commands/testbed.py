@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--planes", type=int, default=1,
                         help="up: 2 builds the dual-ToR network: two NICs per host into two "
                              "plane bridges, the host's address on lo reached by ECMP over both")
+    parser.add_argument("--rails", type=int, default=1,
+                        help="up: rail-optimized hosts: R NICs per host (one per GPU), NIC r "
+                             "with a port per plane (r<r>p<p>) into rail r's bridge of that "
+                             "plane, beside the front-end NIC eth0 (default 1: no rails)")
     parser.add_argument("--slurm", action="store_true",
                         help="up: also start slurmctld on h0 and slurmd on every host")
     parser.add_argument("--format", choices=("table", "json"), default="table",
@@ -59,10 +63,13 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "up":
         plan = testbed.build_plan(args.hosts, parse_rate(args.link),
                                   testbed.parse_topology(args.topology), args.ranks_per_host,
-                                  planes=args.planes)
+                                  planes=args.planes, rails=args.rails)
         outcome = testbed.up(plan, slurm=args.slurm)
         print(f"testbed {outcome}: {len(plan.hosts)} hosts, {plan.topology}"
-              f"{' (dual-ToR: ECMP over 2 planes)' if args.planes == 2 else ''}, "
+              + (f", {args.rails} rails x {args.planes} plane(s) (NIC r<r>: ports "
+                 f"r<r>p0{'/r<r>p1' if args.planes == 2 else ''}; front end eth0)"
+                 if args.rails > 1 else
+                 f"{' (dual-ToR: ECMP over 2 planes)' if args.planes == 2 else ''}") + ", "
               f"links {format_rate(plan.link_rate)}"
               + (f"; Slurm: export SLURM_CONF={plan.options['slurm_conf']}"
                  if args.slurm and "slurm_conf" in plan.options else ""))

@@ -51,6 +51,7 @@ def _same(a: Plan, b: Plan) -> bool:
     return (all(getattr(a, k) == getattr(b, k) for k in keys) and len(a.hosts) == len(b.hosts)
             and a.options.get("slurm") == b.options.get("slurm")
             and a.options.get("planes") == b.options.get("planes")
+            and a.options.get("rails", 1) == b.options.get("rails", 1)
             and not a.options.get("faults"))
 
 
@@ -134,6 +135,7 @@ def status(plan: Plan) -> dict[str, Any]:
                            "root_address": plan.root_address.split("/")[0], "hosts": hosts,
                            "bridges": [b.name for b in plan.bridges], "uplinks": uplinks,
                            "planes": plan.options.get("planes", 1),
+                           "rails": plan.options.get("rails", 1),
                            "faults": plan.options.get("faults", {})}
     if plan.options.get("slurm"):
         from ccbench.testbed.slurm import PARTITION, node_states

@@ -3,6 +3,8 @@
     fault h3 rate 33M          host h3's link(s) shaped to 33 Mbit/s (both directions)
     fault h3:eth1 rate 25M     one plane's port of h3
     fault h3:eth1 down | up    that port's link down / up (h3 alone: all its NICs)
+    fault h3:r1 rate 20M       rail-optimized hosts (--rails): NIC 1 of h3, all its ports
+    fault h3:r1p0 down         ... or one of its ports (plane 0)
     fault leaf1 rate 100M      the uplink between leaf1 and the spine
     fault h3 cpu 20            h3's processes limited to 20 % of one core (cgroup v1 CPU quota;
                                processes started there later, by `testbed exec` or slurmd,
@@ -32,11 +34,15 @@ USAGE = ("usage: ccbench testbed fault TARGET ACTION: TARGET hI, hI:ethP or leaf
 
 
 def _host_links(plan: Plan, host: str, nic: str | None) -> list[Link]:
+    from ccbench.testbed.topology import rail_nics
+
+    rails = rail_nics(plan)
     links = [lk for lk in plan.links if ":" in lk.a and lk.a.split(":")[0] == host
-             and (nic is None or lk.a.split(":")[1] == nic)]
+             and (nic is None or lk.a.split(":")[1] == nic
+                  or (nic in rails and lk.a.split(":")[1].startswith(f"{nic}p")))]
     if not links:
         raise UsageError(f"host {host} has no NIC {nic!r} (valid: "
-                         f"{', '.join(plan.host(host).nics)})")
+                         f"{', '.join(rails + plan.host(host).nics)})")
     return links
 
 

@@ -127,7 +127,9 @@ def _create(plan: Plan) -> None:
         _run(["ip", "link", "set", link.b, "up"])
         _tbf(link.b, link.rate)
     _run(["ip", "addr", "add", plan.root_address, "dev", root_bridge(plan)])
-    if plan.options.get("planes") == 2:
+    if plan.options.get("rails", 1) > 1:
+        _rails(plan)
+    elif plan.options.get("planes") == 2:
         _ecmp(plan)
     _write_hosts(plan)
     for host in plan.hosts:                            # every host reaches every other one
@@ -168,6 +170,39 @@ def _ecmp(plan: Plan) -> None:
                   host.address, *hops])
         _run(["ip", "route", "add", host.addresses["lo"], "via",
               host.addresses["eth0"].split("/")[0], "dev", root_bridge(plan)])
+
+
+def _rails(plan: Plan) -> None:
+    """Rail-optimized hosts: NIC r's own address on a device `r<r>` (/32), reached
+    from NIC r of every other host by one route with a next hop on each of its ports (ECMP
+    over the planes, as `_ecmp` does for a host)."""
+    from ccbench.testbed.topology import rail_nics
+
+    for host in plan.hosts:
+        settings = dict(_ECMP_SYSCTLS)
+        for nic in host.nics:
+            settings.update({f"net.ipv4.neigh.{nic}.{k}": v for k, v in _NEIGH_SYSCTLS.items()})
+        for key, value in settings.items():
+            _run(["ip", "netns", "exec", host.netns, "sysctl", "-qw", f"{key}={value}"])
+        for rail in rail_nics(plan):
+            # a veth pair inside the host stands for the NIC (no dummy module everywhere)
+            _run(["ip", "-n", host.netns, "link", "add", rail, "type", "veth", "peer", "name",
+                  f"{rail}x"])
+            _run(["ip", "-n", host.netns, "addr", "add", host.addresses[rail], "dev", rail])
+            for end in (rail, f"{rail}x"):
+                _run(["ip", "-n", host.netns, "link", "set", end, "up"])
+    for host in plan.hosts:
+        for rail in rail_nics(plan):
+            ports = [nic for nic in host.nics if nic.startswith(f"{rail}p")]
+            mine = host.addresses[rail].split("/")[0]
+            for other in plan.hosts:
+                if other is host:
+                    continue
+                hops = []
+                for port in ports:
+                    hops += ["nexthop", "via", other.addresses[port].split("/")[0], "dev", port]
+                _run(["ip", "-n", host.netns, "route", "add", other.addresses[rail], "src",
+                      mine, *hops])
 
 
 def _wait_reachable(netns: str, address: str, timeout: float = 10.0) -> None:

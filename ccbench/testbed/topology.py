@@ -5,6 +5,11 @@ and is what `net.py` creates with iproute2 and what `status` prints. Names:
 
 * host i is `h<i>` (its hostname, the name in /etc/hosts, the Slurm node name), living in the
   network namespace `ccb-h<i>`; its NICs are `eth0` (and `eth1` on the second plane);
+* with `--rails R` (rail-optimized hosts, one NIC per GPU): `eth0` is the host's front-end
+  NIC (the control plane, Slurm), and NIC r has a port `r<r>p<p>` per plane into bridge
+  `ccb-r<r>p<p>` (rail r's ToR of plane p), addresses 10.213.(1 + r x planes + p).0/24; the
+  NIC's own address is on a device `r<r>` (one end of a veth pair) (10.213.(16 + r).(i + 1)/32), reached from
+  rail r of every other host by ECMP over its ports;
 * every bridge and every root-side veth end starts with `ccb-`, so `down` can find what an
   interrupted `up` left behind even without the state file.
 
@@ -27,6 +32,8 @@ SUBNET = "10.213"              # plane p uses 10.213.p.0/24
 ROOT_HOST_ID = 254             # the root namespace's address on plane 0
 HOST_SUBNET = 8                # with planes: host i's own address 10.213.8.(i+1)/32 on lo
 MAX_HOSTS = 64
+RAIL_SUBNET = 16               # with rails: NIC r's own address 10.213.(16+r).(i+1)/32
+MAX_RAILS = 8
 TOPOLOGY_FORMS = "switch, two-tier:LEAVES[:oversub=R], dual-plane"
 
 # the testbed's kinds in the model's terms (ccbench.model.topology): switch and dual-plane are
@@ -121,7 +128,9 @@ class HostPlan:
 
     @property
     def nics(self) -> list[str]:
-        return sorted(n for n in self.addresses if n != "lo")
+        """Its physical NICs (ports): not lo, not a rail NIC's own address (`r0`)."""
+        return sorted(n for n in self.addresses
+                      if n != "lo" and not (n[0] == "r" and n[1:].isdigit()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +155,10 @@ class Plan:
         return asdict(self)
 
     def model_spec(self) -> str | None:
-        """This testbed as the model's topology spec (`Topology.model_spec`)."""
+        """This testbed as the model's topology spec (`Topology.model_spec`); None with
+        rails (the model has no rail-optimized network)."""
+        if self.options.get("rails", 1) > 1:
+            return None
         return parse_topology(self.topology).model_spec(len(self.hosts), self.ranks_per_host)
 
     @classmethod
@@ -163,11 +175,19 @@ def _address(plane: int, host_id: int) -> str:
 
 
 def build_plan(num_hosts: int, link_rate: int, topology: Topology, ranks_per_host: int = 1,
-               planes: int = 1) -> Plan:
+               planes: int = 1, rails: int = 1) -> Plan:
     """`planes=2`: the dual-ToR network (HPN): two NICs per host into two plane bridges, and
-    the host's own address on lo, reached by an ECMP route over both planes (net.py)."""
+    the host's own address on lo, reached by an ECMP route over both planes (net.py).
+    `rails=R` (R >= 2): rail-optimized hosts, R NICs each with `planes` ports (see above)."""
     if planes not in (1, 2):
         raise UsageError(f"--planes must be 1 or 2, got {planes}")
+    if not 1 <= rails <= MAX_RAILS:
+        raise UsageError(f"--rails must be 1..{MAX_RAILS}, got {rails}")
+    if rails > 1:
+        if topology.kind != "switch":
+            raise UsageError(f"--rails builds its own rail networks; it does not combine "
+                             f"with --topology {topology.spec()}")
+        return _rail_plan(num_hosts, link_rate, ranks_per_host, planes, rails)
     if planes == 2:
         if topology.kind not in ("switch", "dual-plane"):
             raise UsageError(f"--planes 2 builds its own two planes; it does not combine "
@@ -220,6 +240,36 @@ def _build_plan(num_hosts: int, link_rate: int, topology: Topology, ranks_per_ho
     return Plan(hosts=hosts, bridges=bridges, links=links, link_rate=link_rate,
                 topology=topology.spec(), ranks_per_host=ranks_per_host,
                 root_address=_address(0, ROOT_HOST_ID))
+
+
+def rail_port(rail: int, plane: int) -> str:
+    """The interface of NIC `rail`'s port on `plane` (also its bridge's name after ccb-)."""
+    return f"r{rail}p{plane}"
+
+
+def _rail_plan(num_hosts: int, link_rate: int, ranks_per_host: int, planes: int, rails: int
+               ) -> Plan:
+    plan = _build_plan(num_hosts, link_rate, Topology("switch"), ranks_per_host)
+    for rail in range(rails):
+        for plane in range(planes):
+            port = rail_port(rail, plane)
+            bridge = Bridge(f"{PREFIX}{port}", "rail")
+            plan.bridges.append(bridge)
+            for i, host in enumerate(plan.hosts):
+                host.addresses[port] = _address(1 + rail * planes + plane, i + 1)
+                plan.links.append(Link(f"h{i}:{port}", f"{PREFIX}h{i}-{port}", bridge.name,
+                                       link_rate))
+    for i, host in enumerate(plan.hosts):
+        for rail in range(rails):
+            host.addresses[f"r{rail}"] = f"{SUBNET}.{RAIL_SUBNET + rail}.{i + 1}/32"
+    plan.options.update(rails=rails, planes=planes)
+    return plan
+
+
+def rail_nics(plan: Plan) -> list[str]:
+    """The rails' NIC names (`r0`, `r1`, ...), none without rails."""
+    return [f"r{rail}" for rail in range(plan.options.get("rails", 1))] \
+        if plan.options.get("rails", 1) > 1 else []
 
 
 def root_bridge(plan: Plan) -> str:
