@@ -185,8 +185,9 @@ class Method:
     axis, with a flag of its own) is declared here once as an option: its default, help and
     limits make the flag, the sweep key and the CCBENCH_ variable (BENCH_OPTIONS)."""
 
-    iters: int = _method_option(20, "timed iterations (default {default})", short="-n",
-                                minimum=1)
+    iters: int = _method_option(
+        20, "timed iterations (default {default}; launch -n, before the collective, counts "
+        "ranks)", short="-n", minimum=1)
     warmup: int = _method_option(5, "warm-up iterations (default {default})", short="-w",
                                  minimum=0)
     combine: str = _method_option(

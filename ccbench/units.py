@@ -15,6 +15,8 @@ link speeds are (`parse_rate`). Shown as tc writes them (`format_rate`: 250Mbit/
 
 from __future__ import annotations
 
+import math
+
 import re
 
 from ccbench.errors import UsageError
@@ -118,6 +120,18 @@ def size_text(count: float, digits: int = 3, exact: bool = False) -> str:
 def _significant(value: float, digits: int) -> str:
     """`digits` significant digits, never an exponent: 1.99 -> 2, 99.7 -> 100 at two."""
     return f"{value:.{digits}g}" if value < 10 ** (digits - 1) else f"{value:.0f}"
+
+
+def duration_text(us: float) -> str:
+    """A time in microseconds, in prose, to three significant digits of its largest unit:
+    12.3 µs, 4.5 ms, 1.2 s (µs as the figures' axes write it); '-' for no value."""
+    if not math.isfinite(us):
+        return "-"
+    if us >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us:.3g} µs"
 
 
 def bits_per_second(text: str, name: str = "rate") -> float:

@@ -252,3 +252,45 @@ def test_library_colours_differ_in_hue() -> None:
                 (ha, la), (hb, lb) = hue(a), hue(b)
                 gap = min(abs(ha - hb), 360 - abs(ha - hb))
                 assert gap >= 30 or min(la, lb) < 0.15, (a, b, gap)
+
+
+def test_html_shows_figures_in_proportion_to_their_print_width() -> None:
+    """A single-column figure (3.3 in) is shown at 330 px, a double column's at 700 px: the
+    page keeps the proportions they will be printed at."""
+    from ccbench.report import _Doc
+    from ccbench.report.paper import PAPERS
+
+    widths = {}
+    for paper in ("single", "double"):
+        doc = _Doc()
+        doc.print_width_in = PAPERS[paper].width
+        doc.figure("allreduce", "a caption")
+        doc.pages = {"allreduce": ["allreduce.png"]}
+        widths[paper] = doc.html("t")
+    assert "figure img{width:330px;" in widths["single"]
+    assert "figure img{width:700px;" in widths["double"]
+
+
+def test_times_in_tables_are_written_as_the_figures_write_them() -> None:
+    from ccbench.units import duration_text
+
+    assert [duration_text(x) for x in (12.34, 4567.0, 2.5e6, math.nan)] == \
+        ["12.3 µs", "4.57 ms", "2.5 s", "-"]
+
+
+def test_rank_spread_columns_are_the_sizes_asked_for() -> None:
+    """allgather at 3 ranks uses 1020 B where allreduce uses 1024 B: both are the 1 KiB
+    column, not two half-empty columns."""
+    import pandas as pd
+
+    from ccbench.report.figures import _spread_matrix
+
+    rows = [("allreduce", 1024, 1024, [1.0, 2.0, 1.0]), ("allgather", 1020, 1024, [1.0, 1.0, 3.0]),
+            ("allreduce", 4096, 4096, [1.0, 1.0, 1.0]), ("allgather", 4092, 4096, [2.0, 1.0, 1.0])]
+    frame = pd.DataFrame([{"series": "gloo", "collective": c, "size": used, "size_asked": asked,
+                           "rank_median_us": ranks, "inplace": False}
+                          for c, used, asked, ranks in rows])
+    colls, ratio, sizes = _spread_matrix(frame, "gloo", ["allreduce", "allgather"], 3)
+    assert sizes == [1024, 4096] and colls == ["allreduce", "allgather"]
+    assert ratio.shape == (7, 2)      # 3 rows, a blank row, 3 rows; one column per size
+    assert list(ratio[2]) == [1.0, 1.0] and list(ratio[6]) == [3.0, 1.0]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ccbench.report import style  # noqa: F401  (selects the Agg backend first)
-from ccbench.units import size_label, size_text
+from ccbench.units import duration_text, size_label, size_text
 
 __all__ = ["FORMATS", "FigureJob", "Report", "build_report", "output_directory", "parallel_map",
            "render"]
@@ -134,16 +134,6 @@ def _fmt_bw(x: float) -> str:
     return "-" if not math.isfinite(x) else (f"{x:.3g}" if x < 100 else f"{x:.0f}")
 
 
-def _fmt_us(x: float) -> str:
-    if not math.isfinite(x):
-        return "-"
-    if x >= 1e6:
-        return f"{x / 1e6:.3g} s"
-    if x >= 1e3:
-        return f"{x / 1e3:.3g} ms"
-    return f"{x:.3g} us"
-
-
 def _fmt_size(x: float) -> str:
     # half-peak sizes are interpolated: two significant digits say all they know
     return size_label(x, digits=2) if math.isfinite(x) else "-"
@@ -155,6 +145,9 @@ class _Doc:
     def __init__(self) -> None:
         self.blocks: list[tuple[str, Any]] = []
         self.pages: dict[str, list[str]] = {}      # figure name -> its PNG pages, once drawn
+        # the figures' print width: HTML shows them in proportion to it (100 px per inch),
+        # so a single-column figure is not blown up to a double column's width
+        self.print_width_in = 7.0
 
     def figure(self, name: str, caption: str) -> None:
         self.blocks.append(("fig", (name, caption)))
@@ -236,7 +229,8 @@ class _Doc:
                "margin:1em 0;font-size:90%}th,td{padding:3px 8px;border-bottom:1px solid #ddd}"
                "td.r{text-align:right;font-variant-numeric:tabular-nums}th{text-align:left}"
                "code{background:#f4f4f4;padding:0 3px}figure{margin:1em 0}"
-               "figcaption{color:#555;font-size:85%}figure img{width:700px;max-width:100%}"
+               f"figcaption{{color:#555;font-size:85%}}figure img{{width:{round(self.print_width_in * 100)}px;"
+               "max-width:100%}"
                ".toc{columns:2}")
         return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f"<title>{esc(title)}</title><style>{css}</style></head><body>\n"
@@ -244,8 +238,8 @@ class _Doc:
 
 
 def _html_figure(pages: list[str], caption: str, formats: tuple[str, ...]) -> str:
-    """The figure's pages at their print width (7 in double column: 700 px), each a link to
-    its file, and its caption with links to the other formats."""
+    """The figure's pages (shown at their print width, see _Doc.print_width_in), each a link
+    to its file, and its caption with links to the other formats."""
     esc = html.escape
     images = "".join(f'<a href="{esc(page)}"><img src="{esc(page)}" alt="{esc(_alt(caption))}">'
                      "</a>" for page in pages)
@@ -281,6 +275,7 @@ def build_report(records, out_dir: str | os.PathLike[str], model: Mapping[str, A
     """Figures (drawn in parallel processes), report.md, report.html and key-numbers.csv."""
     from ccbench.errors import UsageError
     from ccbench.report.data import to_frame
+    from ccbench.report.paper import PAPERS
 
     if not records:
         raise UsageError("no records to report on")
@@ -288,6 +283,7 @@ def build_report(records, out_dir: str | os.PathLike[str], model: Mapping[str, A
                     paper=_paper(paper))
     frame = to_frame(records, runs)
     doc = _Doc()
+    doc.print_width_in = PAPERS[report.paper].width
     _summary_section(doc, report, records, frame, sources, title, runs)
     native, algos = _native_and_algorithms(frame)
     _overview_section(doc, native, report)
@@ -429,8 +425,8 @@ def _key_numbers_section(doc: _Doc, frame, directory: Path) -> None:
 def _key_row(k, has_8: bool) -> list[str]:
     return ([k["series"], f"{k['ranks']}{'*' if k.get('oversubscribed') else ''}", k["mode"],
              f"{_fmt_bw(k['peak_busbw'])} @ {_fmt_size(k['peak_at'])}"]
-            + ([_fmt_us(k["lat_8B_us"])] if has_8 else [])
-            + [_fmt_us(k["lat_1K_us"]), _fmt_size(k["half_peak_size"])])
+            + ([duration_text(k["lat_8B_us"])] if has_8 else [])
+            + [duration_text(k["lat_1K_us"]), _fmt_size(k["half_peak_size"])])
 
 
 def _per_collective_section(doc: _Doc, native, report: Report) -> None:

@@ -399,7 +399,13 @@ def _spread_matrix(sub, name: str, collectives: list[str], world_size: int):
     import numpy as np
 
     mine = sub[sub["series"] == name]
-    sizes = sorted(int(s) for s in mine["size"].unique())
+    # a column per size the user asked for: the sizes used differ between collectives
+    # (1020 B for allgather at 3 ranks where allreduce used 1024 B) and would otherwise
+    # take separate, half-offset columns
+    asked = [int(a) if a == a and a is not None else int(u)
+             for a, u in zip(mine["size_asked"], mine["size"], strict=True)]
+    mine = mine.assign(column_size=asked)
+    sizes = sorted(set(asked))
     column = {s: i for i, s in enumerate(sizes)}
     blocks = []
     for coll in collectives:
@@ -408,7 +414,7 @@ def _spread_matrix(sub, name: str, collectives: list[str], world_size: int):
             continue
         data, _ = _preferred_mode(data)
         block = np.full((world_size, len(sizes)), np.nan)
-        for size, ranks in zip(data["size"], data["rank_median_us"], strict=True):
+        for size, ranks in zip(data["column_size"], data["rank_median_us"], strict=True):
             if len(ranks) == world_size and min(ranks) > 0:
                 block[:, column[int(size)]] = np.asarray(ranks, float) / min(ranks)
         if np.isfinite(block).any():

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ccbench.units import duration_text
+
 __all__ = ["breakdown", "is_trace_record", "latest_runs", "split_traces", "timeline",
            "trace_figures"]
 
@@ -71,14 +73,6 @@ def timeline(records: Sequence[Any]) -> list[dict[str, Any]]:
              "end": end} for r, group, (start, end) in zip(records, groups, spans, strict=True)]
 
 
-def _us(x: float) -> str:
-    if x >= 1e6:
-        return f"{x / 1e6:.3g} s"
-    if x >= 1e3:
-        return f"{x / 1e3:.3g} ms"
-    return f"{x:.3g} us"
-
-
 def _group_label(group: tuple[int, ...], world: int) -> str:
     if len(group) == world:
         return f"world ({world})"
@@ -118,7 +112,7 @@ def _timeline_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> A
             total = max((s["end"] for s in ss), default=0.0)
             ax.set_yticks(range(len(lanes)), [_group_label(g, world) for g in lanes])
             ax.invert_yaxis()
-            ax.set_title(f"{backend}: {len(ss)} calls, {_us(total)} back to back",
+            ax.set_title(f"{backend}: {len(ss)} calls, {duration_text(total)} back to back",
                          loc="left")
             ax.grid(axis="y", visible=False)
         axes[-1, 0].set_xlabel("time (µs), calls back to back")
@@ -201,7 +195,7 @@ def _breakdown_figure(name: str, backends: dict[str, list[Any]], paper: Any) -> 
             lib = first.library
             ax.barh(y + (i - (len(per) - 1) / 2) * width, [table.get(k, 0.0) for k in keys],
                     width, color=colour(colour_key(first)),
-                    label=f"{backend} ({lib}): {_us(totals[backend])} in all")
+                    label=f"{backend} ({lib}): {duration_text(totals[backend])} in all")
             _mark_skipped(ax, y + (i - (len(per) - 1) / 2) * width, keys, counts, backend)
         ax.set_yticks(y, [f"{c} {b}" for c, _, b in keys])
         ax.invert_yaxis()
