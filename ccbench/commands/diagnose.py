@@ -43,6 +43,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks-per-host", type=int, default=1,
                         help="ranks started on every host (default 1); the lowest rank of "
                              "each host measures for it")
+    parser.add_argument("--rails", default=None,
+                        help="rail-optimized hosts, one rank per GPU and NIC: K (rank i of "
+                             "each host on rail i; the library picks its NIC) or the NICs "
+                             "r0,r1 (rank i's traffic pinned to NIC i); pairs are measured "
+                             "rail to rail and findings name host, rail and plane port. "
+                             "--ranks-per-host is K; --planes then lists each NIC's ports, "
+                             "NIC by NIC: r0p0,r0p1/r1p0,r1p1")
     parser.add_argument("--quick", action="store_true",
                         help="log2(N) bisection rounds instead of every pair (large clusters)")
     parser.add_argument("--link-rate", default=None,
@@ -60,7 +67,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="uplink oversubscription with --leaves (default 1)")
     parser.add_argument("--planes", default=None,
                         help="interfaces of the planes, e.g. eth0,eth1: adds the plane "
-                             "partition (gloo)")
+                             "partition (gloo); with --rails, per NIC: r0p0,r0p1/r1p0,r1p1")
     parser.add_argument("--size", default=None,
                         help="bytes of a bandwidth measurement (default: 50 ms at --link-rate, "
                              "else 4M)")
@@ -153,8 +160,57 @@ def _bandwidth_size(args: argparse.Namespace, link_bps: float | None) -> int:
     return PROBE_SIZE           # the world step's; the rest is sized from what it measured
 
 
+def _rails(args: argparse.Namespace, backend: str
+           ) -> tuple[int, list[str] | None, list[list[str]] | None]:
+    """--rails K or NIC names, --planes per NIC -> (K, the NICs or None, each NIC's plane
+    ports or None); K 1 without --rails."""
+    if args.rails is None:
+        if args.planes and "/" in args.planes:
+            raise UsageError(f"--planes {args.planes!r}: per-NIC ports ('/') need --rails")
+        return 1, None, None
+    text = args.rails.strip()
+    nics = None
+    if text.isdigit():
+        rails = int(text)
+    else:
+        nics = [n.strip() for n in text.split(",") if n.strip()]
+        rails = len(nics)
+        if not nics or any(not n.replace("-", "").replace("_", "").replace(".", "").isalnum()
+                           for n in nics):
+            raise UsageError(f"bad --rails {args.rails!r} (valid: a count such as 2, or the "
+                             f"NICs' interfaces such as r0,r1)")
+    if rails < 2:
+        raise UsageError(f"--rails {args.rails}: at least 2 rails")
+    if args.ranks_per_host not in (1, rails):
+        raise UsageError(f"--rails {args.rails} is one rank per NIC: --ranks-per-host "
+                         f"{rails}, got {args.ranks_per_host}")
+    args.ranks_per_host = rails
+    if args.leaves is not None:
+        raise UsageError("--leaves does not combine with --rails (each rail is its own "
+                         "network)")
+    if nics and _interface_variable(backend) is None:
+        raise UsageError(f"--rails {args.rails} pins each rank's traffic to its NIC through "
+                         f"the library's interface setting; backend {backend!r} has none "
+                         f"(give the count, --rails {rails}, and the library picks its NIC)")
+    ports = None
+    if args.planes is not None:
+        groups = [[p.strip() for p in g.split(",") if p.strip()] for g in args.planes.split("/")]
+        if (len(groups) != rails or len({len(g) for g in groups}) != 1
+                or len(groups[0]) < 2):
+            raise UsageError(f"--planes {args.planes!r} with --rails {args.rails}: each of the "
+                             f"{rails} NICs' plane ports (2 or more, as many on every NIC), "
+                             f"NIC by NIC, e.g. r0p0,r0p1/r1p0,r1p1")
+        ports = groups
+    return rails, nics, ports
+
+
 def _planes(args: argparse.Namespace, backend: str) -> list[str] | None:
-    planes = [p.strip() for p in args.planes.split(",") if p.strip()] if args.planes else None
+    planes: list[str] | None
+    if args.rails is not None and args.planes is not None:
+        planes = [str(p) for p in range(len(args.planes.split("/")[0].split(",")))]
+    else:
+        planes = ([p.strip() for p in args.planes.split(",") if p.strip()] if args.planes
+                  else None)
     if args.planes is not None and (not planes or len(planes) < 2):
         raise UsageError(f"--planes needs 2 or more interfaces, got {args.planes!r}")
     if planes and _interface_variable(backend) is None:
@@ -176,6 +232,7 @@ def _config(args: argparse.Namespace) -> Any:
     _check_numbers(args)
     expect = _expectation(args, backends[0])
     size = _bandwidth_size(args, expect.link_bps)
+    rails, nics, ports = _rails(args, backends[0])
     planes = _planes(args, backends[0])
     leaves = _leaves(args.leaves)
     return DiagnoseConfig(
@@ -186,6 +243,7 @@ def _config(args: argparse.Namespace) -> Any:
         [[h.strip() for h in g.split(",") if h.strip()] for g in str(leaves).split("/")],
         leaf_count=leaves if isinstance(leaves, int) else None,
         planes=planes, ranks_per_host=args.ranks_per_host, expect=expect,
+        rails=rails, rail_nics=nics, rail_ports=ports,
         compute=not args.no_compute,
         nic_speed=not args.no_nic_speed and expect.link_bps is None, output=args.output,
         argv=["diagnose", *sys.argv[1:]]), leaves
@@ -239,7 +297,7 @@ def fit_budget(args: argparse.Namespace, config: Any, hosts: int, rate_bps: floa
 
     def seconds() -> float:
         steps = build_plan(hosts, settings["quick"], leaves, config.planes,
-                           compute=settings["compute"])
+                           compute=settings["compute"], rails=config.rails)
         repeats = 2 * settings["repeat_passes"] if config.repeat else 0
         extra = [s for s in steps if s.kind == "pairs"][:repeats]
         return estimate_seconds(steps[1:] + extra, hosts, settings["size"], rate,
@@ -264,7 +322,8 @@ def fit_budget(args: argparse.Namespace, config: Any, hosts: int, rate_bps: floa
 
 def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
     """The steps and estimated seconds `ccbench diagnose ARGV` plans for `hosts` hosts (with
-    --leaves, a count), without running anything."""
+    --leaves, a count; with --rails K, the steps' pairs are NICs: host x K + rail), without
+    running anything."""
     from ccbench.cli import OneLineParser
     from ccbench.diagnose.plan import build_plan
 
@@ -272,9 +331,9 @@ def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
     _arguments(parser)
     args = parser.parse_args(argv)
     config, leaves = _config(args)
-    steps = build_plan(hosts, config.quick, _by_count(leaves, hosts), config.planes,
-                       compute=not args.no_compute)
-    return steps, plan_seconds(config, steps, hosts, config.expect.link_bps)
+    steps = build_plan(hosts * config.rails, config.quick, _by_count(leaves, hosts),
+                       config.planes, compute=not args.no_compute, rails=config.rails)
+    return steps, plan_seconds(config, steps, hosts * config.rails, config.expect.link_bps)
 
 
 def launch_plan(argv: list[str], nprocs: int | None = None) -> LaunchPlan:
@@ -309,7 +368,7 @@ def main(args: argparse.Namespace) -> int:
         if isinstance(leaves, int):
             leaf_hosts = _by_count(leaves, hosts)
         return build_plan(hosts, config.quick, leaf_hosts, config.planes,
-                          compute=config.compute)
+                          compute=config.compute, rails=config.rails)
 
     def on_plan(steps: list[Any], names: list[str], expect: Any) -> None:
         seconds = plan_seconds(config, steps, len(names), expect.link_bps)

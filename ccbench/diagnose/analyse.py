@@ -27,7 +27,7 @@ from typing import Any
 from ccbench.units import rate_text
 
 __all__ = ["SLOW", "Expectation", "Finding", "PairMeasure", "analyse", "pair_table",
-           "suspicious_pairs"]
+           "port_component", "suspicious_pairs"]
 
 SLOW = 0.6              # a path below 60 % of what is expected is slow
 MAD_SIGMAS = 4.0        # relative expectation: and more than 4 robust sigmas below the median
@@ -79,6 +79,19 @@ class Expectation:
     def latency_percent(self, us: float | None) -> float | None:
         """Expected / measured latency as %: below 100 is worse than expected, as a rate's."""
         return _percent(self.latency_us, us)
+
+
+def port_component(host: str, plane: str) -> str:
+    """`host h3's plane eth1 port`; a rail's NIC (`h5 rail 1`, --rails): `host h5 rail 1
+    plane 1 port`, and its NIC itself (`NIC`): `host h5 rail 1 NIC`."""
+    if " rail " in host:
+        return f"host {host} NIC" if plane == "NIC" else f"host {host} plane {plane} port"
+    return f"host {host}'s plane {plane} port"
+
+
+def link_component(host: str) -> str:
+    """`host h3's link`; a rail's NIC (--rails): `host h5 rail 1 NIC`."""
+    return f"host {host} NIC" if " rail " in host else f"host {host}'s link"
 
 
 def _percent(part: float | None, whole: float | None) -> float | None:
@@ -356,7 +369,7 @@ def _intermittent_hosts(table: dict[tuple[int, int], dict[str, Any]], ref: _Refe
         if len(hit) < 2 or count < 3 or count / max(1, tries) < 3 * background + 0.1:
             continue
         out.append(Finding(
-            f"host {names[host]}'s link", "intermittent", f"slow in {count} of {tries} tries",
+            link_component(names[host]), "intermittent", f"slow in {count} of {tries} tries",
             ref.expected_text(), "; ".join(
                 f"{names[a]}-{names[b]}: " + ", ".join(_try_text(m) for m in table[(a, b)]
                                                        ["samples"]) for a, b in hit)
@@ -407,11 +420,11 @@ def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
                         + f"; each measured {tries}+ times")
             if metric == "bw":
                 measured, one_way = _host_directions(table, bad, host, names, ref)
-                out.append(Finding(f"host {names[host]}'s link", "slow link", measured,
+                out.append(Finding(link_component(names[host]), "slow link", measured,
                                    ref.expected_text(), one_way + evidence,
                                    _confidence(tries, len(bad)), [names[host]], names_bad))
             else:
-                out.append(Finding(f"host {names[host]}'s link", "high latency",
+                out.append(Finding(link_component(names[host]), "high latency",
                                    f"{statistics.median(values):.0f} us", f"{ref.lat:.0f} us",
                                    evidence, _confidence(tries, len(bad)), [names[host]],
                                    names_bad))
@@ -576,14 +589,15 @@ def _port_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
         if not mine:
             continue
         tries = [m for p in mine for m in pairs[p]]
-        evidence = "; ".join(f"{names[a]}-{names[b]} on {plane}: "
+        on = f"plane {plane}" if plane.isdigit() else plane
+        evidence = "; ".join(f"{names[a]}-{names[b]} on {on}: "
                              + ", ".join(_try_text(m) for m in pairs[(a, b)]) for a, b in mine)
         if all(p in bad for p in mine):
             partners = {a if b == host else b for a, b in mine}
             if len(mine) == 1 and any(all(q in bad for q in pairs if p in q) for p in partners):
                 continue        # its only pair is also its partner's: the partner's port
             down = all(m.error for m in tries)
-            out.append(Finding(f"host {names[host]}'s plane {plane} port",
+            out.append(Finding(port_component(names[host], plane),
                                "port down" if down else "slow port",  # merged below
                                "no answer" if down else rate_text(statistics.median(
                                    [m.bw for m in tries if m.bw is not None] or [0.0])),
@@ -594,7 +608,7 @@ def _port_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
         hit = [p for p in mine if p in some]
         slow = sum(_bad_try(m, ref) for m in tries)
         if len(hit) >= 2 and slow >= INTERMITTENT_MIN_SLOW:
-            out.append(Finding(f"host {names[host]}'s plane {plane} port", "intermittent",
+            out.append(Finding(port_component(names[host], plane), "intermittent",
                                f"slow or no answer in {slow} of {len(tries)} tries",
                                ref.expected_text(), evidence, "medium", [names[host]],
                                [[names[a], names[b]] for a, b in hit]))
@@ -648,7 +662,7 @@ def _whole_host(ports: list[Finding], planes: int,
         measured, one_way = (", ".join(f.measured for f in found), "")
         if not down and directions is not None:
             measured, one_way = directions(host)
-        out.append(Finding(f"host {host}'s link (every plane)", "link down" if down
+        out.append(Finding(link_component(host) + " (every plane)", "link down" if down
                            else "slow link", measured,
                            found[0].expected, one_way + " | ".join(f.evidence for f in found),
                            min((f.confidence for f in found), key=["low", "medium",

@@ -164,8 +164,10 @@ def counter_deltas(before: dict[str, dict[str, Any]], after: dict[str, dict[str,
 
 
 def _component(host: str, name: str, planes: list[str]) -> str:
-    if name in planes:
-        return f"host {host}'s plane {name} port"
+    from ccbench.diagnose.analyse import port_component
+
+    if name in planes or (name == "NIC" and " rail " in host):
+        return port_component(host, name)
     if "/" in name:
         device, port = name.split("/", 1)
         return f"host {host}'s {device} port {port}"
@@ -294,7 +296,8 @@ def reach_findings(failed: dict[int, dict[int, list[str]]], names: list[str],
     (and `*`, the target answered on none) -> a `port down` finding per `down_ports`."""
     return [Finding(_component(names[target], name, planes), "port down", "no answer",
                     "answers", f"before the library started: {len(probers)} of "
-                    f"{len(names) - 1} hosts got no answer on {names[target]}'s {name} "
-                    f"address (" + ", ".join(names[p] for p in probers)
+                    f"{len(names) - 1} hosts got no answer on {names[target]}'s "
+                    f"{'plane ' + name if name.isdigit() else name} address ("
+                    + ", ".join(names[p] for p in probers)
                     + "), an answer on another", "high", [names[target]])
             for target, name, probers in down_ports(failed, len(names))]

@@ -3,10 +3,13 @@ communicator and on sub-communicators of host pairs, with the benchmark's own ha
 (`measure_size`: warm-up, timed iterations, max over the pair's ranks, exact validation).
 
 One rank per host represents it (the lowest rank on that host); with --ranks-per-host K the
-others take part in creating the sub-communicators and wait. A pair step: every pair of the
-step at once, each on its own sub-communicator: latency (a small sendrecv), then a's
-broadcast to b and b's to a (one direction each, payload rate). Rank 0 collects the results
-through the control store, repeats the suspicious pairs and analyses.
+others take part in creating the sub-communicators and wait. With --rails K (rail-optimized
+hosts) every rank represents its NIC: the measured units are `h5 rail 1` (host x K + rail),
+each rank's traffic pinned to its NIC and, in a plane step, to that NIC's port on the plane.
+A pair step: every pair of the step at once, each on its own sub-communicator: latency (a
+small sendrecv), then a's broadcast to b and b's to a (one direction each, payload rate).
+Rank 0 collects the results through the control store, repeats the suspicious pairs and
+analyses.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ class DiagnoseConfig:
     leaf_count: int | None = None              # --leaves L: host i (natural order) on leaf i mod L
     planes: list[str] | None = None            # interface name per plane
     ranks_per_host: int = 1
+    #: rail-optimized hosts: K rails (one rank per NIC, rank i of a host on rail i), the NIC
+    #: each rail's rank pins its traffic to (None: the library's choice) and each NIC's plane
+    #: ports (`planes` are then the plane numbers, "0", "1", ...)
+    rails: int = 1
+    rail_nics: list[str] | None = None
+    rail_ports: list[list[str]] | None = None
     expect: Expectation = field(default_factory=Expectation)
     nic_speed: bool = True                     # fall back to the NIC speed the OS reports
     output: str | None = None
@@ -201,6 +210,32 @@ class _Rank:
         self.meta: BackendInfo | None = None      # the backend's, once it is set up
         self.collected: Collected | None = None
         self.counters_before: dict[str, dict[str, Any]] = {}
+        self.rail: list[int] = []               # rank -> its rail (--rails)
+
+    def my_rail(self) -> int | None:
+        return self.rail[self.info.rank] if self.config.rails > 1 and self.rail else None
+
+    def interface_of(self, plane: str | None) -> str | None:
+        """The interface this rank pins a step's traffic to: the plane's (with --rails, its
+        NIC's port on that plane), else with --rails NICs its NIC, else none."""
+        rail = self.my_rail()
+        if rail is None:
+            return plane
+        if plane is not None and self.config.rail_ports:
+            return self.config.rail_ports[rail][int(plane)]
+        return self.config.rail_nics[rail] if self.config.rail_nics else None
+
+    def _as_planes(self, by_interface: dict[str, Any]) -> dict[str, Any]:
+        """With --rails: this rank's NIC's interfaces only, by plane number (its NIC itself
+        as `NIC`); the other rails' are their ranks' to report."""
+        rail = self.my_rail()
+        if rail is None:
+            return by_interface
+        names = {port: str(p) for p, port in enumerate((self.config.rail_ports or [[]] * (
+            rail + 1))[rail])}
+        if self.config.rail_nics:
+            names[self.config.rail_nics[rail]] = "NIC"
+        return {names[k]: v for k, v in by_interface.items() if k in names}
 
     # -- set-up ---------------------------------------------------------------------------
     def learn_hosts(self) -> None:
@@ -209,9 +244,13 @@ class _Rank:
         which tests the tool over loopback, not a network."""
         hostnames = self.store.gather("diag/hosts", socket.gethostname(), self.info.world_size,
                                       self.timeout)
+        rails = self.config.rails
         if (len(set(hostnames)) == 1 and self.info.world_size > 1
                 and self.config.ranks_per_host == 1):
             hostnames = [f"{hostnames[0]}:r{r}" for r in range(self.info.world_size)]
+        elif (rails > 1 and len(set(hostnames)) == 1 and self.info.world_size > rails
+              and self.info.world_size % rails == 0):     # one machine: K ranks per "host"
+            hostnames = [f"{hostnames[0]}:r{r // rails}" for r in range(self.info.world_size)]
         self.names = sorted(set(hostnames), key=_natural)
         self.host_of = [self.names.index(h) for h in hostnames]
         self.rep = [hostnames.index(name) for name in self.names]
@@ -225,6 +264,14 @@ class _Rank:
             raise UsageError(f"--ranks-per-host {self.config.ranks_per_host}, but "
                              + ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
                              + " (start the same number of ranks on every host)")
+        if rails > 1:           # the NICs are the units: rank i of a host (by rank) on rail i
+            machines = self.names
+            self.rail = [sum(1 for q in range(r) if hostnames[q] == hostnames[r])
+                         for r in range(len(hostnames))]
+            self.names = [f"{h} rail {i}" for h in machines for i in range(rails)]
+            self.host_of = [machines.index(h) * rails + self.rail[r]
+                            for r, h in enumerate(hostnames)]
+            self.rep = [self.host_of.index(e) for e in range(len(self.names))]
         self._check_planes()
         if self.info.rank == 0:
             import uuid
@@ -235,6 +282,9 @@ class _Rank:
     def _check_planes(self) -> None:
         """--planes names interfaces every host must have (with an address)."""
         planes = self.config.planes or []
+        if self.my_rail() is not None:
+            planes = [i for i in ([self.interface_of(None)] + [self.interface_of(p) for p in
+                                                                planes]) if i]
         mine = [p for p in planes if _interface_address(p) is None]
         missing = self.store.gather("diag/planes", mine, self.info.world_size, self.timeout)
         bad = {self.names[self.host_of[r]]: m for r, m in enumerate(missing) if m}
@@ -311,7 +361,7 @@ class _Rank:
         assert step.plane is not None
         mine = self._my_pair(step)
         if mine is not None:
-            address = _interface_address(step.plane)
+            address = _interface_address(str(self.interface_of(step.plane)))
             self.store.set(f"diag/{number}/addr/{self.host_of[self.info.rank]}", address)
             index, (a, b) = mine
             other = b if self.host_of[self.info.rank] == a else a
@@ -333,13 +383,14 @@ class _Rank:
         self.watchdog.label = step.label
         variable = backend.interface_variable
         previous = os.environ.get(variable) if variable else None
-        if step.plane is not None and variable:  # the new groups bind to this interface
-            os.environ[variable] = step.plane
+        interface = self.interface_of(step.plane)
+        if interface is not None and variable:  # the new groups bind to this interface
+            os.environ[variable] = interface
         try:
             with self.watchdog.waiting():
                 subs = split_groups(backend, groups, self.info.world_size, self.timeout)
         finally:
-            if step.plane is not None and variable:
+            if interface is not None and variable:
                 if previous is None:
                     os.environ.pop(variable, None)
                 else:
@@ -471,7 +522,8 @@ class _Rank:
         addresses (a library that then hangs on a port that is down must not cost the
         verdict); rank 0 keeps who got no answer from whom."""
         me = self.info.rank in self.rep
-        everyone = self.store.gather("diag/ifaddrs", interface_addresses() if me else None,
+        everyone = self.store.gather("diag/ifaddrs",
+                                     self._as_planes(interface_addresses()) if me else None,
                                      self.info.world_size, self.timeout)
         failed = (probe_failures(self.host_of[self.info.rank], everyone, self.host_of)
                   if me else None)
@@ -486,7 +538,8 @@ class _Rank:
         library started; rank 0 keeps them all."""
         if self.info.rank in self.rep:
             self.store.set(f"diag/counters/{self.host_of[self.info.rank]}",
-                           counter_deltas(self.counters_before, read_counters()))
+                           self._as_planes(counter_deltas(self.counters_before,
+                                                          read_counters())))
         if self.info.rank == 0 and self.collected is not None:
             with self.watchdog.waiting():
                 self.collected.counters = {
@@ -533,7 +586,8 @@ class _Rank:
                 library=self.meta["library"] if self.meta else "",
                 library_version=self.meta["library_version"] if self.meta else "",
                 algorithm="native",
-                transport=self.config.backend, device="cpu",
+                transport=self.config.backend,
+                device=str(self.meta.get("device", "cpu")) if self.meta else "cpu",
                 dtype="float32" if collective != "broadcast" else "uint8",
                 op="sum" if collective == "allreduce" else None,
                 inplace=collective == "broadcast", timing="per-op", world_size=world,
@@ -645,7 +699,7 @@ def _make_backend(config: DiagnoseConfig, info: LaunchInfo, store: ControlClient
         raise BackendUnavailable(f"backend {config.backend!r} unavailable: {reason}")
     ctx = RankContext(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
                       local_world_size=info.local_world_size, launcher=info.launcher,
-                      store=store, hostname=socket.gethostname(), device="cpu",
+                      store=store, hostname=socket.gethostname(), device=str(getattr(cls, "default_device", "cpu")),
                       options=BackendOptions.from_mapping({"timeout": config.method.timeout,
                                                            "multi_host": hosts > 1}))
     watchdog.label = f"{config.backend}: initialisation"

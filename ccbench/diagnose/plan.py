@@ -14,6 +14,11 @@ sub-communicator of its own, so the pairs of a step must be disjoint:
   hypercube's), the traffic pinned to that plane's interfaces: one flow per plane for each
   pair, so that one bad member of an ECMP group is hit in every run;
 * `compute`: each host in turn runs the same fixed work and arrives at a barrier.
+
+Rail-optimized hosts (`rails` K >= 2: one rank per GPU and NIC, NIC i of every host on rail
+i): the measured units are the hosts' NICs, numbered host x K + rail, and every pair step
+pairs NIC i of host a with NIC i of host b, on every rail at once (the traffic a
+rail-optimized network carries; a NIC is never paired across rails).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Step", "bisection_rounds", "build_plan", "estimate_seconds", "leaf_pairs",
-           "ring_rounds", "round_robin"]
+           "rail_rounds", "ring_rounds", "round_robin"]
 
 Pair = tuple[int, int]
 
@@ -101,20 +106,40 @@ def leaf_pairs(leaves: list[list[int]]) -> list[tuple[int, int, list[Pair]]]:
     return out
 
 
+def rail_rounds(rounds: list[list[Pair]], rails: int) -> list[list[Pair]]:
+    """Host rounds -> NIC rounds: each host pair (a, b) becomes K pairs, NIC i of a with NIC
+    i of b (NIC index host x K + rail), all in the same round."""
+    return [sorted((a * rails + r, b * rails + r) for a, b in pairs for r in range(rails))
+            for pairs in rounds]
+
+
 def build_plan(hosts: int, quick: bool = False, leaves: list[list[int]] | None = None,
-               planes: list[str] | None = None, compute: bool = True) -> list[Step]:
-    steps = [Step("world", f"world allreduce over {hosts} hosts")]
-    rounds = bisection_rounds(hosts) if quick else round_robin(hosts)
+               planes: list[str] | None = None, compute: bool = True, rails: int = 1
+               ) -> list[Step]:
+    """`hosts`: the measured units; with `rails` K >= 2, the NICs (hosts x K)."""
+    if rails > 1:
+        if hosts % rails:
+            raise ValueError(f"{hosts} NICs are not {rails} rails of whole hosts")
+        machines = hosts // rails
+        rounds = rail_rounds(bisection_rounds(machines) if quick else round_robin(machines),
+                             rails)
+        steps = [Step("world", f"world allreduce over {machines} hosts x {rails} rails")]
+        leaves = None
+        tag = " (rail to rail)"
+    else:
+        steps = [Step("world", f"world allreduce over {hosts} hosts")]
+        rounds = bisection_rounds(hosts) if quick else round_robin(hosts)
+        tag = ""
     for number, pairs in enumerate(rounds):
-        steps.append(Step("pairs", f"pairs round {number + 1}/{len(rounds)}", tuple(pairs),
-                          number))
+        steps.append(Step("pairs", f"pairs round {number + 1}/{len(rounds)}{tag}",
+                          tuple(pairs), number))
     for a, b, pairs in leaf_pairs(leaves or []) if leaves and len(leaves) > 1 else []:
         steps.append(Step("leaves", f"leaf{a} x leaf{b} ({len(pairs)} flows each way)",
                           tuple(pairs), extra={"leaves": [a, b]}))
     for plane in planes or []:          # every pair on every plane: one flow per plane, so
         for number, pairs in enumerate(rounds):    # a bad ECMP member is hit in every run
             steps.append(Step("planes", f"plane {plane} pairs round {number + 1}/"
-                              f"{len(rounds)}", tuple(pairs), number, plane=plane))
+                              f"{len(rounds)}{tag}", tuple(pairs), number, plane=plane))
     if compute:
         steps.append(Step("compute", "compute probe: each host in turn, arrival at a barrier"))
     return steps

@@ -24,7 +24,11 @@ def format_plan(steps: list[Step], names: list[str], expect: Expectation, second
                 backend: str) -> list[str]:
     source = ("relative to the pairs' median" if expect.link_bps is None
               else f"link {_rate(expect.link_bps)} ({expect.source})")
-    lines = [f"ccbench diagnose: {len(names)} hosts ({' '.join(names)}), backend {backend}, "
+    rails = sum(1 for n in names if n.endswith(" rail 0"))
+    shown = (f"{rails} hosts x {len(names) // rails} rails ({', '.join(names)})"
+             if rails and all(" rail " in n for n in names) else
+             f"{len(names)} hosts ({' '.join(names)})")
+    lines = [f"ccbench diagnose: {shown}, backend {backend}, "
              f"{len(steps)} steps, estimated {seconds:.0f} s; expected: {source}"]
     for number, step in enumerate(steps, 1):
         pairs = " ".join(f"{names[a]}-{names[b]}" for a, b in step.pairs)
