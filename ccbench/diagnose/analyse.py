@@ -583,34 +583,53 @@ def _tries_directions(tries: list[PairMeasure], host: int, names: list[str],
 def _port_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
                    bad: set[tuple[int, int]], some: set[tuple[int, int]], ref: _Reference,
                    names: list[str]) -> list[Finding]:
+    """Per host on this plane: its port slow or down in every try of every pair (first, for
+    every host), then, held against the pairs of neither the host nor a port so flagged, a
+    port slow in some tries only (intermittent). A pair with a flagged port is that port's
+    evidence, not its other host's: two bad ports on one plane put two bad pairs on every
+    other host, which read as intermittent ports everywhere."""
     out = []
+    on = f"plane {plane}" if plane.isdigit() else plane
+
+    def evidence(mine: list[tuple[int, int]]) -> str:
+        return "; ".join(f"{names[a]}-{names[b]} on {on}: "
+                         + ", ".join(_try_text(m) for m in pairs[(a, b)]) for a, b in mine)
+
+    flagged: set[int] = set()
     for host in range(len(names)):
         mine = [p for p in pairs if host in p]
-        if not mine:
+        if not mine or not all(p in bad for p in mine):
             continue
+        partners = {a if b == host else b for a, b in mine}
+        if len(mine) == 1 and any(all(q in bad for q in pairs if p in q) for p in partners):
+            continue            # its only pair is also its partner's: the partner's port
         tries = [m for p in mine for m in pairs[p]]
-        on = f"plane {plane}" if plane.isdigit() else plane
-        evidence = "; ".join(f"{names[a]}-{names[b]} on {on}: "
-                             + ", ".join(_try_text(m) for m in pairs[(a, b)]) for a, b in mine)
-        if all(p in bad for p in mine):
-            partners = {a if b == host else b for a, b in mine}
-            if len(mine) == 1 and any(all(q in bad for q in pairs if p in q) for p in partners):
-                continue        # its only pair is also its partner's: the partner's port
-            down = all(m.error for m in tries)
-            out.append(Finding(port_component(names[host], plane),
-                               "port down" if down else "slow port",  # merged below
-                               "no answer" if down else rate_text(statistics.median(
-                                   [m.bw for m in tries if m.bw is not None] or [0.0])),
-                               ref.expected_text(), evidence,
-                               "high" if len(mine) >= 2 else "low", [names[host]],
-                               [[names[a], names[b]] for a, b in mine]))
+        down = all(m.error for m in tries)
+        flagged.add(host)
+        out.append(Finding(port_component(names[host], plane),
+                           "port down" if down else "slow port",  # merged below
+                           "no answer" if down else rate_text(statistics.median(
+                               [m.bw for m in tries if m.bw is not None] or [0.0])),
+                           ref.expected_text(), evidence(mine),
+                           "high" if len(mine) >= 2 else "low", [names[host]],
+                           [[names[a], names[b]] for a, b in mine]))
+    clean = {p: t for p, t in pairs.items() if not set(p) & flagged}
+    for host in range(len(names)):
+        mine = [p for p in clean if host in p]
+        if host in flagged or not mine:
             continue
+        tries = [m for p in mine for m in clean[p]]
         hit = [p for p in mine if p in some]
         slow = sum(_bad_try(m, ref) for m in tries)
-        if len(hit) >= 2 and slow >= INTERMITTENT_MIN_SLOW:
+        others = [m for p, t in clean.items() if host not in p for m in t]
+        background = sum(_bad_try(m, ref) for m in others) / max(1, len(others))
+        if (len(hit) >= 2 and slow >= INTERMITTENT_MIN_SLOW
+                and slow / len(tries) >= 3 * background + 0.1):
             out.append(Finding(port_component(names[host], plane), "intermittent",
                                f"slow or no answer in {slow} of {len(tries)} tries",
-                               ref.expected_text(), evidence, "medium", [names[host]],
+                               ref.expected_text(), evidence(mine)
+                               + f"; the other pairs' tries on {on}: "
+                                 f"{100 * background:.0f} % slow", "medium", [names[host]],
                                [[names[a], names[b]] for a, b in hit]))
     return out
 

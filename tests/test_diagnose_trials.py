@@ -1,0 +1,67 @@
+"""ccbench diagnose: what operators' trials on the dual-plane testbed found wrong, each from
+synthetic measurements shaped as the runs were (tests/test_diagnose_intermittent.py has the
+same helpers' kind)."""
+
+from __future__ import annotations
+
+import random
+
+from ccbench.diagnose.analyse import Expectation, PairMeasure, analyse
+from ccbench.diagnose.plan import round_robin
+
+NAMES8 = [f"h{i}" for i in range(8)]
+LINK = 50e6
+ABSOLUTE = Expectation(LINK, None, "--link-rate")
+
+
+def _tries(n, rate, kind="pairs", plane=None, seed=0, rounds=None, down=()):
+    rng = random.Random(seed)
+    out = []
+    for number, r in enumerate(rounds if rounds is not None else round_robin(n)):
+        for a, b in r:
+            if {a, b} & set(down):
+                out.append(PairMeasure(kind, number, a, b, plane=plane,
+                                       error=f"no answer on {plane}"))
+                continue
+            out.append(PairMeasure(kind, number, a, b, 300.0,
+                                   rate(a, b, number) * rng.uniform(0.93, 1.0),
+                                   rate(b, a, number) * rng.uniform(0.93, 1.0), plane=plane))
+    return out
+
+
+def _kinds(findings):
+    return sorted((f.kind, f.component) for f in findings)
+
+
+def test_two_faults_on_one_plane_do_not_make_the_other_ports_intermittent():
+    """h2's eth1 port down and h5's eth1 port at 1/4: every other host has two bad pairs on
+    eth1 (with h2 and with h5), which flagged all six of them `intermittent` (3 of 3 runs).
+    The pairs a flagged port explains are not evidence against their other host."""
+    fine = 0.95 * LINK
+    measures = _tries(8, lambda a, b, r: fine)
+    measures += _tries(8, lambda a, b, r: fine, kind="planes", plane="eth0")
+
+    def slow5(a, b, r):
+        return LINK / 4 if 5 in (a, b) else fine
+    for seed in range(2):            # the first pass and the repeat of its slow pairs
+        measures += _tries(8, slow5, kind="planes", plane="eth1", seed=seed, down=(2,),
+                           rounds=None if seed == 0 else [[p] for r in round_robin(8)
+                                                          for p in r if 5 in p and 2 not in p])
+    findings = analyse(measures, ABSOLUTE, NAMES8)
+    assert _kinds(findings) == [("port down", "host h2's plane eth1 port"),
+                                ("slow port", "host h5's plane eth1 port")], _kinds(findings)
+
+
+def test_two_slow_hosts_do_not_make_the_others_intermittent():
+    """The same on the unpinned pairs: h1 and h6 slow (their links), every other host has
+    two slow pairs; only h1 and h6 are named."""
+    fine = 0.95 * LINK
+
+    def slow(a, b, r):
+        return LINK / 4 if {a, b} & {1, 6} else fine
+    measures = _tries(8, slow)
+    measures += _tries(8, slow, kind="repeat", seed=1,
+                       rounds=[[p] for r in round_robin(8) for p in r if {1, 6} & set(p)])
+    findings = analyse(measures, ABSOLUTE, NAMES8)
+    assert _kinds(findings) == [("slow link", "host h1's link"),
+                                ("slow link", "host h6's link")], _kinds(findings)
