@@ -65,3 +65,33 @@ def test_two_slow_hosts_do_not_make_the_others_intermittent():
     findings = analyse(measures, ABSOLUTE, NAMES8)
     assert _kinds(findings) == [("slow link", "host h1's link"),
                                 ("slow link", "host h6's link")], _kinds(findings)
+
+
+def test_a_healthy_host_under_load_is_not_slow_compute():
+    """Load 15-30 on 2 cores: every host's repeats spread 3x (a burst of other work lands on
+    a round); one healthy host caught bursts in 4 of 5 rounds at 2.2-3x the others' median
+    and read `slow compute`. The factor is now at least the hosts' own repeat spread."""
+    rng = random.Random(3)
+    compute = {}
+    for h in range(8):
+        times = [0.15 * rng.uniform(0.95, 1.05) for _ in range(5)]
+        times[h % 5] = 0.48                      # each host's burst, in some round
+        compute[h] = times
+    compute[6] = [0.36, 0.40, 0.15, 0.45, 0.35]  # the healthy host hit in 4 rounds
+    measures = _tries(8, lambda a, b, r: 0.95 * LINK)
+    assert analyse(measures, ABSOLUTE, NAMES8, compute) == []
+    compute[6] = [1.6, 1.5, 1.7, 1.4, 1.6]       # a host held to a tenth of a core: named
+    assert _kinds(analyse(measures, ABSOLUTE, NAMES8, compute)) == [
+        ("slow compute", "host h6 compute")]
+
+
+def test_a_world_collective_slow_only_in_its_median_under_load_is_not_flagged():
+    """The world allreduce under load: a median at 30 % of the link while its best
+    iteration reached 80 % read `slow collective`; the run's own best iteration counts."""
+    healthy = _tries(8, lambda a, b, r: 0.95 * LINK)
+    world = {"label": "allreduce", "time_us": 2.7e6, "busbw_bps": 0.3 * LINK,
+             "best_busbw_bps": 0.8 * LINK}
+    assert analyse(healthy, ABSOLUTE, NAMES8, world=world) == []
+    world["best_busbw_bps"] = 0.2 * LINK         # slow in every iteration: flagged
+    assert _kinds(analyse(healthy, ABSOLUTE, NAMES8, world=world)) == [
+        ("slow collective", "cluster (world allreduce)")]
