@@ -4,11 +4,19 @@ same helpers' kind)."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from ccbench.diagnose.analyse import Expectation, PairMeasure, analyse
 from ccbench.diagnose.plan import round_robin
 
+ROOT = Path(__file__).resolve().parents[1]
 NAMES8 = [f"h{i}" for i in range(8)]
 LINK = 50e6
 ABSOLUTE = Expectation(LINK, None, "--link-rate")
@@ -95,3 +103,34 @@ def test_a_world_collective_slow_only_in_its_median_under_load_is_not_flagged():
     world["best_busbw_bps"] = 0.2 * LINK         # slow in every iteration: flagged
     assert _kinds(analyse(healthy, ABSOLUTE, NAMES8, world=world)) == [
         ("slow collective", "cluster (world allreduce)")]
+
+
+def test_a_library_start_up_that_timed_out_is_a_finding():
+    """gloo's start-up not finished within --timeout, rank 2 never at it: the verdict said
+    `healthy (no finding)` with exit 1 and `ranks that did not arrive: unknown`."""
+    startup = {"library": "gloo", "timeout_s": 15.0, "arrived": False, "never_arrived": [3, 6],
+               "ranks": [3, 6], "world_size": 8}
+    findings = analyse([], ABSOLUTE, NAMES8, startup=startup)
+    assert _kinds(findings) == [("start-up timed out", "gloo start-up")]
+    assert findings[0].measured == "never arrived: h3, h6" and findings[0].hosts == ["h3", "h6"]
+    startup.update(arrived=True, never_arrived=[0, 1, 2, 3, 4, 5, 6, 7], ranks=list(range(8)))
+    assert analyse([], ABSOLUTE, NAMES8, startup=startup)[0].measured.startswith(
+        "never finished: h0, h1")
+
+
+@pytest.mark.matrix
+def test_start_up_timeout_under_the_local_launcher_ends_with_a_verdict_and_1():
+    """One rank held back before gloo's start-up (CCBENCH_FAULT=init:2:late) past --timeout
+    15: a verdict naming its host, exit 1 from every rank, the line naming the rank."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CCBENCH_FAULT="init:2:late",
+               CCBENCH_FAULT_LATE_S="120")
+    proc = subprocess.run([sys.executable, "-m", "ccbench", "launch", "-n", "4", "diagnose",
+                           "--backend", "gloo", "--timeout", "15", "--no-compute", "--iters",
+                           "2", "--format", "json"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    findings = json.loads(proc.stdout)["findings"]
+    assert [(f["kind"], f["measured"]) for f in findings] == [
+        ("start-up timed out", "never arrived: " + findings[0]["hosts"][0])]
+    assert findings[0]["hosts"][0].endswith(":r2")
+    assert "ranks that did not arrive: 2" in proc.stderr

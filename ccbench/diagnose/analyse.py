@@ -273,7 +273,8 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             world: dict[str, Any] | None = None,
             stopped: dict[int, str] | None = None,
             counters: dict[int, dict[str, dict[str, Any]]] | None = None,
-            reach: dict[int, dict[int, list[str]]] | None = None) -> list[Finding]:
+            reach: dict[int, dict[int, list[str]]] | None = None,
+            startup: dict[str, Any] | None = None) -> list[Finding]:
     """counters: per host, per interface, how its counters changed during the run; reach:
     per host, the other hosts' interfaces that gave no answer before the library started
     (see ccbench.diagnose.counters)."""
@@ -283,6 +284,9 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     ref = _Reference(table, expect)
     findings: list[Finding] = []
     explained: set[int] = set()              # hosts whose slow pairs another finding explains
+    if startup:
+        findings.append(_startup_finding(startup, names))
+        explained |= {h for h in startup.get("never_arrived", []) if 0 <= h < len(names)}
     for host, why in sorted((stopped or {}).items()):
         findings.append(Finding(f"host {names[host]}", "stopped", why, "answers",
                                 "it stopped answering during the plan", "high", [names[host]]))
@@ -321,6 +325,26 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     if not findings:                       # a slow world collective a finding explains is not news
         findings += _world_finding(world, ref)
     return findings
+
+
+def _startup_finding(startup: dict[str, Any], names: list[str]) -> Finding:
+    """The library's start-up did not finish within --timeout: which hosts never arrived at
+    it (or, every rank having arrived, never finished it)."""
+    hosts = [names[h] for h in startup.get("never_arrived", []) if 0 <= h < len(names)]
+    library, limit = startup.get("library", "library"), startup.get("timeout_s", 0)
+    ranks = startup.get("ranks", [])
+    if startup.get("arrived"):
+        measured = f"never finished: {', '.join(hosts) or 'unknown'}"
+        evidence = (f"every rank reached {library}'s start-up; {len(ranks)} of "
+                    f"{startup.get('world_size', '?')} had not finished it after {limit:g} s "
+                    f"(a port or path the library needs: see the reachability findings)")
+    else:
+        measured = f"never arrived: {', '.join(hosts) or 'unknown'}"
+        evidence = (f"{len(ranks)} of {startup.get('world_size', '?')} ranks never reached "
+                    f"{library}'s start-up within {limit:g} s (rank"
+                    f"{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))})")
+    return Finding(f"{library} start-up", "start-up timed out", measured,
+                   f"every host within {limit:g} s", evidence, "high", hosts)
 
 
 def _merge(findings: list[Finding]) -> list[Finding]:

@@ -109,6 +109,10 @@ class Collected:
     #: before the library: prober host -> target host -> its interfaces that did not answer
     reach: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     run_id: str = ""
+    #: the library's start-up that did not finish within --timeout: library, timeout_s,
+    #: never_arrived (hosts whose ranks never reached it, or, when all did, those that never
+    #: finished it), ranks, world_size
+    startup: dict[str, Any] | None = None
     #: the records' run-wide fields (library, launcher, world size), once the backend is up
     meta: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -117,6 +121,8 @@ class Collected:
 #: set by rank 0 before it prints the verdict of a run a host stopped answering in: the
 #: other ranks, leaving, end with this status too (not the benchmark's EXIT_HUNG)
 STOPPED_VERDICT_KEY = "diag/stopped-verdict"
+#: the ranks that reached the library's start-up (start/R) and finished it (up/R)
+STARTUP_KEY = "diag/library/"
 #: how long a rank that gave up first waits for rank 0's verdict before it leaves
 VERDICT_WAIT_S = 10.0
 
@@ -149,6 +155,18 @@ class _DiagnoseWatchdog(Watchdog):
                 time.sleep(0.1)
         return status
 
+    def _startup_missing(self) -> dict[int, str]:
+        """The library's start-up: the ranks that never reached it (or, all having reached
+        it, never finished it)."""
+        with contextlib.suppress(Exception):
+            started = {int(k.rsplit("/", 1)[1])
+                       for k in self.store.prefix(f"{STARTUP_KEY}start/")}
+            up = {int(k.rsplit("/", 1)[1]) for k in self.store.prefix(f"{STARTUP_KEY}up/")}
+            absent = {r: "never arrived" for r in range(self.world_size) if r not in started}
+            return absent or {r: "never finished" for r in range(self.world_size)
+                              if r not in up}
+        return {}
+
     def _give_up(self, why: str, store_lost: Any = None,
                  missing: dict[int, str] | None = None) -> None:
         if self.rank == 0 and store_lost is None and self.on_stop is not None:
@@ -156,6 +174,8 @@ class _DiagnoseWatchdog(Watchdog):
                 if self.store.peek("aborted") is None:
                     self.store.set(STOPPED_VERDICT_KEY, 1)
                     lost = missing if missing is not None else self._missing_ranks(None)
+                    if self.label.endswith(": initialisation"):
+                        lost = self._startup_missing() or lost
                     print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
                                      f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}"),
                           file=sys.stderr, flush=True)
@@ -695,6 +715,26 @@ def _disjoint(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return rounds
 
 
+def _startup_evidence(watchdog: Watchdog, rank: _Rank, config: DiagnoseConfig
+                      ) -> dict[str, Any]:
+    """Rank 0, when the library's start-up timed out: the hosts whose ranks never arrived at
+    it (from the store, through the watchdog's own connection), or, when every rank arrived,
+    those that never finished it."""
+    world = rank.info.world_size
+    try:
+        started = {int(k.rsplit("/", 1)[1]) for k in watchdog.store.prefix(f"{STARTUP_KEY}start/")}
+        up = {int(k.rsplit("/", 1)[1]) for k in watchdog.store.prefix(f"{STARTUP_KEY}up/")}
+    except Exception:  # noqa: BLE001  the store is gone: say what is known
+        started, up = set(), set()
+    absent = [r for r in range(world) if r not in started]
+    stuck = [r for r in range(world) if r in started and r not in up]
+    ranks = absent or stuck
+    hosts = sorted({rank.host_of[r] for r in ranks if r < len(rank.host_of)})
+    return {"library": config.backend, "timeout_s": config.method.timeout,
+            "arrived": not absent, "never_arrived": hosts, "ranks": ranks,
+            "world_size": world}
+
+
 def _make_backend(config: DiagnoseConfig, info: LaunchInfo, store: ControlClient,
                   watchdog: Watchdog, hosts: int) -> Backend:
     cls = backend_class(config.backend)
@@ -708,8 +748,14 @@ def _make_backend(config: DiagnoseConfig, info: LaunchInfo, store: ControlClient
                       options=BackendOptions.from_mapping({"timeout": config.method.timeout,
                                                            "multi_host": hosts > 1}))
     watchdog.label = f"{config.backend}: initialisation"
+    from ccbench.run.faults import inject
+
     with watchdog.waiting():
-        return cls(ctx)
+        inject("init", info.rank)
+        store.set(f"{STARTUP_KEY}start/{info.rank}", 1)   # arrived at the library's start-up
+        backend = cls(ctx)
+        store.set(f"{STARTUP_KEY}up/{info.rank}", 1)
+        return backend
 
 
 def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] | None],
@@ -763,8 +809,14 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
                                    meta={"launcher": rank.info.launcher,
                                          "world_size": rank.info.world_size})
         collected = rank.collected
-        watchdog.on_stop = lambda why, lost: on_stop(
-            collected, why, {rank.host_of[r]: why for r in lost})
+
+        def stopped(why: str, lost: dict[int, str]) -> None:
+            if watchdog.label.endswith(": initialisation"):     # the library's start-up
+                collected.startup = _startup_evidence(watchdog, rank, config)
+                on_stop(collected, why, {})
+            else:
+                on_stop(collected, why, {rank.host_of[r]: why for r in lost})
+        watchdog.on_stop = stopped
         if config.on_plan is not None:
             config.on_plan(steps, rank.names, expect)
     if rank.info.rank in rank.rep:
