@@ -24,6 +24,6 @@ for n in 3 4; do
         echo "recording failed: $(tail -3 "$job.log")"; continue; }
     echo "## before replay: $(uptime)"
     python -m ccbench launch -n "$n" replay "$job" --backend gloo,mpi --repeat 3 \
-      --summary "$job-summary.json" -q | grep -E '^# (gloo|mpi|  replayed|  skipped|  whole)' || true
+      --summary "$job-summary.json" -q | grep -E '^# (gloo|mpi|  replayed|  issued|  skipped|  whole)' || true
   done
 done

@@ -163,6 +163,31 @@ def test_replay_matches_the_job_call_for_call(job: Path, tmp_path: Path) -> None
                 assert f"#   skipped: {reason}" in done.stdout
 
 
+def test_replay_issues_each_call_once_as_the_job_did(job: Path, tmp_path: Path) -> None:
+    """Beside the warm per-call medians, every measured call is also issued once, as the
+    job issued it, and read as the job's own time is read (last issue to last completion on
+    the host's clock): each has both times and both ratios are reported."""
+    from ccbench.replay.rank import job_time
+
+    world = len(list(job.glob("rank*.json")))
+    summary = tmp_path / "summary.json"
+    done = run_ccbench("launch", "-n", str(world), "replay", str(job), "--backend", "gloo",
+                       "--iters", "1", "--warmup", "0", "--repeat", "1",
+                       "--summary", str(summary), timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    gloo = json.loads(summary.read_text())["backends"][0]
+    trace = load_trace([job])
+    ops = [op for op in gloo["ops"] if op["time_us"] is not None]
+    assert len(ops) == gloo["summary"]["measured"] > 0
+    for op in ops:
+        assert op["extra"]["as_issued_us"] > 0, op
+        assert op["original_us"] == pytest.approx(
+            job_time([o for o in trace.all_ops() if o.call == op["call"]]))
+    for key in ("fidelity", "fidelity_as_issued"):
+        assert gloo["summary"][key]["calls"] == len(ops), key
+    assert "#   issued once as the job did / the job's own time" in done.stdout
+
+
 def _ground_truth_trace(job: Path, tmp_path: Path, world: int) -> Path:
     """The job's execution trace with capture files written from the job's own log."""
     folder = tmp_path / "truth"
@@ -228,3 +253,29 @@ def test_reductions_are_named_as_ccbench_names_them() -> None:
 
     for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
         assert REDUCTIONS[int(getattr(dist.ReduceOp.RedOpType, name))] in OPS
+
+
+def test_the_jobs_time_of_a_call_runs_from_its_last_issue_to_its_last_completion(
+        tmp_path: Path) -> None:
+    """Three ranks issue one all-reduce at different times on the host's clock (rank 1
+    last, computing longer before it): the job's own time of the call runs from rank 1's
+    issue to the last completion, 40 us, not any rank's own wall time (rank 0 waited 80 us
+    for rank 1; rank 1 itself saw 30 us) nor the least of them. A recording without the
+    host's clock (per-rank times only) keeps the least of the ranks' own times."""
+    from ccbench.formats.named import apply_capture
+    from ccbench.replay.rank import call_time, job_time
+
+    issued = {0: (1_000.0, 80.0), 1: (1_040.0, 30.0), 2: (1_010.0, 65.0)}
+    ops = []
+    for rank, (clock, dur) in issued.items():
+        op = _op("allreduce", 400)
+        op.rank = rank
+        entry = {"op": "allreduce", "group": [0, 1, 2], "in_bytes": 400, "out_bytes": 400,
+                 "traced": True, "clock_us": 1.7e15 + clock, "start_us": clock, "dur_us": dur}
+        assert apply_capture([op], [entry], 3, tmp_path / f"c{rank}.jsonl") == 1
+        ops.append(op)
+    assert job_time(ops) == pytest.approx(1_080.0 - 1_040.0)
+    assert call_time([(0.0, 10.0), (5.0, 12.0), (8.0, 11.0)]) == 4.0
+    for op in ops:
+        op.clock_us = None
+    assert job_time(ops) == 30.0

@@ -132,6 +132,24 @@ def _uncertain(summary: dict[str, Any], results: list[Any]) -> None:
               f"--group or a capture file")
 
 
+def _as_issued(summary: dict[str, Any], results: list[Any]) -> None:
+    """Each call issued once, as the job issued it (ccbench.replay.rank.as_issued), against
+    the job's own time read the same way: a line and summary["fidelity_as_issued"]."""
+    import dataclasses
+
+    from ccbench.trace.summary import fidelity
+
+    issued = [dataclasses.replace(r, time_us=r.extra["as_issued_us"]) for r in results
+              if r.time_us is not None and r.extra.get("as_issued_us") is not None]
+    fit = fidelity(issued)
+    summary["as_issued_time_us"] = sum(r.time_us for r in issued) if issued else None
+    summary["fidelity_as_issued"] = fit
+    if fit:
+        print(f"#   issued once as the job did / the job's own time, {fit['calls']} calls: "
+              f"median per call {fit['median_ratio']:.2f} (10-90 %: {fit['p10_ratio']:.2f}-"
+              f"{fit['p90_ratio']:.2f}), whole window {fit['window_ratio']:.2f}")
+
+
 def _report(config: Any, collected: list[dict[str, Any]]) -> None:
     from ccbench.trace.summary import (
         format_summary,
@@ -160,6 +178,7 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
         name = f"{meta.get('backend')} ({meta.get('library')} {meta.get('library_version')})"
         for line in format_summary(name, summary):
             print(line)
+        _as_issued(summary, item["results"])
         if summary["sequence_median_us"] is not None:
             print(f"#   whole sequence ({config.sequence}), measured: median of "
                   f"{len(item['sequence_us'])} passes, each the slowest rank's: "

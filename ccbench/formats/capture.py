@@ -7,7 +7,9 @@ Run the job under this recorder and each call also goes into `ccbench-comms.rank
 beside the trace, one JSON line per call: its op, group (global ranks), dtype, bytes,
 split sizes (elements), root or peer (global ranks), reduction (ccbench's names: sum, prod,
 min, max, avg), its position on the rank, whether the execution trace was recording, and
-the job's own wall time for it (issue to completion, on this rank).
+the job's own wall time for it: its issue on the host's clock (`clock_us`, microseconds
+since the epoch, one clock for every rank of a host) and the time from there to its
+completion on this rank (`dur_us`).
 
 How: every torch.distributed call, from Python or from C++, reaches torch's dispatcher as
 a `c10d::` operator (`c10d::allreduce_`, `c10d::_reduce_scatter_base_`, `c10d::send` ...):
@@ -288,6 +290,7 @@ def _record(dist: Any, log: _Log, name: str, args: tuple[Any, ...], functional: 
             call: Callable[[], Any]) -> Any:
     """One call: its entry, then the call itself, timed."""
     entry = log.add(_entry(dist, name, args, functional))
+    entry["clock_us"] = time.time_ns() / 1e3      # the host's clock: the ranks' issues compare
     entry["start_us"] = round((time.perf_counter() - log.origin) * 1e6, 3)
     result = call()
     if functional:      # its Work stays inside torch: the time to issue it

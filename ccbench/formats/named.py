@@ -83,6 +83,8 @@ def _apply_entry(op: CommOp, entry: dict[str, Any], world: int, path: Path) -> N
     start, dur = entry.get("start_us"), entry.get("dur_us")
     if isinstance(start, (int, float)) and isinstance(dur, (int, float)) and dur >= 0:
         op.start_us, op.dur_us = float(start), float(dur)   # the job's own time, this rank
+        if isinstance(entry.get("clock_us"), (int, float)):
+            op.clock_us = float(entry["clock_us"])
 
 
 def apply_capture(ops: list[CommOp], entries: list[dict[str, Any]], world: int,

@@ -8,6 +8,11 @@ Per backend, two passes over this rank's ops, in trace order:
    tagged with its trace node id (record.method["trace"]).
 2. the sequence: every op back to back (or, `--gaps`, with the trace's gaps between ops kept
    as sleeps), repeated; its time is the max over ranks, median over repetitions.
+
+Where the trace has the job's own time of its calls, a pass before these issues every op
+once, in trace order, on buffers not used before, as the job did (`as_issued`), and times
+each call as the job's time is read (`call_time`): from the last of its ranks' issue to the
+last rank's completion, on the host's clock.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
 
-__all__ = ["ReplayConfig", "replay_rank"]
+__all__ = ["ReplayConfig", "call_time", "replay_rank"]
 
 _STEP_BASE = 10_000_000          # step numbers: backend index x this + call number
 
@@ -61,6 +66,25 @@ class ReplayConfig:
     summary: str | None = None
     quiet: bool = False
     argv: list[str] = field(default_factory=list)
+
+
+def call_time(spans: list[tuple[float, float]]) -> float:
+    """A call's time from its ranks' (issue, completion) on one clock: from the last rank's
+    issue (before it the call cannot progress: the others wait for that rank, whatever
+    kept it) to the last rank's completion (until then the call is not done)."""
+    return max(end for _, end in spans) - max(start for start, _ in spans)
+
+
+def job_time(ops: list[CommOp]) -> float | None:
+    """The job's own time of one call from its ops on every rank (a recording's): the
+    call_time of their issues and completions where every rank's issue is on the host's
+    clock; else (a trace with per-rank times only) the least of the ranks' own times."""
+    spans = [(o.clock_us, o.clock_us + o.dur_us) for o in ops
+             if o.clock_us is not None and o.dur_us is not None]
+    if ops and len(spans) == len(ops):
+        return call_time(spans)
+    times = [o.dur_us for o in ops if o.dur_us is not None]
+    return min(times) if times else None
 
 
 def _case(op: CommOp) -> tuple[Case, str]:
@@ -87,10 +111,10 @@ class _Rank:
         self.hosts: list[str] = []
         self.run_id = ""
         self.wrong = 0
-        self.original: dict[int, list[float]] = {}
+        self.original: dict[int, list[CommOp]] = {}
         for each in self.trace.all_ops():
             if each.dur_us is not None:
-                self.original.setdefault(each.call, []).append(each.dur_us)
+                self.original.setdefault(each.call, []).append(each)
 
     # -- per op ---------------------------------------------------------------------------
     def _measure_five(self, sub: Backend, op: CommOp, step: int) -> OpResult | str | None:
@@ -140,10 +164,8 @@ class _Rank:
                 "note": note, "original_us": self._original(op), "start_us": op.start_us}
 
     def _original(self, op: CommOp) -> float | None:
-        """The job's own time for the call: the least over its ranks' wall times (a rank
-        that came early also waited for the others; the last to come waited least)."""
-        times = self.original.get(op.call)
-        return min(times) if times else None
+        """The job's own time for the call (job_time)."""
+        return job_time(self.original.get(op.call, []))
 
     def _record(self, sub: Backend, op: CommOp, case: Case, result: Any, note: str) -> Record:
         lay = result.layout
@@ -306,9 +328,10 @@ class _Rank:
                 end = op.start_us + (op.dur_us or 0.0)
         return gaps
 
-    def sequence(self, number: int, backend: Backend, subs: dict[Group, Backend | str]
-                 ) -> None:
-        cache: dict[Any, Any] = {}
+    def _bind_all(self, subs: dict[Group, Backend | str], cache: dict[Any, Any]
+                  ) -> list[Any]:
+        """Every op of this rank bound to its buffers, in trace order (None: not run, or
+        posted with the first op of its exchange)."""
         calls = []
         for op in self.ops:
             sub = subs.get(op.group) if op.group else None
@@ -316,6 +339,44 @@ class _Rank:
                 calls.append(self._bound_exchange(sub, op, cache))
             else:
                 calls.append(self._bound(sub, op, cache) if isinstance(sub, Backend) else None)
+        return calls
+
+    def as_issued(self, number: int, backend: Backend, subs: dict[Group, Backend | str]
+                  ) -> None:
+        """Every op once, in trace order, back to back, each on buffers of its own not used
+        before (a job's calls in one step are each issued once), after one barrier: per
+        call this rank's issue and completion on the host's clock (an exchange's calls: its
+        posting and completion), for call_time."""
+        cache: dict[Any, Any] = {}
+        calls = self._bind_all(subs, cache)
+        step = _STEP_BASE * (number + 1) + _STEP_BASE // 4
+        self.watchdog.begin_step(step, f"{backend.name}: the trace's calls once, as issued")
+        clock = time.time_ns
+        spans: dict[int, list[float]] = {}
+        exchanges: dict[int, list[float]] = {}
+        self.watchdog.enter()
+        backend.barrier()
+        for op, call in zip(self.ops, calls, strict=True):
+            if call is None:
+                continue
+            self.watchdog.enter()
+            start = clock()
+            call()
+            backend.synchronize()
+            span = [start / 1e3, clock() / 1e3]
+            spans[op.call] = span
+            if op.exchange >= 0:
+                exchanges[op.exchange] = span
+        self.watchdog.leave()
+        for op in self.ops:                 # an exchange's other calls: posted with its first
+            if op.exchange in exchanges:
+                spans.setdefault(op.call, exchanges[op.exchange])
+        self.store.set(f"trace/{number}/issued/{self.info.rank}", spans)
+
+    def sequence(self, number: int, backend: Backend, subs: dict[Group, Backend | str]
+                 ) -> None:
+        cache: dict[Any, Any] = {}
+        calls = self._bind_all(subs, cache)
         gaps = self._gaps() if self.config.sequence == "gaps" else [0.0] * len(calls)
         totals = []
         step = _STEP_BASE * (number + 1) + _STEP_BASE // 2
@@ -376,6 +437,8 @@ class _Rank:
                                                         "library": meta["library"],
                                                         "library_version": meta["library_version"]})
             with self._library_errors(name):
+                if self.config.sequence != "none" and self.original:
+                    self.as_issued(number, backend, subs)
                 self.per_op(number, subs)
                 if self.config.sequence != "none":
                     self.sequence(number, backend, subs)
@@ -395,6 +458,13 @@ def _collect(store: ControlClient, number: int, world: int, calls: int) -> dict[
     passes = None
     if all(s is not None for s in seq):
         passes = [max(s[i] for s in seq) * 1e6 for i in range(len(seq[0]))]
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for r in range(world):
+        for call, (start, end) in (store.peek(f"trace/{number}/issued/{r}") or {}).items():
+            spans.setdefault(int(call), []).append((start, end))
+    for result in results:
+        if result.call in spans and result.time_us is not None:
+            result.extra["as_issued_us"] = call_time(spans[result.call])
     return {"meta": store.peek(f"trace/{number}/meta"), "results": results,
             "sequence_us": passes}
 

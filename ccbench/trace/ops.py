@@ -66,6 +66,7 @@ class CommOp:
     exchange: int = -1             # send/recv posted together with others (ccbench.trace.groups)
     start_us: float | None = None  # when the trace has timings
     dur_us: float | None = None
+    clock_us: float | None = None  # the issue on the host's clock (a capture file), all ranks'
     source: str = ""               # file it came from
     notes: list[str] = field(default_factory=list)
 
