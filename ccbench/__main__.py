@@ -1,7 +1,9 @@
 """`python -m ccbench ...` and the `ccbench` console script: what every rank and launcher
 runs. Ctrl-C (or a launcher passing SIGINT on) can come while the interpreter still imports
 ccbench's commands and libraries, before cli.main handles it: that too ends with one line and
-status 130, not a traceback."""
+status 130, not a traceback. An error that is a defect of ccbench prints its traceback and
+ends the process as a failed rank does (ccbench.run.exit: an MPI rank does not then wait in
+MPI_Finalize for peers that are gone)."""
 
 import sys
 
@@ -28,6 +30,11 @@ def entry() -> None:
             status = main()
         except SystemExit as end:
             status = end.code
+        except Exception:  # noqa: BLE001  a defect: its traceback, then no MPI_Finalize wait
+            import traceback
+
+            traceback.print_exc()
+            status = 1
     except KeyboardInterrupt:
         _interrupted()
     leave(status)

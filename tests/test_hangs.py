@@ -234,3 +234,122 @@ def test_the_speaker_ends_only_its_own_runs_stopped_peers() -> None:
     assert f"ended {stopped} -9" in lines, proc.stdout      # the speaker ended it
     assert f"alive {other}" in lines, proc.stdout             # another run's: left alone
     assert len([line for line in lines if line.startswith("alive")]) == 2, proc.stdout
+
+
+_HELD = """
+import os, signal, sys, types
+from ccbench.run.control import ControlClient, ControlServer
+from ccbench.run.lifecycle import _note_interrupt
+
+server = ControlServer("127.0.0.1", 0, world_size=1)
+store = ControlClient("127.0.0.1", server.port, 0, secret=server.secret)
+store.set("args/0", {"digest": "d", "argv": ["allreduce"]})
+
+
+class Stream:
+    \"\"\"The connection's stream, with SIGINT at the worst moment: the request sent, its
+    reply not read yet.\"\"\"
+
+    def __init__(self, inner):
+        self.inner, self.armed = inner, True
+
+    def readline(self, *args):
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.inner.readline(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+store._stream = Stream(store._stream)
+_note_interrupt(types.SimpleNamespace(label="allreduce at 1K"))
+try:
+    store.get("args/0", 5)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted")
+print("first to say so:", store.add("aborted/interrupted", 1) == 1, flush=True)
+os.kill(os.getpid(), signal.SIGINT)         # a second one, on the way out
+print("a second SIGINT changed nothing", flush=True)
+"""
+
+
+def test_an_interrupt_during_a_store_request_leaves_the_connection_in_step() -> None:
+    """SIGINT between a request to the control store and its reply (a rank waiting for the
+    others' times) is raised once the reply is read. Before, the interrupted rank's next request
+    (the one that tells the others it was interrupted) read the earlier reply: a traceback
+    (int() of a list of times), and under a bare mpiexec the store host's 'rank 0 ended
+    without a word' while rank 0 waited in MPI_Finalize for ever (-m matrix
+    test_sigint_to_a_bare_mpiexec, twice on a loaded machine)."""
+    proc = subprocess.run([sys.executable, "-c", _HELD], env={**os.environ,
+                                                             "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=BOUND_S)
+    assert proc.stdout.splitlines() == ["interrupted", "first to say so: True",
+                                        "a second SIGINT changed nothing"], \
+        proc.stdout + proc.stderr[-3000:]
+
+
+_QUIET = """
+import sys
+from ccbench.run.control import ControlClient
+from ccbench.run.watchdog import Watchdog
+
+store = ControlClient("127.0.0.1", int(sys.argv[1]), 2, secret=sys.argv[2])
+watchdog = Watchdog(store, 2, 3, 10.0)
+print("giving up", flush=True)
+watchdog._give_up("a rank died")       # rank 0 is dead, rank 1 says so: this one leaves quietly
+"""
+
+
+def test_a_rank_that_leaves_quietly_waits_for_the_one_that_speaks() -> None:
+    """3 ranks, rank 0 killed: rank 1 says why, rank 2 leaves without a line. Before, rank 2
+    left at once, and a bare mpiexec (hydra), which ends every rank once one exits, ended rank
+    1 before its line was out: no line at all (2 runs of 5). Rank 2 now leaves once the line is
+    out ('aborted' set), or after a bound."""
+    from ccbench.run.control import ControlClient, ControlServer
+
+    server = ControlServer("127.0.0.1", 0, world_size=3)
+    try:
+        dead = ControlClient("127.0.0.1", server.port, 0, secret=server.secret)
+        dead._stream.close()                             # rank 0: gone without a goodbye
+        dead._sock.close()
+        speaker = ControlClient("127.0.0.1", server.port, 1, secret=server.secret)
+        deadline = time.monotonic() + BOUND_S
+        while not speaker.prefix("dead/") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert speaker.prefix("dead/"), "rank 0 never seen dead"
+        proc = subprocess.Popen([sys.executable, "-c", _QUIET, str(server.port), server.secret],
+                                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "giving up\n"
+            time.sleep(2.0)         # rank 2 is giving up meanwhile; rank 1 has not spoken yet
+            assert proc.poll() is None, f"rank 2 left before rank 1 spoke: {proc.returncode}"
+            speaker.set("aborted", 1)                    # rank 1's line is out
+            assert proc.wait(timeout=BOUND_S) == 3
+            assert proc.stderr is not None and proc.stderr.read() == ""
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        speaker.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.matrix
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_sigkill_to_rank_0_of_3_under_a_bare_mpiexec(tmp_path: Path) -> None:
+    """One line naming rank 0 dead, from rank 1 (before: none in 2 runs of 5)."""
+    tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "r.jsonl"
+    proc = _start([MPIEXEC, "-n", "3", sys.executable, "-m", "ccbench", *BENCH, "--backend",
+                   "mpi", "--output", str(out)], tag)
+    _mid_run(out, proc)
+    os.kill(_rank_pid(tag, 0, "PMI_RANK"), signal.SIGKILL)
+    err, left = _end(proc, tag, time.monotonic())
+    assert left == [], err[-3000:]
+    assert _one_line(err).endswith("ranks that did not arrive: 0 (dead)"), err[-3000:]
+    assert load_records(out)

@@ -47,8 +47,8 @@ from ccbench.run.arrivals import LATE_GRACE_S
 from ccbench.units import size_text
 
 __all__ = ["CONNECT_TIMEOUT_S", "MAX_LINE_BYTES", "MAX_RANK_LINE_BYTES", "SECRET_VAR",
-           "ControlClient", "ControlServer", "StoreLost", "StoreTimeout", "new_secret",
-           "secret_from_env"]
+           "ControlClient", "ControlServer", "StoreLost", "StoreTimeout", "hold_interrupt",
+           "new_secret", "secret_from_env"]
 
 #: the run's secret, for ranks that learn the store's address from their environment
 SECRET_VAR = "CCBENCH_CONTROL_SECRET"
@@ -555,6 +555,21 @@ def _watch_peer(conn: socket.socket) -> None:
                 return
 
 
+#: the main thread's store exchanges under way, and whether an interrupt came during one
+_MAIN_EXCHANGE = {"busy": 0, "held": False}
+
+
+def hold_interrupt() -> bool:
+    """For a SIGINT handler (it runs in the main thread): whether the main thread is inside a
+    control-store exchange. If it is, the interrupt is held and raised (KeyboardInterrupt) as
+    soon as the reply has been read, so the connection never answers a request with the reply
+    to an earlier one; the handler then returns without raising."""
+    if _MAIN_EXCHANGE["busy"]:
+        _MAIN_EXCHANGE["held"] = True
+        return True
+    return False
+
+
 class ControlClient:
     """One connection per rank. Thread-safe: the watchdog shares it with the main loop.
 
@@ -666,13 +681,34 @@ class ControlClient:
         return other
 
     def _exchange(self, request: dict[str, Any], wait: float = 0.0) -> dict[str, Any]:
+        """One request and its reply, whole: an interrupt (SIGINT) that comes in between is
+        held until the reply is read (`hold_interrupt`), else the next request on this
+        connection would read this one's reply."""
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            _MAIN_EXCHANGE["busy"] += 1
+        try:
+            line = self._exchange_line(request, wait)
+        finally:
+            if main:
+                _MAIN_EXCHANGE["busy"] -= 1
+                if not _MAIN_EXCHANGE["busy"] and _MAIN_EXCHANGE["held"]:
+                    _MAIN_EXCHANGE["held"] = False
+                    raise KeyboardInterrupt
+        if not line:
+            raise StoreLost(f"lost the control store at {self.where} ({self.holder} exited)",
+                            holder=self.holder)
+        reply = json.loads(line)
+        return reply if isinstance(reply, dict) else {"ok": False, "error": "not an object"}
+
+    def _exchange_line(self, request: dict[str, Any], wait: float) -> bytes:
         limit = self.reply_timeout + wait
         with self._lock:
             try:
                 self._sock.settimeout(limit)
                 self._stream.write((json.dumps(request) + "\n").encode())
                 self._stream.flush()
-                line = self._stream.readline()
+                return bytes(self._stream.readline())
             except TimeoutError:
                 raise StoreLost(f"the control store at {self.where} ({self.holder}) did not "
                                 f"answer within {limit:g} s", unresponsive=True,
@@ -680,11 +716,6 @@ class ControlClient:
             except OSError as exc:
                 raise StoreLost(f"lost the control store at {self.where} ({self.holder}): "
                                 f"{exc}", holder=self.holder) from None
-        if not line:
-            raise StoreLost(f"lost the control store at {self.where} ({self.holder} exited)",
-                            holder=self.holder)
-        reply = json.loads(line)
-        return reply if isinstance(reply, dict) else {"ok": False, "error": "not an object"}
 
     def _call(self, request: dict[str, Any], wait: float = 0.0) -> Any:
         reply = self._exchange(request, wait)

@@ -21,7 +21,13 @@ from ccbench.records import Record, append_record
 from ccbench.records.table import journal_path
 from ccbench.records.writer import torn_warning
 from ccbench.run.arrivals import RankStates, await_ranks, rank_states, start_limit
-from ccbench.run.control import ControlClient, ControlServer, StoreLost, StoreTimeout
+from ccbench.run.control import (
+    ControlClient,
+    ControlServer,
+    StoreLost,
+    StoreTimeout,
+    hold_interrupt,
+)
 from ccbench.run.faults import inject
 from ccbench.run.launchers import (
     LaunchInfo,
@@ -105,13 +111,21 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     return status
 
 
-def _note_interrupt(watchdog: Watchdog) -> dict[str, Any]:
+def _note_interrupt(watchdog: Any) -> dict[str, Any]:
     """SIGINT raises KeyboardInterrupt as usual, noting what the rank was doing then (the
-    label changes on the way out, e.g. to the backend's finalisation)."""
+    label changes on the way out, e.g. to the backend's finalisation). Inside a control-store
+    exchange it is raised once the reply is read (ccbench.run.control.hold_interrupt): raised
+    in between, it left that reply to be read as the answer to the rank's next request, the
+    one that tells the others it was interrupted. A second SIGINT, while the rank is already
+    on its way out, changes nothing."""
     noted: dict[str, Any] = {}
 
     def interrupted(_signum: int, _frame: object) -> None:
-        noted.setdefault("label", watchdog.label)
+        if "label" in noted:
+            return
+        noted["label"] = watchdog.label
+        if hold_interrupt():
+            return
         raise KeyboardInterrupt
 
     with contextlib.suppress(ValueError):          # not the main thread: leave it as it is

@@ -29,6 +29,7 @@ EXIT_HUNG = 3
 _POLL_S = 0.2
 _POST_S = 1.0
 _DEAD_GRACE_S = 2.0     # blocked this long while a peer is known dead: give up early
+_SPEAKER_WAIT_S = 10.0  # a rank leaving without a line waits this long at most for the speaker
 
 
 class Watchdog:
@@ -319,7 +320,22 @@ class Watchdog:
             end_stopped(stopped)      # else a bare mpiexec or torchrun waits for them
             _exit(EXIT_HUNG)
         self._giving_up.release()
+        if store_lost is None:
+            self._await_speaker()
         self._leave_quietly(store_lost is None)
+
+    def _await_speaker(self) -> None:
+        """A rank that leaves without a line waits (at most _SPEAKER_WAIT_S) until the rank
+        that says why has said it (it sets 'aborted' once its line is out): a bare mpiexec
+        (hydra) or torchrun ends every rank as soon as one exits, and the speaker, still
+        looking at its peers, was among those ended before its line was out (3 ranks under a
+        bare mpiexec, rank 0 killed: no line at all, 2 runs of 5)."""
+        deadline = time.monotonic() + _SPEAKER_WAIT_S
+        try:
+            while self.store.peek("aborted") is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except StoreLost:
+            pass
 
     def _stopped_peers(self, missing: dict[int, str]) -> dict[int, int]:
         """The peers on this host whose process is stopped (ccbench.run.stopped): named as
