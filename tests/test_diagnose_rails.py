@@ -198,6 +198,14 @@ def rails_args(link: str = "50M", rails: int = RAILS) -> list[str]:
             "--planes", "/".join(f"r{r}p0,r{r}p1" for r in range(rails)), "--no-compute"]
 
 
+def _log(rank: int) -> Any:
+    """Where a rank other than 0 writes its stderr: $CCBENCH_RAILS_LOGS/rank-R.err if set."""
+    folder = os.environ.get("CCBENCH_RAILS_LOGS")
+    if not folder:
+        return subprocess.DEVNULL
+    return open(Path(folder) / f"rank-{rank}.err", "w")  # noqa: SIM115  closed at exit
+
+
 def run_rails(hosts: int, rails: int, args: list[str], port: int,
               limit_s: float = 900.0) -> dict[str, Any]:
     """K ranks on every testbed host (`testbed exec`, the local launcher): rank h x K + i is
@@ -214,7 +222,7 @@ def run_rails(hosts: int, rails: int, args: list[str], port: int,
         [sys.executable, "-m", "ccbench", "testbed", "exec", f"h{rank // rails}", "--", *argv],
         env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank % rails)}, cwd=ROOT,
         stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-        stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True,
+        stderr=subprocess.PIPE if rank == 0 else _log(rank), text=True,
         start_new_session=True) for rank in range(hosts * rails)]
     try:
         out, err = procs[0].communicate(timeout=limit_s)
@@ -238,7 +246,9 @@ def run_rails(hosts: int, rails: int, args: list[str], port: int,
     return {"rc": procs[0].returncode, "seconds": round(seconds, 1), "load_before": load,
             "load_after": float(Path("/proc/loadavg").read_text().split()[0]),
             "findings": verdict.get("findings"), "plan": plan[-1] if plan else None,
-            "stderr_tail": err.strip().splitlines()[-3:], "ranks_killed": left}
+            "stderr_tail": err.strip().splitlines()[-3:],
+            "stdout_tail": [] if verdict.get("findings") is not None
+            else out.strip().splitlines()[-3:], "ranks_killed": left}
 
 
 FAULTS = [("h1:r0", "rate", "16M"), ("h2:r1p1", "down")]

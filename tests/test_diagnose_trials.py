@@ -134,3 +134,34 @@ def test_start_up_timeout_under_the_local_launcher_ends_with_a_verdict_and_1():
         ("start-up timed out", "never arrived: " + findings[0]["hosts"][0])]
     assert findings[0]["hosts"][0].endswith(":r2")
     assert "ranks that did not arrive: 2" in proc.stderr
+
+
+def test_a_port_down_mid_run_is_found_by_probing_again_when_the_run_stops():
+    """A plane port set down mid-run hung its pair's connection; the run stopped with `host
+    stopped` (rank 0) or no verdict (exit 3, another rank first). Rank 0 now probes every
+    host's addresses again: the port that stopped answering is a `port down`, the hosts
+    that waited on it are not stopped."""
+    from ccbench.diagnose.counters import mid_run_down
+
+    labels = {h: ["eth0", "eth1"] for h in range(8)}
+    groups = dict.fromkeys(range(8), 0)
+    down, silent = mid_run_down(0, [[2, ["eth1"]]], labels, groups)
+    assert down == [(2, "eth1")] and silent == []
+    # this host's own eth1 down: no other host answers on eth1
+    down, _ = mid_run_down(0, [[h, ["eth1"]] for h in range(1, 8)], labels, groups)
+    assert down == [(0, "eth1")]
+    # a host that answers on nothing is silent (stopped or all its links down), not a port
+    down, silent = mid_run_down(0, [[5, ["eth0", "eth1", "*"]]], labels, groups)
+    assert down == [] and silent == [5]
+    # rails: units host x 2 + rail; h0's rail-1 plane-1 port down: every other host's rail 1
+    # gives no answer on plane 1 (h0's own rail 1, on this machine, answers)
+    rails = {u: ["0", "1"] for u in range(8)}
+    down, _ = mid_run_down(0, [[u, ["1"]] for u in (3, 5, 7)], rails,
+                           {u: u % 2 for u in range(8)}, local={0, 1})
+    assert down == [(1, "1")]
+    before = _tries(8, lambda a, b, r: 0.95 * LINK, kind="planes", plane="eth1",
+                    rounds=round_robin(8)[:1])          # the plane's first round, fine
+    findings = analyse(before, ABSOLUTE, NAMES8, midrun={"step": "plane eth1 pairs round 2/7",
+                                                     "why": "timed out after 30 s",
+                                                     "down": [[2, "eth1"]]})
+    assert _kinds(findings) == [("port down", "host h2's plane eth1 port")]

@@ -274,11 +274,12 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             stopped: dict[int, str] | None = None,
             counters: dict[int, dict[str, dict[str, Any]]] | None = None,
             reach: dict[int, dict[int, list[str]]] | None = None,
-            startup: dict[str, Any] | None = None) -> list[Finding]:
+            startup: dict[str, Any] | None = None,
+            midrun: dict[str, Any] | None = None) -> list[Finding]:
     """counters: per host, per interface, how its counters changed during the run; reach:
     per host, the other hosts' interfaces that gave no answer before the library started
     (see ccbench.diagnose.counters)."""
-    from ccbench.diagnose.counters import counter_findings, reach_findings
+    from ccbench.diagnose.counters import counter_findings, mid_run_findings, reach_findings
 
     table = pair_table(measures)
     ref = _Reference(table, expect)
@@ -299,7 +300,8 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     findings += compute
     explained |= {names.index(h) for f in compute for h in f.hosts}
     plane_names = sorted({m.plane for m in measures if m.plane})
-    ports = _merge(reach_findings(reach or {}, names, plane_names)
+    ports = _merge(mid_run_findings(midrun or {}, names, plane_names)
+                   + reach_findings(reach or {}, names, plane_names)
                    + counter_findings(counters or {}, names, plane_names)
                    + _plane_findings(measures, ref, names))
     findings += ports

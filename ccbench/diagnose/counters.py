@@ -24,6 +24,7 @@ from typing import Any
 from ccbench.diagnose.analyse import Finding
 
 __all__ = ["counter_deltas", "counter_findings", "down_ports", "interface_addresses",
+           "mid_run_down", "mid_run_findings",
            "probe", "probe_all", "probe_failures", "reach_findings", "read_counters"]
 
 _RTM_GETLINK, _RTM_NEWLINK, _NLMSG_DONE, _NLMSG_ERROR = 18, 16, 3, 2
@@ -301,3 +302,41 @@ def reach_findings(failed: dict[int, dict[int, list[str]]], names: list[str],
                     + ", ".join(names[p] for p in probers)
                     + "), an answer on another", "high", [names[target]])
             for target, name, probers in down_ports(failed, len(names))]
+
+
+def mid_run_down(me: int, failed: list[list[Any]], labels: dict[int, list[str]],
+                 groups: dict[int, int], local: set[int] | None = None
+                 ) -> tuple[list[tuple[int, str]], list[int]]:
+    """One host's probes when the run stopped (`failed`: probe_failures) -> the ports that
+    went down ([(host, interface)]: no answer there while the host answered on another) and
+    the hosts that answered on none. An interface that no other host of a group (a rail)
+    answers on, 2 or more hosts, is this host's own port of that group (`local`: the units
+    on this machine, with --rails its other NICs, which answer here whatever)."""
+    local = (local or set()) | {me}
+    by_target = {int(t): list(names) for t, names in failed}
+    silent = sorted(t for t, names in by_target.items() if "*" in names)
+    down: list[tuple[int, str]] = []
+    for group in sorted(set(groups.values())):
+        targets = [t for t in labels if t not in local and groups.get(t) == group
+                   and t not in silent]
+        for name in sorted({n for t in targets for n in labels[t]}):
+            dark = [t for t in targets if name in by_target.get(t, [])]
+            if len(targets) >= 2 and len(dark) == len(targets):
+                mine = [h for h in local if groups.get(h) == group]
+                down.append((min(mine) if mine else me, name))
+            else:
+                down += [(t, name) for t in dark]
+    return sorted(set(down)), silent
+
+
+def mid_run_findings(midrun: dict[str, Any], names: list[str], planes: list[str]
+                     ) -> list[Finding]:
+    """The ports found down when the run stopped mid-plan: `port down` each (the ranks that
+    waited on them are not stopped hosts)."""
+    return [Finding(_component(names[host], name, planes), "port down",
+                    "no answer mid-run", "answers",
+                    f"went down during the plan: {midrun.get('step', '?')} {midrun.get('why', '')}"
+                    f"; probed again then, no answer on {names[host]}'s "
+                    f"{'plane ' + name if name.isdigit() else name} address, an answer on "
+                    f"another", "high", [names[host]])
+            for host, name in midrun.get("down", []) if 0 <= host < len(names)]

@@ -113,6 +113,8 @@ class Collected:
     #: never_arrived (hosts whose ranks never reached it, or, when all did, those that never
     #: finished it), ranks, world_size
     startup: dict[str, Any] | None = None
+    #: the ports found down when the run stopped mid-plan: step, why, [[host, interface]]
+    midrun: dict[str, Any] | None = None
     #: the records' run-wide fields (library, launcher, world size), once the backend is up
     meta: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -121,6 +123,8 @@ class Collected:
 #: set by rank 0 before it prints the verdict of a run a host stopped answering in: the
 #: other ranks, leaving, end with this status too (not the benchmark's EXIT_HUNG)
 STOPPED_VERDICT_KEY = "diag/stopped-verdict"
+#: a rank other than 0 that gave up first asks rank 0 for the verdict here (why, missing)
+STOP_REQUEST_KEY = "diag/stop-request"
 #: the ranks that reached the library's start-up (start/R) and finished it (up/R)
 STARTUP_KEY = "diag/library/"
 #: how long a rank that gave up first waits for rank 0's verdict before it leaves
@@ -167,8 +171,42 @@ class _DiagnoseWatchdog(Watchdog):
                               if r not in up}
         return {}
 
+    def _check_continued(self) -> None:
+        """Also, on rank 0, every poll: another rank that gave up first asked for the
+        verdict (STOP_REQUEST_KEY); rank 0 gives it, as when it gives up itself."""
+        super()._check_continued()
+        if (self.rank != 0 or self.on_stop is None or self._handing_over
+                or self.blocked_since is None):
+            return
+        with contextlib.suppress(Exception):
+            request = self.store.peek(STOP_REQUEST_KEY)
+            if request is not None and self.store.peek("aborted") is None:
+                self._handing_over = True
+                self._give_up(str(request["why"]),
+                              missing={int(r): w for r, w in request["missing"].items()})
+
+    _handing_over = False
+
     def _give_up(self, why: str, store_lost: Any = None,
                  missing: dict[int, str] | None = None) -> None:
+        if (self.rank != 0 and store_lost is None and self.on_stop is None
+                and not self._handing_over):
+            self._handing_over = True
+            with contextlib.suppress(Exception):    # rank 0 gives the verdict, if it can
+                if self.store.peek("aborted") is None and \
+                        self.store.peek(STOPPED_VERDICT_KEY) is None:
+                    lost = missing if missing is not None else self._missing_ranks(None)
+                    self.store.set(STOP_REQUEST_KEY, {"why": f"rank {self.rank}: {why}",
+                                                      "missing": {str(r): w for r, w
+                                                                  in lost.items()}})
+                    deadline = time.monotonic() + VERDICT_WAIT_S
+                    while time.monotonic() < deadline:
+                        verdict = self.store.peek(STOPPED_VERDICT_KEY)
+                        if verdict is not None:
+                            self._leave_quietly(status=int(verdict))
+                        if self.store.peek("aborted") is not None:
+                            break
+                        time.sleep(0.1)
         if self.rank == 0 and store_lost is None and self.on_stop is not None:
             with contextlib.suppress(Exception):
                 if self.store.peek("aborted") is None:
@@ -231,6 +269,27 @@ class _Rank:
         self.collected: Collected | None = None
         self.counters_before: dict[str, dict[str, Any]] = {}
         self.rail: list[int] = []               # rank -> its rail (--rails)
+        self.addresses: list[dict[str, str] | None] = []   # per rank: its interfaces
+        self.silent_hosts: set[int] = set()
+
+    def ports_down_now(self) -> list[list[Any]]:
+        """Rank 0, when the run stopped: every other host's addresses probed again from here
+        (`mid_run_down`): [[host, interface], ...] that stopped answering; the hosts that
+        answer on none go to `silent_hosts`."""
+        from ccbench.diagnose.counters import mid_run_down
+
+        if not self.addresses:
+            return []
+        me = self.host_of[self.info.rank]
+        failed = probe_failures(me, self.addresses, self.host_of)
+        labels = {self.host_of[r]: sorted(a) for r, a in enumerate(self.addresses) if a}
+        groups = {self.host_of[r]: self.rail[r] if self.rail else 0
+                  for r in range(len(self.host_of))}
+        machine = self.names[me].split(" rail ")[0]
+        local = {h for h, n in enumerate(self.names) if n.split(" rail ")[0] == machine}
+        down, silent = mid_run_down(me, failed, labels, groups, local)
+        self.silent_hosts = set(silent)
+        return [list(d) for d in down]
 
     def my_rail(self) -> int | None:
         return self.rail[self.info.rank] if self.config.rails > 1 and self.rail else None
@@ -549,6 +608,7 @@ class _Rank:
         everyone = self.store.gather("diag/ifaddrs",
                                      self._as_planes(interface_addresses()) if me else None,
                                      self.info.world_size, self.timeout)
+        self.addresses = everyone
         failed = (probe_failures(self.host_of[self.info.rank], everyone, self.host_of)
                   if me else None)
         got = self.store.gather("diag/reach", failed if me else None, self.info.world_size,
@@ -814,8 +874,13 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
             if watchdog.label.endswith(": initialisation"):     # the library's start-up
                 collected.startup = _startup_evidence(watchdog, rank, config)
                 on_stop(collected, why, {})
-            else:
-                on_stop(collected, why, {rank.host_of[r]: why for r in lost})
+                return
+            hosts = {rank.host_of[r]: why for r in lost}
+            down = rank.ports_down_now()
+            if down:        # a port went down mid-run: the ranks waiting on it did not stop
+                collected.midrun = {"step": watchdog.label, "why": why, "down": down}
+                hosts = {h: w for h, w in hosts.items() if h in rank.silent_hosts}
+            on_stop(collected, why, hosts)
         watchdog.on_stop = stopped
         if config.on_plan is not None:
             config.on_plan(steps, rank.names, expect)

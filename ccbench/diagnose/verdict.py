@@ -40,7 +40,8 @@ def findings_of(collected: Any, oversub: float = 1.0) -> list[Finding]:
     return analyse(collected.measures, collected.expect, collected.names,
                    collected.compute_s, collected.leaves, oversub, collected.world,
                    collected.stopped, getattr(collected, "counters", None),
-                   getattr(collected, "reach", None), getattr(collected, "startup", None))
+                   getattr(collected, "reach", None), getattr(collected, "startup", None),
+                   getattr(collected, "midrun", None))
 
 
 def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
