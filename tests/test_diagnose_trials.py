@@ -165,3 +165,17 @@ def test_a_port_down_mid_run_is_found_by_probing_again_when_the_run_stops():
                                                      "why": "timed out after 30 s",
                                                      "down": [[2, "eth1"]]})
     assert _kinds(findings) == [("port down", "host h2's plane eth1 port")]
+
+
+def test_a_port_its_counters_found_down_explains_its_pair_on_that_plane():
+    """Set down between two plane rounds: its counters say so, and its one pair probed after
+    got no answer; that pair read as a second finding, `path down`."""
+    fine = 0.95 * LINK
+    measures = _tries(8, lambda a, b, r: fine)
+    measures += _tries(8, lambda a, b, r: fine, kind="planes", plane="eth1",
+                       rounds=round_robin(8)[:6])
+    measures += _tries(8, lambda a, b, r: fine, kind="planes", plane="eth1",
+                       rounds=round_robin(8)[6:], down=(2,))
+    counters = {2: {"eth1": {"carrier_changes": 1, "state_before": "up", "state": "down"}}}
+    findings = analyse(measures, ABSOLUTE, NAMES8, counters=counters)
+    assert _kinds(findings) == [("port down", "host h2's plane eth1 port")], _kinds(findings)

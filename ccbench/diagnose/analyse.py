@@ -304,6 +304,13 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
                    + reach_findings(reach or {}, names, plane_names)
                    + counter_findings(counters or {}, names, plane_names)
                    + _plane_findings(measures, ref, names))
+    # a pair's path on a plane where one of its hosts' port is found down or slow by its
+    # counters or the probes (not only by that plane's pairs): that port, not the path
+    flagged_ports = {f.component for f in ports if f.hosts}
+    ports = [f for f in ports if not (
+        f.component.startswith("pair ") and " path on plane " in f.component and f.pairs
+        and any(port_component(h, f.component.rsplit(" path on plane ", 1)[1])
+                in flagged_ports for h in f.pairs[0]))]
     findings += ports
     explained |= {names.index(h) for f in ports for h in f.hosts}
     done_pairs = {(names.index(a), names.index(b)) for f in ports for a, b in f.pairs
