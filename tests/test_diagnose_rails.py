@@ -158,6 +158,17 @@ def test_counters_and_reach_name_the_rail_and_plane():
                                                        "host h0 rail 1 plane 0 port")]
 
 
+def test_a_nic_address_without_answer_is_its_port_that_is_down():
+    """h2's rail-1 plane-1 port down: a probe of its NIC's own address (ECMP over both
+    ports) hashed onto the dead next hop got no answer too (1 of 3 testbed runs): the port,
+    one finding."""
+    failed = {p: {_nic(2, 1): ["1", "NIC"]} for p in range(HOSTS * RAILS) if p // RAILS != 2}
+    measures = _rail_tries(lambda a, b, p: 0.95 * LINK, down=[(_nic(2, 1), "1")])
+    findings = analyse(measures, ABSOLUTE, NAMES, reach=failed)
+    assert [(f.kind, f.component) for f in findings] == [
+        ("port down", "host h2 rail 1 plane 1 port")]
+
+
 def test_healthy_rails_have_no_finding():
     for seed in range(5):
         assert analyse(_rail_tries(lambda a, b, p: 0.95 * LINK, seed=seed), ABSOLUTE,

@@ -307,6 +307,13 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     # a pair's path on a plane where one of its hosts' port is found down or slow by its
     # counters or the probes (not only by that plane's pairs): that port, not the path
     flagged_ports = {f.component for f in ports if f.hosts}
+    # a rail's NIC address is reached over its ports (ECMP): no answer on it while one of
+    # its ports is down is that port (a probe hashed onto the dead next hop)
+    port_hosts = {f.hosts[0] for f in ports if f.hosts and f.kind == "port down"
+                  and f.component.endswith(" port") and " plane " in f.component}
+    ports = [f for f in ports if not (f.kind == "port down" and f.hosts
+                                      and f.component == link_component(f.hosts[0])
+                                      and f.hosts[0] in port_hosts)]
     ports = [f for f in ports if not (
         f.component.startswith("pair ") and " path on plane " in f.component and f.pairs
         and any(port_component(h, f.component.rsplit(" path on plane ", 1)[1])
