@@ -20,6 +20,13 @@ def entry() -> None:
     """Run the command line; the imports are inside so that an interrupt during them is
     answered as one during the run is."""
     try:
+        from ccbench.run.terminated import Terminated
+        from ccbench.run.terminated import install as catch_sigterm
+
+        catch_sigterm()         # under torchrun, SIGTERM before the watchdog runs is one line
+    except KeyboardInterrupt:
+        _interrupted()
+    try:
         from ccbench.cli import main
         from ccbench.run.exit import leave
         from ccbench.run.torchrun_errors import install
@@ -37,6 +44,10 @@ def entry() -> None:
             status = 1
     except KeyboardInterrupt:
         _interrupted()
+    except Terminated:
+        from ccbench.run.terminated import leave as leave_terminated
+
+        leave_terminated()
     leave(status)
 
 

@@ -5,6 +5,7 @@ seconds are printed (`pytest -s`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -353,3 +354,58 @@ def test_sigkill_to_rank_0_of_3_under_a_bare_mpiexec(tmp_path: Path) -> None:
     assert left == [], err[-3000:]
     assert _one_line(err).endswith("ranks that did not arrive: 0 (dead)"), err[-3000:]
     assert load_records(out)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (/proc/PID/status SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def _sizes(out: Path) -> int:
+    return len(load_records(out)) if out.exists() else 0
+
+
+@pytest.mark.matrix
+def test_sigterm_to_rank_0_under_torchrun_while_it_starts(tmp_path: Path) -> None:
+    """SIGTERM to rank 0 while it imports: one line naming it (before: none, only torchrun's
+    'Signal 15 (SIGTERM) received by PID ...'), also torchrun's root cause; rank 1, which
+    torchrun then stops, adds none."""
+    tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
+    proc = _start([TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", *BENCH, "--backend",
+                   "gloo", "--output", str(tmp_path / "r.jsonl")], tag)
+    deadline = time.monotonic() + BOUND_S
+    victim = None
+    while victim is None or not _catches(victim, signal.SIGTERM):
+        # from the first moment rank 0 handles SIGTERM: it has just begun importing ccbench
+        # (in the tenth of a second before, the interpreter starts and SIGTERM's default
+        # action ends it without a word: a limit, docs/design/failures.md)
+        assert time.monotonic() < deadline and proc.poll() is None, "rank 0 never started"
+        with contextlib.suppress(AssertionError):
+            victim = _rank_pid(tag, 0, "RANK")
+        time.sleep(0.005)
+    os.kill(victim, signal.SIGTERM)
+    err, left = _end(proc, tag, time.monotonic())
+    assert left == [], err[-3000:]
+    line = _one_line(err)
+    assert "start-up: rank 0 was terminated (SIGTERM)" in line, line
+    assert f"traceback : {line}" in err, err[-3000:]          # torchrun's root cause
+
+
+@pytest.mark.matrix
+def test_sigkill_to_torchrun_ends_its_workers(tmp_path: Path) -> None:
+    """torchrun killed mid-run: its workers notice (they watch it from start-up) and stop,
+    with one line, keeping the records written. Before, they measured every remaining size
+    with nobody to report to (53-118 s on this machine)."""
+    out = tmp_path / "r.jsonl"
+    cmd = [TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", *BENCH, "--backend", "gloo"]
+    proc, err, left = _fault(cmd, "RANK", signal.SIGKILL, out, target="launcher")
+    assert left == [], err[-3000:]
+    line = _one_line(err)
+    assert "the launcher (torchrun, pid " in line and "ended while rank 0 ran" in line, line
+    # not every size measured: they stopped (11 sizes 1K-1M, in place and out of place)
+    assert 0 < _sizes(out) < 22, _sizes(out)

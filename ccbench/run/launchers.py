@@ -53,6 +53,7 @@ from ccbench.run.secretfile import (
     write_secret_file,
 )
 from ccbench.run.storehost import start_store_host
+from ccbench.run.terminated import real_stderr
 
 __all__ = ["CONTROL_FD_VAR", "MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control",
            "detect_launch", "expand_nodelist", "mpiexec_beside", "published_address",
@@ -440,9 +441,11 @@ def _native_stderr_silenced() -> Iterator[None]:
     sys.stderr.flush()
     saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)
+    real_stderr(saved)                    # a SIGTERM meanwhile is still said (run.terminated)
     try:
         yield
     finally:
         os.dup2(saved, 2)
+        real_stderr(None)
         os.close(saved)
         os.close(null)

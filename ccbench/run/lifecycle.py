@@ -35,6 +35,7 @@ from ccbench.run.launchers import (
     hosted_apart,
     spoken_before_connecting,
 )
+from ccbench.run.lifeline import describe
 from ccbench.run.watchdog import Watchdog
 
 __all__ = ["agree_on_arguments", "append_output", "close_control", "rank_lifecycle"]
@@ -63,6 +64,7 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
     watchdog.rank_states = functools.partial(rank_states, info.launcher, info.world_size,
                                              info.local_world_size)
     watchdog.start()
+    describe(lambda: watchdog.label)    # for the line should the launcher go (run.lifeline)
     shared: BaseException | None = None
     at_interrupt = _note_interrupt(watchdog)
     try:

@@ -18,6 +18,7 @@ from typing import Any
 from ccbench.errors import RunFailure, error_line
 from ccbench.run.arrivals import LATE_GRACE_S, RankStates
 from ccbench.run.control import ControlClient, StoreLost
+from ccbench.run.lifeline import launcher_gone
 from ccbench.run.secretfile import remove_written
 from ccbench.run.stopped import end as end_stopped
 from ccbench.run.stopped import stopped_peers
@@ -100,7 +101,11 @@ class Watchdog:
         self._thread.join(timeout=5)
         if self._wakeup is not None and threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGTERM, self._previous_term)
+            # the start-up handler (ccbench.run.terminated) is for start-up only: after the
+            # run, SIGTERM ends the process as it always did
+            previous = signal.SIG_DFL if getattr(self._previous_term, "startup_only", False) \
+                else self._previous_term
+            signal.signal(signal.SIGTERM, previous)
             if self.terminated:                 # asked to end while this thread was stopping
                 os.kill(os.getpid(), signal.SIGTERM)
         self.store.close()
@@ -291,6 +296,8 @@ class Watchdog:
                  missing: dict[int, str] | None = None) -> None:
         # the main thread (a library error) and this thread (a timeout) may both get here
         self._giving_up.acquire()
+        if launcher_gone():           # every rank is leaving: the lifeline says why, once
+            _exit(EXIT_HUNG)
         try:
             if store_lost is None and self.store.peek("aborted") is not None:
                 self._leave_quietly()         # another rank has already said why
