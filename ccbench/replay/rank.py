@@ -10,7 +10,7 @@ Per backend, two passes over this rank's ops, in trace order:
    as sleeps), repeated; its time is the max over ranks, median over repetitions.
 
 Where the trace has the job's own time of its calls, a pass before these issues every op
-once, in trace order, on buffers not used before, as the job did (`as_issued`), and times
+once, in trace order, on buffers new to the pass, as the job did (`as_issued`), and times
 each call as the job's time is read (`call_time`): from the last of its ranks' issue to the
 last rank's completion, on the host's clock.
 """
@@ -343,10 +343,10 @@ class _Rank:
 
     def as_issued(self, number: int, backend: Backend, subs: dict[Group, Backend | str]
                   ) -> None:
-        """Every op once, in trace order, back to back, each on buffers of its own not used
-        before (a job's calls in one step are each issued once), after one barrier: per
-        call this rank's issue and completion on the host's clock (an exchange's calls: its
-        posting and completion), for call_time."""
+        """Every op once, in trace order, back to back, on buffers new to this pass (one set
+        per kind and size of call, as the sequence binds them; a job's calls in one step are
+        each issued once), after one barrier: per call this rank's issue and completion on
+        the host's clock (an exchange's calls: its posting and completion), for call_time."""
         cache: dict[Any, Any] = {}
         calls = self._bind_all(subs, cache)
         step = _STEP_BASE * (number + 1) + _STEP_BASE // 4
