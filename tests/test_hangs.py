@@ -409,3 +409,30 @@ def test_sigkill_to_torchrun_ends_its_workers(tmp_path: Path) -> None:
     assert "the launcher (torchrun, pid " in line and "ended while rank 0 ran" in line, line
     # not every size measured: they stopped (11 sizes 1K-1M, in place and out of place)
     assert 0 < _sizes(out) < 22, _sizes(out)
+
+
+@pytest.mark.matrix
+def test_sigterm_to_a_late_rank_under_torchrun_is_its_line_alone(tmp_path: Path) -> None:
+    """Rank 1 still starting (late by 60 s), rank 0 waiting for it with its watchdog running:
+    SIGTERM to rank 1 is rank 1's line alone. Before, rank 0, stopped by torchrun then, added
+    'the launcher stopped the run (SIGTERM to every rank)'."""
+    tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([TORCHRUN, "--nproc-per-node", "2", "-m", "ccbench", *BENCH,
+                             "--backend", "gloo", "--output", str(tmp_path / "r.jsonl")],
+                            env={**os.environ, "CCBENCH_FAULT_TAG": tag, "PYTHONPATH": str(ROOT),
+                                 "CCBENCH_FAULT": "start-up:1:late",
+                                 "CCBENCH_FAULT_LATE_S": "60"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + BOUND_S
+    late = first = None
+    # rank 1 handles SIGTERM (it is starting); rank 0's watchdog runs (it handles SIGCONT)
+    while late is None or first is None or not _catches(late, signal.SIGTERM) \
+            or not _catches(first, signal.SIGCONT):
+        assert time.monotonic() < deadline and proc.poll() is None, "the ranks never started"
+        with contextlib.suppress(AssertionError):
+            late, first = _rank_pid(tag, 1, "RANK"), _rank_pid(tag, 0, "RANK")
+        time.sleep(0.02)
+    os.kill(late, signal.SIGTERM)
+    err, left = _end(proc, tag, time.monotonic())
+    assert left == [], err[-3000:]
+    assert "start-up: rank 1 was terminated (SIGTERM)" in _one_line(err), err[-3000:]

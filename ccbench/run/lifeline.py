@@ -15,7 +15,7 @@ A worker of torchrun has no such variable: torchrun starts it (its parent) and, 
 (`hold`), and once it is gone ends at once: local rank 0 says so in one line, the
 records already written are whole (each is fsynced when its size finishes), and the others
 leave without a line (`launcher_gone` keeps a rank's watchdog from reporting the ranks that
-went with it). A bare mpiexec needs none of this: killed, its proxy ends the ranks.
+went with it). A bare Intel MPI mpiexec needs none of this: killed, its proxy ends the ranks.
 """
 
 from __future__ import annotations

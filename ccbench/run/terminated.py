@@ -20,7 +20,8 @@ from typing import Any
 
 from ccbench.run import procfs
 
-__all__ = ["Terminated", "install", "leave", "real_stderr", "startup_handler", "terminated_line"]
+__all__ = ["Terminated", "install", "leave", "peer_said_why", "real_stderr",
+           "startup_handler", "terminated_line"]
 
 _RUN_VAR = "TORCHELASTIC_RUN_ID"
 #: where stderr really goes while fd 2 is pointed at /dev/null (ccbench.run.launchers silences
@@ -101,3 +102,28 @@ def leave() -> None:
 
     remove_written()
     os._exit(128 + signal.SIGTERM)
+
+
+def peer_said_why() -> bool:
+    """Under torchrun, whether another worker of this run on this host has said why it ended:
+    its error file (TORCHELASTIC_ERROR_FILE, one per local rank: .../attempt_N/LOCAL_RANK/
+    error.json, which ccbench.run.torchrun_errors fills with the line) holds a ccbench error
+    line. A worker ended by SIGTERM while it started has said so before it reached the control
+    store, where the others would have read it."""
+    from pathlib import Path
+
+    from ccbench.errors import ERROR_PREFIX
+    from ccbench.run.torchrun_errors import ERROR_FILE_VAR
+
+    own = os.environ.get(ERROR_FILE_VAR)
+    if not own or _RUN_VAR not in os.environ:
+        return False
+    mine = Path(own)
+    for peer in mine.parent.parent.iterdir() if mine.parent.parent.is_dir() else ():
+        if peer != mine.parent and peer.name.isdigit():
+            try:
+                if ERROR_PREFIX in (peer / mine.name).read_text(errors="replace")[:65536]:
+                    return True
+            except OSError:
+                continue
+    return False

@@ -23,6 +23,7 @@ from ccbench.run.secretfile import remove_written
 from ccbench.run.stopped import end as end_stopped
 from ccbench.run.stopped import stopped_peers
 from ccbench.run.storehost import LABEL_KEY
+from ccbench.run.terminated import peer_said_why
 
 __all__ = ["Watchdog"]
 
@@ -248,7 +249,8 @@ class Watchdog:
     def _on_terminate(self) -> None:
         """SIGTERM: when a peer is known dead, the launcher is stopping the rest because of it,
         so say so (once, from the lowest live rank). Where a rank has already said why (it was
-        interrupted, refused the secret file before it could reach the store), leave without
+        interrupted, refused the secret file before it could reach the store, terminated while it
+        started: ccbench.run.terminated), leave without
         a line. Otherwise the launcher itself was told to stop (SIGTERM to torchrun): the
         first rank to get here says so, every rank leaves on purpose (not to be named dead by
         the others), rank 0 last."""
@@ -257,8 +259,9 @@ class Watchdog:
                 {key.split("/")[1] for key in left}:
             self._give_up("a rank died (the launcher then sent SIGTERM)")
         with self._giving_up:
-            if self.store.peek("aborted") is None and self.spoken_elsewhere is not None \
-                    and self.spoken_elsewhere():
+            if self.store.peek("aborted") is None and (
+                    (self.spoken_elsewhere is not None and self.spoken_elsewhere())
+                    or peer_said_why()):
                 self.store.set("aborted", self.rank)       # said: the others leave quietly
             if self.store.peek("aborted") is None and \
                     self.store.add("aborted/terminated", 1) == 1:
@@ -303,6 +306,8 @@ class Watchdog:
                 self._leave_quietly()         # another rank has already said why
         except StoreLost as lost:
             store_lost = lost
+        if peer_said_why():                   # a peer said why before it reached the store
+            self._leave_quietly(store_lost is None)
         if missing is None or store_lost is not None:
             missing = self._missing_ranks(store_lost)
         self._check_continued()
