@@ -16,7 +16,6 @@ link speeds are (`parse_rate`). Shown as tc writes them (`format_rate`: 250Mbit/
 from __future__ import annotations
 
 import math
-
 import re
 
 from ccbench.errors import UsageError

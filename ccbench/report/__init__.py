@@ -229,8 +229,8 @@ class _Doc:
                "margin:1em 0;font-size:90%}th,td{padding:3px 8px;border-bottom:1px solid #ddd}"
                "td.r{text-align:right;font-variant-numeric:tabular-nums}th{text-align:left}"
                "code{background:#f4f4f4;padding:0 3px}figure{margin:1em 0}"
-               f"figcaption{{color:#555;font-size:85%}}figure img{{width:{round(self.print_width_in * 100)}px;"
-               "max-width:100%}"
+               "figcaption{color:#555;font-size:85%}"
+               f"figure img{{width:{round(self.print_width_in * 100)}px;max-width:100%}}"
                ".toc{columns:2}")
         return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f"<title>{esc(title)}</title><style>{css}</style></head><body>\n"
