@@ -123,9 +123,9 @@ def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) 
 
 
 def main(args: argparse.Namespace) -> int:
+    from ccbench.bench.output import check_writable_file
     from ccbench.model.fit import calibrate, summarize_validation, validate_world_sizes
     from ccbench.model.modelfile import build_model, save_model
-    from ccbench.output import check_writable_file
 
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")

@@ -27,17 +27,17 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
+from ccbench.bench.harness import Case, Method, measure_size
+from ccbench.bench.stats import summarize
 from ccbench.collectives import busbw_factor, layout
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
-from ccbench.harness import Case, Method, measure_size
-from ccbench.record import Record
+from ccbench.records import Record
 from ccbench.replay.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare, prepare_exchange
 from ccbench.run.control import ControlClient
 from ccbench.run.faults import inject
 from ccbench.run.launchers import LaunchInfo, detect_launch
 from ccbench.run.watchdog import Watchdog
-from ccbench.stats import summarize
 from ccbench.trace.groups import ambiguous_calls
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
@@ -403,7 +403,7 @@ def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]
     """One rank's replay, in the benchmark's rank lifecycle (ccbench.run.lifecycle.rank_lifecycle:
     start-up waits, watchdog, step labels, fault points, exit alarm). Returns (exit status,
     rank 0: per backend its results)."""
-    from ccbench.bench_options import connect_timeout
+    from ccbench.bench.options import connect_timeout
     from ccbench.run.launchers import require_mpi_launcher
     from ccbench.run.lifecycle import rank_lifecycle
 
