@@ -343,7 +343,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     ops = parse_ops(args.op)
     check_flags(vars(args))                     # limits and cross-option rules
     _check_consistency(args, backends)
-    from ccbench.bench.output import check_output_file, wants_default_output
+    from ccbench.bench.output.files import check_output_file, wants_default_output
 
     if args.output and args.no_output:
         raise UsageError(f"--no-output contradicts --output {args.output!r} (give one)")

@@ -23,7 +23,7 @@ from test_hostile_input import fit_records
 
 import ccbench.commands.merge as merge_command
 import ccbench.records.table as table
-from ccbench.bench.output import check_output_file
+from ccbench.bench.output.files import check_output_file
 from ccbench.errors import UsageError
 from ccbench.formats import load_trace
 from ccbench.formats.chakra import comm_coll_node, write_trace

@@ -8,7 +8,7 @@
 - `stats.py` -- the statistics of a sample and of two (bootstrap, Welch);
 - `repeats.py` -- `ccbench launch --repeat`: the launches and their spread;
 - `familiar.py` -- other tools' flags (nccl-tests, OSU, PARAM) and the combine labels;
-- `output.py` -- what rank 0 prints and the results file's checks.
+- `output/` -- what rank 0 prints and the results file's checks.
 
 Importing this package imports none of its modules: `ccbench.bench.options` and
 `ccbench.bench.stats` are read by sweeps, reports and commands without a backend loading.

@@ -18,7 +18,7 @@ from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.bench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
 from ccbench.bench.options import COMBINE_LABELS, method_record
-from ccbench.bench.output import Progress, TableWriter, make_writer
+from ccbench.bench.output.files import Progress, TableWriter, make_writer
 from ccbench.bench.repeats import repeat_from_env
 from ccbench.collectives import REDUCING, layout
 from ccbench.collectives import get as get_collective
@@ -317,7 +317,7 @@ def run_benchmark(config: BenchConfig) -> int:
     def body(store: ControlClient, watchdog: Watchdog) -> int:
         _check_memory(config, info)
         if config.keep_records and config.output is None and info.rank == 0:
-            from ccbench.bench.output import new_records_file
+            from ccbench.bench.output.files import new_records_file
 
             chosen[0] = config.output = new_records_file()     # only rank 0 writes records
         runs.append(_Run(config, info, store, repeat))
@@ -330,7 +330,7 @@ def run_benchmark(config: BenchConfig) -> int:
     if status and runs and runs[0].wrong_cases:     # rank 0 says why, last: what a launcher reports
         raise RunFailure(_wrong_line(runs[0].wrong_total, runs[0].wrong_cases, config.output))
     if chosen[0] is not None and os.path.exists(chosen[0]):
-        from ccbench.bench.output import say_where_records_are
+        from ccbench.bench.output.files import say_where_records_are
 
         say_where_records_are(chosen[0])
     return status

@@ -123,7 +123,7 @@ def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) 
 
 
 def main(args: argparse.Namespace) -> int:
-    from ccbench.bench.output import check_writable_file
+    from ccbench.bench.output.files import check_writable_file
     from ccbench.model.fit import calibrate, summarize_validation, validate_world_sizes
     from ccbench.model.modelfile import build_model, save_model
 

@@ -300,7 +300,7 @@ def main(args: argparse.Namespace) -> int:
 
     config, leaves = _config(args)
     if args.output:
-        from ccbench.bench.output import check_output_file
+        from ccbench.bench.output.files import check_output_file
 
         check_output_file(args.output)
     plan_stream = sys.stderr if args.format == "json" else sys.stdout

@@ -78,7 +78,7 @@ def measuring_plan(bench: list[str], nprocs: int | None = None) -> LaunchPlan:
     """What `ccbench launch` starts for a measurement: its arguments (with the records file it
     keeps when none is named), backends (each group of those that need MPI and those that do
     not in a launch of its own), rank count (default: supervisor.default_nprocs)."""
-    from ccbench.bench.output import new_records_file
+    from ccbench.bench.output.files import new_records_file
     from ccbench.bench.runner import check_measurable
     from ccbench.cli import bench_parser, check_command_word, config_from_args
 
@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
     said: list[str] = []        # the records line, once: before the error line of a failure
 
     def records_so_far() -> str | None:
-        from ccbench.bench.output import records_line
+        from ccbench.bench.output.files import records_line
 
         if said or not saved or not os.path.exists(saved):
             return None
@@ -164,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
 
         status = repeat_launches(args.repeat, launch, bench, output, fmt)
     if saved and os.path.exists(saved) and not said:
-        from ccbench.bench.output import say_where_records_are
+        from ccbench.bench.output.files import say_where_records_are
 
         say_where_records_are(saved)
     return status

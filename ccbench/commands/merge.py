@@ -78,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise UsageError(f"-o {str(out)!r} is a folder; name a .jsonl or .parquet file")
     check_not_symlink(out)
-    from ccbench.bench.output import check_holds_records
+    from ccbench.bench.output.files import check_holds_records
 
     check_holds_records(str(out), "-o")           # as -O and simulate -o: records files only
     # OUT may be an input that a run is appending to: its lock is held from the read to the
