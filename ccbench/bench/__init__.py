@@ -8,7 +8,9 @@
 - `stats.py` -- the statistics of a sample and of two (bootstrap, Welch);
 - `repeats.py` -- `ccbench launch --repeat`: the launches and their spread;
 - `familiar.py` -- other tools' flags (nccl-tests, OSU, PARAM) and the combine labels;
-- `output/` -- what rank 0 prints and the results file's checks.
+- `output/` -- by job: `files.py` (the output-file policy), the writers of --format
+  (`table.py`, `json_lines.py`, `csv_rows.py`, `osu.py`; `writers.py` picks one) and
+  `progress.py` (the bar).
 
 Importing this package imports none of its modules: `ccbench.bench.options` and
 `ccbench.bench.stats` are read by sweeps, reports and commands without a backend loading.

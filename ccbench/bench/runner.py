@@ -18,7 +18,9 @@ from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.bench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
 from ccbench.bench.options import COMBINE_LABELS, method_record
-from ccbench.bench.output.files import Progress, TableWriter, make_writer
+from ccbench.bench.output.progress import Progress
+from ccbench.bench.output.table import TableWriter
+from ccbench.bench.output.writers import make_writer
 from ccbench.bench.repeats import repeat_from_env
 from ccbench.collectives import REDUCING, layout
 from ccbench.collectives import get as get_collective
