@@ -21,7 +21,7 @@ from ccbench.bench.options import COMBINE_LABELS, method_record
 from ccbench.bench.output.progress import Progress
 from ccbench.bench.output.table import TableWriter
 from ccbench.bench.output.writers import make_writer
-from ccbench.bench.repeats import repeat_from_env
+from ccbench.bench.repeats import RepeatIndex, repeat_from_env
 from ccbench.collectives import REDUCING, layout
 from ccbench.collectives import get as get_collective
 from ccbench.dtypes import numpy_dtype
@@ -146,7 +146,7 @@ def _placement(device: str, ranks_on_node: int) -> dict[str, Any]:
 
 class _Run:
     def __init__(self, config: BenchConfig, info: LaunchInfo, store: ControlClient,
-                 repeat: dict[str, Any] | None = None) -> None:
+                 repeat: RepeatIndex | None = None) -> None:
         self.config, self.info, self.store = config, info, store
         self.repeat = repeat or {}         # which launch of `ccbench launch --repeat N`
         self.is_root = info.rank == 0
