@@ -12,7 +12,7 @@ over ranks as ccbench combines it (max over ranks per sample), its median is tak
 and the ratio is formed within each block; a launch's figure is the median over its blocks,
 and the table gives the median over launches with the spread between them.
 
-gloo: ccbench's per-op loop (ccbench.harness's own sampling function, its watchdog running, the
+gloo: ccbench's per-op loop (ccbench.bench.harness's own sampling function, its watchdog running, the
 backend's bound call) against `dist.barrier(); t = clock(); dist.all_reduce(x); clock() - t`.
 
 mpi: ccbench per-op against the same mpi4py call in a bare Python loop; ccbench pipelined
@@ -123,9 +123,9 @@ Variant = Callable[[Any, Any, Any, int], list[float]]   # (bufs, case, method, n
 
 
 def _ccbench_loop() -> Callable[..., Variant]:
-    """ccbench.harness's own sampling loop (per-op or pipelined, by the Method given)."""
+    """ccbench.bench.harness's own sampling loop (per-op or pipelined, by the Method given)."""
     def make(backend: Any, watchdog: Any) -> Variant:
-        from ccbench.harness import Method, _timed_samples
+        from ccbench.bench.harness import Method, _timed_samples
 
         def run(bufs: Any, case: Any, method: Method, n: int) -> list[float]:
             return _timed_samples(backend, case, bufs, method, watchdog, n)[0]
@@ -199,8 +199,8 @@ def _mpi_variants(backend: Any, folder: Path) -> dict[str, Callable[..., Variant
 def _measure(backend: Any, watchdog: Any, variants: dict[str, Callable[..., Variant]],
              size: int, args: argparse.Namespace) -> dict[str, list[list[float]]]:
     """{variant: [block samples ...]} for one size, blocks alternating in order."""
+    from ccbench.bench.harness import Case, Method, _Buffers
     from ccbench.collectives import layout
-    from ccbench.harness import Case, Method, _Buffers
 
     case = Case("allreduce", "float32", "sum", inplace=args.backend == "gloo")
     lay = layout("allreduce", size, 4, 2)

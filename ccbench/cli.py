@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ccbench import __version__
-from ccbench.bench_options import (
+from ccbench.bench.familiar import add_familiar_arguments, resolve_familiar
+from ccbench.bench.options import (
     GivenStore,
     add_options,
     check_flags,
@@ -27,7 +28,6 @@ from ccbench.bench_options import (
 from ccbench.collectives import COLLECTIVES, OPS, parse_collectives, parse_ops
 from ccbench.dtypes import DTYPES, parse_dtypes
 from ccbench.errors import RunFailure, UsageError, error_line
-from ccbench.familiar import add_familiar_arguments, resolve_familiar
 from ccbench.units import parse_sizes
 
 SUBCOMMANDS = ("launch", "doctor", "algorithms", "calibrate", "simulate", "export", "sweep",
@@ -136,7 +136,7 @@ def _listed(names: Sequence[str], last: str = "and") -> str:
 
 
 def option_words() -> dict[str, str]:
-    """The registries' names that option help texts show (bench_options.HELP_WORDS)."""
+    """The registries' names that option help texts show (bench.options.HELP_WORDS)."""
     from ccbench.backends import device_backends, reading
     from ccbench.collectives import ROOTED
 
@@ -302,7 +302,7 @@ def _check_device(device: str) -> None:
 
 
 def _apply_environment(args: argparse.Namespace) -> None:
-    """CCBENCH_<OPTION> settings (bench_options.environment_settings) where the command line
+    """CCBENCH_<OPTION> settings (bench.options.environment_settings) where the command line
     did not set that option; sizes only where no other tool's size flags were given either."""
     other_sizes = any(getattr(args, name, None) not in (None, "") for name in
                       ("minbytes", "maxbytes", "osu_sizes", "param_b", "param_e", "param_f",
@@ -324,7 +324,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     process is left as it was (the rank applies what its libraries read from it:
     runner.run_benchmark, Backend.prepare_process)."""
     from ccbench.backends import default_backend, default_device, parse_backends
-    from ccbench.runner import BenchConfig
+    from ccbench.bench.runner import BenchConfig
 
     _apply_environment(args)                    # CCBENCH_SIZES ...: below the command line
     resolve_familiar(args)                      # other tools' flags -> ccbench's settings
@@ -343,7 +343,7 @@ def config_from_args(args: argparse.Namespace, argv: Sequence[str]):  # -> Bench
     ops = parse_ops(args.op)
     check_flags(vars(args))                     # limits and cross-option rules
     _check_consistency(args, backends)
-    from ccbench.output import check_output_file, wants_default_output
+    from ccbench.bench.output.files import check_output_file, wants_default_output
 
     if args.output and args.no_output:
         raise UsageError(f"--no-output contradicts --output {args.output!r} (give one)")
@@ -462,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         asks_help = any(arg in ("-h", "--help") for arg in argv)
         args = bench_parser(list_subcommands=asks_help).parse_args(argv)
         config = config_from_args(args, argv)
-        from ccbench.runner import run_benchmark
+        from ccbench.bench.runner import run_benchmark
 
         library_output_to_stderr()
 

@@ -1,6 +1,6 @@
 """Write the documentation that is made from the code, so that it cannot drift from it:
 
-* README.md, between its `options` markers: the method options' table (ccbench.bench_options);
+* README.md, between its `options` markers: the method options' table (ccbench.bench.options);
 * docs/reference/cli.md: every flag of the benchmark and of every subcommand, from their
   argparse parsers;
 * docs/reference/records.md: the record's fields, from ccbench.records.schema.Record.
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ccbench import cli  # noqa: E402
-from ccbench.bench_options import BENCH_OPTIONS, ENV_AXES, env_name, run_method_keys  # noqa: E402
+from ccbench.bench.options import BENCH_OPTIONS, ENV_AXES, env_name, run_method_keys  # noqa: E402
 from ccbench.records.schema import SCHEMA, SCHEMA_VERSION, Record  # noqa: E402
 
 README = ROOT / "README.md"
@@ -157,7 +157,7 @@ def records_reference() -> str:
         f"`{SCHEMA}` version {SCHEMA_VERSION}; a reader refuses a version it does not know. "
         "Times are microseconds, bandwidths GB/s (1 GB = 1e9 bytes), sizes bytes.", "",
         *rows, "",
-        "A measurement's records share these `method` entries (`bench_options.method_record`: "
+        "A measurement's records share these `method` entries (`bench.options.method_record`: "
         "one per method option, under the name it declares, then the run's): "
         f"{', '.join(f'`{key}`' for key in run_method_keys())}; `iters` and `warmup` there "
         "are what was asked, the record's `iterations` and `warmup` what ran. Its backend "

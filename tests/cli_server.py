@@ -69,8 +69,8 @@ def _answer(message: dict) -> None:
 def serve() -> None:
     import torch  # noqa: F401  (what every ccbench run imports first: once, here)
 
+    import ccbench.bench.runner  # noqa: F401
     import ccbench.cli  # noqa: F401
-    import ccbench.runner  # noqa: F401
 
     for line in sys.stdin:
         request = json.loads(line)

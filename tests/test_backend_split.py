@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ccbench.backends import backend_class
-from ccbench.record import load_records
+from ccbench.records import load_records
 from tests.conftest import have_mpi, missing_prerequisite, run_ccbench
 
 

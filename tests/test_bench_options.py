@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ccbench.bench_options import BENCH_OPTIONS, ENV_AXES, env_name, option_argv
+from ccbench.bench.options import BENCH_OPTIONS, ENV_AXES, env_name, option_argv
 from ccbench.cli import bench_parser, config_from_args
 from ccbench.errors import UsageError
 from ccbench.sweep.plan import bench_arguments, plan_runs
@@ -126,7 +126,7 @@ def test_a_bad_variable_is_named(variable: str, value: str, message: str,
 
 def test_the_method_carries_every_method_option() -> None:
     """config_from_args makes the Method from the table: no option is dropped on the way."""
-    from ccbench.bench_options import METHOD_OPTIONS
+    from ccbench.bench.options import METHOD_OPTIONS
 
     values = {name: NON_DEFAULT[name] for name in METHOD_OPTIONS}
     args = bench_parser().parse_args(["allreduce", "--backend", "gloo", *option_argv(values)])
@@ -164,7 +164,7 @@ _NEW_FIELD = ('    knob: int = _method_option(3, "a knob (default {default})", m
 _SURFACES = """
 import os, sys
 sys.path.insert(0, "scripts")
-from ccbench.bench_options import environment_settings
+from ccbench.bench.options import environment_settings
 from ccbench.cli import bench_parser, config_from_args
 from ccbench.errors import UsageError
 from ccbench.sweep.plan import bench_arguments, plan_runs
@@ -188,14 +188,14 @@ assert "a knob (default 3)" in " ".join(bench_parser().format_help().split())   
 import ccbench
 from ccbench.cli import main
 from ccbench.records import load_records, run_metadata
-from ccbench.records.identity import _RUN_METHOD_KEYS
+from ccbench.bench.options import run_method_keys
 status = main(["allreduce", "--backend", "gloo", "--sizes", "1K", "-n", "2", "-w", "1",
                "--knob", "4", "-q", "--output", "knob.jsonl"])
 assert status == 0, status
 records = load_records("knob.jsonl")
 assert len(records) == 2 and {r.method["knob"] for r in records} == {4}   # the record
 assert {r.warmup for r in records} == {1} and {r.iterations for r in records} == {2}
-assert "knob" in _RUN_METHOD_KEYS and run_metadata(records[0])["method.knob"] == 4  # identity
+assert run_metadata(records[0], run_method_keys())["method.knob"] == 4      # identity
 assert ccbench.load("knob.jsonl")["method_knob"].tolist() == [4, 4]      # ccbench.load
 assert "`knob`" in gen_docs.records_reference()                           # records.md
 print("ok")
@@ -203,7 +203,7 @@ print("ok")
 
 
 def test_a_new_option_is_one_declaration(tmp_path: Path) -> None:
-    """Adding an option edits bench_options.py alone (then the code that reads it, and
+    """Adding an option edits bench/options.py alone (then the code that reads it, and
     `python scripts/gen_docs.py` rewrites the generated tables): a copy of the package with one
     new Method field has its flag, help, limits, CCBENCH_ variable, sweep key, the argv of a
     sweep's cases, its row in the generated docs, and its place in a measured run's records
@@ -213,7 +213,7 @@ def test_a_new_option_is_one_declaration(tmp_path: Path) -> None:
                     ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "scripts").mkdir()
     shutil.copy(root / "scripts" / "gen_docs.py", tmp_path / "scripts")
-    declared = tmp_path / "ccbench" / "bench_options.py"
+    declared = tmp_path / "ccbench" / "bench" / "options.py"
     text = declared.read_text()
     assert text.count('    timing: str = "per-op"') == 1
     declared.write_text(text.replace('    timing: str = "per-op"', _NEW_FIELD))

@@ -68,7 +68,7 @@ CASES = {
                                   "unrecognized arguments"),
     "output folder missing": (["allreduce", "--output", "/nonexistent/dir/x.jsonl"],
                               "folder '/nonexistent/dir' does not exist"),
-    # the flags of nccl-tests, OSU and PARAM (ccbench/familiar.py): refused, never guessed
+    # the flags of nccl-tests, OSU and PARAM (ccbench/bench/familiar.py): refused, never guessed
     "nccl-tests -g 2": (["all_reduce_perf", "-g", "2"], "-g 2: ccbench runs one rank per process"),
     "nccl-tests -t 4": (["allreduce", "-t", "4"], "-t 4: ccbench runs one rank per process"),
     "nccl-tests -G 10 with gloo": (["all_reduce_perf", "-G", "10", "--backend", "gloo"],

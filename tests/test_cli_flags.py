@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import run_ccbench
 
+from ccbench.bench.familiar import resolve_familiar
+from ccbench.bench.harness import _summarize, combine_ranks
 from ccbench.cli import bench_parser, config_from_args
 from ccbench.collectives import layout
-from ccbench.familiar import resolve_familiar
-from ccbench.harness import _summarize, combine_ranks
 from ccbench.records import load_records
 
 
@@ -137,8 +137,8 @@ def test_full_nccl_tests_command_line() -> None:
 
 
 def test_combinations_match_the_option_table() -> None:
-    from ccbench.bench_options import option_named
-    from ccbench.familiar import COMBINE_LABELS
+    from ccbench.bench.familiar import COMBINE_LABELS
+    from ccbench.bench.options import option_named
 
     assert option_named("combine").choices == tuple(COMBINE_LABELS)
 

@@ -80,7 +80,7 @@ def test_every_default_is_in_the_help(path: str, parser: argparse.ArgumentParser
 def test_every_method_option_says_its_default() -> None:
     """Method options are parsed with no argparse default (a given one wins over the
     environment), so their help must say the default itself (--min-time did not)."""
-    from ccbench.bench_options import BENCH_OPTIONS
+    from ccbench.bench.options import BENCH_OPTIONS
 
     assert [o.name for o in BENCH_OPTIONS
             if o.default not in ("", None) and "default" not in o.help.lower()] == []

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_ccbench
 
+from ccbench.bench.stats import bootstrap_ratio, t_quantile, welch_ratio
 from ccbench.commands.compare import (
     BETWEEN_RUN_THRESHOLD,
     WITHIN_RUN_THRESHOLD,
@@ -17,7 +18,6 @@ from ccbench.commands.compare import (
 )
 from ccbench.errors import UsageError
 from ccbench.records import Record, append_record, load_records, record_from_dict
-from ccbench.stats import bootstrap_ratio, t_quantile, welch_ratio
 
 FACTORS = {"allreduce": 1.0, "allgather": 0.5, "reduce-scatter": 0.5, "broadcast": 1.0,
            "alltoall": 0.5}

@@ -629,7 +629,7 @@ def _wait_store_host(tag: str) -> int:
 
 def test_the_secret_is_not_written_to_records_or_logs(tmp_path: Path) -> None:
     """The secret travels in the ranks' environment; nothing copies it out."""
-    from ccbench.runner import _environment
+    from ccbench.bench.runner import _environment
 
     os.environ[SECRET_VAR] = "do-not-copy-me"
     try:

@@ -65,7 +65,7 @@ def test_rank_killed_mid_replay_is_named_in_one_line(parallel_job: Path, tmp_pat
 def test_disk_full_mid_replay_is_one_line_and_keeps_whole_records(parallel_job: Path,
                                                                   tmp_path: Path) -> None:
     """-O on a full file system: one line naming the file, no rank blamed as dead, only
-    whole records left (as the benchmark, ccbench.runner.append_output)."""
+    whole records left (as the benchmark, ccbench.bench.runner.append_output)."""
     from ccbench.records import load_records
 
     mount = tmp_path / "small"

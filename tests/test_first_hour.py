@@ -13,7 +13,7 @@ from conftest import PYTHON, have_mpi, run_ccbench_forked
 from ccbench.backends.base import STARMAP_LOOP
 from ccbench.backends.mpi_loop import C_LOOP
 from ccbench.collectives import COLLECTIVES
-from ccbench.record import load_records
+from ccbench.records import load_records
 from ccbench.run.supervisor import default_nprocs
 from ccbench.sysinfo import oversubscription_note, usable_cores
 

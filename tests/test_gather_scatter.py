@@ -14,9 +14,9 @@ import pytest
 from conftest import have_mpi, run_ccbench
 
 from ccbench.backends import backend_class
+from ccbench.bench.familiar import PROGRAMS
 from ccbench.collectives import get
 from ccbench.dtypes import DTYPES
-from ccbench.familiar import PROGRAMS
 from ccbench.model.costs import coefficients, predict_time
 from ccbench.records import load_records
 from ccbench.trace.ops import CommOp, Group

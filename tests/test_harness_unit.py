@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from seams import LoopbackBackend, MemoryStore, ThreadWorld, rank_context
 
+from ccbench.bench.harness import Case, Method, _agree_iterations, _summarize, measure_size
 from ccbench.collectives import COLLECTIVES, REDUCING, busbw_factor, get, layout
-from ccbench.harness import Case, Method, _agree_iterations, _summarize, measure_size
 from ccbench.run.watchdog import Watchdog
 
 FAST = Method(iters=3, warmup=1, check=1, timeout=30)

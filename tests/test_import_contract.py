@@ -1,4 +1,5 @@
-"""The direction of dependencies: cli -> sweep/runner -> harness -> backends -> algorithms;
+"""The direction of dependencies: cli -> sweep -> bench (the benchmark core: runner -> harness)
+-> backends -> algorithms;
 commands -> replay -> harness/backends; formats -> model -> trace; the rank lifecycle (run/)
 sits under the benchmark, the replay and diagnose; model/ and report/ read
 records and never reach a backend; trace/ holds no file format; records/ is data only;
@@ -20,40 +21,54 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # the registry's data, read by backends/, report/ and model/ alike: imports nothing
     "ccbench.backend_facts": ("ccbench", "torch", "mpi4py", "numpy"),
     "algorithms": ("ccbench", "torch", "mpi4py"),
-    "ccbench.records": ("ccbench.backends", "ccbench.harness", "ccbench.runner", "ccbench.sweep",
+    "ccbench.records": ("ccbench.backends", "ccbench.bench.harness", "ccbench.bench.runner", "ccbench.sweep",
                         "ccbench.cli", "ccbench.commands", "ccbench.model", "ccbench.report",
                         "torch", "mpi4py"),
-    "ccbench.model": ("ccbench.backends", "ccbench.harness", "ccbench.runner", "ccbench.cli",
+    "ccbench.model": ("ccbench.backends", "ccbench.bench.harness", "ccbench.bench.runner", "ccbench.cli",
                       "ccbench.commands", "ccbench.formats", "ccbench.replay", "torch", "mpi4py"),
     # data and rules about traces: no file format, no model, no replay
-    "ccbench.trace": ("ccbench.formats", "ccbench.model", "ccbench.replay", "ccbench.harness",
-                      "ccbench.runner", "ccbench.cli", "ccbench.commands", "torch", "mpi4py"),
+    "ccbench.trace": ("ccbench.formats", "ccbench.model", "ccbench.replay", "ccbench.bench.harness",
+                      "ccbench.bench.runner", "ccbench.cli", "ccbench.commands", "torch", "mpi4py"),
     # readers and writers of other tools' files; capture wraps torch.distributed in the
     # user's job, so torch is allowed (lazily), a ccbench backend is not
-    "ccbench.formats": ("ccbench.backends", "ccbench.harness", "ccbench.runner", "ccbench.replay",
+    "ccbench.formats": ("ccbench.backends", "ccbench.bench.harness", "ccbench.bench.runner", "ccbench.replay",
                         "ccbench.sweep", "ccbench.cli", "ccbench.commands", "mpi4py"),
     "ccbench.replay": ("ccbench.model", "ccbench.formats", "ccbench.sweep", "ccbench.cli",
                        "ccbench.commands", "ccbench.report"),
-    "ccbench.collectives": ("ccbench.backends", "ccbench.harness", "ccbench.runner",
+    "ccbench.collectives": ("ccbench.backends", "ccbench.bench.harness", "ccbench.bench.runner",
                             "ccbench.sweep", "ccbench.cli", "ccbench.commands", "ccbench.model",
                             "ccbench.report", "ccbench.trace", "ccbench.formats", "torch",
                             "mpi4py"),
-    "ccbench.testbed": ("ccbench.backends", "ccbench.harness", "ccbench.runner", "ccbench.sweep",
+    "ccbench.testbed": ("ccbench.backends", "ccbench.bench.harness", "ccbench.bench.runner", "ccbench.sweep",
                         "ccbench.cli", "ccbench.commands", "ccbench.model", "ccbench.report",
                         "ccbench.trace", "ccbench.formats", "ccbench.replay", "torch", "mpi4py"),
     "ccbench.diagnose": ("ccbench.cli", "ccbench.commands", "ccbench.report", "ccbench.sweep",
                          "ccbench.model", "ccbench.formats", "ccbench.replay"),
     # the top layer: parses and calls everything below, imported by cli alone
     "ccbench.commands": ("ccbench.__main__",),
-    "ccbench.report": ("ccbench.backends", "ccbench.harness", "ccbench.runner", "ccbench.cli",
+    "ccbench.report": ("ccbench.backends", "ccbench.bench.harness", "ccbench.bench.runner", "ccbench.cli",
                        "ccbench.commands", "torch", "mpi4py"),
-    "ccbench.backends": ("ccbench.harness", "ccbench.runner", "ccbench.sweep", "ccbench.cli",
+    "ccbench.backends": ("ccbench.bench.harness", "ccbench.bench.runner", "ccbench.sweep", "ccbench.cli",
                          "ccbench.commands"),
-    "ccbench.harness": ("ccbench.runner", "ccbench.sweep", "ccbench.cli", "ccbench.commands"),
-    "ccbench.sweep": ("ccbench.cli", "ccbench.commands", "ccbench.harness", "torch", "mpi4py"),
-    "ccbench.runner": ("ccbench.cli", "ccbench.commands", "ccbench.sweep"),
+    # the benchmark core: options, runner, harness, validation, output, familiar flags,
+    # repeats, stats; under the commands and sweeps, over backends, records and run/
+    "ccbench.bench": ("ccbench.cli", "ccbench.commands", "ccbench.sweep", "ccbench.replay",
+                      "ccbench.diagnose", "ccbench.report", "ccbench.model", "ccbench.formats",
+                      "ccbench.trace", "ccbench.testbed"),
+    # inside it: the harness measures one size and knows nothing of a whole run or its output
+    "ccbench.bench.harness": ("ccbench.bench.runner", "ccbench.bench.output",
+                              "ccbench.bench.familiar", "ccbench.bench.repeats"),
+    # the option declarations, read by sweeps and commands: no backend, record or control plane
+    "ccbench.bench.options": ("ccbench.backends", "ccbench.collectives", "ccbench.records",
+                              "ccbench.run", "ccbench.bench.runner", "ccbench.bench.harness",
+                              "ccbench.bench.output", "ccbench.bench.familiar", "torch",
+                              "mpi4py", "numpy"),
+    # statistics, read by report/ and compare: numpy only
+    "ccbench.bench.stats": ("ccbench", "torch", "mpi4py"),
+    "ccbench.sweep": ("ccbench.cli", "ccbench.commands", "ccbench.bench.harness",
+                      "ccbench.bench.runner", "torch", "mpi4py"),
     # the rank lifecycle and control plane: under the benchmark, the replay and diagnose
-    "ccbench.run": ("ccbench.backends", "ccbench.harness", "ccbench.runner", "ccbench.sweep",
+    "ccbench.run": ("ccbench.backends", "ccbench.bench.harness", "ccbench.bench.runner", "ccbench.sweep",
                     "ccbench.cli", "ccbench.commands", "ccbench.model", "ccbench.report",
                     "ccbench.trace", "ccbench.formats", "ccbench.replay", "ccbench.diagnose",
                     "ccbench.testbed"),
@@ -118,7 +133,7 @@ def test_the_check_sees_lazy_imports(tmp_path: Path) -> None:
 
 def _unit(module: str) -> str:
     """The package (or top-level module) a module belongs to: ccbench.model.netsim ->
-    ccbench.model, ccbench.harness -> ccbench.harness, algorithms.ring -> algorithms."""
+    ccbench.model, ccbench.bench.harness -> ccbench.bench.harness, algorithms.ring -> algorithms."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "ccbench" else parts[0]
 

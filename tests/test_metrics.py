@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
+from ccbench.bench.stats import summarize, unstable
 from ccbench.collectives import busbw_factor, layout
-from ccbench.stats import summarize, unstable
 
 TABLE = {"allreduce": lambda n: 2 * (n - 1) / n, "reduce-scatter": lambda n: (n - 1) / n,
          "allgather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,

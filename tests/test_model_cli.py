@@ -150,6 +150,23 @@ def test_malformed_fit_in_model(model, ccb, tmp_path):
     assert proc.returncode == 2 and "fit 0: lacks alpha" in proc.stderr
 
 
+def test_a_piece_without_its_end_in_model(model, ccb, tmp_path):
+    """Only a fit's last piece covers every larger size: a hand-edited model whose first piece
+    has no max_bytes is refused when read, in one line, not deep inside a prediction."""
+    data = json.loads(model.read_text())
+    fit = data["fits"][0]
+    fit["pieces"] = [{"max_bytes": None, "alpha": fit["alpha"], "beta": fit["beta"],
+                      "gamma": fit["gamma"]},
+                     {"max_bytes": None, "alpha": fit["alpha"], "beta": fit["beta"],
+                      "gamma": fit["gamma"]}]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    proc = ccb("simulate", str(bad), "allreduce", "--topology", "ring:4")
+    assert proc.returncode == 2, proc.stderr
+    assert "fit 0: piece 0 has no max_bytes (only the last piece has none)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("case", ["one-record", "torus-zero", "all-algorithm"])
 def test_model_bad_input_one_line(tmp_path, model, case):
     """As a user meets them: exit 2, one `ccbench: error:` line naming the bad value, no

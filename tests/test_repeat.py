@@ -1,5 +1,5 @@
 """`ccbench launch --repeat N`: N separate launches, each a run of its own that says which
-launch it was, and the spread between them (ccbench/repeats.py)."""
+launch it was, and the spread between them (ccbench/bench/repeats.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from conftest import run_ccbench
 from test_compare import make_record
 
+from ccbench.bench.repeats import ENV, format_spread, repeat_env, repeat_from_env, spread_rows
 from ccbench.commands.compare import compare_records
 from ccbench.errors import UsageError
 from ccbench.records import load_records
-from ccbench.repeats import ENV, format_spread, repeat_env, repeat_from_env, spread_rows
 
 
 def test_env_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,11 +90,11 @@ def test_without_output_the_records_are_not_left_behind(tmp_path: Path) -> None:
 
 def test_repeat_launches_each_with_its_index_and_stops_at_the_first_failure(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The launches of --repeat (ccbench.repeats.repeat_launches) without a launcher: each is
+    """The launches of --repeat (ccbench.bench.repeats.repeat_launches) without a launcher: each is
     told its index through the environment and writes to the same output; the spread is read
     back from there. A failed launch ends them with its status, and no spread is printed."""
+    from ccbench.bench.repeats import repeat_launches
     from ccbench.records import append_record
-    from ccbench.repeats import repeat_launches
 
     out = tmp_path / "r.jsonl"
     seen: list[tuple[dict[str, str], list[str]]] = []

@@ -23,11 +23,11 @@ from test_hostile_input import fit_records
 
 import ccbench.commands.merge as merge_command
 import ccbench.records.table as table
+from ccbench.bench.output.files import check_output_file
 from ccbench.errors import UsageError
 from ccbench.formats import load_trace
 from ccbench.formats.chakra import comm_coll_node, write_trace
 from ccbench.model.modelfile import load_model
-from ccbench.output import check_output_file
 from ccbench.records import append_record, read_records, record_from_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "records-v1.jsonl"

@@ -11,12 +11,12 @@ import pytest
 from conftest import have_mpi, run_ccbench
 
 from ccbench.backends import backend_class
+from ccbench.bench.validation import count_wrong, expected_output, make_input
 from ccbench.collectives import get, layout
 from ccbench.dtypes import DTYPES
 from ccbench.formats.astra import export_measured
 from ccbench.model.costs import coefficients
 from ccbench.records import load_records
-from ccbench.validation import count_wrong, expected_output, make_input
 
 
 def test_the_registry_says_what_sendrecv_is() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ccbench.formats import load_trace
-from ccbench.record import load_records
+from ccbench.records import load_records
 from tests.conftest import have_mpi, run_ccbench
 
 _COLLECTIVE = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",

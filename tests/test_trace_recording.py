@@ -22,7 +22,7 @@ import pytest
 
 from ccbench.formats import load_trace
 from ccbench.formats.capture import capture_file
-from ccbench.record import load_records
+from ccbench.records import load_records
 from tests.conftest import have_mpi, run_ccbench
 from tests.trace_fixtures import ROOT, TORCH_TEARDOWN_ABORT
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ccbench.formats import load_trace
-from ccbench.record import load_records
+from ccbench.records import load_records
 from tests.conftest import have_mpi, run_ccbench
 
 

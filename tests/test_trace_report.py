@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ccbench.record import load_records
+from ccbench.records import load_records
 from ccbench.report.traces import breakdown, latest_runs, split_traces, timeline
 from tests.conftest import run_ccbench
 

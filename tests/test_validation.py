@@ -4,9 +4,9 @@ brute-force reference (`Collective.reference`: every rank's inputs at once, in f
 import numpy as np
 import pytest
 
+from ccbench.bench.validation import count_wrong, expected_output, make_input
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, get, layout
 from ccbench.dtypes import DTYPES, avg_scales
-from ccbench.validation import count_wrong, expected_output, make_input
 
 RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 

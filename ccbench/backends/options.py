@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ccbench.bench_options import DEFAULT_TIMEOUT_S
+from ccbench.timeouts import DEFAULT_TIMEOUT_S
 
 __all__ = ["DEFAULT_TIMEOUT_S", "BackendOptions"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ccbench.bench_options import DEFAULT_TIMEOUT_S
+from ccbench.timeouts import DEFAULT_TIMEOUT_S
 
 __all__ = ["Done", "GroupPrepared", "StagedTransport", "poll", "raw_bytes"]
 

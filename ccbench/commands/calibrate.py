@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ccbench.errors import UsageError
 from ccbench.records import load_records
+
+if TYPE_CHECKING:
+    from ccbench.model.fit import FitEntry, ValidationRow, ValidationSummary
 
 __all__ = ["register", "main", "parse_validate"]
 
@@ -54,7 +57,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def goodness_table(fits: list[dict[str, Any]]) -> str:
+def goodness_table(fits: list[FitEntry]) -> str:
+    from ccbench.model.fit import piece_end
+
     head = ("backend", "library", "collective", "algorithm", "formula", "p", "alpha_us",
             "alpha_ci95_us", "beta_GBps", "beta_ci95_GBps",
             "gamma_GBps", "R2_log", "med_err", "max_err", "holdout", "notes")
@@ -66,11 +71,12 @@ def goodness_table(fits: list[dict[str, Any]]) -> str:
         hold_text = _pct(hold["median_rel_err"]) if isinstance(hold, dict) else "-"
         worlds = f["holdout"].get("world_sizes")
         if worlds:
-            errs = [v["median_rel_err"] for k, v in worlds.items() if k != "method"]
+            errs = [v["median_rel_err"] for v in worlds.values() if isinstance(v, dict)]
             hold_text += f" / p-out {_pct(max(errs))}"
         notes = []
-        if f.get("pieces"):
-            notes.append(f"break@{int(f['pieces'][0]['max_bytes'])}B")
+        pieces = f.get("pieces")
+        if pieces:
+            notes.append(f"break@{piece_end(pieces[0])}B")
         if f["gamma_source"].startswith("not identifiable"):
             notes.append("gamma in beta")
         if f["algorithm"] == "native":
@@ -100,7 +106,7 @@ def _aligned(rows: list[tuple[Any, ...]]) -> str:
                      for r in rows)
 
 
-def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
+def validation_table(rows: list[ValidationRow], summary: list[ValidationSummary]) -> str:
     """Each predicted record (its dtype and mode tell apart the records of one size), then
     each group's summary; columns aligned."""
     table: list[tuple[Any, ...]] = [("backend", "library", "collective", "algorithm", "p",
@@ -123,9 +129,9 @@ def validation_table(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) 
 
 
 def main(args: argparse.Namespace) -> int:
+    from ccbench.bench.output.files import check_writable_file
     from ccbench.model.fit import calibrate, summarize_validation, validate_world_sizes
     from ccbench.model.modelfile import build_model, save_model
-    from ccbench.output import check_writable_file
 
     if args.bootstrap < 0:
         raise UsageError(f"--bootstrap must be >= 0, got {args.bootstrap}")

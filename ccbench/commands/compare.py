@@ -42,9 +42,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ccbench.bench.stats import boot_medians, bootstrap_ratio, percentile_interval, welch_ratio
 from ccbench.errors import UsageError
 from ccbench.records import CaseId, Record, load_records
-from ccbench.stats import boot_medians, bootstrap_ratio, percentile_interval, welch_ratio
 from ccbench.units import format_size
 
 __all__ = ["CaseComparison", "Comparison", "compare_cases", "compare_records", "regressed",

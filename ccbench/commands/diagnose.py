@@ -18,8 +18,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ccbench.backends import HOST_BACKEND, backend_class, backend_names
-from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import UsageError, error_line
+from ccbench.timeouts import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from ccbench.run.supervisor import LaunchPlan
@@ -223,8 +223,8 @@ def _planes(args: argparse.Namespace, backend: str) -> list[str] | None:
 
 def _config(args: argparse.Namespace) -> Any:
     from ccbench.backends import parse_backends
+    from ccbench.bench.harness import Method
     from ccbench.diagnose.measure import DiagnoseConfig
-    from ccbench.harness import Method
 
     backends = parse_backends(args.backend)
     if len(backends) != 1:
@@ -339,7 +339,7 @@ def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
 def launch_plan(argv: list[str], nprocs: int | None = None) -> LaunchPlan:
     """What `ccbench launch` starts for `ccbench diagnose ARGV`: its backend on 2 ranks
     unless -n says otherwise."""
-    from ccbench.bench_options import connect_timeout
+    from ccbench.bench.options import connect_timeout
     from ccbench.cli import OneLineParser
     from ccbench.run.supervisor import LaunchPlan
 
@@ -359,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
 
     config, leaves = _config(args)
     if args.output:
-        from ccbench.output import check_output_file
+        from ccbench.bench.output.files import check_output_file
 
         check_output_file(args.output)
     plan_stream = sys.stderr if args.format == "json" else sys.stdout

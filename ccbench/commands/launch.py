@@ -7,7 +7,7 @@ address). A run that mixes the two launches each group in turn (mpiexec pins eve
 core, which would slow gloo down), appending to the same output. A trace replay stays one launch
 (its comparison of backends needs them in one run; torch backends then bootstrap from MPI).
 With --repeat N the whole launch happens N times, each a run of its own
-(ccbench.repeats.repeat_launches)."""
+(ccbench.bench.repeats.repeat_launches)."""
 
 from __future__ import annotations
 
@@ -78,9 +78,9 @@ def measuring_plan(bench: list[str], nprocs: int | None = None) -> LaunchPlan:
     """What `ccbench launch` starts for a measurement: its arguments (with the records file it
     keeps when none is named), backends (each group of those that need MPI and those that do
     not in a launch of its own), rank count (default: supervisor.default_nprocs)."""
+    from ccbench.bench.output.files import new_records_file
+    from ccbench.bench.runner import check_measurable
     from ccbench.cli import bench_parser, check_command_word, config_from_args
-    from ccbench.output import new_records_file
-    from ccbench.runner import check_measurable
 
     check_command_word(bench[0])
     parsed = bench_parser().parse_args(bench)
@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
     said: list[str] = []        # the records line, once: before the error line of a failure
 
     def records_so_far() -> str | None:
-        from ccbench.output import records_line
+        from ccbench.bench.output.files import records_line
 
         if said or not saved or not os.path.exists(saved):
             return None
@@ -160,11 +160,11 @@ def main(args: argparse.Namespace) -> int:
     if args.repeat == 1:
         status = launch({}, bench)
     else:
-        from ccbench.repeats import repeat_launches
+        from ccbench.bench.repeats import repeat_launches
 
         status = repeat_launches(args.repeat, launch, bench, output, fmt)
     if saved and os.path.exists(saved) and not said:
-        from ccbench.output import say_where_records_are
+        from ccbench.bench.output.files import say_where_records_are
 
         say_where_records_are(saved)
     return status

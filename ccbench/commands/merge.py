@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ccbench.bench.options import run_method_keys
 from ccbench.errors import UsageError
 from ccbench.records import Record, RecordKey, load_records, run_metadata, write_records
 from ccbench.records.writer import rewriting
@@ -46,9 +47,10 @@ def merge_records(records: list[Record]) -> MergeResult:
     """One record per RecordKey (run, case, size), in first-seen order."""
     kept: dict[RecordKey, Record] = {}
     runs: dict[str, dict[str, object]] = {}
+    method_keys = run_method_keys()
     result = MergeResult(records=[])
     for record in records:
-        meta = run_metadata(record)
+        meta = run_metadata(record, method_keys)
         first = runs.setdefault(record.run_id, meta)
         if first != meta:
             differ = sorted(k for k in meta if meta[k] != first.get(k))
@@ -76,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise UsageError(f"-o {str(out)!r} is a folder; name a .jsonl or .parquet file")
     check_not_symlink(out)
-    from ccbench.output import check_holds_records
+    from ccbench.bench.output.files import check_holds_records
 
     check_holds_records(str(out), "-o")           # as -O and simulate -o: records files only
     # OUT may be an input that a run is appending to: its lock is held from the read to the

@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ccbench.backends import HOST_BACKEND, backend_names
-from ccbench.bench_options import add_options, check_flags, connect_timeout, method_from
+from ccbench.bench.options import add_options, check_flags, connect_timeout, method_from
 from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ from ccbench.formats.group_options import add_group_options
 __all__ = ["register", "main", "launch_plan"]
 
 
-#: the benchmark's options that replay takes too (bench_options declares them) ...
+#: the benchmark's options that replay takes too (bench/options.py declares them) ...
 SHARED_OPTIONS = ("iters", "warmup", "check", "timeout")
 #: ... and replay's own defaults for them
 REPLAY_DEFAULTS = {"iters": 5, "warmup": 1}

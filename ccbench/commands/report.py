@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ccbench.output import check_output_folder
+    from ccbench.bench.output.files import check_output_folder
 
     check_output_folder(args.output)
     _refuse_file_name(args.output)

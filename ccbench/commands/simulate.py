@@ -258,7 +258,7 @@ def main(args: argparse.Namespace) -> int:
     collectives = _collectives(args.collective)
     sizes = parse_sizes(args.sizes)
     if args.output:
-        from ccbench.output import check_output_file
+        from ccbench.bench.output.files import check_output_file
 
         check_output_file(args.output)            # as launch's -O: records files only
     model = load_model(args.model)

@@ -31,6 +31,7 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
+from ccbench.bench.harness import Case, Method, SizeResult, measure_size
 from ccbench.diagnose.analyse import Expectation, Finding, PairMeasure, suspicious_tries
 from ccbench.diagnose.counters import (
     counter_deltas,
@@ -41,7 +42,6 @@ from ccbench.diagnose.counters import (
 )
 from ccbench.diagnose.plan import Step
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError, error_line
-from ccbench.harness import Case, Method, SizeResult, measure_size
 from ccbench.records import Record, append_record
 from ccbench.run.control import ControlClient
 from ccbench.run.launchers import LaunchInfo, detect_launch
@@ -829,7 +829,7 @@ def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] 
     so that every launcher (srun, mpiexec, torchrun) ends with it. Bad input found in the
     gathered values (--planes, --leaves) is found by every rank alike: raised once the
     control plane is closed in order."""
-    from ccbench.bench_options import connect_timeout
+    from ccbench.bench.options import connect_timeout
     from ccbench.run.lifecycle import rank_lifecycle
 
     info = detect_launch()

@@ -53,6 +53,7 @@ from typing import Any
 from ccbench.collectives import COLLECTIVES, every, get
 from ccbench.errors import UsageError
 from ccbench.formats.chakra import comm_coll_node, write_trace
+from ccbench.model.fit import FitEntry, piece_end
 from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import link_dims
 from ccbench.model.modelfile import ModelFile, select_fit
@@ -184,18 +185,18 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def _fit_line(fit: dict[str, Any], algorithm: str, piece: str) -> str:
+def _fit_line(fit: FitEntry, algorithm: str, piece: str) -> str:
     worlds = ",".join(map(str, fit["world_sizes"]))
     return (f"{fit['backend']}/{fit['library']} {fit['collective']} fit "
             f"(measured algorithm {fit.get('algorithm', '?')}, formula {algorithm}, "
             f"world sizes {worlds}, {piece})")
 
 
-def _piece_name(fit: dict[str, Any], index: int) -> str:
+def _piece_name(fit: FitEntry, index: int) -> str:
     pieces = fit.get("pieces") or []
     if len(pieces) < 2:
         return "one piece"
-    lo = 0 if index == 0 else int(pieces[index - 1]["max_bytes"]) + 1
+    lo = 0 if index == 0 else piece_end(pieces[index - 1]) + 1
     hi = pieces[index]["max_bytes"]
     span = f"{lo} B and up" if hi is None else f"{lo}-{int(hi)} B"
     return f"piece {index + 1} of {len(pieces)}: {span}"

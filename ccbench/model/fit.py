@@ -43,7 +43,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -53,8 +53,11 @@ from ccbench.model.costs import candidates, canonical_algorithm, coefficients
 from ccbench.model.library_algorithms import library_algorithm
 from ccbench.records import CaseId, Record
 
-__all__ = ["Point", "LineFit", "fit_line", "nnls_small", "points_from_records", "calibrate",
-           "validate_world_sizes", "predict_from_fit", "FIT_GROUP_FIELDS", "fit_key"]
+__all__ = ["Candidate", "FitEntry", "FitGroup", "FitLine", "Goodness", "GroupFit", "HeldOut",
+           "Holdout", "LineFit", "Piece", "Point", "SizesHoldout", "ValidationRow",
+           "ValidationSummary", "FIT_GROUP_FIELDS", "calibrate", "fit_key", "fit_line",
+           "nnls_small", "piece_end", "points_from_records", "predict_from_fit", "summarize_validation",
+           "validate_world_sizes"]
 
 NON_REDUCING = tuple(c for c in COLLECTIVES if c not in REDUCING)
 # A fit group: the case identity fields one alpha-beta-gamma fit is made for (it pools dtypes,
@@ -62,6 +65,139 @@ NON_REDUCING = tuple(c for c in COLLECTIVES if c not in REDUCING)
 FIT_GROUP_FIELDS = ("backend", "library", "transport", "device", "collective", "algorithm")
 LINK_FIELDS = ("backend", "library", "transport", "device")
 SELECTION = "lowest median relative error over the group's points (ties: formula-table order)"
+
+
+class FitGroup(TypedDict):
+    """The group one fit is made for: the case fields FIT_GROUP_FIELDS names."""
+
+    backend: str
+    library: str
+    transport: str
+    device: str
+    collective: str
+    algorithm: str                      # as measured: "native" or a named algorithm
+
+
+def fit_group_of(case: CaseId) -> FitGroup:
+    return {"backend": case.backend, "library": case.library, "transport": case.transport,
+            "device": case.device, "collective": case.collective, "algorithm": case.algorithm}
+
+
+def group_fields(entry: FitGroup) -> FitGroup:
+    """The FitGroup fields alone of a fit, a validation row or a summary."""
+    return {"backend": entry["backend"], "library": entry["library"],
+            "transport": entry["transport"], "device": entry["device"],
+            "collective": entry["collective"], "algorithm": entry["algorithm"]}
+
+
+def _group_values(group: FitGroup) -> tuple[str, ...]:
+    return (group["backend"], group["library"], group["transport"], group["device"],
+            group["collective"], group["algorithm"])
+
+
+class Piece(TypedDict):
+    """One size range of a piecewise fit: its constants up to `max_bytes` (None: every larger
+    size)."""
+
+    max_bytes: float | None
+    alpha: float
+    beta: float
+    gamma: float
+    alpha_source: NotRequired[str]      # the upper piece: its own alpha or the lower piece's
+
+
+def piece_end(piece: Piece) -> int:
+    """The largest size (bytes) a piece covers; only the last piece of a fit has none."""
+    end = piece["max_bytes"]
+    if end is None:
+        raise UsageError("a piece other than the last has no max_bytes")
+    return int(end)
+
+
+class Goodness(TypedDict):
+    r2_log: float
+    median_rel_err: float
+    max_rel_err: float
+    points: int
+
+
+class Candidate(TypedDict):
+    """A formula tried for a "native" group, and how well it fitted."""
+
+    algorithm: str
+    median_rel_err: float
+    max_rel_err: float
+
+
+class HeldOut(TypedDict):
+    """How far off predictions were on points the fit did not see."""
+
+    median_rel_err: float
+    max_rel_err: float
+
+
+class SizesHoldout(HeldOut):
+    method: str
+
+
+class Holdout(TypedDict, total=False):
+    sizes: SizesHoldout | str           # text: why there is none ("too few sizes")
+    world_sizes: dict[str, str | HeldOut]   # "method": how; "<p>": that world size left out
+
+
+class FitLine(TypedDict):
+    """What a prediction reads from a fit (predict_from_fit)."""
+
+    collective: str
+    model_algorithm: str                # the formula's key (ccbench.model.costs)
+    alpha: float
+    beta: float
+    gamma: float
+    pieces: NotRequired[list[Piece] | None]
+
+
+class FitEntry(FitLine):
+    """One fit of model.json, as GroupFit.to_json writes it; `load_model` checks the
+    required keys (and the pieces, sizes and flags where a fit has them)."""
+
+    backend: str
+    library: str
+    scope: str                          # "world-size" | "all-world-sizes"
+    world_sizes: list[int]
+    goodness: Goodness
+    transport: NotRequired[str]
+    device: NotRequired[str]
+    algorithm: NotRequired[str]
+    gamma_source: NotRequired[str]
+    ci95: NotRequired[dict[str, list[float]] | None]
+    candidates: NotRequired[list[Candidate]]
+    holdout: NotRequired[Holdout]
+    notes: NotRequired[list[str]]
+    sizes: NotRequired[list[float]]     # [smallest, largest] bytes seen
+    flags: NotRequired[list[str]]
+    algorithm_source: NotRequired[str]
+
+
+class ValidationRow(FitGroup):
+    """One record predicted from the fits of other world sizes (validate_world_sizes)."""
+
+    world_size: int
+    size: int
+    dtype: str
+    inplace: bool
+    measured_s: float
+    predicted_s: float
+    rel_err: float
+
+
+class ValidationSummary(FitGroup):
+    """The prediction errors of one group at one world size (summarize_validation)."""
+
+    world_size: int
+    sizes: int
+    median_rel_err: float
+    p90_rel_err: float
+    max_rel_err: float
 
 
 @dataclass(slots=True)
@@ -198,7 +334,7 @@ def fit_line(collective: str, algorithm: str, ps: np.ndarray, ns: np.ndarray, ts
     return LineFit(collective, algorithm, sol[0], sol[1], sol[2])
 
 
-def goodness(pred: np.ndarray, ts: np.ndarray) -> dict[str, float]:
+def goodness(pred: np.ndarray, ts: np.ndarray) -> Goodness:
     rel = np.abs(pred - ts) / ts
     lt, lp = np.log(ts), np.log(np.maximum(pred, 1e-300))
     ss_tot = float(np.sum((lt - lt.mean()) ** 2))
@@ -212,15 +348,15 @@ def goodness(pred: np.ndarray, ts: np.ndarray) -> dict[str, float]:
 class GroupFit:
     """One fitted group, as written into model.json."""
 
-    key: dict[str, Any]
+    key: FitGroup
     scope: str                       # "world-size" | "all-world-sizes"
     world_sizes: list[int]
     line: LineFit
-    pieces: list[dict[str, Any]] | None
-    goodness: dict[str, float]
+    pieces: list[Piece] | None
+    goodness: Goodness
     ci95: dict[str, list[float]] | None
-    candidates: list[dict[str, Any]]
-    holdout: dict[str, Any]
+    candidates: list[Candidate]
+    holdout: Holdout
     notes: list[str] = field(default_factory=list)
     sizes: list[float] = field(default_factory=list)     # smallest and largest bytes seen
     flags: list[str] = field(default_factory=list)       # what the fit cannot tell
@@ -228,9 +364,9 @@ class GroupFit:
     # algorithm is known (ccbench.model.library_algorithms); "" otherwise
     algorithm_source: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        out = dict(self.key)
-        out.update({
+    def to_json(self) -> FitEntry:
+        return {
+            **self.key,
             "scope": self.scope, "world_sizes": self.world_sizes,
             "model_algorithm": self.line.algorithm,
             "alpha": self.line.alpha, "beta": self.line.beta, "gamma": self.line.gamma,
@@ -239,8 +375,7 @@ class GroupFit:
             "candidates": self.candidates, "holdout": self.holdout, "notes": self.notes,
             "sizes": self.sizes, "flags": self.flags,
             "algorithm_source": self.algorithm_source or "the records",
-        })
-        return out
+        }
 
 
 def _sse(pred: np.ndarray, ts: np.ndarray) -> float:
@@ -248,7 +383,7 @@ def _sse(pred: np.ndarray, ts: np.ndarray) -> float:
 
 
 def _piecewise(collective: str, algorithm: str, ps, ns, ts, fixed_beta, one: LineFit,
-               min_sizes: int = 3) -> list[dict[str, Any]] | None:
+               min_sizes: int = 3) -> list[Piece] | None:
     """Two pieces split at a size, or None. The lower piece is fitted freely. The upper
     piece keeps its own alpha only when its points span two world sizes or more: at one
     world size its intercept a(p) alpha is a constant of that p (a protocol switch, a
@@ -283,7 +418,7 @@ def _piecewise(collective: str, algorithm: str, ps, ns, ts, fixed_beta, one: Lin
              "latency)"}]
 
 
-def predict_from_fit(fit: dict[str, Any], p: int | np.ndarray, n: float | np.ndarray,
+def predict_from_fit(fit: FitLine, p: int | np.ndarray, n: float | np.ndarray,
                      algorithm: str | None = None) -> np.ndarray:
     """Seconds predicted by a model.json fit entry (pieces honoured)."""
     algo = canonical_algorithm(fit["collective"], algorithm) if algorithm else \
@@ -291,8 +426,9 @@ def predict_from_fit(fit: dict[str, Any], p: int | np.ndarray, n: float | np.nda
     ns = np.atleast_1d(np.asarray(n, dtype=float))
     ps = np.broadcast_to(np.atleast_1d(np.asarray(p, dtype=float)), ns.shape)
     out = np.empty(ns.shape)
-    pieces = fit.get("pieces") or [{"max_bytes": None, "alpha": fit["alpha"],
-                                    "beta": fit["beta"], "gamma": fit["gamma"]}]
+    whole: Piece = {"max_bytes": None, "alpha": fit["alpha"], "beta": fit["beta"],
+                    "gamma": fit["gamma"]}
+    pieces = fit.get("pieces") or [whole]
     done = np.zeros(ns.shape, bool)
     for piece in pieces:
         sel = ~done if piece["max_bytes"] is None else (~done & (ns <= piece["max_bytes"]))
@@ -303,8 +439,9 @@ def predict_from_fit(fit: dict[str, Any], p: int | np.ndarray, n: float | np.nda
     return out
 
 
-def _predict_pieces(line: LineFit, pieces, ps, ns) -> np.ndarray:
-    fit = {"collective": line.collective, "model_algorithm": line.algorithm, "alpha": line.alpha,
+def _predict_pieces(line: LineFit, pieces: list[Piece], ps: np.ndarray, ns: np.ndarray
+                    ) -> np.ndarray:
+    fit: FitLine = {"collective": line.collective, "model_algorithm": line.algorithm, "alpha": line.alpha,
            "beta": line.beta, "gamma": line.gamma, "pieces": pieces}
     return predict_from_fit(fit, ps, ns)
 
@@ -327,7 +464,7 @@ def _bootstrap(collective, algorithm, pts: Sequence[Point], fixed_beta, reps: in
     return {name: [float(lo[j]), float(hi[j])] for j, name in enumerate(("alpha", "beta", "gamma"))}
 
 
-def _holdout_sizes(collective, algorithm, ps, ns, ts, fixed_beta) -> dict[str, Any]:
+def _holdout_sizes(collective, algorithm, ps, ns, ts, fixed_beta) -> Holdout:
     sizes = np.unique(ns)
     if len(sizes) < 4:
         return {"sizes": "too few sizes"}
@@ -339,20 +476,20 @@ def _holdout_sizes(collective, algorithm, ps, ns, ts, fixed_beta) -> dict[str, A
                       "median_rel_err": float(np.median(rel)), "max_rel_err": float(np.max(rel))}}
 
 
-def _holdout_world_sizes(collective, algorithm, ps, ns, ts, fixed_beta) -> dict[str, Any]:
+def _holdout_world_sizes(collective, algorithm, ps, ns, ts, fixed_beta) -> Holdout:
     worlds = sorted(set(int(p) for p in ps))
     if len(worlds) < 2:
         return {}
-    out = {}
+    out: dict[str, str | HeldOut] = {"method": "fit without this world size, predict it"}
     for w in worlds:
         test = ps == w
         f = fit_line(collective, algorithm, ps[~test], ns[~test], ts[~test], fixed_beta)
         rel = np.abs(f.predict(ps[test], ns[test]) - ts[test]) / ts[test]
         out[str(w)] = {"median_rel_err": float(np.median(rel)), "max_rel_err": float(np.max(rel))}
-    return {"world_sizes": {"method": "fit without this world size, predict it", **out}}
+    return {"world_sizes": out}
 
 
-def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
+def fit_group(key: FitGroup, pts: Sequence[Point], scope: str,
               fixed_beta: float | None = None, bootstrap: int = 200, seed: int = 0,
               forced_algorithm: str | None = None) -> GroupFit:
     collective = key["collective"]
@@ -366,7 +503,7 @@ def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
         names = candidates(collective)
     else:
         names = [canonical_algorithm(collective, algo)]
-    tried: list[tuple[float, int, str, LineFit, dict[str, float]]] = []
+    tried: list[tuple[float, int, str, LineFit, Goodness]] = []
     for name in names:
         try:
             line = fit_line(collective, name, ps, ns, ts, fixed_beta)
@@ -397,7 +534,7 @@ def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
                      f"exact by construction, its R^2 and errors say nothing")
     pieces = _piecewise(collective, name, ps, ns, ts, fixed_beta, line)
     if pieces:
-        notes.append(f"piecewise: breakpoint at {int(pieces[0]['max_bytes'])} bytes "
+        notes.append(f"piecewise: breakpoint at {piece_end(pieces[0])} bytes "
                      f"(one line left max relative error above 10 %)")
         if not pieces[1]["alpha_source"].startswith("fitted"):
             notes.append("piecewise: the upper piece shares the lower piece's alpha "
@@ -410,8 +547,9 @@ def fit_group(key: dict[str, Any], pts: Sequence[Point], scope: str,
     ci = _bootstrap(collective, name, pts, fixed_beta, bootstrap, rng)
     holdout = _holdout_sizes(collective, name, ps, ns, ts, fixed_beta)
     holdout.update(_holdout_world_sizes(collective, name, ps, ns, ts, fixed_beta))
-    cands = [{"algorithm": t[2], "median_rel_err": t[4]["median_rel_err"],
-              "max_rel_err": t[4]["max_rel_err"]} for t in sorted(tried, key=lambda t: t[1])]
+    cands: list[Candidate] = [{"algorithm": t[2], "median_rel_err": t[4]["median_rel_err"],
+                               "max_rel_err": t[4]["max_rel_err"]}
+                              for t in sorted(tried, key=lambda t: t[1])]
     return GroupFit(key, scope, sorted(set(int(p) for p in ps)), line, pieces, g, ci, cands,
                     holdout, notes, [float(ns.min()), float(ns.max())], flags)
 
@@ -431,8 +569,8 @@ def fit_key(record: Record) -> tuple[CaseId, str]:
     return dataclasses.replace(key, algorithm=known[0]), known[1]
 
 
-def _group_of(fit_key: dict[str, Any]) -> CaseId:
-    return CaseId(**{name: fit_key[name] for name in FIT_GROUP_FIELDS})
+def _group_of(fit_key: FitGroup) -> CaseId:
+    return CaseId(**group_fields(fit_key))
 
 
 def _order(case: CaseId) -> tuple[str, ...]:
@@ -543,7 +681,7 @@ class _Budget:
     skipped: list[str] | None
 
 
-def _fit_across(gkey: CaseId, group: list[Record], key: dict[str, Any], fixed: float | None,
+def _fit_across(gkey: CaseId, group: list[Record], key: FitGroup, fixed: float | None,
                 budget: _Budget) -> GroupFit:
     sharing = _ports_shared(gkey, group)
     across = fit_group(key, points_from_records(sharing), "all-world-sizes", fixed,
@@ -554,7 +692,7 @@ def _fit_across(gkey: CaseId, group: list[Record], key: dict[str, Any], fixed: f
     return across
 
 
-def _fit_per_world(gkey: CaseId, group: list[Record], key: dict[str, Any], fixed: float | None,
+def _fit_per_world(gkey: CaseId, group: list[Record], key: FitGroup, fixed: float | None,
                    across: GroupFit | None, source: str, budget: _Budget) -> list[GroupFit]:
     """One fit per world size with two sizes or more (a native one takes the formula the
     fit across world sizes chose)."""
@@ -584,7 +722,7 @@ def _fit_one_group(gkey: CaseId, group: list[Record], source: str, budget: _Budg
     """A group's fits appended to `fits`; a reducing collective takes its beta from the
     non-reducing fit of the same link with the most points (`betas`), which a
     non-reducing group updates."""
-    key = {name: getattr(gkey, name) for name in FIT_GROUP_FIELDS}
+    key = fit_group_of(gkey)
     link = gkey.only(LINK_FIELDS)
     fixed = None if key["collective"] in NON_REDUCING else betas.get(link, (0, None))[1]
     across = _fit_across(gkey, group, key, fixed, budget) \
@@ -602,7 +740,7 @@ def _fit_one_group(gkey: CaseId, group: list[Record], source: str, budget: _Budg
 
 
 def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: Sequence[int],
-                         bootstrap: int = 0) -> list[dict[str, Any]]:
+                         bootstrap: int = 0) -> list[ValidationRow]:
     """Calibrate on the `train` world sizes, predict every record at the `test` ones.
 
     Returns one row per predicted record: group, p, size, measured and predicted seconds,
@@ -614,7 +752,7 @@ def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: 
     across = {_group_of(f.key): f for f in fits if f.scope == "world-size"}
     across.update({_group_of(f.key): f for f in fits
                    if f.scope == "all-world-sizes"})
-    rows = []
+    rows: list[ValidationRow] = []
     for r in records:
         if r.world_size not in test:
             continue
@@ -631,15 +769,17 @@ def validate_world_sizes(records: Sequence[Record], train: Sequence[int], test: 
     return rows
 
 
-def summarize_validation(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple, list[float]] = defaultdict(list)
+def summarize_validation(rows: Sequence[ValidationRow]) -> list[ValidationSummary]:
+    groups: dict[tuple[str, ...], tuple[FitGroup, int, list[float]]] = {}
     for row in rows:
-        groups[tuple(row[k] for k in FIT_GROUP_FIELDS) + (row["world_size"],)].append(row["rel_err"])
-    out = []
-    for gkey, errs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        group = group_fields(row)
+        key = tuple(map(str, (*_group_values(group), row["world_size"])))
+        groups.setdefault(key, (group, row["world_size"], []))[2].append(row["rel_err"])
+    out: list[ValidationSummary] = []
+    for _, (group, world, errs) in sorted(groups.items()):
         e = np.array(errs)
-        out.append({**dict(zip(FIT_GROUP_FIELDS, gkey[:-1], strict=True)), "world_size": gkey[-1],
-                    "sizes": len(e), "median_rel_err": float(np.median(e)),
+        out.append({**group, "world_size": world, "sizes": len(e),
+                    "median_rel_err": float(np.median(e)),
                     "p90_rel_err": float(np.percentile(e, 90)), "max_rel_err": float(e.max())})
     return out
 

@@ -12,7 +12,7 @@ from typing import IO, Any, NotRequired, TypedDict, cast
 from ccbench import __version__
 from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm
-from ccbench.model.fit import SELECTION, GroupFit
+from ccbench.model.fit import SELECTION, FitEntry, GroupFit
 from ccbench.records import SCHEMA as RECORD_SCHEMA
 from ccbench.records import Record
 from ccbench.safeio import load_json, write_atomic
@@ -38,13 +38,12 @@ class ModelSources(TypedDict):
 
 
 class ModelFile(TypedDict):
-    """model.json's top level. `load_model` checks schema, version and every fit (each as
-    `GroupFit.to_json` writes it: backend, library, collective, scope, world_sizes,
-    model_algorithm, alpha, beta, gamma, goodness ...); the rest describes the model."""
+    """model.json's top level. `load_model` checks schema, version and every fit (a
+    `FitEntry`, as `GroupFit.to_json` writes it); the rest describes the model."""
 
     schema: str                             # SCHEMA
     version: int                            # VERSION
-    fits: list[dict[str, Any]]
+    fits: list[FitEntry]
     ccbench_version: NotRequired[str]
     created: NotRequired[str]               # ISO 8601, UTC
     units: NotRequired[dict[str, str]]
@@ -182,7 +181,7 @@ def _check_fit(fit: Any) -> None:
     _check_optional(fit)
 
 
-def _check_optional(fit: dict[str, Any]) -> None:
+def _check_optional(fit: dict[str, Any]) -> None:   # a fit not yet checked
     """Pieces, the sizes seen and the flags, where a fit has them."""
     pieces = fit.get("pieces")
     if pieces is not None:
@@ -192,6 +191,8 @@ def _check_optional(fit: dict[str, Any]) -> None:
             _check_constants(piece, f"piece {k}")
             if piece.get("max_bytes") is not None:
                 _number(piece["max_bytes"], f"piece {k} max_bytes", _MAX_BYTES)
+            elif k < len(pieces) - 1:
+                raise UsageError(f"piece {k} has no max_bytes (only the last piece has none)")
     sizes = fit.get("sizes")
     if sizes is not None:
         if not isinstance(sizes, list) or len(sizes) != 2:
@@ -207,7 +208,7 @@ def _check_optional(fit: dict[str, Any]) -> None:
         raise UsageError(f"flags is {flags!r}, not a list of text")
 
 
-def matches(fit: dict[str, Any], backend: str | None) -> bool:
+def matches(fit: FitEntry, backend: str | None) -> bool:
     """`backend` may name the backend (mpi), the library (Open MPI) or both (mpi/Open MPI)."""
     if backend is None:
         return True
@@ -217,7 +218,7 @@ def matches(fit: dict[str, Any], backend: str | None) -> bool:
 
 
 def select_fit(model: ModelFile, collective: str, ranks: int,
-               backend: str | None = None) -> tuple[dict[str, Any], str]:
+               backend: str | None = None) -> tuple[FitEntry, str]:
     """The fit to predict `collective` at `ranks` with, and a line saying why.
 
     Preference: same collective across world sizes; same collective at the nearest world
@@ -249,7 +250,7 @@ def select_fit(model: ModelFile, collective: str, ranks: int,
                    f"({other['backend']}/{other['library']}){more}")
 
 
-def default_algorithm(fit: dict[str, Any], collective: str) -> str:
+def default_algorithm(fit: FitEntry, collective: str) -> str:
     """The fit's formula when it is for this collective, else this collective's ring."""
     if fit["collective"] == collective:
         return fit["model_algorithm"]

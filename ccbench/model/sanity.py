@@ -17,9 +17,12 @@ flags what it cannot vouch for:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ccbench.units import size_text
+
+if TYPE_CHECKING:
+    from ccbench.model.fit import FitEntry
 
 __all__ = ["ALPHA_RATIO", "fit_scope", "prediction_flags", "row_flags"]
 
@@ -30,7 +33,7 @@ def _size_text(n: float) -> str:
     return size_text(n, digits=4)
 
 
-def fit_scope(fit: dict[str, Any]) -> str:
+def fit_scope(fit: FitEntry) -> str:
     worlds = ",".join(map(str, fit.get("world_sizes") or [])) or "?"
     sizes = fit.get("sizes")
     seen = (f"sizes {_size_text(sizes[0])}-{_size_text(sizes[1])}" if sizes else
@@ -38,7 +41,7 @@ def fit_scope(fit: dict[str, Any]) -> str:
     return f"fitted at {worlds} ranks, {seen}"
 
 
-def prediction_flags(fit: dict[str, Any], why: str, collective: str, algorithm: str,
+def prediction_flags(fit: FitEntry, why: str, collective: str, algorithm: str,
                      ranks: int) -> list[str]:
     """Flags that hold for every size of one prediction."""
     flags: list[str] = []
@@ -61,13 +64,13 @@ def prediction_flags(fit: dict[str, Any], why: str, collective: str, algorithm: 
     return flags
 
 
-def _smallest_alpha(fit: dict[str, Any]) -> float:
+def _smallest_alpha(fit: FitEntry) -> float:
     alphas = [p["alpha"] for p in fit.get("pieces") or []] or [fit["alpha"]]
     positive = [a for a in alphas if a > 0]
     return min(positive) if positive else 0.0
 
 
-def row_flags(fit: dict[str, Any], size_used: float, alpha: float, steps: float,
+def row_flags(fit: FitEntry, size_used: float, alpha: float, steps: float,
               busbw_gbps: Sequence[float], link_gbps: float, ranks: int) -> list[str]:
     """Flags of one size: size extrapolation, busbw against the link, alpha per step."""
     flags: list[str] = []

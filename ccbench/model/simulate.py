@@ -25,6 +25,7 @@ from typing import Any
 from ccbench.collectives import busbw_factor, layout
 from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm, coefficients, predict_time
+from ccbench.model.fit import FitLine
 from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import COLLECTIVES as HIER_COLLECTIVES
 from ccbench.model.hierarchical import hierarchical_steps, hierarchical_time, link_dims
@@ -49,7 +50,7 @@ class LinkOverrides:
     hop_latency: float = 0.0
 
 
-def _params(fit: dict[str, Any], n: float) -> tuple[int, float, float, float]:
+def _params(fit: FitLine, n: float) -> tuple[int, float, float, float]:
     """(piece index, alpha, beta, gamma) of the piece that size n falls in."""
     for index, piece in enumerate(fit.get("pieces") or []):
         if piece["max_bytes"] is None or n <= piece["max_bytes"]:

@@ -8,11 +8,9 @@ keys stay typed and named and a new identity field is added here, once.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
-
-from ccbench.bench_options import run_method_keys
 
 if TYPE_CHECKING:
     from ccbench.records.schema import Record
@@ -91,18 +89,19 @@ class RecordKey:
 
 # What every record of one run shares (one ccbench process tree on one set of hosts). Two
 # records that claim the same run id but differ here come from different runs. The method
-# keys are those bench_options.method_record writes: every Method field and the run's.
-_RUN_METHOD_KEYS = run_method_keys()
+# keys are the caller's: those ccbench.bench.options.method_record writes (run_method_keys(),
+# every Method field and the run's); records/ holds data and never imports the benchmark.
 _RUN_ENVIRONMENT_KEYS = ("cpu", "num_cpus", "python", "platform", "hostname", "numpy", "torch",
                          "variables")
 
 
-def run_metadata(record: Record) -> dict[str, object]:
-    """The fields every record of one run must share."""
+def run_metadata(record: Record, method_keys: Iterable[str]) -> dict[str, object]:
+    """The fields every record of one run must share: its hosts, world, timing, environment
+    and the entries of record.method named by `method_keys`."""
     return {
         "ccbench_version": record.ccbench_version, "hosts": list(record.hosts),
         "world_size": record.world_size, "nodes": record.nodes,
         "ranks_per_node": record.ranks_per_node, "timing": record.timing,
-        **{f"method.{k}": record.method.get(k) for k in _RUN_METHOD_KEYS},
+        **{f"method.{k}": record.method.get(k) for k in method_keys},
         **{f"environment.{k}": record.environment.get(k) for k in _RUN_ENVIRONMENT_KEYS},
     }

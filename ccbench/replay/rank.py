@@ -2,7 +2,7 @@
 
 Per backend, two passes over this rank's ops, in trace order:
 1. per op: each call of ccbench's collectives measured with the benchmark's own method
-   (`ccbench.harness.measure_size`: warm-up, timed iterations, max over the group's ranks,
+   (`ccbench.bench.harness.measure_size`: warm-up, timed iterations, max over the group's ranks,
    bit-exact validation) on the call's process group; barrier and send/recv timed the same
    way; anything else listed as skipped, with the reason. One record per measured call,
    tagged with its trace node id (record.method["trace"]).
@@ -32,17 +32,17 @@ from ccbench import __version__
 from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
+from ccbench.bench.harness import Case, Method, measure_size
+from ccbench.bench.stats import summarize
 from ccbench.collectives import busbw_factor, layout
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
-from ccbench.harness import Case, Method, measure_size
-from ccbench.record import Record
+from ccbench.records import Record
 from ccbench.replay.extra import EXTRA, SAME_WIDTH, ExtraCall, element_type, prepare, prepare_exchange
 from ccbench.run.control import ControlClient
 from ccbench.run.faults import inject
 from ccbench.run.launchers import LaunchInfo, detect_launch
 from ccbench.run.watchdog import Watchdog
-from ccbench.stats import summarize
 from ccbench.trace.groups import ambiguous_calls
 from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
@@ -473,7 +473,7 @@ def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]
     """One rank's replay, in the benchmark's rank lifecycle (ccbench.run.lifecycle.rank_lifecycle:
     start-up waits, watchdog, step labels, fault points, exit alarm). Returns (exit status,
     rank 0: per backend its results)."""
-    from ccbench.bench_options import connect_timeout
+    from ccbench.bench.options import connect_timeout
     from ccbench.run.launchers import require_mpi_launcher
     from ccbench.run.lifecycle import rank_lifecycle
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 from typing import Any
 
 from ccbench.backend_facts import facts_of
+from ccbench.bench.stats import summarize
 from ccbench.collectives import COLLECTIVES
 from ccbench.records import CaseId, Record
-from ccbench.stats import summarize
 
 __all__ = ["series_label", "colour_key", "library_name", "to_frame", "library_versions", "key_numbers",
            "half_peak_size", "COLLECTIVE_ORDER", "RUN_VIEWS", "combine_runs", "runs_note"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ccbench.units import size_label
 
@@ -37,9 +37,9 @@ def load(path: str) -> Mapping[str, Any]:
 def _alpha_beta(fit: dict[str, Any], p: int, sizes) -> list[float] | None:
     """Seconds, through ccbench.model when present; None when the fit cannot be evaluated."""
     try:
-        from ccbench.model.fit import predict_from_fit
+        from ccbench.model.fit import FitLine, predict_from_fit
 
-        return [float(x) for x in predict_from_fit(fit, p, sizes)]
+        return [float(x) for x in predict_from_fit(cast(FitLine, fit), p, sizes)]
     except Exception:  # noqa: BLE001 -- any failure of an optional overlay is a skipped curve
         return None
 

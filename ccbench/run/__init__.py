@@ -4,5 +4,5 @@ a torchrun worker starts: terminated), the watchdog,
 how rank processes ended (rankexits, procfs), the fault points ranks call (faults), one rank's
 life around its work (lifecycle), and the supervisor `ccbench launch` runs its ranks under.
 
-run/ sits below the benchmark (ccbench.runner), the trace replay and diagnose, and above
+run/ sits below the benchmark (ccbench.bench.runner), the trace replay and diagnose, and above
 records/: it never imports a backend, the harness or a command."""

@@ -41,9 +41,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ccbench.bench_options import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure
 from ccbench.run.arrivals import LATE_GRACE_S
+from ccbench.timeouts import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from ccbench.units import size_text
 
 __all__ = ["CONNECT_TIMEOUT_S", "MAX_LINE_BYTES", "MAX_RANK_LINE_BYTES", "SECRET_VAR",

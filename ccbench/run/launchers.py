@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ccbench.bench_options import DEFAULT_TIMEOUT_S
 from ccbench.errors import RunFailure, UsageError
 from ccbench.run.addresses import listen_address, published_address
 from ccbench.run.arrivals import LATE_GRACE_S, LAUNCHER_PID_VAR, rank_states
@@ -54,6 +53,7 @@ from ccbench.run.secretfile import (
 )
 from ccbench.run.storehost import start_store_host
 from ccbench.run.terminated import real_stderr
+from ccbench.timeouts import DEFAULT_TIMEOUT_S
 
 __all__ = ["CONTROL_FD_VAR", "MPI_CONTROL_VAR", "MPI_LAUNCHERS", "LaunchInfo", "connect_control",
            "detect_launch", "expand_nodelist", "mpiexec_beside", "published_address",

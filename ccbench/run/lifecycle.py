@@ -1,7 +1,7 @@
 """One rank's life around the work it does (the benchmark's cases, a trace's replay, a
 diagnosis): connect to the control store, start the watchdog, wait for late ranks and agree on
 the arguments, run the work, meet at the end, close, arm the exit alarm. The benchmark
-(ccbench.runner), the trace replay (ccbench.replay.rank) and diagnose
+(ccbench.bench.runner), the trace replay (ccbench.replay.rank) and diagnose
 (ccbench.diagnose.measure) all run inside `rank_lifecycle`."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A sweep file (all keys but one of collectives/backends optional; see slurm/sweep
     ranks_per_node: [2, 3, 4]
     modes: [out-of-place, in-place]
     timing: per-op
-    iters: 20                         # every benchmark option (ccbench.bench_options): iters,
+    iters: 20                         # every benchmark option (ccbench.bench.options): iters,
     pipeline: 10                      # warmup, min_time, max_iters, pipeline, check, timeout,
     device: cpu                       # connect_timeout, root, device, mpi_thread_level,
                                       # nccl_algo, nccl_proto; the same checks as the flags

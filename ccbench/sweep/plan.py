@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ccbench.bench_options import option_argv
+from ccbench.bench.options import option_argv
 from ccbench.errors import UsageError
 from ccbench.records import CaseId
 from ccbench.run.launcher_env import LOCAL, MPI_ENVS, TORCHRUN

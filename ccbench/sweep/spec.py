@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ccbench.backends import HOST_BACKEND
-from ccbench.bench_options import BENCH_OPTIONS, conflict
+from ccbench.bench.options import BENCH_OPTIONS, conflict
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
 from ccbench.collectives import get as get_collective
 from ccbench.errors import UsageError, choices_error

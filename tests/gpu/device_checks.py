@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends.base import RankContext
+from ccbench.bench.validation import count_wrong, initial_output, make_input
 from ccbench.collectives import COLLECTIVES, REDUCING, layout
 from ccbench.dtypes import DTYPES
 from ccbench.run.control import ControlClient, ControlServer
-from ccbench.validation import count_wrong, initial_output, make_input
 
 #: an HBM bandwidth no current device reaches (bytes/s): a bound below any honest timing
 _FASTER_THAN_ANY_DEVICE = 20e12

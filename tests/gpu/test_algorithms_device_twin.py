@@ -15,7 +15,7 @@ import pytest
 from test_cpu_twins import DRIVER, MPIEXEC, PYTHON, _run_local
 
 from ccbench.backends.algorithmic import algorithm_names
-from ccbench.record import load_records
+from ccbench.records import load_records
 
 ALL_OPS = "sum,max,min,prod"
 

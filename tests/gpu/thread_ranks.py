@@ -1,7 +1,7 @@
 """ccbench's algorithms on one device with ranks as threads, one CUDA stream each
 (algorithms.device_threads): every algorithm x collective x dtype x op x mode at each world
 size, the reductions in the CuPy kernels (CupyReducer) on the rank's stream, every rank's
-output compared bit for bit with the values the harness expects (ccbench.validation).
+output compared bit for bit with the values the harness expects (ccbench.bench.validation).
 
     python tests/gpu/thread_ranks.py [--worlds 2,4,8] [--size 64K] [--ops sum,max,min,prod]
                                      [--algorithms ring,tree,...] [--fake-cupy]
@@ -71,9 +71,9 @@ def run_world(world: int, cases: list[tuple[str, str, str, str | None, bool]], s
     from algorithms.executor import Executor
     from algorithms.kernels import CupyReducer
     from ccbench.backends.buffers import CupyBuffers
+    from ccbench.bench.validation import count_wrong, initial_output, make_input
     from ccbench.collectives import layout
     from ccbench.dtypes import DTYPES
-    from ccbench.validation import count_wrong, initial_output, make_input
 
     root = 0
 

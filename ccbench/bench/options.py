@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
 from ccbench.errors import UsageError
+from ccbench.timeouts import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
 
 __all__ = ["AT_LEAST", "BENCH_OPTIONS", "COMBINE_LABELS", "CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S",
            "ENV_AXES", "HELP_WORDS", "METHOD_OPTIONS", "RUN_OPTIONS", "RUN_RECORD_KEYS", "BenchOption",
@@ -28,11 +29,6 @@ __all__ = ["AT_LEAST", "BENCH_OPTIONS", "COMBINE_LABELS", "CONNECT_TIMEOUT_S", "
            "connect_timeout", "env_name", "environment_settings", "given", "method_from",
            "method_record", "option_argv", "option_named", "run_method_keys"]
 
-#: seconds one operation (and a library's initialisation) may take before the run is stopped
-DEFAULT_TIMEOUT_S = 300.0
-#: seconds a rank may take to reach the control store (at most --timeout); the control plane
-#: (ccbench.run) reads it from here, so that options never import the control plane
-CONNECT_TIMEOUT_S = 30.0
 
 
 class GivenStore(argparse.Action):
@@ -241,7 +237,7 @@ METHOD_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(Method) if "optio
 
 #: what record.method says about the run besides its Method, alike in every record of one run:
 #: how its ranks were started (`launcher`) and, under `ccbench launch --repeat`, which launch
-#: it was (ccbench.repeats.repeat_from_env)
+#: it was (ccbench.bench.repeats.repeat_from_env)
 RUN_RECORD_KEYS: tuple[str, ...] = ("launcher", "repeat", "repeats", "repeat_group")
 
 

@@ -23,7 +23,7 @@ import argparse
 import os
 
 from ccbench.backends import MPI_SUITE_BACKEND, reading
-from ccbench.bench_options import COMBINE_LABELS, GivenStore, given
+from ccbench.bench.options import COMBINE_LABELS, GivenStore, given
 from ccbench.collectives import every
 from ccbench.errors import UsageError
 

@@ -16,16 +16,18 @@ from ccbench import __version__
 from ccbench.backends import backend_class, prepare_process
 from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
-from ccbench.bench_options import COMBINE_LABELS, method_record
+from ccbench.bench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
+from ccbench.bench.options import COMBINE_LABELS, method_record
+from ccbench.bench.output.progress import Progress
+from ccbench.bench.output.table import TableWriter
+from ccbench.bench.output.writers import make_writer
+from ccbench.bench.repeats import RepeatIndex, repeat_from_env
 from ccbench.collectives import REDUCING, layout
 from ccbench.collectives import get as get_collective
 from ccbench.dtypes import numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
-from ccbench.harness import Case, Method, SizeResult, host_bytes_per_rank, measure_size
-from ccbench.output import Progress, TableWriter, make_writer
 from ccbench.records import Record
 from ccbench.records.table import finish_parquet
-from ccbench.repeats import repeat_from_env
 from ccbench.run.control import CONNECT_TIMEOUT_S, ControlClient
 from ccbench.run.faults import MID_RUN_STEP, inject
 from ccbench.run.launchers import LaunchInfo, detect_launch, require_mpi_launcher
@@ -144,7 +146,7 @@ def _placement(device: str, ranks_on_node: int) -> dict[str, Any]:
 
 class _Run:
     def __init__(self, config: BenchConfig, info: LaunchInfo, store: ControlClient,
-                 repeat: dict[str, Any] | None = None) -> None:
+                 repeat: RepeatIndex | None = None) -> None:
         self.config, self.info, self.store = config, info, store
         self.repeat = repeat or {}         # which launch of `ccbench launch --repeat N`
         self.is_root = info.rank == 0
@@ -317,7 +319,7 @@ def run_benchmark(config: BenchConfig) -> int:
     def body(store: ControlClient, watchdog: Watchdog) -> int:
         _check_memory(config, info)
         if config.keep_records and config.output is None and info.rank == 0:
-            from ccbench.output import new_records_file
+            from ccbench.bench.output.files import new_records_file
 
             chosen[0] = config.output = new_records_file()     # only rank 0 writes records
         runs.append(_Run(config, info, store, repeat))
@@ -330,7 +332,7 @@ def run_benchmark(config: BenchConfig) -> int:
     if status and runs and runs[0].wrong_cases:     # rank 0 says why, last: what a launcher reports
         raise RunFailure(_wrong_line(runs[0].wrong_total, runs[0].wrong_cases, config.output))
     if chosen[0] is not None and os.path.exists(chosen[0]):
-        from ccbench.output import say_where_records_are
+        from ccbench.bench.output.files import say_where_records_are
 
         say_where_records_are(chosen[0])
     return status

@@ -21,14 +21,9 @@ from typing import Any
 import numpy as np
 
 from ccbench.backends.base import Backend
-from ccbench.bench_options import Method  # the method options; re-exported
-from ccbench.collectives import Layout, busbw_factor, get, layout
-from ccbench.dtypes import numpy_dtype
-from ccbench.run.control import ControlClient
-from ccbench.run.watchdog import Watchdog
-from ccbench.stats import summarize
-from ccbench.units import format_size
-from ccbench.validation import (
+from ccbench.bench.options import Method  # the method options; re-exported
+from ccbench.bench.stats import summarize
+from ccbench.bench.validation import (
     CHUNK,
     checked,
     chunks,
@@ -36,6 +31,11 @@ from ccbench.validation import (
     initial_output,
     make_input,
 )
+from ccbench.collectives import Layout, busbw_factor, get, layout
+from ccbench.dtypes import numpy_dtype
+from ccbench.run.control import ControlClient
+from ccbench.run.watchdog import Watchdog
+from ccbench.units import format_size
 
 # fault injection for the test suite: flip one received element on rank 0 before validation
 _INJECT_CORRUPTION = os.environ.get("CCBENCH_CORRUPT") == "1"

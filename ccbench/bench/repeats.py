@@ -18,6 +18,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -25,8 +26,8 @@ from ccbench.errors import UsageError
 from ccbench.records import Record, load_records
 from ccbench.units import format_size
 
-__all__ = ["ENV", "SpreadRow", "format_spread", "repeat_env", "repeat_from_env", "repeat_launches",
-           "spread_rows"]
+__all__ = ["ENV", "RepeatIndex", "SpreadRow", "format_spread", "repeat_env", "repeat_from_env",
+           "repeat_launches", "spread_rows"]
 
 ENV = "CCBENCH_REPEAT"
 _VALUE = re.compile(r"^(\d+)/(\d+)/([0-9a-f]{1,32})$")
@@ -36,7 +37,16 @@ def repeat_env(index: int, repeats: int, group: str) -> dict[str, str]:
     return {ENV: f"{index}/{repeats}/{group}"}
 
 
-def repeat_from_env() -> dict[str, object]:
+class RepeatIndex(TypedDict, total=False):
+    """Which launch of `ccbench launch --repeat N` a rank runs in (empty outside --repeat):
+    what its records' method block says (RUN_RECORD_KEYS)."""
+
+    repeat: int                 # 1..repeats
+    repeats: int
+    repeat_group: str           # shared by the N launches
+
+
+def repeat_from_env() -> RepeatIndex:
     """What a rank records about its launch: {} outside --repeat."""
     value = os.environ.get(ENV)
     if not value:
