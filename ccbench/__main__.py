@@ -20,6 +20,9 @@ def entry() -> None:
     """Run the command line; the imports are inside so that an interrupt during them is
     answered as one during the run is."""
     try:
+        from ccbench.run import late_interrupt
+
+        late_interrupt.arm()    # first, so that its exit handler runs last
         from ccbench.run.terminated import Terminated
         from ccbench.run.terminated import install as catch_sigterm
 
@@ -48,6 +51,7 @@ def entry() -> None:
         from ccbench.run.terminated import leave as leave_terminated
 
         leave_terminated()
+    late_interrupt.held_status(status)
     leave(status)
 
 

@@ -11,6 +11,8 @@ Actions: kill (SIGKILL), stop (SIGSTOP), exit (status 1, silent),
 unreachable (start-up only: the control store address becomes one that does not resolve),
 and, outside the fault matrix, raise (mid-run: a library error on this rank alone, a
 RuntimeError as a library raises one).
+Outside the fault matrix too: done:RANK:interrupt (SIGINT to the rank itself once its run is
+done: records written, the control store closed, its backend and MPI still to be torn down).
 Not a fault but the same hook: late (start-up or init: sleep CCBENCH_FAULT_LATE_S seconds, default
 12, as a rank on a loaded machine may take to start; the run must not fail for it).
 Unset, every call is a dictionary lookup that does nothing.
@@ -24,13 +26,15 @@ import time
 
 from ccbench.errors import UsageError
 
-__all__ = ["ACTIONS", "LATE", "MID_RUN_STEP", "PHASES", "RAISE", "UNREACHABLE_HOST", "inject",
-           "planned"]
+__all__ = ["ACTIONS", "DONE", "INTERRUPT", "LATE", "MID_RUN_STEP", "PHASES", "RAISE",
+           "UNREACHABLE_HOST", "inject", "planned"]
 
 PHASES = ("before-connect", "start-up", "init", "mid-run", "shutdown")
 ACTIONS = ("kill", "stop", "exit", "unreachable")
 LATE = "late"                                  # not a fault: a rank that starts late
 RAISE = "raise"                                # a library error on one rank (not in the matrix)
+DONE = "done"                                  # the run done, its teardown ahead (not in the matrix)
+INTERRUPT = "interrupt"                        # SIGINT to the rank itself (not in the matrix)
 UNREACHABLE_HOST = "control-store.invalid"     # .invalid never resolves (RFC 2606)
 MID_RUN_STEP = 3
 
@@ -45,9 +49,9 @@ def planned(rank: int) -> tuple[str, str] | None:
         victim_rank = int(victim)
     except ValueError:
         raise UsageError(f"CCBENCH_FAULT={spec!r} (valid: PHASE:RANK:ACTION)") from None
-    if phase not in PHASES or action not in (*ACTIONS, LATE, RAISE):
-        raise UsageError(f"CCBENCH_FAULT={spec!r} (valid phases: {', '.join(PHASES)}; "
-                         f"actions: {', '.join((*ACTIONS, LATE, RAISE))})")
+    if phase not in (*PHASES, DONE) or action not in (*ACTIONS, LATE, RAISE, INTERRUPT):
+        raise UsageError(f"CCBENCH_FAULT={spec!r} (valid phases: {', '.join((*PHASES, DONE))}; "
+                         f"actions: {', '.join((*ACTIONS, LATE, RAISE, INTERRUPT))})")
     return (phase, action) if victim_rank == rank else None
 
 
@@ -71,5 +75,7 @@ def inject(phase: str, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "exit":
         os._exit(1)
+    elif action == INTERRUPT:
+        os.kill(os.getpid(), signal.SIGINT)
     elif action == RAISE:
         raise RuntimeError(f"injected library error on rank {rank} ({phase})")

@@ -29,6 +29,7 @@ from ccbench.run.control import (
     hold_interrupt,
 )
 from ccbench.run.faults import inject
+from ccbench.run.late_interrupt import hold as hold_late
 from ccbench.run.launchers import (
     LaunchInfo,
     connect_control,
@@ -98,10 +99,12 @@ def rank_lifecycle(info: LaunchInfo, timeout: float, connect_timeout: float, arg
                 store.set("aborted", info.rank)
         raise
     finally:
-        watchdog.stop()
-        if "previous" in at_interrupt:
+        # until the process exits, a SIGINT is noted and said at exit (ccbench.run.late_interrupt)
+        if not hold_late(lambda: watchdog.label, info.rank) and "previous" in at_interrupt:
             signal.signal(signal.SIGINT, at_interrupt["previous"])
+        watchdog.stop()
     close_control(store, server, info)
+    inject("done", info.rank)
     if shared is not None:
         raise shared
     # what runs after us (MPI_Finalize at interpreter exit, library destructors) is collective

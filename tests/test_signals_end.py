@@ -1,0 +1,93 @@
+"""SIGINT to one rank once its run is done (every record written, the control store closed;
+the backend, MPI and the exit handlers still to run): exactly one line naming the rank, exit
+status 130, every record kept, nothing left running. Before, the interrupt handler was gone
+there: a bare `ccbench: interrupted` and the launcher's 'no rank said why', MPI peers left in
+MPI_Finalize until their exit alarm, an `Exception ignored in atexit callback` traceback with
+exit status 0 under torchrun. The signal comes from the fault hook (done:RANK:interrupt), so
+that it lands in that window every time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import MPIEXEC, have_mpi
+from fault_cells import tagged_processes
+
+from ccbench.errors import is_error_line
+from ccbench.records import load_records
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+BOUND_S = 300            # a run of a few small sizes ends well within this on a loaded machine
+SIZES = ["allreduce", "--sizes", "1K-8K", "--iters", "3", "--warmup", "1", "-q",
+         "--timeout", "20"]
+
+
+def _run(cmd: list[str], victim: int, out: Path) -> tuple[int, str, list[int]]:
+    tag = f"ccbench-end-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([*cmd, "--output", str(out)],
+                            env={**os.environ, "CCBENCH_FAULT_TAG": tag, "PYTHONPATH": str(ROOT),
+                                 "CCBENCH_FAULT": f"done:{victim}:interrupt"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=BOUND_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        err += f"\n(still running after {BOUND_S} s)"
+    left = tagged_processes(tag)
+    return proc.returncode, err, left
+
+
+def _check(status: int, err: str, left: list[int], victim: int, out: Path, sizes: int) -> None:
+    lines = [line for line in err.splitlines() if is_error_line(line)]
+    assert len(lines) == 1, err[-3000:]
+    assert f"rank {victim} was interrupted (SIGINT)" in lines[0], err[-3000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    assert status == 130, (status, err[-3000:])
+    assert not left, left
+    assert len({r.size_used for r in load_records(str(out))}) == sizes
+
+
+def test_sigint_to_rank_0_after_its_run_under_launch(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    status, err, left = _run([sys.executable, "-m", "ccbench", "launch", "-n", "3", *SIZES,
+                              "--backend", "gloo"], 0, out)
+    _check(status, err, left, 0, out, 4)
+
+
+@pytest.mark.matrix
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_sigint_to_an_mpi_rank_after_its_run_under_launch(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    status, err, left = _run([sys.executable, "-m", "ccbench", "launch", "-n", "3", *SIZES,
+                              "--backend", "mpi"], 1, out)
+    _check(status, err, left, 1, out, 4)
+
+
+@pytest.mark.matrix
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_sigint_to_rank_0_after_its_run_under_a_bare_mpiexec(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    status, err, left = _run([MPIEXEC, "-n", "3", sys.executable, "-m", "ccbench", *SIZES,
+                              "--backend", "mpi"], 0, out)
+    _check(status, err, left, 0, out, 4)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("victim", [0, 1])
+def test_sigint_to_a_rank_after_its_run_under_torchrun(tmp_path: Path, victim: int) -> None:
+    out = tmp_path / "r.jsonl"
+    status, err, left = _run([TORCHRUN, "--nproc-per-node", "3", "-m", "ccbench", *SIZES,
+                              "--backend", "gloo"], victim, out)
+    lines = [line for line in err.splitlines() if is_error_line(line)]
+    assert len(lines) == 1, err[-3000:]
+    assert f"rank {victim} was interrupted (SIGINT)" in lines[0], err[-3000:]
+    assert "Exception ignored" not in err, err[-3000:]
+    assert status != 0 and not left, (status, left)
+    assert len({r.size_used for r in load_records(str(out))}) == 4
