@@ -436,3 +436,22 @@ def test_sigterm_to_a_late_rank_under_torchrun_is_its_line_alone(tmp_path: Path)
     err, left = _end(proc, tag, time.monotonic())
     assert left == [], err[-3000:]
     assert "start-up: rank 1 was terminated (SIGTERM)" in _one_line(err), err[-3000:]
+
+
+@pytest.mark.skipif(not have_mpi(), reason="no mpiexec in this environment")
+def test_a_rank_dead_before_mpi_init_is_named_at_once_under_launch(tmp_path: Path) -> None:
+    """Rank 1 killed after it connected to the launcher's store, before MPI_Init: the ranks
+    waiting in MPI_Init name it dead as soon as it is gone, in one line. Before, their guard
+    waited out its limit and named it without '(dead)'."""
+    tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-m", "ccbench", "launch", "-n", "3", *BENCH,
+                             "--backend", "mpi", "--output", str(tmp_path / "r.jsonl")],
+                            env={**os.environ, "CCBENCH_FAULT_TAG": tag, "PYTHONPATH": str(ROOT),
+                                 "CCBENCH_FAULT": "start-up:1:kill"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err, left = _end(proc, tag, time.monotonic())
+    assert left == [], err[-3000:]
+    line = _one_line(err)
+    assert "MPI start-up (MPI_Init): a rank exited" in line, err[-3000:]
+    assert line.endswith("ranks that did not arrive: 1 (dead)"), err[-3000:]
+    assert proc.returncode != 0

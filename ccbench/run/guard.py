@@ -67,12 +67,27 @@ class StartGuard:
 
 def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
     phase, limit, rank, world = guard.phase, guard.limit, guard.rank, guard.world_size
-    ready, _, _ = select.select([read_fd], [], [], limit)
-    if ready:
-        return
     complete = guard.all_local
-    started = time.monotonic() - limit
+    started = time.monotonic()
+    if complete:
+        # every rank on this host: a peer that exits meanwhile (killed while it imports or
+        # connects) is seen gone at once, instead of after the limit
+        dead = _await_or_dead(read_fd, parent, rank, world, started + limit)
+        if dead is None:
+            return
+    else:
+        ready, _, _ = select.select([read_fd], [], [], limit)
+        if ready:
+            return
+        dead = []
     peers, missing = _look(parent, rank, world)
+    missing = sorted(set(missing) | set(dead))
+    if dead:
+        _speak_or_leave(parent, rank, world, peers, missing,
+                        f"{phase}: a rank exited before it finished (killed or failed while "
+                        f"it started); ranks that did not arrive: "
+                        f"{_named(missing, dead, peers)}", limit)
+        return
     if complete and not missing:
         # every rank still runs: a loaded machine, not a fault; wait a bounded while longer,
         # unless one of them dies or stops meanwhile
@@ -82,26 +97,72 @@ def _watch(read_fd: int, parent: int, guard: StartGuard) -> None:
             if ready:
                 return
             peers, missing = _look(parent, rank, world)
+    names = ", ".join(map(str, missing)) if complete and missing else "unknown"
+    waited = time.monotonic() - started
+    why = (f"{phase}: did not finish within {waited:.0f} s (a rank died or hangs during "
+           f"start-up); ranks that did not arrive: {names}")
+    if complete:
+        _speak_or_leave(parent, rank, world, peers, missing, why, limit)
+    else:
+        _speak(parent, why)
+
+
+def _speak_or_leave(parent: int, rank: int, world: int, peers: dict[int, tuple[int, str]],
+                    missing: list[int], why: str, limit: float) -> None:
+    """The lowest live rank speaks for all; the others stay until it has looked (so that it
+    does not count them among the missing), then end their rank without a word."""
     here = set(range(world)) - set(missing)
     speaker = min(here | {rank})
-    if complete and speaker != rank:
-        # the lowest live rank speaks for all; stay until it has looked, so that it does not
-        # count this rank among the missing
+    if speaker != rank and speaker in peers:
         _wait_gone(peers[speaker][0], limit)
         os.kill(parent, signal.SIGKILL)
         return
-    names = ", ".join(map(str, missing)) if complete and missing else "unknown"
-    waited = time.monotonic() - started
-    line = error_line(f"{phase}: did not finish within {waited:.0f} s (a rank died or hangs "
-                      f"during start-up); ranks that did not arrive: {names}") + "\n"
+    _speak(parent, why)
+
+
+def _speak(parent: int, why: str) -> None:
     note_spoken(_parent_of(parent))        # the store host of a bare mpiexec stays silent
     try:
-        os.write(sys.stderr.fileno(), line.encode())
+        os.write(sys.stderr.fileno(), (error_line(why) + "\n").encode())
     finally:
         os.kill(parent, signal.SIGKILL)
 
 
+def _await_or_dead(read_fd: int, parent: int, rank: int, world: int, deadline: float
+                   ) -> list[int] | None:
+    """Until the parent says done (None) or the deadline passes ([]): the peers gone (exited,
+    or a zombie) on two looks in a row, as soon as there is one. The MPI launcher started
+    them all together, long before this rank got here; twice, so that one it starts this
+    very moment is not taken for gone."""
+    before: set[int] = set()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return []
+        ready, _, _ = select.select([read_fd], [], [], min(left, 0.5))
+        if ready:
+            return None
+        peers = local_peer_ranks(_parent_of(parent))
+        gone = {r for r in range(world) if r != rank
+                and (r not in peers or peers[r][1] in _DEAD)}
+        if gone & before:
+            return sorted(gone & before)
+        before = gone
+
+
+def _named(missing: list[int], dead: list[int], peers: dict[int, tuple[int, str]]) -> str:
+    def why(r: int) -> str:
+        if r in dead:
+            return f"{r} (dead)"
+        if r in peers and peers[r][1] in ("T", "t"):
+            return f"{r} (stopped)"
+        return str(r)
+
+    return ", ".join(why(r) for r in missing)
+
+
 _GONE = ("T", "t", "Z", "X")
+_DEAD = ("Z", "X")
 
 
 def _look(parent: int, rank: int, world: int) -> tuple[dict[int, tuple[int, str]], list[int]]:
