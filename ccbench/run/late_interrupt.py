@@ -6,8 +6,9 @@ peers left waiting in MPI_Finalize until their exit alarm, a store host gone bef
 said bye. Instead, from the end of the run until the process exits, SIGINT is noted and the
 teardown goes on; the last exit handler (registered first, so it runs last) finalizes MPI while
 Python can still note a signal, and, if one came, says it in one line and ends the process with
-status 130. Every record is already whole on disk by then. A SIGINT that comes after that last
-handler is ignored: only the interpreter's own teardown is left."""
+status 130. Every record is already whole on disk by then. Without one, the rank ends there too
+(status 0): what is left, the interpreter's and the libraries' own teardown, would run with
+the default SIGINT action back in place."""
 
 from __future__ import annotations
 
@@ -69,22 +70,20 @@ def _at_exit() -> None:
         with contextlib.suppress(Exception):
             if mpi.Is_initialized() and not mpi.Is_finalized():
                 mpi.Finalize()
-    label = _state["noted"]
-    if label is None:
-        # what is left (the interpreter's own teardown, the libraries' destructors) runs with
-        # Python's handlers reset to the default, which would kill the rank by SIGINT now that
-        # the run is whole: a SIGINT from here on is ignored
-        with contextlib.suppress(ValueError):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     from ccbench.errors import error_line
     from ccbench.run.secretfile import remove_written
 
-    try:
+    remove_written()
+    label = _state["noted"]
+    if label is None:
+        # what is left (the interpreter's own teardown, the libraries' destructors: seconds for
+        # torch on a loaded machine) would run with Python's handlers reset to the default, a
+        # SIGINT then killing the rank without a word: the run is whole, the rank ends here
+        os._exit(0)
+    with contextlib.suppress(OSError, ValueError):
         print(error_line(f"{label}: rank {_state['rank']} was interrupted (SIGINT) after the "
                          f"run was done; every record is kept"), file=sys.stderr, flush=True)
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
-    remove_written()
     os._exit(128 + signal.SIGINT)
