@@ -455,3 +455,26 @@ def test_a_rank_dead_before_mpi_init_is_named_at_once_under_launch(tmp_path: Pat
     assert "MPI start-up (MPI_Init): a rank exited" in line, err[-3000:]
     assert line.endswith("ranks that did not arrive: 1 (dead)"), err[-3000:]
     assert proc.returncode != 0
+
+
+@pytest.mark.slurm
+def test_rank_0_dead_at_start_up_under_srun_is_one_line(tmp_path: Path) -> None:
+    """srun passes every rank's lines on: rank 0 gone before it opened the control store is
+    said by rank 1 alone (rank 2 waits for it to go and leaves without a line). Before, ranks 1
+    and 2 each said 'cannot reach the control store ... rank 0 exited'."""
+    from test_slurm import _scheduler_problem
+
+    problem = _scheduler_problem()
+    if problem is not None:
+        pytest.skip(f"Slurm is not up: {problem}")
+    tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(["srun", "-n", "3", sys.executable, "-m", "ccbench", *BENCH,
+                             "--backend", "gloo", "--output", str(tmp_path / "r.jsonl")],
+                            env={**os.environ, "CCBENCH_FAULT_TAG": tag, "PYTHONPATH": str(ROOT),
+                                 "CCBENCH_FAULT": "start-up:0:kill",
+                                 "CCBENCH_CONTROL_SECRET": uuid.uuid4().hex * 2},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err, left = _end(proc, tag, time.monotonic())
+    assert left == [], err[-3000:]
+    assert "rank 0 exited; ranks that did not arrive: 0 (dead)" in _one_line(err), err[-3000:]
+    assert proc.returncode != 0

@@ -94,6 +94,7 @@ class StoreLost(RunFailure):
         super().__init__(message)
         self.unresponsive = unresponsive
         self.holder = holder            # the process that hosts the store (ControlClient.holder)
+        self.rank0_gone = False         # at start-up, rank 0's process was seen gone
 
 
 class StoreTimeout(RunFailure):
@@ -804,8 +805,10 @@ def _unreachable(host: str, port: int, timeout: float, rank: int, exc: OSError,
     reason = exc.strerror or str(exc) or type(exc).__name__
     where = f"the control store at {host}:{port}"
     if gone:                                           # seen in /proc: rank 0's process ended
-        return StoreLost(f"start-up: cannot reach {where} ({reason}): rank 0 exited; ranks "
+        lost = StoreLost(f"start-up: cannot reach {where} ({reason}): rank 0 exited; ranks "
                          f"that did not arrive: 0 (dead)")
+        lost.rank0_gone = True
+        return lost
     if isinstance(exc, ConnectionRefusedError):       # the host answers, nobody listens
         who = "0 (nothing listens there: rank 0 is not running)"
     else:                                              # this rank cannot get there at all

@@ -19,6 +19,7 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from ccbench.run.control import (
     SECRET_VAR,
     ControlClient,
     ControlServer,
+    StoreLost,
     new_secret,
     secret_from_env,
 )
@@ -258,9 +260,34 @@ def connect_control(info: LaunchInfo, timeout: float, connect_timeout: float = C
         return client, None
     elif info.launcher == "mpiexec":
         server, host, port, secret = _via_mpi(info, timeout)
-    return ControlClient(_fault_host(info, host), port, info.rank,
-                         connect_timeout=connect_timeout, reply_timeout=timeout,
-                         rank0_state=_rank0_state(info), secret=secret), server
+    try:
+        return ControlClient(_fault_host(info, host), port, info.rank,
+                             connect_timeout=connect_timeout, reply_timeout=timeout,
+                             rank0_state=_rank0_state(info), secret=secret), server
+    except StoreLost as lost:
+        if lost.rank0_gone and info.launcher == "srun" and not _says_rank0_gone(info,
+                                                                                 connect_timeout):
+            raise SystemExit(1) from None
+        raise
+
+
+def _says_rank0_gone(info: LaunchInfo, limit: float) -> bool:
+    """Rank 0 seen gone at start-up under srun, which passes on every rank's lines: the lowest
+    rank still running says so, the others wait until it has gone (bounded) and leave without
+    a line. A lower rank stopped meanwhile says nothing: then this one does."""
+    deadline = time.monotonic() + limit
+    while True:
+        states = rank_states(info.launcher, info.world_size, info.local_world_size)
+        if states is None:
+            return True
+        lower = [r for r in range(1, info.rank) if states.get(r) not in ("gone", "stopped")]
+        if not lower:
+            # the lower ranks are gone (each said it, or it was killed: the launcher names
+            # that one) or stopped: speak only if none of them is gone
+            return not any(states.get(r) == "gone" for r in range(1, info.rank))
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 _SRUN_FALLBACK_NOTE = ("ccbench: warning: srun: CCBENCH_CONTROL_SECRET is not set, so the "
