@@ -91,3 +91,30 @@ def test_sigint_to_a_rank_after_its_run_under_torchrun(tmp_path: Path, victim: i
     assert "Exception ignored" not in err, err[-3000:]
     assert status != 0 and not left, (status, left)
     assert len({r.size_used for r in load_records(str(out))}) == 4
+
+
+def test_the_reader_of_the_rows_leaving_is_not_a_fault(tmp_path: Path) -> None:
+    """`ccbench launch ... | head`: the reader leaves after a few rows. The run goes on without
+    printing, every record is kept, and no rank is blamed. Before, rank 0 left at the broken
+    pipe and the others said 'lost the control store; ranks that did not arrive: 0 (dead)'."""
+    out = tmp_path / "r.jsonl"
+    tag = f"ccbench-pipe-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-m", "ccbench", "launch", "-n", "3", "allreduce",
+                             "--sizes", "1K-64K", "--iters", "3", "--warmup", "1",
+                             "--timeout", "20", "--backend", "gloo", "--output", str(out)],
+                            env={**os.environ, "CCBENCH_FAULT_TAG": tag, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for _ in range(8):          # the header and the first row, then the reader leaves
+        proc.stdout.readline()
+    proc.stdout.close()
+    try:
+        _, err = proc.communicate(timeout=BOUND_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        err += f"\n(still running after {BOUND_S} s)"
+    assert not [line for line in err.splitlines() if is_error_line(line)], err[-3000:]
+    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    assert not tagged_processes(tag)
+    assert len({r.size_used for r in load_records(str(out))}) == 7

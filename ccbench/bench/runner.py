@@ -20,7 +20,7 @@ from ccbench.bench.harness import Case, Method, SizeResult, host_bytes_per_rank,
 from ccbench.bench.options import COMBINE_LABELS, method_record
 from ccbench.bench.output.progress import Progress
 from ccbench.bench.output.table import TableWriter
-from ccbench.bench.output.writers import make_writer
+from ccbench.bench.output.writers import QuietWhenClosed, make_writer
 from ccbench.bench.repeats import RepeatIndex, repeat_from_env
 from ccbench.collectives import REDUCING, layout
 from ccbench.collectives import get as get_collective
@@ -173,7 +173,7 @@ class _Run:
             print(self.placement["note"], file=sys.stderr, flush=True)
         num_sizes = len(_cases(config)) * len(config.sizes) * len(config.modes) * len(config.backends)
         progress = Progress(num_sizes, enabled=self.is_root and not config.quiet)
-        self.writer.stream = progress.rows(self.writer.stream)
+        self.writer.stream = QuietWhenClosed(progress.rows(self.writer.stream))
         try:
             for name in config.backends:
                 self._run_backend(name, watchdog, progress)
