@@ -118,3 +118,37 @@ def test_the_reader_of_the_rows_leaving_is_not_a_fault(tmp_path: Path) -> None:
     assert proc.returncode == 0, (proc.returncode, err[-3000:])
     assert not tagged_processes(tag)
     assert len({r.size_used for r in load_records(str(out))}) == 7
+
+
+_OWN_LINE = """
+import sys, time
+from ccbench.run.control import ControlClient
+from ccbench.run.watchdog import Watchdog
+
+store = ControlClient("127.0.0.1", int(sys.argv[1]), 0, secret=sys.argv[2])
+watchdog = Watchdog(store, 0, 2, 600.0)
+watchdog.start()
+watchdog.enter()                 # interrupted inside an op: blocked as far as its watchdog knows
+store.set("aborted", 0)          # its main thread says why and lingers as the store host
+for _ in range(2):               # the watchdog looks at 'aborted' right after it posts progress
+    watchdog.reached()
+    while store.peek("progress/0") != list(watchdog.position):
+        time.sleep(0.05)
+print("still here", flush=True)
+"""
+
+
+def test_a_ranks_own_line_does_not_make_its_watchdog_leave() -> None:
+    """Rank 0 interrupted inside an op (torchrun, SIGINT as the last size finished) sets
+    'aborted' as it says why and lingers for the others: its own watchdog took that for
+    another rank's line and left quietly (exit 3, no line from any rank)."""
+    from ccbench.run.control import ControlServer
+
+    server = ControlServer("127.0.0.1", 0, world_size=2)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _OWN_LINE, str(server.port), server.secret],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                              text=True, timeout=BOUND_S)
+    finally:
+        server.close()
+    assert proc.stdout == "still here\n", (proc.returncode, proc.stderr[-3000:])

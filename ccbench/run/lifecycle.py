@@ -144,6 +144,7 @@ class Interrupted(SystemExit):
 
 def _interrupted(store: ControlClient, info: LaunchInfo, label: str, watchdog: Watchdog
                  ) -> BaseException:
+    watchdog.leave()            # interrupted inside an op: this rank waits for no one now
     first = True
     with contextlib.suppress(RunFailure):
         first = store.add("aborted/interrupted", 1) == 1

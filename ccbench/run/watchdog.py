@@ -221,8 +221,10 @@ class Watchdog:
                     last_post = now
                 if blocked is None:
                     continue
-                if self.store.peek("aborted") is not None:
-                    self._leave_quietly()         # another rank has already said why
+                if self.store.peek("aborted") not in (None, self.rank):
+                    # another rank has already said why (this rank's own: its main thread
+                    # says it, e.g. rank 0 interrupted while it waited, lingering as the host)
+                    self._leave_quietly()
                 waited = now - blocked
                 limit = self.wait_limit or self.timeout
                 if waited > limit and not (self.lenient and waited <= limit + LATE_GRACE_S
