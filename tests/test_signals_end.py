@@ -152,3 +152,18 @@ def test_a_ranks_own_line_does_not_make_its_watchdog_leave() -> None:
     finally:
         server.close()
     assert proc.stdout == "still here\n", (proc.returncode, proc.stderr[-3000:])
+
+
+def test_a_library_message_is_cut_between_words_or_after_a_sentence() -> None:
+    """A gloo rank dying mid-run: the line quoted gloo's message cut mid-word at 160
+    characters ('... typically caused by a rem; ranks that did not arrive: 1 (dead)')."""
+    from ccbench.bench.runner import library_message
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+                        "Read error [127.0.0.1]:22765: Connection reset by peer. This is "
+                        "typically caused by a remote worker dying, please check the logs of the "
+                        "remote worker to find out why it stopped and look there\nmore")
+    assert library_message(gloo) == "Read error [127.0.0.1]:22765: Connection reset by peer."
+    words = library_message(RuntimeError("word " * 60))
+    assert words.endswith("word ...") and len(words) <= 164
+    assert library_message(RuntimeError("short error\nsecond line")) == "short error"

@@ -6,6 +6,7 @@ import datetime
 import functools
 import os
 import platform
+import re
 import socket
 import sys
 import uuid
@@ -248,8 +249,7 @@ class _Run:
                 except (UsageError, RunFailure):
                     raise
                 except Exception as exc:  # noqa: BLE001  a library error: one line naming the case and ranks
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                    watchdog.abort(f"{backend.name} failed: {first[:160]}")
+                    watchdog.abort(f"{backend.name} failed: {library_message(exc)}")
                 self.wrong_total += own_wrong if not self.is_root else 0
                 progress.step(case.label(size))
                 if result is not None:
@@ -336,6 +336,25 @@ def run_benchmark(config: BenchConfig) -> int:
 
         say_where_records_are(chosen[0])
     return status
+
+
+#: where a library's message starts with the place in its source: [.../pair.cc:537]
+_SOURCE_PLACE = re.compile(r"^\[[^\]]*\.(?:c|cc|cpp|cxx|h|hpp|cu):\d+\]\s*")
+
+
+def library_message(exc: BaseException, limit: int = 160) -> str:
+    """A library's error for the one line: its first line, without the place in its source,
+    at most `limit` characters: its first sentences, else cut between words (marked ...)."""
+    text = str(exc).strip()
+    first = _SOURCE_PLACE.sub("", text.splitlines()[0]) if text else repr(exc)
+    if len(first) <= limit:
+        return first
+    cut = first[:limit]
+    sentence = cut.rfind(". ")
+    if sentence >= 20:           # its first sentences, the rest being advice
+        return cut[:sentence + 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > 0 else cut).rstrip(" ,;:") + " ..."
 
 
 def _wrong_line(total: int, cases: list[str], output: str | None) -> str:
