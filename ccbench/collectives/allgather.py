@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, one_block_in
+from ccbench.collectives.spec import Collective, ModelTerms, one_block_in
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -30,9 +30,10 @@ ALLGATHER = Collective(
     input_on="all", chakra="ALL_GATHER",
     astra="all-gather-implementation",
     comm_size=lambda size, p: size // p,          # Chakra's comm_size is the shard: the input
-    size_meaning="sendcount x n x elsize", schedule_unit="block",
-    costs={"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
-    cost_aliases={"hypercube": "bruck", "direct": "ring"},
+    size_meaning="sendcount x n x elsize",
+    model=ModelTerms(
+        {"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
+        aliases={"hypercube": "bruck", "direct": "ring"}, schedule_unit="block"),
     programs=("all_gather_perf", "osu_allgather"), mpi="MPI_Allgather",
     c10d=("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_into_tensor_coalesced_",
           "c10d::allgather_coalesced_"),

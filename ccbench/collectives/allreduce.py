@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, whole_buffer
+from ccbench.collectives.spec import Collective, ModelTerms, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -49,8 +49,9 @@ ALLREDUCE = Collective(
     input_on="all",
     chakra="ALL_REDUCE", astra="all-reduce-implementation",
     comm_size=lambda size, p: size, size_meaning="count x elsize",
-    costs={"ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
+    model=ModelTerms(
+        {"ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
            "tree": _ar_tree, "double-binary-tree": _ar_dbt},
-    cost_aliases={"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"},
+        aliases={"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"}),
     programs=("all_reduce_perf", "osu_allreduce"), mpi="MPI_Allreduce",
     c10d=("c10d::allreduce_", "c10d::allreduce_coalesced_"))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, blocks_both_ways
+from ccbench.collectives.spec import Collective, Layout, ModelTerms, blocks_both_ways
 from ccbench.collectives.values import block_of, moved, own_moved
 
 
@@ -53,9 +53,10 @@ ALLTOALL = Collective(
     block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=own_moved,
     expected=_expected, reference=_reference, result_on="all", input_on="all",
     chakra="ALL_TO_ALL", astra="all-to-all-implementation", comm_size=lambda size, p: size,
-    size_meaning="count x n x elsize", schedule_unit="block",
-    costs={"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
-    cost_aliases={"hypercube": "bruck", "ring": "pairwise"},
+    size_meaning="count x n x elsize",
+    model=ModelTerms(
+        {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
+        aliases={"hypercube": "bruck", "ring": "pairwise"}, schedule_unit="block"),
     programs=("alltoall_perf", "osu_alltoall"), mpi="MPI_Alltoall",
     c10d=("c10d::alltoall_base_", "c10d::alltoall_"),
     trace_resize=_resized)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, whole_buffer
+from ccbench.collectives.spec import Collective, Layout, ModelTerms, whole_buffer
 from ccbench.collectives.values import moved
 
 
@@ -35,6 +35,7 @@ BROADCAST = Collective(
     reference=lambda inputs, op, rank, root: np.asarray(inputs[root], dtype=np.float64),
     result_on="all", input_on="root", chakra="BROADCAST", astra=None, comm_size=lambda size, p: size,
     size_meaning="count x elsize",
-    costs={"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},
-    cost_aliases={"hypercube": "tree", "chain": "ring"},
+    model=ModelTerms(
+        {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},
+        aliases={"hypercube": "tree", "chain": "ring"}),
     programs=("broadcast_perf", "osu_bcast"), mpi="MPI_Bcast", c10d=("c10d::broadcast_",))

@@ -5,7 +5,7 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, whole_buffer
+from ccbench.collectives.spec import Collective, ModelTerms, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -29,6 +29,7 @@ REDUCE = Collective(
     chakra="REDUCE",
     astra=None,         # ASTRA-sim's system file has no reduce implementation to choose
     comm_size=lambda size, p: size, size_meaning="count x elsize",
-    costs={"tree": _reduce_binomial, "ring": _reduce_ring},
-    cost_aliases={"hypercube": "tree", "binomial": "tree"},
+    model=ModelTerms(
+        {"tree": _reduce_binomial, "ring": _reduce_ring},
+        aliases={"hypercube": "tree", "binomial": "tree"}),
     programs=("reduce_perf", "osu_reduce"), mpi="MPI_Reduce", c10d=("c10d::reduce_",))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, Layout, one_block_out
+from ccbench.collectives.spec import Collective, Layout, ModelTerms, one_block_out
 from ccbench.collectives.values import block_of, reduce_all, reduced, reducing_inputs
 
 
@@ -38,9 +38,10 @@ REDUCE_SCATTER = Collective(
     result_on="all",
     input_on="all", chakra="REDUCE_SCATTER",
     astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
-    size_meaning="recvcount x n x elsize", schedule_unit="block",
-    costs={"ring": _rs_ring, "recursive-halving": _rs_rechalv},
-    cost_aliases={"hypercube": "recursive-halving", "pairwise": "ring"},
+    size_meaning="recvcount x n x elsize",
+    model=ModelTerms(
+        {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
+        aliases={"hypercube": "recursive-halving", "pairwise": "ring"}, schedule_unit="block"),
     programs=("reduce_scatter_perf", "osu_reduce_scatter"), mpi="MPI_Reduce_scatter_block",
     c10d=("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
           "c10d::reduce_scatter_tensor_coalesced_"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, one_block_out
+from ccbench.collectives.spec import Collective, Layout, ModelTerms, one_block_out
 from ccbench.collectives.values import block_of, moved
 
 
@@ -45,7 +45,9 @@ SCATTER = Collective(
     input_on="root", chakra="SCATTER",
     astra=None,         # ASTRA-sim's system file has no scatter implementation to choose
     comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block
-    size_meaning="recvcount x n x elsize", schedule_unit="block",
-    costs={"tree": _binomial, "direct": _direct}, cost_aliases={"linear": "direct"},
+    size_meaning="recvcount x n x elsize",
+    model=ModelTerms(
+        {"tree": _binomial, "direct": _direct},
+        aliases={"linear": "direct"}, schedule_unit="block"),
     programs=("scatter_perf", "osu_scatter"), mpi="MPI_Scatter", c10d=("c10d::scatter_",),
     trace_size=lambda in_bytes, out_bytes, p: out_bytes * p, trace_resize=_resized)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients
-from ccbench.collectives.spec import Collective, Layout, whole_buffer
+from ccbench.collectives.spec import Collective, Layout, ModelTerms, whole_buffer
 from ccbench.collectives.values import moved, own_moved
 
 
@@ -36,6 +36,7 @@ SENDRECV = Collective(
     result_on="all", input_on="all",
     chakra=None,        # Chakra's CollectiveCommType has no send-receive (only p2p nodes)
     astra=None, comm_size=lambda size, p: size, size_meaning="count x elsize",
-    costs={"direct": _sendrecv},
-    cost_aliases={"direct": "direct", "pairwise": "direct", "ring": "direct"},
+    model=ModelTerms(
+        {"direct": _sendrecv},
+        aliases={"direct": "direct", "pairwise": "direct", "ring": "direct"}),
     programs=("sendrecv_perf",), mpi="MPI_Sendrecv")

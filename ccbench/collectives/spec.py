@@ -17,8 +17,8 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import CostFormula
 
-__all__ = ["Collective", "InPlace", "Layout", "Reference", "blocks_both_ways", "one_block_in",
-           "one_block_out", "whole_buffer"]
+__all__ = ["Collective", "InPlace", "Layout", "ModelTerms", "Reference", "blocks_both_ways",
+           "one_block_in", "one_block_out", "whole_buffer"]
 
 #: how the in-place case lays out send and receive buffers:
 #: "one-buffer": one buffer, in-place or not (broadcast);
@@ -100,6 +100,23 @@ def _bytes_kept(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int,
 
 
 @dataclass(frozen=True, slots=True)
+class ModelTerms:
+    """What the cost model and the network simulator know of a collective (ccbench.model)."""
+
+    #: its cost formulas (ccbench.model.costs): algorithm key -> p -> Coefficients
+    costs: Mapping[str, CostFormula]
+    #: other names of those algorithms (records, algorithms/ registry) -> the formula key
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    #: what one unit of an algorithms/ schedule is at size S: "block", one rank's shard (S/p;
+    #: allgather, reduce-scatter, alltoall), or "buffer", the whole buffer (S)
+    schedule_unit: Literal["block", "buffer"] = "buffer"
+
+    def unit_bytes(self, size: float, world_size: int) -> float:
+        """Bytes of one schedule unit at the nccl-tests size S (the replay's block size)."""
+        return float(size) / world_size if self.schedule_unit == "block" else float(size)
+
+
+@dataclass(frozen=True, slots=True)
 class Collective:
     """One collective's rules (see the module docstring)."""
 
@@ -136,13 +153,8 @@ class Collective:
     comm_size: Callable[[int, int], int]
     #: what S is, for docs and help: "count x elsize" ...
     size_meaning: str
-    #: what one unit of an algorithms/ schedule is at size S: "block", one rank's shard (S/p;
-    #: allgather, reduce-scatter, alltoall), or "buffer", the whole buffer (S)
-    schedule_unit: Literal["block", "buffer"] = "buffer"
-    #: its cost formulas (ccbench.model.costs): algorithm key -> p -> Coefficients
-    costs: Mapping[str, CostFormula] = field(default_factory=dict)
-    #: other names of those algorithms (records, algorithms/ registry) -> the formula key
-    cost_aliases: Mapping[str, str] = field(default_factory=dict)
+    #: its cost formulas and schedule unit (None: the cost model and simulators have none)
+    model: ModelTerms | None = None
     #: the nccl-tests and OSU programs that measure it (`ccbench all_reduce_perf -b 8 ...`)
     programs: tuple[str, ...] = ()
     #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
@@ -154,10 +166,6 @@ class Collective:
     #: a trace op's (input bytes, output bytes) when its group goes from `old` to `new` ranks,
     #: each rank's share kept (ccbench.trace.scale)
     trace_resize: Callable[[int, int, int, int], tuple[int, int]] = _bytes_kept
-
-    def unit_bytes(self, size: float, world_size: int) -> float:
-        """Bytes of one schedule unit at the nccl-tests size S (the replay's block size)."""
-        return float(size) / world_size if self.schedule_unit == "block" else float(size)
 
     def layout(self, size: int, elsize: int, world_size: int) -> Layout:
         count, send, recv, used = self.counts(size, elsize, world_size)
