@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ModelTerms, one_block_in
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, one_block_in
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -27,10 +27,10 @@ ALLGATHER = Collective(
     busbw=lambda n: (n - 1) / n, counts=one_block_in, block=lambda lay: lay.send_count,
     inplace="send-in-recv", inputs=own_moved, expected=gathered_blocks, reference=concatenated,
     result_on="all",
-    input_on="all", chakra="ALL_GATHER",
-    astra="all-gather-implementation",
-    comm_size=lambda size, p: size // p,          # Chakra's comm_size is the shard: the input
-    size_meaning="sendcount x n x elsize",
+    input_on="all", size_meaning="sendcount x n x elsize",
+    export=ExportNames("ALL_GATHER",
+                       comm_size=lambda size, p: size // p,   # Chakra's: the shard, the input
+                       astra="all-gather-implementation"),
     model=ModelTerms(
         {"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
         aliases={"hypercube": "bruck", "direct": "ring"}, schedule_unit="block"),

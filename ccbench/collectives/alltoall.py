@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, ModelTerms, blocks_both_ways
+from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, blocks_both_ways
 from ccbench.collectives.values import block_of, moved, own_moved
 
 
@@ -52,8 +52,9 @@ ALLTOALL = Collective(
     busbw=lambda n: (n - 1) / n, counts=blocks_both_ways,
     block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=own_moved,
     expected=_expected, reference=_reference, result_on="all", input_on="all",
-    chakra="ALL_TO_ALL", astra="all-to-all-implementation", comm_size=lambda size, p: size,
     size_meaning="count x n x elsize",
+    export=ExportNames("ALL_TO_ALL", comm_size=lambda size, p: size,
+                       astra="all-to-all-implementation"),
     model=ModelTerms(
         {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
         aliases={"hypercube": "bruck", "ring": "pairwise"}, schedule_unit="block"),

@@ -5,7 +5,7 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ModelTerms, whole_buffer
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -25,10 +25,9 @@ REDUCE = Collective(
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction,
     reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="root",
-    input_on="all",
-    chakra="REDUCE",
-    astra=None,         # ASTRA-sim's system file has no reduce implementation to choose
-    comm_size=lambda size, p: size, size_meaning="count x elsize",
+    input_on="all", size_meaning="count x elsize",
+    # ASTRA-sim's system file has no reduce implementation to choose: no astra key
+    export=ExportNames("REDUCE", comm_size=lambda size, p: size),
     model=ModelTerms(
         {"tree": _reduce_binomial, "ring": _reduce_ring},
         aliases={"hypercube": "tree", "binomial": "tree"}),

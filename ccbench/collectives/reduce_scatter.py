@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, Layout, ModelTerms, one_block_out
+from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, one_block_out
 from ccbench.collectives.values import block_of, reduce_all, reduced, reducing_inputs
 
 
@@ -36,9 +36,9 @@ REDUCE_SCATTER = Collective(
     expected=_expected,
     reference=lambda inputs, op, rank, root: block_of(reduce_all(inputs, op), rank, len(inputs)),
     result_on="all",
-    input_on="all", chakra="REDUCE_SCATTER",
-    astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
-    size_meaning="recvcount x n x elsize",
+    input_on="all", size_meaning="recvcount x n x elsize",
+    export=ExportNames("REDUCE_SCATTER", comm_size=lambda size, p: size,
+                       astra="reduce-scatter-implementation"),
     model=ModelTerms(
         {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
         aliases={"hypercube": "recursive-halving", "pairwise": "ring"}, schedule_unit="block"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, ModelTerms, one_block_out
+from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, one_block_out
 from ccbench.collectives.values import block_of, moved
 
 
@@ -42,10 +42,9 @@ SCATTER = Collective(
     inplace="recv-in-send", inputs=_root_values, expected=_expected,
     reference=lambda inputs, op, rank, root: block_of(inputs[root], rank, len(inputs)),
     result_on="all",
-    input_on="root", chakra="SCATTER",
-    astra=None,         # ASTRA-sim's system file has no scatter implementation to choose
-    comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block
-    size_meaning="recvcount x n x elsize",
+    input_on="root", size_meaning="recvcount x n x elsize",
+    # ASTRA-sim's system file has no scatter implementation to choose: no astra key
+    export=ExportNames("SCATTER", comm_size=lambda size, p: size // p),  # one rank's block
     model=ModelTerms(
         {"tree": _binomial, "direct": _direct},
         aliases={"linear": "direct"}, schedule_unit="block"),

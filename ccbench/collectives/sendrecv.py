@@ -34,8 +34,8 @@ SENDRECV = Collective(
     reference=lambda inputs, op, rank, root: np.asarray(
         inputs[peers(rank, len(inputs))[1]], dtype=np.float64),
     result_on="all", input_on="all",
-    chakra=None,        # Chakra's CollectiveCommType has no send-receive (only p2p nodes)
-    astra=None, comm_size=lambda size, p: size, size_meaning="count x elsize",
+    # no export names: Chakra's CollectiveCommType has no send-receive (only p2p nodes)
+    size_meaning="count x elsize",
     model=ModelTerms(
         {"direct": _sendrecv},
         aliases={"direct": "direct", "pairwise": "direct", "ring": "direct"}),

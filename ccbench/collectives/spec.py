@@ -17,7 +17,7 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import CostFormula
 
-__all__ = ["Collective", "InPlace", "Layout", "ModelTerms", "Reference", "blocks_both_ways",
+__all__ = ["Collective", "ExportNames", "InPlace", "Layout", "ModelTerms", "Reference", "blocks_both_ways",
            "one_block_in", "one_block_out", "whole_buffer"]
 
 #: how the in-place case lays out send and receive buffers:
@@ -117,6 +117,19 @@ class ModelTerms:
 
 
 @dataclass(frozen=True, slots=True)
+class ExportNames:
+    """What Chakra and ASTRA-sim call a collective (ccbench.formats: the exporters and the
+    Chakra ET reader)."""
+
+    #: Chakra's CollectiveCommType name
+    chakra: str
+    #: the size of one call as ASTRA-sim / Chakra's comm_size see it, from S and p
+    comm_size: Callable[[int, int], int]
+    #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
+    astra: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Collective:
     """One collective's rules (see the module docstring)."""
 
@@ -145,16 +158,12 @@ class Collective:
     #: the ranks whose send buffer holds inputs: "all", or only the "root" (the others'
     #: buffers start as the sentinel, so a broadcast that does not arrive shows)
     input_on: Literal["all", "root"]
-    #: Chakra's CollectiveCommType name (None: Chakra cannot express it)
-    chakra: str | None
-    #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
-    astra: str | None
-    #: the size of one call as ASTRA-sim / Chakra's comm_size see it, from S and p
-    comm_size: Callable[[int, int], int]
     #: what S is, for docs and help: "count x elsize" ...
     size_meaning: str
     #: its cost formulas and schedule unit (None: the cost model and simulators have none)
     model: ModelTerms | None = None
+    #: its Chakra and ASTRA-sim names (None: Chakra cannot express it, the exporters refuse)
+    export: ExportNames | None = None
     #: the nccl-tests and OSU programs that measure it (`ccbench all_reduce_perf -b 8 ...`)
     programs: tuple[str, ...] = ()
     #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
