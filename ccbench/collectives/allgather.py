@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, one_block_in
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, TraceRules, one_block_in
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -35,7 +35,8 @@ ALLGATHER = Collective(
         {"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
         aliases={"hypercube": "bruck", "direct": "ring"}, schedule_unit="block"),
     programs=("all_gather_perf", "osu_allgather"), mpi="MPI_Allgather",
-    c10d=("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_into_tensor_coalesced_",
-          "c10d::allgather_coalesced_"),
-    trace_size=lambda in_bytes, out_bytes, p: out_bytes,
-    trace_resize=lambda in_bytes, out_bytes, old, new: (in_bytes, in_bytes * new))
+    trace=TraceRules(
+        ("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_into_tensor_coalesced_",
+         "c10d::allgather_coalesced_"),
+        size=lambda in_bytes, out_bytes, p: out_bytes,
+        resize=lambda in_bytes, out_bytes, old, new: (in_bytes, in_bytes * new)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, whole_buffer
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, TraceRules, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -54,4 +54,4 @@ ALLREDUCE = Collective(
            "tree": _ar_tree, "double-binary-tree": _ar_dbt},
         aliases={"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"}),
     programs=("all_reduce_perf", "osu_allreduce"), mpi="MPI_Allreduce",
-    c10d=("c10d::allreduce_", "c10d::allreduce_coalesced_"))
+    trace=TraceRules(("c10d::allreduce_", "c10d::allreduce_coalesced_")))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, blocks_both_ways
+from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, TraceRules, blocks_both_ways
 from ccbench.collectives.values import block_of, moved, own_moved
 
 
@@ -59,5 +59,4 @@ ALLTOALL = Collective(
         {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
         aliases={"hypercube": "bruck", "ring": "pairwise"}, schedule_unit="block"),
     programs=("alltoall_perf", "osu_alltoall"), mpi="MPI_Alltoall",
-    c10d=("c10d::alltoall_base_", "c10d::alltoall_"),
-    trace_resize=_resized)
+    trace=TraceRules(("c10d::alltoall_base_", "c10d::alltoall_"), resize=_resized))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, one_block_out
+from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, TraceRules, one_block_out
 from ccbench.collectives.values import block_of, reduce_all, reduced, reducing_inputs
 
 
@@ -43,6 +43,7 @@ REDUCE_SCATTER = Collective(
         {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
         aliases={"hypercube": "recursive-halving", "pairwise": "ring"}, schedule_unit="block"),
     programs=("reduce_scatter_perf", "osu_reduce_scatter"), mpi="MPI_Reduce_scatter_block",
-    c10d=("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
-          "c10d::reduce_scatter_tensor_coalesced_"),
-    trace_resize=lambda in_bytes, out_bytes, old, new: (out_bytes * new, out_bytes))
+    trace=TraceRules(
+        ("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
+         "c10d::reduce_scatter_tensor_coalesced_"),
+        resize=lambda in_bytes, out_bytes, old, new: (out_bytes * new, out_bytes)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, one_block_out
+from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, TraceRules, one_block_out
 from ccbench.collectives.values import block_of, moved
 
 
@@ -48,5 +48,6 @@ SCATTER = Collective(
     model=ModelTerms(
         {"tree": _binomial, "direct": _direct},
         aliases={"linear": "direct"}, schedule_unit="block"),
-    programs=("scatter_perf", "osu_scatter"), mpi="MPI_Scatter", c10d=("c10d::scatter_",),
-    trace_size=lambda in_bytes, out_bytes, p: out_bytes * p, trace_resize=_resized)
+    programs=("scatter_perf", "osu_scatter"), mpi="MPI_Scatter",
+    trace=TraceRules(("c10d::scatter_",), size=lambda in_bytes, out_bytes, p: out_bytes * p,
+                     resize=_resized))

@@ -17,8 +17,8 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import CostFormula
 
-__all__ = ["Collective", "ExportNames", "InPlace", "Layout", "ModelTerms", "Reference", "blocks_both_ways",
-           "one_block_in", "one_block_out", "whole_buffer"]
+__all__ = ["Collective", "ExportNames", "InPlace", "Layout", "ModelTerms", "Reference",
+           "TraceRules", "blocks_both_ways", "one_block_in", "one_block_out", "whole_buffer"]
 
 #: how the in-place case lays out send and receive buffers:
 #: "one-buffer": one buffer, in-place or not (broadcast);
@@ -130,6 +130,20 @@ class ExportNames:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceRules:
+    """How a collective appears in a PyTorch execution trace and scales with its group
+    (ccbench.formats.pytorch_et, ccbench.trace.ops, ccbench.trace.scale)."""
+
+    #: PyTorch's c10d dispatcher ops that run it, as PyTorch execution traces name them
+    c10d: tuple[str, ...] = ()
+    #: a trace op's S from (input bytes, output bytes, group size) (ccbench.trace.ops)
+    size: Callable[[int, int, int], int] = _input_bytes
+    #: a trace op's (input bytes, output bytes) when its group goes from `old` to `new` ranks,
+    #: each rank's share kept (ccbench.trace.scale)
+    resize: Callable[[int, int, int, int], tuple[int, int]] = _bytes_kept
+
+
+@dataclass(frozen=True, slots=True)
 class Collective:
     """One collective's rules (see the module docstring)."""
 
@@ -168,13 +182,8 @@ class Collective:
     programs: tuple[str, ...] = ()
     #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
     mpi: str | None = None
-    #: PyTorch's c10d dispatcher ops that run it, as PyTorch execution traces name them
-    c10d: tuple[str, ...] = ()
-    #: a trace op's S from (input bytes, output bytes, group size) (ccbench.trace.ops)
-    trace_size: Callable[[int, int, int], int] = _input_bytes
-    #: a trace op's (input bytes, output bytes) when its group goes from `old` to `new` ranks,
-    #: each rank's share kept (ccbench.trace.scale)
-    trace_resize: Callable[[int, int, int, int], tuple[int, int]] = _bytes_kept
+    #: its c10d op names and trace-size rules (the defaults: no c10d op, S is the input)
+    trace: TraceRules = field(default_factory=TraceRules)
 
     def layout(self, size: int, elsize: int, world_size: int) -> Layout:
         count, send, recv, used = self.counts(size, elsize, world_size)
