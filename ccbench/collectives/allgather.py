@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, TraceRules, one_block_in
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, one_block_in
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -34,7 +34,7 @@ ALLGATHER = Collective(
     model=ModelTerms(
         {"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
         aliases={"hypercube": "bruck", "direct": "ring"}, schedule_unit="block"),
-    programs=("all_gather_perf", "osu_allgather"), mpi="MPI_Allgather",
+    tools=ToolNames(("all_gather_perf", "osu_allgather"), mpi="MPI_Allgather"),
     trace=TraceRules(
         ("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_into_tensor_coalesced_",
          "c10d::allgather_coalesced_"),

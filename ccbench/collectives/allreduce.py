@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, TraceRules, whole_buffer
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -53,5 +53,5 @@ ALLREDUCE = Collective(
         {"ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
            "tree": _ar_tree, "double-binary-tree": _ar_dbt},
         aliases={"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"}),
-    programs=("all_reduce_perf", "osu_allreduce"), mpi="MPI_Allreduce",
+    tools=ToolNames(("all_reduce_perf", "osu_allreduce"), mpi="MPI_Allreduce"),
     trace=TraceRules(("c10d::allreduce_", "c10d::allreduce_coalesced_")))

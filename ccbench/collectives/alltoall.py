@@ -8,7 +8,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, TraceRules, blocks_both_ways
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    blocks_both_ways,
+)
 from ccbench.collectives.values import block_of, moved, own_moved
 
 
@@ -58,5 +66,5 @@ ALLTOALL = Collective(
     model=ModelTerms(
         {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
         aliases={"hypercube": "bruck", "ring": "pairwise"}, schedule_unit="block"),
-    programs=("alltoall_perf", "osu_alltoall"), mpi="MPI_Alltoall",
+    tools=ToolNames(("alltoall_perf", "osu_alltoall"), mpi="MPI_Alltoall"),
     trace=TraceRules(("c10d::alltoall_base_", "c10d::alltoall_"), resize=_resized))

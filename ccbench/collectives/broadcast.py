@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, TraceRules, whole_buffer
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    whole_buffer,
+)
 from ccbench.collectives.values import moved
 
 
@@ -38,5 +46,5 @@ BROADCAST = Collective(
     model=ModelTerms(
         {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},
         aliases={"hypercube": "tree", "chain": "ring"}),
-    programs=("broadcast_perf", "osu_bcast"), mpi="MPI_Bcast",
+    tools=ToolNames(("broadcast_perf", "osu_bcast"), mpi="MPI_Bcast"),
     trace=TraceRules(("c10d::broadcast_",)))

@@ -5,7 +5,7 @@ defined, so only the root's is checked."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, TraceRules, one_block_in
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, one_block_in
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -35,6 +35,6 @@ GATHER = Collective(
     model=ModelTerms(
         {"tree": _binomial, "direct": _direct},
         aliases={"linear": "direct"}, schedule_unit="block"),
-    programs=("gather_perf", "osu_gather"), mpi="MPI_Gather",
+    tools=ToolNames(("gather_perf", "osu_gather"), mpi="MPI_Gather"),
     trace=TraceRules(("c10d::gather_",), size=lambda in_bytes, out_bytes, p: in_bytes * p,
                      resize=_resized))

@@ -5,7 +5,7 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, TraceRules, whole_buffer
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -31,5 +31,5 @@ REDUCE = Collective(
     model=ModelTerms(
         {"tree": _reduce_binomial, "ring": _reduce_ring},
         aliases={"hypercube": "tree", "binomial": "tree"}),
-    programs=("reduce_perf", "osu_reduce"), mpi="MPI_Reduce",
+    tools=ToolNames(("reduce_perf", "osu_reduce"), mpi="MPI_Reduce"),
     trace=TraceRules(("c10d::reduce_",)))

@@ -8,7 +8,15 @@ import math
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, TraceRules, one_block_out
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    one_block_out,
+)
 from ccbench.collectives.values import block_of, reduce_all, reduced, reducing_inputs
 
 
@@ -42,7 +50,7 @@ REDUCE_SCATTER = Collective(
     model=ModelTerms(
         {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
         aliases={"hypercube": "recursive-halving", "pairwise": "ring"}, schedule_unit="block"),
-    programs=("reduce_scatter_perf", "osu_reduce_scatter"), mpi="MPI_Reduce_scatter_block",
+    tools=ToolNames(("reduce_scatter_perf", "osu_reduce_scatter"), mpi="MPI_Reduce_scatter_block"),
     trace=TraceRules(
         ("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
          "c10d::reduce_scatter_tensor_coalesced_"),

@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, Layout, ModelTerms, TraceRules, one_block_out
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    one_block_out,
+)
 from ccbench.collectives.values import block_of, moved
 
 
@@ -48,6 +56,6 @@ SCATTER = Collective(
     model=ModelTerms(
         {"tree": _binomial, "direct": _direct},
         aliases={"linear": "direct"}, schedule_unit="block"),
-    programs=("scatter_perf", "osu_scatter"), mpi="MPI_Scatter",
+    tools=ToolNames(("scatter_perf", "osu_scatter"), mpi="MPI_Scatter"),
     trace=TraceRules(("c10d::scatter_",), size=lambda in_bytes, out_bytes, p: out_bytes * p,
                      resize=_resized))

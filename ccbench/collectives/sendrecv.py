@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients
-from ccbench.collectives.spec import Collective, Layout, ModelTerms, whole_buffer
+from ccbench.collectives.spec import Collective, Layout, ModelTerms, ToolNames, whole_buffer
 from ccbench.collectives.values import moved, own_moved
 
 
@@ -39,4 +39,4 @@ SENDRECV = Collective(
     model=ModelTerms(
         {"direct": _sendrecv},
         aliases={"direct": "direct", "pairwise": "direct", "ring": "direct"}),
-    programs=("sendrecv_perf",), mpi="MPI_Sendrecv")
+    tools=ToolNames(("sendrecv_perf",), mpi="MPI_Sendrecv"))

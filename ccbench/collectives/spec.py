@@ -18,7 +18,7 @@ import numpy as np
 from ccbench.collectives.cost_terms import CostFormula
 
 __all__ = ["Collective", "ExportNames", "InPlace", "Layout", "ModelTerms", "Reference",
-           "TraceRules", "blocks_both_ways", "one_block_in", "one_block_out", "whole_buffer"]
+           "ToolNames", "TraceRules", "blocks_both_ways", "one_block_in", "one_block_out", "whole_buffer"]
 
 #: how the in-place case lays out send and receive buffers:
 #: "one-buffer": one buffer, in-place or not (broadcast);
@@ -144,6 +144,17 @@ class TraceRules:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolNames:
+    """What other benchmarks and libraries call a collective."""
+
+    #: the nccl-tests and OSU programs that measure it (`ccbench all_reduce_perf -b 8 ...`;
+    #: ccbench.bench.familiar)
+    programs: tuple[str, ...] = ()
+    #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
+    mpi: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Collective:
     """One collective's rules (see the module docstring)."""
 
@@ -178,10 +189,8 @@ class Collective:
     model: ModelTerms | None = None
     #: its Chakra and ASTRA-sim names (None: Chakra cannot express it, the exporters refuse)
     export: ExportNames | None = None
-    #: the nccl-tests and OSU programs that measure it (`ccbench all_reduce_perf -b 8 ...`)
-    programs: tuple[str, ...] = ()
-    #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
-    mpi: str | None = None
+    #: its nccl-tests / OSU program names and its MPI function (the defaults: none)
+    tools: ToolNames = field(default_factory=ToolNames)
     #: its c10d op names and trace-size rules (the defaults: no c10d op, S is the input)
     trace: TraceRules = field(default_factory=TraceRules)
 
