@@ -43,6 +43,7 @@ from ccbench.backends.base import (
     Exchange,
     MessageCall,
     RankContext,
+    SubCommunicators,
     Support,
 )
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
@@ -245,25 +246,10 @@ class AlgorithmBackend(Backend):
         return {**self.inner.info(), "algorithm": self.algorithm,
                 "reductions": type(self._reducer).__name__}
 
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """The transport's sub-communicators, the schedules run over each one's messages."""
-        out: list[Backend | str | None] = []
-        for ranks, inner in zip(groups, self.inner.split(groups, timeout), strict=True):
-            if inner is None or isinstance(inner, str):
-                out.append(inner)
-                continue
-            transport = inner.point_to_point(self._xp is not np)
-            if transport is None:
-                inner.finalize()
-                out.append(f"{self.name}: {self.spec.transport} has no point-to-point "
-                           f"messages on a sub-communicator")
-                continue
-            sub = self.on_group(ranks)
-            assert isinstance(sub, AlgorithmBackend)
-            sub.inner, sub._transport, sub._executors = inner, transport, {}
-            out.append(sub)
-        return out
+    @property
+    def groups(self) -> SubCommunicators[AlgorithmBackend] | None:
+        """The transport's sub-communicators, where it has them."""
+        return _AlgorithmGroups(self) if self.inner.groups is not None else None
 
     # -- a trace's calls outside the registry: the transport's messages ------------------
     def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
@@ -342,3 +328,27 @@ class AlgorithmBackend(Backend):
             return functools.partial(_sum_then_divide, total, r, self.ctx.world_size)
         return executor.bound_call(arr(send), r, (op or "sum") if spec.reduces else None, dtype)
 
+
+
+class _AlgorithmGroups(SubCommunicators[AlgorithmBackend]):
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """The transport's sub-communicators, the schedules run over each one's messages."""
+        backend = self.backend
+        inner_groups = backend.inner.groups
+        assert inner_groups is not None               # offered only where the transport has them
+        out: list[Backend | str | None] = []
+        for ranks, inner in zip(groups, inner_groups.split(groups, timeout), strict=True):
+            if inner is None or isinstance(inner, str):
+                out.append(inner)
+                continue
+            transport = inner.point_to_point(backend._xp is not np)
+            if transport is None:
+                inner.finalize()
+                out.append(f"{backend.name}: {backend.spec.transport} has no point-to-point "
+                           f"messages on a sub-communicator")
+                continue
+            sub = self.on_group(ranks)
+            sub.inner, sub._transport, sub._executors = inner, transport, {}
+            out.append(sub)
+        return out

@@ -18,7 +18,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, Protocol, Required, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NotRequired, Protocol, Required, TypedDict, TypeVar
 
 import numpy as np
 
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendInfo", "BackendOptions", "Builder",
            "Exchange",
-           "HostBuffers", "Library", "Message", "MessageCall", "RankContext", "Support",
+           "HostBuffers", "Library", "Message", "MessageCall", "RankContext", "SubCommunicators",
+           "Support",
            "in_sequence"]
 
 
@@ -319,24 +320,11 @@ class Backend(ABC):
         replay's all_to_all_single with split sizes), or why it has none."""
         return f"{self.name}: no uneven all-to-all"
 
-    # -- sub-communicators (trace replay, diagnose) ----------------------------------
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """This backend on each of `groups` (global ranks, ascending), made collectively: every
-        rank calls it with the same groups in the same order. Per group: this rank's backend
-        on that group (its ctx gives the group rank and size, so layouts, inputs and
-        validation are the group's), why there is none, or None where this rank is not in it.
-        A sub-communicator is released with its `finalize`; the whole one stays its owner's."""
-        return [f"{self.name}: no sub-communicators" if self.ctx.rank in ranks else None
-                for ranks in groups]
-
-    def on_group(self, ranks: Sequence[int]) -> Backend:
-        """A shallow copy of this backend whose ctx is this rank's place in `ranks`: what a
-        `split` fills in with the group's communicator."""
-        sub = copy.copy(self)
-        sub.ctx = dataclasses.replace(self.ctx, rank=list(ranks).index(self.ctx.rank),
-                                      world_size=len(ranks), members=tuple(ranks))
-        return sub
+    # -- optional capabilities ------------------------------------------------------
+    @property
+    def groups(self) -> SubCommunicators[Any] | None:
+        """Its sub-communicators (trace replay, diagnose); None: it has none."""
+        return None
 
     # -- control --------------------------------------------------------------------
     @abstractmethod
@@ -372,6 +360,34 @@ class Backend(ABC):
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
         """One call of `collective` (validation and warm-up; the timed loops use `bind`)."""
         self.bind(collective, send, recv, op, root)()
+
+
+AnyBackend = TypeVar("AnyBackend", bound=Backend)
+
+
+class SubCommunicators(ABC, Generic[AnyBackend]):
+    """A backend's sub-communicators (`Backend.groups`): trace replay's process groups and
+    diagnose's pairs and planes."""
+
+    def __init__(self, backend: AnyBackend) -> None:
+        self.backend = backend
+
+    @abstractmethod
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """The backend on each of `groups` (global ranks, ascending), made collectively: every
+        rank calls it with the same groups in the same order. Per group: this rank's backend
+        on that group (its ctx gives the group rank and size, so layouts, inputs and
+        validation are the group's), why there is none, or None where this rank is not in it.
+        A sub-communicator is released with its `finalize`; the whole one stays its owner's."""
+
+    def on_group(self, ranks: Sequence[int]) -> AnyBackend:
+        """A shallow copy of the backend whose ctx is this rank's place in `ranks`: what a
+        `split` fills in with the group's communicator."""
+        sub = copy.copy(self.backend)
+        sub.ctx = dataclasses.replace(sub.ctx, rank=list(ranks).index(sub.ctx.rank),
+                                      world_size=len(ranks), members=tuple(ranks))
+        return sub
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from ccbench.backends.base import (
     Batch,
     Library,
     RankContext,
+    SubCommunicators,
     found_or_why,
     library_line,
 )
@@ -442,28 +443,34 @@ class MPIBackend(Backend):
             b.stage_out(recv)
         return alltoallv
 
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """`Comm.Split` per group (every rank calls it; those outside get MPI_COMM_NULL)."""
-        out: list[Backend | str | None] = []
-        rank = self.ctx.rank
-        for ranks in groups:
-            comm = self.comm.Split(0 if rank in ranks else self.MPI.UNDEFINED, rank)
-            if rank not in ranks:
-                out.append(None)
-                continue
-            comm.Set_errhandler(self.MPI.ERRORS_RETURN)
-            sub = self.on_group(ranks)
-            assert isinstance(sub, MPIBackend)
-            sub.comm, sub._probed = comm, {}
-            out.append(sub)
-        return out
+    @property
+    def groups(self) -> SubCommunicators[MPIBackend]:
+        return _MPIGroups(self)
 
     def barrier(self) -> None:
         self.comm.Barrier()
 
     def finalize(self) -> None:
         self.comm.Free()
+
+
+class _MPIGroups(SubCommunicators[MPIBackend]):
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """`Comm.Split` per group (every rank calls it; those outside get MPI_COMM_NULL)."""
+        backend = self.backend
+        out: list[Backend | str | None] = []
+        rank = backend.ctx.rank
+        for ranks in groups:
+            comm = backend.comm.Split(0 if rank in ranks else backend.MPI.UNDEFINED, rank)
+            if rank not in ranks:
+                out.append(None)
+                continue
+            comm.Set_errhandler(backend.MPI.ERRORS_RETURN)
+            sub = self.on_group(ranks)
+            sub.comm, sub._probed = comm, {}
+            out.append(sub)
+        return out
 
 
 def _offsets(counts: list[int]) -> list[int]:

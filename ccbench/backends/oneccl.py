@@ -29,6 +29,7 @@ from ccbench.backends.base import (
     Library,
     Message,
     RankContext,
+    SubCommunicators,
     found_or_why,
     library_line,
 )
@@ -342,21 +343,9 @@ class OneCCLBackend(Backend):
                 f"one count for every peer (no all-to-allv)")
 
     # -- sub-communicators -----------------------------------------------------------
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """A new communicator per group, from a unique id the group's first rank publishes."""
-        out: list[Backend | str | None] = []
-        for ranks in groups:
-            key = f"lib/oneccl/unique-id/{next(_generation)}"   # every rank counts every group
-            if self.ctx.rank not in ranks:
-                out.append(None)
-                continue
-            sub = self.on_group(ranks)
-            assert isinstance(sub, OneCCLBackend)
-            sub.rank, sub.world = sub.ctx.rank, sub.ctx.world_size
-            sub._join(sub._unique_id(key, timeout))
-            out.append(sub)
-        return out
+    @property
+    def groups(self) -> SubCommunicators[OneCCLBackend]:
+        return _OneCCLGroups(self)
 
     # -- control ---------------------------------------------------------------------
     def barrier(self) -> None:
@@ -370,6 +359,23 @@ class OneCCLBackend(Backend):
             return
         self._destroyed = True
         self._check(self.lib.onecclCommDestroy(self.comm), "onecclCommDestroy")
+
+
+class _OneCCLGroups(SubCommunicators[OneCCLBackend]):
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """A new communicator per group, from a unique id the group's first rank publishes."""
+        out: list[Backend | str | None] = []
+        for ranks in groups:
+            key = f"lib/oneccl/unique-id/{next(_generation)}"   # every rank counts every group
+            if self.backend.ctx.rank not in ranks:
+                out.append(None)
+                continue
+            sub = self.on_group(ranks)
+            sub.rank, sub.world = sub.ctx.rank, sub.ctx.world_size
+            sub._join(sub._unique_id(key, timeout))
+            out.append(sub)
+        return out
 
 
 # -- point to point: algorithms.transport over onecclSend/onecclRecv ---------------------------

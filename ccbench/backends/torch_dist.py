@@ -17,6 +17,7 @@ from ccbench.backends.base import (
     Backend,
     Library,
     RankContext,
+    SubCommunicators,
     found_or_why,
     in_sequence,
     library_line,
@@ -294,21 +295,9 @@ class TorchDistBackend(Backend):
         return lambda send, recv, s_in, s_out: dist.all_to_all_single(
             recv, send, s_out, s_in, group=group)
 
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """`new_group` per group (every rank creates every group); calls pass `group=`."""
-        out: list[Backend | str | None] = []
-        for ranks in groups:
-            with self._creating_groups():
-                group = self.dist.new_group(list(ranks))
-            if self.ctx.rank not in ranks:
-                out.append(None)
-                continue
-            sub = self.on_group(ranks)
-            assert isinstance(sub, TorchDistBackend)
-            sub.group = group
-            out.append(sub)
-        return out
+    @property
+    def groups(self) -> SubCommunicators[TorchDistBackend]:
+        return _TorchGroups(self)
 
     def barrier(self) -> None:
         self.dist.barrier(group=self.group)
@@ -321,6 +310,24 @@ class TorchDistBackend(Backend):
 
     def _env(self, *prefixes: str) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
+
+
+class _TorchGroups(SubCommunicators["TorchDistBackend"]):
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """`new_group` per group (every rank creates every group); calls pass `group=`."""
+        backend = self.backend
+        out: list[Backend | str | None] = []
+        for ranks in groups:
+            with backend._creating_groups():
+                group = backend.dist.new_group(list(ranks))
+            if backend.ctx.rank not in ranks:
+                out.append(None)
+                continue
+            sub = self.on_group(ranks)
+            sub.group = group
+            out.append(sub)
+        return out
 
 
 # -- point to point: algorithms.transport over isend/irecv -------------------------------------
