@@ -3,7 +3,7 @@ registered by name alone is listed by `ccbench doctor` with its own display name
 version and library, and runs a collective in this process (world size 1) with every
 element checked. Trace replay's calls outside the registry (send/recv, exchanges, alltoallv)
 need nothing more: a backend without them is skipped with its reason, and one that offers
-them (`send`/`recv`, `point_to_point`, `uneven_alltoall`) is replayed on them."""
+them (`p2p`: `send`/`recv` and `transport`; `uneven_alltoall`) is replayed on them."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from ccbench.backends.base import (
     Backend,
     BackendInfo,
     Library,
+    PointToPoint,
     RankContext,
     library_line,
 )
@@ -163,14 +164,9 @@ class MessagingBackend(CopyOnlyBackend):
         super().__init__(ctx)
         self.fabric, self.copies = ThreadFabric(1, timeout=10.0), copies
 
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.fabric.put(self.ctx.rank, peer, tag, buf.copy())
-
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        buf[...] = self.fabric.take(peer, self.ctx.rank, tag, 10.0)
-
-    def point_to_point(self, device: bool) -> Transport | None:
-        return None if device else self.fabric.transport(self.ctx.rank)
+    @property
+    def p2p(self) -> PointToPoint[MessagingBackend]:
+        return _FabricMessages(self)
 
     def uneven_alltoall(self) -> AlltoallvCall | str:
         def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
@@ -181,6 +177,19 @@ class MessagingBackend(CopyOnlyBackend):
         return alltoallv
 
 
+class _FabricMessages(PointToPoint[MessagingBackend]):
+    blocking = True
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        self.backend.fabric.put(self.backend.ctx.rank, peer, tag, buf.copy())
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        buf[...] = self.backend.fabric.take(peer, self.backend.ctx.rank, tag, 10.0)
+
+    def transport(self, device: bool) -> Transport | None:
+        return None if device else self.backend.fabric.transport(self.backend.ctx.rank)
+
+
 def _run(call: ExtraCall | str) -> int:
     assert not isinstance(call, str), call
     call.run()
@@ -188,7 +197,7 @@ def _run(call: ExtraCall | str) -> int:
 
 
 def test_what_a_backend_offers_trace_replay_runs_bit_exact() -> None:
-    """send/recv are its `send` and `recv`; an exchange posts over its `point_to_point`
+    """send/recv are its `p2p.send` and `p2p.recv`; an exchange posts over its `p2p.transport`
     transport (no method of its own needed); alltoallv is its `uneven_alltoall`."""
     from ccbench.replay.extra import prepare, prepare_exchange
 

@@ -9,7 +9,7 @@ Names are ``<algorithm>[:<chunk>]@<transport>``:
   a chunk are split into ceil(size / chunk) segments, at most 64. Without it, broadcast
   and the trees pipeline in 512 KiB segments and everything else sends one message per
   block;
-* transport: any registered backend whose ``point_to_point`` gives a transport: ``mpi``
+* transport: any registered backend whose ``p2p.transport`` gives one: ``mpi``
   (persistent requests; with ``--device cuda`` CuPy arrays, CUDA-aware or host-staged),
   ``gloo`` (torch isend/irecv on host memory), ``oneccl`` (grouped onecclSend/Recv) and
   ``nccl`` (torch.distributed send/recv on CUDA memory, one NCCL group per step) and
@@ -172,7 +172,7 @@ class AlgorithmBackend(Backend):
         self.algorithm = spec.label
         self.op_timeout = ctx.options.timeout
         on_device = ctx.device != "cpu"
-        transport = inner.point_to_point(on_device)
+        transport = inner.p2p.transport(on_device) if inner.p2p is not None else None
         if transport is None:
             inner.finalize()
             raise RunFailure(f"{spec.name}: backend {spec.transport!r} has no point-to-point "
@@ -192,7 +192,7 @@ class AlgorithmBackend(Backend):
 
         from algorithms.kernels import CupyReducer
 
-        stream = self.inner.device_stream()
+        stream = self.inner.p2p.stream() if self.inner.p2p is not None else None
         if stream is not None:
             stream.use()
         return CupyBuffers(cupy), cupy, CupyReducer()
@@ -342,7 +342,8 @@ class _AlgorithmGroups(SubCommunicators[AlgorithmBackend]):
             if inner is None or isinstance(inner, str):
                 out.append(inner)
                 continue
-            transport = inner.point_to_point(backend._xp is not np)
+            transport = (inner.p2p.transport(backend._xp is not np) if inner.p2p is not None
+                         else None)
             if transport is None:
                 inner.finalize()
                 out.append(f"{backend.name}: {backend.spec.transport} has no point-to-point "

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendInfo", "BackendOptions", "Builder",
            "Exchange",
-           "HostBuffers", "Library", "Message", "MessageCall", "RankContext", "SubCommunicators",
+           "HostBuffers", "Library", "Message", "MessageCall", "PointToPoint", "RankContext",
+           "SubCommunicators",
            "Support",
            "in_sequence"]
 
@@ -267,38 +268,22 @@ class Backend(ABC):
         why = self.lacks.get(collective) or f"{self.name} binds no {collective}"
         return Support(False, f"unsupported by {self.name}: {why}")
 
-    # -- point to point (the transports of algorithms/) ------------------------------
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        raise NotImplementedError(f"{self.name} has no point-to-point send")
-
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        raise NotImplementedError(f"{self.name} has no point-to-point recv")
-
-    def point_to_point(self, device: bool) -> Transport | None:
-        """An algorithms.transport over this backend's communicator, moving numpy arrays
-        (device False) or CuPy arrays (device True); None when it has no such messages."""
-        return None
-
-    def device_stream(self) -> Any:
-        """The CuPy stream this backend's library orders its device work on, for the kernels
-        of algorithms run over it (None: CuPy's current stream)."""
-        return None
-
     # -- the calls of a trace outside the registry (trace replay) ---------------------
     def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
         """(send, recv) of one buffer to or from one peer of this communicator, each complete
         when it returns (trace replay's send and recv), or why there are none: the library's
-        own `send` and `recv` where the backend has them."""
-        if type(self).send is Backend.send:
+        own blocking `p2p.send` and `p2p.recv` where the backend has them."""
+        p2p = self.p2p
+        if p2p is None or not p2p.blocking:
             return f"{self.name}: no point-to-point messages, and no transport to carry them"
-        return self.send, self.recv
+        return p2p.send, p2p.recv
 
     def exchanges(self, timeout: float) -> Exchange | str:
         """How this communicator moves one exchange (trace replay's sends and receives issued
         together, on host numpy arrays): a function of (sends, recvs) giving the one call that
         moves them all whatever order the peers post theirs in, or why it cannot. Here: over
-        `point_to_point(False)`, posted as `post_exchange` posts them."""
-        transport = self.point_to_point(False)
+        `p2p.transport(False)`, posted as `post_exchange` posts them."""
+        transport = self.p2p.transport(False) if self.p2p is not None else None
         if transport is None:
             return f"{self.name}: no non-blocking point-to-point messages to post an exchange with"
         return functools.partial(self.post_exchange, transport, timeout=timeout)
@@ -321,6 +306,11 @@ class Backend(ABC):
         return f"{self.name}: no uneven all-to-all"
 
     # -- optional capabilities ------------------------------------------------------
+    @property
+    def p2p(self) -> PointToPoint[Any] | None:
+        """Its point-to-point messages (algorithms/ schedules, trace replay); None: none."""
+        return None
+
     @property
     def groups(self) -> SubCommunicators[Any] | None:
         """Its sub-communicators (trace replay, diagnose); None: it has none."""
@@ -363,6 +353,34 @@ class Backend(ABC):
 
 
 AnyBackend = TypeVar("AnyBackend", bound=Backend)
+
+
+class PointToPoint(Generic[AnyBackend]):
+    """A backend's point-to-point messages (`Backend.p2p`): blocking `send` and `recv` of one
+    buffer where its library has them (`blocking`), the transport the algorithms/ schedules
+    run over, and the stream device kernels queue on."""
+
+    #: `send` and `recv` are the library's own, each complete when it returns
+    blocking: ClassVar[bool] = False
+
+    def __init__(self, backend: AnyBackend) -> None:
+        self.backend = backend
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        raise NotImplementedError(f"{self.backend.name} has no blocking point-to-point send")
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        raise NotImplementedError(f"{self.backend.name} has no blocking point-to-point recv")
+
+    def transport(self, device: bool) -> Transport | None:
+        """An algorithms.transport over the backend's communicator, moving numpy arrays
+        (device False) or CuPy arrays (device True); None when it has no such messages."""
+        return None
+
+    def stream(self) -> Any:
+        """The CuPy stream the library orders its device work on, for the kernels of
+        algorithms run over it (None: CuPy's current stream)."""
+        return None
 
 
 class SubCommunicators(ABC, Generic[AnyBackend]):

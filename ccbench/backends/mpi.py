@@ -22,6 +22,7 @@ from ccbench.backends.base import (
     BackendInfo,
     Batch,
     Library,
+    PointToPoint,
     RankContext,
     SubCommunicators,
     found_or_why,
@@ -242,10 +243,9 @@ class MPIBackend(Backend):
                 "env": {k: v for k, v in os.environ.items()
                         if k.startswith(prefixes) and "RANK" not in k}}
 
-    def point_to_point(self, device: bool) -> Transport | None:
-        if device:
-            return None
-        return MPITransport(self.comm)
+    @property
+    def p2p(self) -> PointToPoint[MPIBackend]:
+        return MPIMessages(self)
 
     def _typed(self, buf: np.ndarray) -> list[Any]:
         """[buffer, datatype] with MPI's predefined datatype: mpi4py skips inferring it."""
@@ -423,15 +423,6 @@ class MPIBackend(Backend):
             self.comm.Scatter(_raw(b.stage_in(send)), _raw(b.wire(recv)), root=root)
         b.stage_out(recv)
 
-    # bfloat16 and float8 have no MPI datatype (mpi4py's DLPack refuses them): as in the
-    # collectives, their bit patterns travel (_raw)
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Send(_raw(self.buffers.stage_in(buf)), dest=peer, tag=tag)
-
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Recv(_raw(self.buffers.wire(buf)), source=peer, tag=tag)
-        self.buffers.stage_out(buf)
-
     def uneven_alltoall(self) -> AlltoallvCall | str:
         """Alltoallv on this communicator, each peer's block at the sum of the counts before
         it (counts in elements of the buffers' type, whatever travels)."""
@@ -452,6 +443,29 @@ class MPIBackend(Backend):
 
     def finalize(self) -> None:
         self.comm.Free()
+
+
+class MPIMessages(PointToPoint[MPIBackend]):
+    """Send and Recv on the communicator, and the algorithms' transport over its host buffers
+    (CUDA-aware MPI adds device buffers: cuda_mpi)."""
+
+    blocking = True
+
+    # bfloat16 and float8 have no MPI datatype (mpi4py's DLPack refuses them): as in the
+    # collectives, their bit patterns travel (_raw)
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        backend = self.backend
+        backend.comm.Send(_raw(backend.buffers.stage_in(buf)), dest=peer, tag=tag)
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        backend = self.backend
+        backend.comm.Recv(_raw(backend.buffers.wire(buf)), source=peer, tag=tag)
+        backend.buffers.stage_out(buf)
+
+    def transport(self, device: bool) -> Transport | None:
+        if device:
+            return None
+        return MPITransport(self.backend.comm)
 
 
 class _MPIGroups(SubCommunicators[MPIBackend]):

@@ -28,6 +28,7 @@ from ccbench.backends.base import (
     BackendInfo,
     Library,
     Message,
+    PointToPoint,
     RankContext,
     SubCommunicators,
     found_or_why,
@@ -313,18 +314,9 @@ class OneCCLBackend(Backend):
                         "has no header giving its signature, so ccbench does not call it"}
 
     # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self._check(self.lib.onecclSend(_ptr(buf), buf.size, self._dtype(buf), peer,
-                                        self._handle, None), "onecclSend")
-
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self._check(self.lib.onecclRecv(_ptr(buf), buf.size, self._dtype(buf), peer,
-                                        self._handle, None), "onecclRecv")
-
-    def point_to_point(self, device: bool) -> OneCCLTransport | None:
-        if device:
-            return None
-        return OneCCLTransport(self)
+    @property
+    def p2p(self) -> PointToPoint[OneCCLBackend]:
+        return _OneCCLMessages(self)
 
     def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
                       timeout: float) -> Callable[[], None]:
@@ -359,6 +351,25 @@ class OneCCLBackend(Backend):
             return
         self._destroyed = True
         self._check(self.lib.onecclCommDestroy(self.comm), "onecclCommDestroy")
+
+
+class _OneCCLMessages(PointToPoint[OneCCLBackend]):
+    blocking = True
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        b = self.backend
+        b._check(b.lib.onecclSend(_ptr(buf), buf.size, b._dtype(buf), peer, b._handle, None),
+                 "onecclSend")
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        b = self.backend
+        b._check(b.lib.onecclRecv(_ptr(buf), buf.size, b._dtype(buf), peer, b._handle, None),
+                 "onecclRecv")
+
+    def transport(self, device: bool) -> OneCCLTransport | None:
+        if device:
+            return None
+        return OneCCLTransport(self.backend)
 
 
 class _OneCCLGroups(SubCommunicators[OneCCLBackend]):

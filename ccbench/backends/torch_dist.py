@@ -16,6 +16,7 @@ from ccbench.backends.base import (
     AlltoallvCall,
     Backend,
     Library,
+    PointToPoint,
     RankContext,
     SubCommunicators,
     found_or_why,
@@ -277,17 +278,9 @@ class TorchDistBackend(Backend):
         for work in dist.batch_isend_irecv(ops):   # one group: NCCL needs both posted at once
             work.wait()
 
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        if self.group is None:
-            self.dist.send(buf, dst=peer, tag=tag)
-        else:
-            self.dist.send(buf, group=self.group, group_dst=peer, tag=tag)
-
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        if self.group is None:
-            self.dist.recv(buf, src=peer, tag=tag)
-        else:
-            self.dist.recv(buf, group=self.group, group_src=peer, tag=tag)
+    @property
+    def p2p(self) -> PointToPoint[TorchDistBackend]:
+        return TorchMessages(self)
 
     def uneven_alltoall(self) -> AlltoallvCall | str:
         """all_to_all_single with split sizes, on this communicator's group."""
@@ -312,7 +305,28 @@ class TorchDistBackend(Backend):
         return {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
 
 
-class _TorchGroups(SubCommunicators["TorchDistBackend"]):
+class TorchMessages(PointToPoint[TorchDistBackend]):
+    """torch.distributed's send and recv on the backend's group (a library whose transport
+    serves the algorithms/ schedules adds it: gloo, nccl)."""
+
+    blocking = True
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        backend = self.backend
+        if backend.group is None:
+            backend.dist.send(buf, dst=peer, tag=tag)
+        else:
+            backend.dist.send(buf, group=backend.group, group_dst=peer, tag=tag)
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        backend = self.backend
+        if backend.group is None:
+            backend.dist.recv(buf, src=peer, tag=tag)
+        else:
+            backend.dist.recv(buf, group=backend.group, group_src=peer, tag=tag)
+
+
+class _TorchGroups(SubCommunicators[TorchDistBackend]):
     def split(self, groups: Sequence[Sequence[int]], timeout: float
               ) -> list[Backend | str | None]:
         """`new_group` per group (every rank creates every group); calls pass `group=`."""
