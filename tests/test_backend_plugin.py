@@ -3,7 +3,7 @@ registered by name alone is listed by `ccbench doctor` with its own display name
 version and library, and runs a collective in this process (world size 1) with every
 element checked. Trace replay's calls outside the registry (send/recv, exchanges, alltoallv)
 need nothing more: a backend without them is skipped with its reason, and one that offers
-them (`p2p`: `send`/`recv` and `transport`; `uneven_alltoall`) is replayed on them."""
+them (`p2p`: `send`/`recv` and `transport`; `replay_extras.uneven_alltoall`) is replayed on them."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from ccbench.backends.base import (
     Library,
     PointToPoint,
     RankContext,
+    ReplayExtras,
     library_line,
 )
 from ccbench.records import load_records
@@ -168,13 +169,9 @@ class MessagingBackend(CopyOnlyBackend):
     def p2p(self) -> PointToPoint[MessagingBackend]:
         return _FabricMessages(self)
 
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
-            if self.copies:                     # one rank: its only block is its own
-                np.copyto(recv, send)
-            else:                               # a broken one: zeros arrive
-                recv.fill(0)
-        return alltoallv
+    @property
+    def replay_extras(self) -> ReplayExtras[MessagingBackend]:
+        return _FabricReplay(self)
 
 
 class _FabricMessages(PointToPoint[MessagingBackend]):
@@ -190,6 +187,18 @@ class _FabricMessages(PointToPoint[MessagingBackend]):
         return None if device else self.backend.fabric.transport(self.backend.ctx.rank)
 
 
+class _FabricReplay(ReplayExtras[MessagingBackend]):
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        copies = self.backend.copies
+
+        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
+            if copies:                          # one rank: its only block is its own
+                np.copyto(recv, send)
+            else:                               # a broken one: zeros arrive
+                recv.fill(0)
+        return alltoallv
+
+
 def _run(call: ExtraCall | str) -> int:
     assert not isinstance(call, str), call
     call.run()
@@ -198,7 +207,7 @@ def _run(call: ExtraCall | str) -> int:
 
 def test_what_a_backend_offers_trace_replay_runs_bit_exact() -> None:
     """send/recv are its `p2p.send` and `p2p.recv`; an exchange posts over its `p2p.transport`
-    transport (no method of its own needed); alltoallv is its `uneven_alltoall`."""
+    transport (no method of its own needed); alltoallv is its `replay_extras.uneven_alltoall`."""
     from ccbench.replay.extra import prepare, prepare_exchange
 
     backend = MessagingBackend(_context())

@@ -43,6 +43,7 @@ from ccbench.backends.base import (
     Exchange,
     MessageCall,
     RankContext,
+    ReplayExtras,
     SubCommunicators,
     Support,
 )
@@ -252,18 +253,9 @@ class AlgorithmBackend(Backend):
         return _AlgorithmGroups(self) if self.inner.groups is not None else None
 
     # -- a trace's calls outside the registry: the transport's messages ------------------
-    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
-        """The schedules' transport, each message waited for."""
-        transport = self._transport
-        return ((lambda buf, peer: transport.isend(buf, peer, 0).wait(timeout)),
-                (lambda buf, peer: transport.irecv(buf, peer, 0).wait(timeout)))
-
-    def exchanges(self, timeout: float) -> Exchange | str:
-        """The schedules' transport, posted as the wrapped library posts an exchange."""
-        return functools.partial(self.inner.post_exchange, self._transport, timeout=timeout)
-
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        return f"{self.name}: ccbench's algorithm schedules have no uneven all-to-all"
+    @property
+    def replay_extras(self) -> ReplayExtras[AlgorithmBackend]:
+        return _AlgorithmReplay(self)
 
     # -- control: the wrapped backend's ---------------------------------------------------
     def barrier(self) -> None:
@@ -328,6 +320,22 @@ class AlgorithmBackend(Backend):
             return functools.partial(_sum_then_divide, total, r, self.ctx.world_size)
         return executor.bound_call(arr(send), r, (op or "sum") if spec.reduces else None, dtype)
 
+
+
+class _AlgorithmReplay(ReplayExtras[AlgorithmBackend]):
+    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
+        """The schedules' transport, each message waited for."""
+        transport = self.backend._transport
+        return ((lambda buf, peer: transport.isend(buf, peer, 0).wait(timeout)),
+                (lambda buf, peer: transport.irecv(buf, peer, 0).wait(timeout)))
+
+    def exchanges(self, timeout: float) -> Exchange | str:
+        """The schedules' transport, posted as the wrapped library posts an exchange."""
+        return functools.partial(self.backend.inner.replay_extras.post_exchange,
+                                 self.backend._transport, timeout=timeout)
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        return f"{self.backend.name}: ccbench's algorithm schedules have no uneven all-to-all"
 
 
 class _AlgorithmGroups(SubCommunicators[AlgorithmBackend]):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendInfo", "BackendOptions", "Builder",
            "Exchange",
-           "HostBuffers", "Library", "Message", "MessageCall", "PointToPoint", "RankContext",
+           "HostBuffers", "Library", "Message", "MessageCall", "PointToPoint", "RankContext", "ReplayExtras",
            "SubCommunicators",
            "Support",
            "in_sequence"]
@@ -268,48 +268,17 @@ class Backend(ABC):
         why = self.lacks.get(collective) or f"{self.name} binds no {collective}"
         return Support(False, f"unsupported by {self.name}: {why}")
 
-    # -- the calls of a trace outside the registry (trace replay) ---------------------
-    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
-        """(send, recv) of one buffer to or from one peer of this communicator, each complete
-        when it returns (trace replay's send and recv), or why there are none: the library's
-        own blocking `p2p.send` and `p2p.recv` where the backend has them."""
-        p2p = self.p2p
-        if p2p is None or not p2p.blocking:
-            return f"{self.name}: no point-to-point messages, and no transport to carry them"
-        return p2p.send, p2p.recv
-
-    def exchanges(self, timeout: float) -> Exchange | str:
-        """How this communicator moves one exchange (trace replay's sends and receives issued
-        together, on host numpy arrays): a function of (sends, recvs) giving the one call that
-        moves them all whatever order the peers post theirs in, or why it cannot. Here: over
-        `p2p.transport(False)`, posted as `post_exchange` posts them."""
-        transport = self.p2p.transport(False) if self.p2p is not None else None
-        if transport is None:
-            return f"{self.name}: no non-blocking point-to-point messages to post an exchange with"
-        return functools.partial(self.post_exchange, transport, timeout=timeout)
-
-    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
-                      timeout: float) -> Callable[[], None]:
-        """The one call that moves an exchange over this library's `transport`: every receive
-        posted, then every send, then all waited for (torch.distributed isend/irecv, MPI
-        Irecv/Isend). A library whose messages complete before they return overrides it."""
-        def post() -> None:
-            posted = [transport.irecv(b, peer, tag) for b, peer, tag in recvs]
-            posted += [transport.isend(b, peer, tag) for b, peer, tag in sends]
-            for request in posted:
-                request.wait(timeout)
-        return post
-
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        """This communicator's all-to-all with a count per peer (MPI's Alltoallv, trace
-        replay's all_to_all_single with split sizes), or why it has none."""
-        return f"{self.name}: no uneven all-to-all"
-
     # -- optional capabilities ------------------------------------------------------
     @property
     def p2p(self) -> PointToPoint[Any] | None:
         """Its point-to-point messages (algorithms/ schedules, trace replay); None: none."""
         return None
+
+    @property
+    def replay_extras(self) -> ReplayExtras[Any]:
+        """The calls of a trace outside the registry that trace replay runs on it (by default
+        from its `p2p`; each answers why where it has none)."""
+        return ReplayExtras(self)
 
     @property
     def groups(self) -> SubCommunicators[Any] | None:
@@ -381,6 +350,55 @@ class PointToPoint(Generic[AnyBackend]):
         """The CuPy stream the library orders its device work on, for the kernels of
         algorithms run over it (None: CuPy's current stream)."""
         return None
+
+
+class ReplayExtras(Generic[AnyBackend]):
+    """The calls of a trace outside the registry that trace replay (ccbench.replay.extra) asks
+    a backend for (`Backend.replay_extras`): blocking send and recv, exchanges (sends and
+    receives issued together) and the uneven all-to-all. Each answers the call, or why the
+    backend has none; the defaults come from the backend's `p2p`, so a backend need override
+    only what its library does otherwise."""
+
+    def __init__(self, backend: AnyBackend) -> None:
+        self.backend = backend
+
+    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
+        """(send, recv) of one buffer to or from one peer of this communicator, each complete
+        when it returns (trace replay's send and recv), or why there are none: the library's
+        own blocking `p2p.send` and `p2p.recv` where the backend has them."""
+        p2p = self.backend.p2p
+        if p2p is None or not p2p.blocking:
+            return f"{self.backend.name}: no point-to-point messages, and no transport to carry them"
+        return p2p.send, p2p.recv
+
+    def exchanges(self, timeout: float) -> Exchange | str:
+        """How this communicator moves one exchange (trace replay's sends and receives issued
+        together, on host numpy arrays): a function of (sends, recvs) giving the one call that
+        moves them all whatever order the peers post theirs in, or why it cannot. Here: over
+        `p2p.transport(False)`, posted as `post_exchange` posts them."""
+        p2p = self.backend.p2p
+        transport = p2p.transport(False) if p2p is not None else None
+        if transport is None:
+            return (f"{self.backend.name}: no non-blocking point-to-point messages to post an "
+                    f"exchange with")
+        return functools.partial(self.post_exchange, transport, timeout=timeout)
+
+    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
+                      timeout: float) -> Callable[[], None]:
+        """The one call that moves an exchange over this library's `transport`: every receive
+        posted, then every send, then all waited for (torch.distributed isend/irecv, MPI
+        Irecv/Isend). A library whose messages complete before they return overrides it."""
+        def post() -> None:
+            posted = [transport.irecv(b, peer, tag) for b, peer, tag in recvs]
+            posted += [transport.isend(b, peer, tag) for b, peer, tag in sends]
+            for request in posted:
+                request.wait(timeout)
+        return post
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """This communicator's all-to-all with a count per peer (MPI's Alltoallv, trace
+        replay's all_to_all_single with split sizes), or why it has none."""
+        return f"{self.backend.name}: no uneven all-to-all"
 
 
 class SubCommunicators(ABC, Generic[AnyBackend]):

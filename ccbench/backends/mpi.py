@@ -24,6 +24,7 @@ from ccbench.backends.base import (
     Library,
     PointToPoint,
     RankContext,
+    ReplayExtras,
     SubCommunicators,
     found_or_why,
     library_line,
@@ -423,16 +424,9 @@ class MPIBackend(Backend):
             self.comm.Scatter(_raw(b.stage_in(send)), _raw(b.wire(recv)), root=root)
         b.stage_out(recv)
 
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        """Alltoallv on this communicator, each peer's block at the sum of the counts before
-        it (counts in elements of the buffers' type, whatever travels)."""
-        comm, b = self.comm, self.buffers
-
-        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
-            comm.Alltoallv([_raw(b.stage_in(send)), (s_in, _offsets(s_in))],
-                           [_raw(b.wire(recv)), (s_out, _offsets(s_out))])
-            b.stage_out(recv)
-        return alltoallv
+    @property
+    def replay_extras(self) -> ReplayExtras[MPIBackend]:
+        return _MPIReplay(self)
 
     @property
     def groups(self) -> SubCommunicators[MPIBackend]:
@@ -466,6 +460,19 @@ class MPIMessages(PointToPoint[MPIBackend]):
         if device:
             return None
         return MPITransport(self.backend.comm)
+
+
+class _MPIReplay(ReplayExtras[MPIBackend]):
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """Alltoallv on this communicator, each peer's block at the sum of the counts before
+        it (counts in elements of the buffers' type, whatever travels)."""
+        comm, b = self.backend.comm, self.backend.buffers
+
+        def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
+            comm.Alltoallv([_raw(b.stage_in(send)), (s_in, _offsets(s_in))],
+                           [_raw(b.wire(recv)), (s_out, _offsets(s_out))])
+            b.stage_out(recv)
+        return alltoallv
 
 
 class _MPIGroups(SubCommunicators[MPIBackend]):

@@ -30,6 +30,7 @@ from ccbench.backends.base import (
     Message,
     PointToPoint,
     RankContext,
+    ReplayExtras,
     SubCommunicators,
     found_or_why,
     library_line,
@@ -318,21 +319,9 @@ class OneCCLBackend(Backend):
     def p2p(self) -> PointToPoint[OneCCLBackend]:
         return _OneCCLMessages(self)
 
-    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
-                      timeout: float) -> Callable[[], None]:
-        """One group (onecclSend/Recv complete before they return: posted one by one, the
-        first would wait for a peer still in its own)."""
-        assert isinstance(transport, OneCCLTransport)
-        step = transport.prepare(sends, recvs)
-
-        def group() -> None:
-            step.start()
-            step.wait_all(timeout)
-        return group
-
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        return (f"{self.name}: ccbench binds oneCCL's NCCL-style C API, whose all-to-all takes "
-                f"one count for every peer (no all-to-allv)")
+    @property
+    def replay_extras(self) -> ReplayExtras[OneCCLBackend]:
+        return _OneCCLReplay(self)
 
     # -- sub-communicators -----------------------------------------------------------
     @property
@@ -370,6 +359,24 @@ class _OneCCLMessages(PointToPoint[OneCCLBackend]):
         if device:
             return None
         return OneCCLTransport(self.backend)
+
+
+class _OneCCLReplay(ReplayExtras[OneCCLBackend]):
+    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
+                      timeout: float) -> Callable[[], None]:
+        """One group (onecclSend/Recv complete before they return: posted one by one, the
+        first would wait for a peer still in its own)."""
+        assert isinstance(transport, OneCCLTransport)
+        step = transport.prepare(sends, recvs)
+
+        def group() -> None:
+            step.start()
+            step.wait_all(timeout)
+        return group
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        return (f"{self.backend.name}: ccbench binds oneCCL's NCCL-style C API, whose "
+                f"all-to-all takes one count for every peer (no all-to-allv)")
 
 
 class _OneCCLGroups(SubCommunicators[OneCCLBackend]):

@@ -18,6 +18,7 @@ from ccbench.backends.base import (
     Library,
     PointToPoint,
     RankContext,
+    ReplayExtras,
     SubCommunicators,
     found_or_why,
     in_sequence,
@@ -282,11 +283,9 @@ class TorchDistBackend(Backend):
     def p2p(self) -> PointToPoint[TorchDistBackend]:
         return TorchMessages(self)
 
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        """all_to_all_single with split sizes, on this communicator's group."""
-        dist, group = self.dist, self.group
-        return lambda send, recv, s_in, s_out: dist.all_to_all_single(
-            recv, send, s_out, s_in, group=group)
+    @property
+    def replay_extras(self) -> ReplayExtras[TorchDistBackend]:
+        return _TorchReplay(self)
 
     @property
     def groups(self) -> SubCommunicators[TorchDistBackend]:
@@ -324,6 +323,14 @@ class TorchMessages(PointToPoint[TorchDistBackend]):
             backend.dist.recv(buf, src=peer, tag=tag)
         else:
             backend.dist.recv(buf, group=backend.group, group_src=peer, tag=tag)
+
+
+class _TorchReplay(ReplayExtras[TorchDistBackend]):
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """all_to_all_single with split sizes, on this communicator's group."""
+        dist, group = self.backend.dist, self.backend.group
+        return lambda send, recv, s_in, s_out: dist.all_to_all_single(
+            recv, send, s_out, s_in, group=group)
 
 
 class _TorchGroups(SubCommunicators[TorchDistBackend]):
