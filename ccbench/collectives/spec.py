@@ -1,9 +1,13 @@
 """What one collective is, as data: the `Collective` each module of this package defines.
 
-Every rule that differs between collectives lives in its `Collective`: how a size S maps to
-element counts, the busbw factor, how the in-place case aliases the buffers, the exact inputs
-and expected outputs of validation, whether it reduces or has a root, and what the models
-and exporters call it (each backend binds it by name: `Backend.builders`). Callers ask the registry
+Every rule that differs between collectives lives in its `Collective`. Its core is what
+measuring it needs: how a size S maps to element counts, the busbw factor, how the in-place
+case aliases the buffers, the exact inputs and expected outputs of validation and their
+brute-force reference, whether it reduces or has a root (each backend binds it by name:
+`Backend.builders`). The rest are capabilities, one object each, read only by their users:
+`model` (`ModelTerms`: cost formulas, ccbench.model), `export` (`ExportNames`: Chakra and
+ASTRA-sim, ccbench.formats), `trace` (`TraceRules`: PyTorch trace ops, ccbench.trace) and
+`tools` (`ToolNames`: nccl-tests / OSU programs, the MPI function). Callers ask the registry
 (`ccbench.collectives.get`) instead of branching on the name.
 """
 
