@@ -147,7 +147,13 @@ class BackendFactory(Protocol):
 
 class Backend(ABC):
     """One library's collectives on one communicator. Its buffers are those of its buffer
-    policy (`self.buffers`, host numpy unless the backend sets another)."""
+    policy (`self.buffers`, host numpy unless the backend sets another).
+
+    The core every backend has: availability and doctor's probes, buffers, its collectives
+    (`builders`, `bind`, `run`), `barrier`, `synchronize`, `finalize` and `info`. What only
+    some libraries have is a capability, each one object of its own type, overridden where the
+    library has it: `p2p` (`PointToPoint`), `groups` (`SubCommunicators`) and `replay_extras`
+    (`ReplayExtras`, by default derived from `p2p`)."""
 
     #: the registry name (an algorithm backend's is per instance: ring@mpi, tree@nccl)
     name: str
