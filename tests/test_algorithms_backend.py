@@ -74,7 +74,7 @@ def test_every_transport_is_a_registered_backend_with_messages() -> None:
     for transport in TRANSPORTS:
         cls = backend_class(transport)
         assert transport in REGISTRY and isinstance(cls, type) and issubclass(cls, Backend)
-        assert cls.point_to_point is not Backend.point_to_point, transport
+        assert cls.p2p is not Backend.p2p, transport
 
 
 def test_unsupported_names_missing_schedules() -> None:

@@ -3,7 +3,7 @@ registered by name alone is listed by `ccbench doctor` with its own display name
 version and library, and runs a collective in this process (world size 1) with every
 element checked. Trace replay's calls outside the registry (send/recv, exchanges, alltoallv)
 need nothing more: a backend without them is skipped with its reason, and one that offers
-them (`send`/`recv`, `point_to_point`, `uneven_alltoall`) is replayed on them."""
+them (`p2p`: `send`/`recv` and `transport`; `replay_extras.uneven_alltoall`) is replayed on them."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from ccbench.backends.base import (
     Backend,
     BackendInfo,
     Library,
+    PointToPoint,
     RankContext,
+    ReplayExtras,
     library_line,
 )
 from ccbench.records import load_records
@@ -163,18 +165,34 @@ class MessagingBackend(CopyOnlyBackend):
         super().__init__(ctx)
         self.fabric, self.copies = ThreadFabric(1, timeout=10.0), copies
 
+    @property
+    def p2p(self) -> PointToPoint[MessagingBackend]:
+        return _FabricMessages(self)
+
+    @property
+    def replay_extras(self) -> ReplayExtras[MessagingBackend]:
+        return _FabricReplay(self)
+
+
+class _FabricMessages(PointToPoint[MessagingBackend]):
+    blocking = True
+
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.fabric.put(self.ctx.rank, peer, tag, buf.copy())
+        self.backend.fabric.put(self.backend.ctx.rank, peer, tag, buf.copy())
 
     def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        buf[...] = self.fabric.take(peer, self.ctx.rank, tag, 10.0)
+        buf[...] = self.backend.fabric.take(peer, self.backend.ctx.rank, tag, 10.0)
 
-    def point_to_point(self, device: bool) -> Transport | None:
-        return None if device else self.fabric.transport(self.ctx.rank)
+    def transport(self, device: bool) -> Transport | None:
+        return None if device else self.backend.fabric.transport(self.backend.ctx.rank)
 
+
+class _FabricReplay(ReplayExtras[MessagingBackend]):
     def uneven_alltoall(self) -> AlltoallvCall | str:
+        copies = self.backend.copies
+
         def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
-            if self.copies:                     # one rank: its only block is its own
+            if copies:                          # one rank: its only block is its own
                 np.copyto(recv, send)
             else:                               # a broken one: zeros arrive
                 recv.fill(0)
@@ -188,8 +206,8 @@ def _run(call: ExtraCall | str) -> int:
 
 
 def test_what_a_backend_offers_trace_replay_runs_bit_exact() -> None:
-    """send/recv are its `send` and `recv`; an exchange posts over its `point_to_point`
-    transport (no method of its own needed); alltoallv is its `uneven_alltoall`."""
+    """send/recv are its `p2p.send` and `p2p.recv`; an exchange posts over its `p2p.transport`
+    transport (no method of its own needed); alltoallv is its `replay_extras.uneven_alltoall`."""
     from ccbench.replay.extra import prepare, prepare_exchange
 
     backend = MessagingBackend(_context())

@@ -1,4 +1,4 @@
-"""Each backend makes its own sub-communicators (`Backend.split`): a recorded job with two
+"""Each backend makes its own sub-communicators (`Backend.groups`): a recorded job with two
 process-group layouts replays on MPI, an algorithm over MPI and oneCCL, every call of every
 group measured and bit-exact; an algorithm over gloo says why it has none."""
 

@@ -37,7 +37,8 @@ def test_the_registry_says_what_gather_and_scatter_are() -> None:
         (750, 750, 250, 3000, 250)
     assert gather.checked(2, 2) and not gather.checked(0, 2)        # the root's output only
     assert scatter.has_input(2, 2) and not scatter.has_input(0, 2)  # the root's input only
-    assert (gather.chakra, scatter.chakra, gather.mpi, scatter.mpi) == \
+    assert gather.export is not None and scatter.export is not None
+    assert (gather.export.chakra, scatter.export.chakra, gather.tools.mpi, scatter.tools.mpi) == \
         ("GATHER", "SCATTER", "MPI_Gather", "MPI_Scatter")
     assert PROGRAMS["gather_perf"] == "gather" and PROGRAMS["osu_scatter"] == "scatter"
 

@@ -201,7 +201,8 @@ def test_gloo_sets_its_interface_only_while_creating_groups(monkeypatch) -> None
     try:
         assert "GLOO_SOCKET_IFNAME" not in os.environ
         assert backend._interface == "lo"
-        (group,) = backend.split([[0]], timeout=30)
+        assert backend.groups is not None
+        (group,) = backend.groups.split([[0]], timeout=30)
         assert group is not None and "GLOO_SOCKET_IFNAME" not in os.environ
     finally:
         backend.finalize()

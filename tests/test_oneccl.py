@@ -149,8 +149,9 @@ def worker(rank: int, world: int, port: int) -> int:
     # point to point (the transport algorithms/ schedules use): a ring shift, send first
     x = (np.arange(5) + 10 * rank).astype(numpy_dtype("bfloat16"))
     y = np.zeros_like(x)
-    backend.send(x, (rank + 1) % world)
-    backend.recv(y, (rank - 1) % world)
+    assert backend.p2p is not None
+    backend.p2p.send(x, (rank + 1) % world)
+    backend.p2p.recv(y, (rank - 1) % world)
     want_p2p = (np.arange(5) + 10 * ((rank - 1) % world)).astype(y.dtype)
     if not np.array_equal(_bits(y), _bits(want_p2p)):
         wrong.append(f"send/recv ring: got {y.tolist()} want {want_p2p.tolist()}")

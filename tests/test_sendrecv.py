@@ -25,7 +25,7 @@ def test_the_registry_says_what_sendrecv_is() -> None:
     assert spec.modes((False, True)) == (False,) and spec.modes((True,)) == (False,)
     lay = spec.layout(3000, 4, 3)
     assert (lay.count, lay.send_count, lay.recv_count, lay.size_used) == (750, 750, 750, 3000)
-    assert spec.chakra is None and spec.astra is None
+    assert spec.export is None
     k = coefficients("sendrecv", "direct", 8)
     assert (k.a, k.b, k.c) == (1.0, 1.0, 0.0)
 

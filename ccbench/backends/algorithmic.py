@@ -9,7 +9,7 @@ Names are ``<algorithm>[:<chunk>]@<transport>``:
   a chunk are split into ceil(size / chunk) segments, at most 64. Without it, broadcast
   and the trees pipeline in 512 KiB segments and everything else sends one message per
   block;
-* transport: any registered backend whose ``point_to_point`` gives a transport: ``mpi``
+* transport: any registered backend whose ``p2p.transport`` gives one: ``mpi``
   (persistent requests; with ``--device cuda`` CuPy arrays, CUDA-aware or host-staged),
   ``gloo`` (torch isend/irecv on host memory), ``oneccl`` (grouped onecclSend/Recv) and
   ``nccl`` (torch.distributed send/recv on CUDA memory, one NCCL group per step) and
@@ -43,6 +43,8 @@ from ccbench.backends.base import (
     Exchange,
     MessageCall,
     RankContext,
+    ReplayExtras,
+    SubCommunicators,
     Support,
 )
 from ccbench.backends.buffers import BufferPolicy, CupyBuffers, HostBuffers
@@ -171,7 +173,7 @@ class AlgorithmBackend(Backend):
         self.algorithm = spec.label
         self.op_timeout = ctx.options.timeout
         on_device = ctx.device != "cpu"
-        transport = inner.point_to_point(on_device)
+        transport = inner.p2p.transport(on_device) if inner.p2p is not None else None
         if transport is None:
             inner.finalize()
             raise RunFailure(f"{spec.name}: backend {spec.transport!r} has no point-to-point "
@@ -191,7 +193,7 @@ class AlgorithmBackend(Backend):
 
         from algorithms.kernels import CupyReducer
 
-        stream = self.inner.device_stream()
+        stream = self.inner.p2p.stream() if self.inner.p2p is not None else None
         if stream is not None:
             stream.use()
         return CupyBuffers(cupy), cupy, CupyReducer()
@@ -245,39 +247,15 @@ class AlgorithmBackend(Backend):
         return {**self.inner.info(), "algorithm": self.algorithm,
                 "reductions": type(self._reducer).__name__}
 
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """The transport's sub-communicators, the schedules run over each one's messages."""
-        out: list[Backend | str | None] = []
-        for ranks, inner in zip(groups, self.inner.split(groups, timeout), strict=True):
-            if inner is None or isinstance(inner, str):
-                out.append(inner)
-                continue
-            transport = inner.point_to_point(self._xp is not np)
-            if transport is None:
-                inner.finalize()
-                out.append(f"{self.name}: {self.spec.transport} has no point-to-point "
-                           f"messages on a sub-communicator")
-                continue
-            sub = self.on_group(ranks)
-            assert isinstance(sub, AlgorithmBackend)
-            sub.inner, sub._transport, sub._executors = inner, transport, {}
-            out.append(sub)
-        return out
+    @property
+    def groups(self) -> SubCommunicators[AlgorithmBackend] | None:
+        """The transport's sub-communicators, where it has them."""
+        return _AlgorithmGroups(self) if self.inner.groups is not None else None
 
     # -- a trace's calls outside the registry: the transport's messages ------------------
-    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
-        """The schedules' transport, each message waited for."""
-        transport = self._transport
-        return ((lambda buf, peer: transport.isend(buf, peer, 0).wait(timeout)),
-                (lambda buf, peer: transport.irecv(buf, peer, 0).wait(timeout)))
-
-    def exchanges(self, timeout: float) -> Exchange | str:
-        """The schedules' transport, posted as the wrapped library posts an exchange."""
-        return functools.partial(self.inner.post_exchange, self._transport, timeout=timeout)
-
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        return f"{self.name}: ccbench's algorithm schedules have no uneven all-to-all"
+    @property
+    def replay_extras(self) -> ReplayExtras[AlgorithmBackend]:
+        return _AlgorithmReplay(self)
 
     # -- control: the wrapped backend's ---------------------------------------------------
     def barrier(self) -> None:
@@ -342,3 +320,44 @@ class AlgorithmBackend(Backend):
             return functools.partial(_sum_then_divide, total, r, self.ctx.world_size)
         return executor.bound_call(arr(send), r, (op or "sum") if spec.reduces else None, dtype)
 
+
+
+class _AlgorithmReplay(ReplayExtras[AlgorithmBackend]):
+    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
+        """The schedules' transport, each message waited for."""
+        transport = self.backend._transport
+        return ((lambda buf, peer: transport.isend(buf, peer, 0).wait(timeout)),
+                (lambda buf, peer: transport.irecv(buf, peer, 0).wait(timeout)))
+
+    def exchanges(self, timeout: float) -> Exchange | str:
+        """The schedules' transport, posted as the wrapped library posts an exchange."""
+        return functools.partial(self.backend.inner.replay_extras.post_exchange,
+                                 self.backend._transport, timeout=timeout)
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        return f"{self.backend.name}: ccbench's algorithm schedules have no uneven all-to-all"
+
+
+class _AlgorithmGroups(SubCommunicators[AlgorithmBackend]):
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """The transport's sub-communicators, the schedules run over each one's messages."""
+        backend = self.backend
+        inner_groups = backend.inner.groups
+        assert inner_groups is not None               # offered only where the transport has them
+        out: list[Backend | str | None] = []
+        for ranks, inner in zip(groups, inner_groups.split(groups, timeout), strict=True):
+            if inner is None or isinstance(inner, str):
+                out.append(inner)
+                continue
+            transport = (inner.p2p.transport(backend._xp is not np) if inner.p2p is not None
+                         else None)
+            if transport is None:
+                inner.finalize()
+                out.append(f"{backend.name}: {backend.spec.transport} has no point-to-point "
+                           f"messages on a sub-communicator")
+                continue
+            sub = self.on_group(ranks)
+            sub.inner, sub._transport, sub._executors = inner, transport, {}
+            out.append(sub)
+        return out

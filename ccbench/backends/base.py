@@ -18,7 +18,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, Protocol, Required, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NotRequired, Protocol, Required, TypedDict, TypeVar
 
 import numpy as np
 
@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendInfo", "BackendOptions", "Builder",
            "Exchange",
-           "HostBuffers", "Library", "Message", "MessageCall", "RankContext", "Support",
+           "HostBuffers", "Library", "Message", "MessageCall", "PointToPoint", "RankContext", "ReplayExtras",
+           "SubCommunicators",
+           "Support",
            "in_sequence"]
 
 
@@ -145,7 +147,13 @@ class BackendFactory(Protocol):
 
 class Backend(ABC):
     """One library's collectives on one communicator. Its buffers are those of its buffer
-    policy (`self.buffers`, host numpy unless the backend sets another)."""
+    policy (`self.buffers`, host numpy unless the backend sets another).
+
+    The core every backend has: availability and doctor's probes, buffers, its collectives
+    (`builders`, `bind`, `run`), `barrier`, `synchronize`, `finalize` and `info`. What only
+    some libraries have is a capability, each one object of its own type, overridden where the
+    library has it: `p2p` (`PointToPoint`), `groups` (`SubCommunicators`) and `replay_extras`
+    (`ReplayExtras`, by default derived from `p2p`)."""
 
     #: the registry name (an algorithm backend's is per instance: ring@mpi, tree@nccl)
     name: str
@@ -266,77 +274,22 @@ class Backend(ABC):
         why = self.lacks.get(collective) or f"{self.name} binds no {collective}"
         return Support(False, f"unsupported by {self.name}: {why}")
 
-    # -- point to point (the transports of algorithms/) ------------------------------
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        raise NotImplementedError(f"{self.name} has no point-to-point send")
-
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        raise NotImplementedError(f"{self.name} has no point-to-point recv")
-
-    def point_to_point(self, device: bool) -> Transport | None:
-        """An algorithms.transport over this backend's communicator, moving numpy arrays
-        (device False) or CuPy arrays (device True); None when it has no such messages."""
+    # -- optional capabilities ------------------------------------------------------
+    @property
+    def p2p(self) -> PointToPoint[Any] | None:
+        """Its point-to-point messages (algorithms/ schedules, trace replay); None: none."""
         return None
 
-    def device_stream(self) -> Any:
-        """The CuPy stream this backend's library orders its device work on, for the kernels
-        of algorithms run over it (None: CuPy's current stream)."""
+    @property
+    def replay_extras(self) -> ReplayExtras[Any]:
+        """The calls of a trace outside the registry that trace replay runs on it (by default
+        from its `p2p`; each answers why where it has none)."""
+        return ReplayExtras(self)
+
+    @property
+    def groups(self) -> SubCommunicators[Any] | None:
+        """Its sub-communicators (trace replay, diagnose); None: it has none."""
         return None
-
-    # -- the calls of a trace outside the registry (trace replay) ---------------------
-    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
-        """(send, recv) of one buffer to or from one peer of this communicator, each complete
-        when it returns (trace replay's send and recv), or why there are none: the library's
-        own `send` and `recv` where the backend has them."""
-        if type(self).send is Backend.send:
-            return f"{self.name}: no point-to-point messages, and no transport to carry them"
-        return self.send, self.recv
-
-    def exchanges(self, timeout: float) -> Exchange | str:
-        """How this communicator moves one exchange (trace replay's sends and receives issued
-        together, on host numpy arrays): a function of (sends, recvs) giving the one call that
-        moves them all whatever order the peers post theirs in, or why it cannot. Here: over
-        `point_to_point(False)`, posted as `post_exchange` posts them."""
-        transport = self.point_to_point(False)
-        if transport is None:
-            return f"{self.name}: no non-blocking point-to-point messages to post an exchange with"
-        return functools.partial(self.post_exchange, transport, timeout=timeout)
-
-    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
-                      timeout: float) -> Callable[[], None]:
-        """The one call that moves an exchange over this library's `transport`: every receive
-        posted, then every send, then all waited for (torch.distributed isend/irecv, MPI
-        Irecv/Isend). A library whose messages complete before they return overrides it."""
-        def post() -> None:
-            posted = [transport.irecv(b, peer, tag) for b, peer, tag in recvs]
-            posted += [transport.isend(b, peer, tag) for b, peer, tag in sends]
-            for request in posted:
-                request.wait(timeout)
-        return post
-
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        """This communicator's all-to-all with a count per peer (MPI's Alltoallv, trace
-        replay's all_to_all_single with split sizes), or why it has none."""
-        return f"{self.name}: no uneven all-to-all"
-
-    # -- sub-communicators (trace replay, diagnose) ----------------------------------
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """This backend on each of `groups` (global ranks, ascending), made collectively: every
-        rank calls it with the same groups in the same order. Per group: this rank's backend
-        on that group (its ctx gives the group rank and size, so layouts, inputs and
-        validation are the group's), why there is none, or None where this rank is not in it.
-        A sub-communicator is released with its `finalize`; the whole one stays its owner's."""
-        return [f"{self.name}: no sub-communicators" if self.ctx.rank in ranks else None
-                for ranks in groups]
-
-    def on_group(self, ranks: Sequence[int]) -> Backend:
-        """A shallow copy of this backend whose ctx is this rank's place in `ranks`: what a
-        `split` fills in with the group's communicator."""
-        sub = copy.copy(self)
-        sub.ctx = dataclasses.replace(self.ctx, rank=list(ranks).index(self.ctx.rank),
-                                      world_size=len(ranks), members=tuple(ranks))
-        return sub
 
     # -- control --------------------------------------------------------------------
     @abstractmethod
@@ -372,6 +325,111 @@ class Backend(ABC):
     def run(self, collective: str, send: Any, recv: Any, op: str | None, root: int) -> None:
         """One call of `collective` (validation and warm-up; the timed loops use `bind`)."""
         self.bind(collective, send, recv, op, root)()
+
+
+AnyBackend = TypeVar("AnyBackend", bound=Backend)
+
+
+class PointToPoint(Generic[AnyBackend]):
+    """A backend's point-to-point messages (`Backend.p2p`): blocking `send` and `recv` of one
+    buffer where its library has them (`blocking`), the transport the algorithms/ schedules
+    run over, and the stream device kernels queue on."""
+
+    #: `send` and `recv` are the library's own, each complete when it returns
+    blocking: ClassVar[bool] = False
+
+    def __init__(self, backend: AnyBackend) -> None:
+        self.backend = backend
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        raise NotImplementedError(f"{self.backend.name} has no blocking point-to-point send")
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        raise NotImplementedError(f"{self.backend.name} has no blocking point-to-point recv")
+
+    def transport(self, device: bool) -> Transport | None:
+        """An algorithms.transport over the backend's communicator, moving numpy arrays
+        (device False) or CuPy arrays (device True); None when it has no such messages."""
+        return None
+
+    def stream(self) -> Any:
+        """The CuPy stream the library orders its device work on, for the kernels of
+        algorithms run over it (None: CuPy's current stream)."""
+        return None
+
+
+class ReplayExtras(Generic[AnyBackend]):
+    """The calls of a trace outside the registry that trace replay (ccbench.replay.extra) asks
+    a backend for (`Backend.replay_extras`): blocking send and recv, exchanges (sends and
+    receives issued together) and the uneven all-to-all. Each answers the call, or why the
+    backend has none; the defaults come from the backend's `p2p`, so a backend need override
+    only what its library does otherwise."""
+
+    def __init__(self, backend: AnyBackend) -> None:
+        self.backend = backend
+
+    def blocking_messages(self, timeout: float) -> tuple[MessageCall, MessageCall] | str:
+        """(send, recv) of one buffer to or from one peer of this communicator, each complete
+        when it returns (trace replay's send and recv), or why there are none: the library's
+        own blocking `p2p.send` and `p2p.recv` where the backend has them."""
+        p2p = self.backend.p2p
+        if p2p is None or not p2p.blocking:
+            return f"{self.backend.name}: no point-to-point messages, and no transport to carry them"
+        return p2p.send, p2p.recv
+
+    def exchanges(self, timeout: float) -> Exchange | str:
+        """How this communicator moves one exchange (trace replay's sends and receives issued
+        together, on host numpy arrays): a function of (sends, recvs) giving the one call that
+        moves them all whatever order the peers post theirs in, or why it cannot. Here: over
+        `p2p.transport(False)`, posted as `post_exchange` posts them."""
+        p2p = self.backend.p2p
+        transport = p2p.transport(False) if p2p is not None else None
+        if transport is None:
+            return (f"{self.backend.name}: no non-blocking point-to-point messages to post an "
+                    f"exchange with")
+        return functools.partial(self.post_exchange, transport, timeout=timeout)
+
+    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
+                      timeout: float) -> Callable[[], None]:
+        """The one call that moves an exchange over this library's `transport`: every receive
+        posted, then every send, then all waited for (torch.distributed isend/irecv, MPI
+        Irecv/Isend). A library whose messages complete before they return overrides it."""
+        def post() -> None:
+            posted = [transport.irecv(b, peer, tag) for b, peer, tag in recvs]
+            posted += [transport.isend(b, peer, tag) for b, peer, tag in sends]
+            for request in posted:
+                request.wait(timeout)
+        return post
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """This communicator's all-to-all with a count per peer (MPI's Alltoallv, trace
+        replay's all_to_all_single with split sizes), or why it has none."""
+        return f"{self.backend.name}: no uneven all-to-all"
+
+
+class SubCommunicators(ABC, Generic[AnyBackend]):
+    """A backend's sub-communicators (`Backend.groups`): trace replay's process groups and
+    diagnose's pairs and planes."""
+
+    def __init__(self, backend: AnyBackend) -> None:
+        self.backend = backend
+
+    @abstractmethod
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """The backend on each of `groups` (global ranks, ascending), made collectively: every
+        rank calls it with the same groups in the same order. Per group: this rank's backend
+        on that group (its ctx gives the group rank and size, so layouts, inputs and
+        validation are the group's), why there is none, or None where this rank is not in it.
+        A sub-communicator is released with its `finalize`; the whole one stays its owner's."""
+
+    def on_group(self, ranks: Sequence[int]) -> AnyBackend:
+        """A shallow copy of the backend whose ctx is this rank's place in `ranks`: what a
+        `split` fills in with the group's communicator."""
+        sub = copy.copy(self.backend)
+        sub.ctx = dataclasses.replace(sub.ctx, rank=list(ranks).index(sub.ctx.rank),
+                                      world_size=len(ranks), members=tuple(ranks))
+        return sub
 
 
 @dataclass(frozen=True, slots=True)

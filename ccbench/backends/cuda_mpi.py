@@ -24,10 +24,10 @@ import ctypes
 import os
 from typing import TYPE_CHECKING, Any
 
-from ccbench.backends.base import BackendInfo, RankContext
+from ccbench.backends.base import BackendInfo, PointToPoint, RankContext
 from ccbench.backends.buffers import CupyBuffers, CupyStagedBuffers, DeviceBuffer, pinned_allocator
 from ccbench.backends.cupy_device import CUPY, cupy_missing_reason
-from ccbench.backends.mpi import MPIBackend, MPITransport
+from ccbench.backends.mpi import MPIBackend, MPIMessages, MPITransport
 from ccbench.backends.mpi_loop import loaded_libmpi
 from ccbench.backends.p2p import StagedTransport
 from ccbench.errors import UsageError
@@ -141,12 +141,20 @@ class CudaMPIBackend(MPIBackend):
                                          if k.startswith(("CUDA_VISIBLE", OVERRIDE_VAR))}}
         return meta
 
-    def point_to_point(self, device: bool) -> Transport | None:
-        if not device:
-            return None
-        if self.cuda_aware:
-            return MPITransport(self.comm, device_sync=self.synchronize)
-        return StagedTransport(MPITransport(self.comm))
+    @property
+    def p2p(self) -> PointToPoint[MPIBackend]:
+        return _CudaMPIMessages(self)
 
     def synchronize(self) -> None:
         self.cupy.cuda.Device(self.device_index).synchronize()
+
+
+class _CudaMPIMessages(MPIMessages):
+    def transport(self, device: bool) -> Transport | None:
+        backend = self.backend
+        assert isinstance(backend, CudaMPIBackend)
+        if not device:
+            return None
+        if backend.cuda_aware:
+            return MPITransport(backend.comm, device_sync=backend.synchronize)
+        return StagedTransport(MPITransport(backend.comm))

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
-from ccbench.backends.base import BackendInfo
+from ccbench.backends.base import BackendInfo, PointToPoint
 from ccbench.backends.torch_dist import (
     TORCH_TIMED_CALL,
     TorchDistBackend,
+    TorchMessages,
     TorchTransport,
     torch_missing_reason,
 )
@@ -73,7 +74,14 @@ class GlooBackend(TorchDistBackend):
                 "reduce_out_of_place": "recv.copy_(send), then in-place reduce, both timed "
                                        "(torch.distributed's reduce works in place)"}
 
-    def point_to_point(self, device: bool) -> Transport | None:
-        if device or self.group is not None:     # the transport addresses global ranks
+    @property
+    def p2p(self) -> PointToPoint[TorchDistBackend]:
+        return _GlooMessages(self)
+
+
+class _GlooMessages(TorchMessages):
+    def transport(self, device: bool) -> Transport | None:
+        backend = self.backend
+        if device or backend.group is not None:     # the transport addresses global ranks
             return None
-        return TorchTransport.host(self.dist, self.torch)
+        return TorchTransport.host(backend.dist, backend.torch)

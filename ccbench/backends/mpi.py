@@ -22,7 +22,10 @@ from ccbench.backends.base import (
     BackendInfo,
     Batch,
     Library,
+    PointToPoint,
     RankContext,
+    ReplayExtras,
+    SubCommunicators,
     found_or_why,
     library_line,
 )
@@ -241,10 +244,9 @@ class MPIBackend(Backend):
                 "env": {k: v for k, v in os.environ.items()
                         if k.startswith(prefixes) and "RANK" not in k}}
 
-    def point_to_point(self, device: bool) -> Transport | None:
-        if device:
-            return None
-        return MPITransport(self.comm)
+    @property
+    def p2p(self) -> PointToPoint[MPIBackend]:
+        return MPIMessages(self)
 
     def _typed(self, buf: np.ndarray) -> list[Any]:
         """[buffer, datatype] with MPI's predefined datatype: mpi4py skips inferring it."""
@@ -422,19 +424,49 @@ class MPIBackend(Backend):
             self.comm.Scatter(_raw(b.stage_in(send)), _raw(b.wire(recv)), root=root)
         b.stage_out(recv)
 
+    @property
+    def replay_extras(self) -> ReplayExtras[MPIBackend]:
+        return _MPIReplay(self)
+
+    @property
+    def groups(self) -> SubCommunicators[MPIBackend]:
+        return _MPIGroups(self)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def finalize(self) -> None:
+        self.comm.Free()
+
+
+class MPIMessages(PointToPoint[MPIBackend]):
+    """Send and Recv on the communicator, and the algorithms' transport over its host buffers
+    (CUDA-aware MPI adds device buffers: cuda_mpi)."""
+
+    blocking = True
+
     # bfloat16 and float8 have no MPI datatype (mpi4py's DLPack refuses them): as in the
     # collectives, their bit patterns travel (_raw)
     def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Send(_raw(self.buffers.stage_in(buf)), dest=peer, tag=tag)
+        backend = self.backend
+        backend.comm.Send(_raw(backend.buffers.stage_in(buf)), dest=peer, tag=tag)
 
     def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self.comm.Recv(_raw(self.buffers.wire(buf)), source=peer, tag=tag)
-        self.buffers.stage_out(buf)
+        backend = self.backend
+        backend.comm.Recv(_raw(backend.buffers.wire(buf)), source=peer, tag=tag)
+        backend.buffers.stage_out(buf)
 
+    def transport(self, device: bool) -> Transport | None:
+        if device:
+            return None
+        return MPITransport(self.backend.comm)
+
+
+class _MPIReplay(ReplayExtras[MPIBackend]):
     def uneven_alltoall(self) -> AlltoallvCall | str:
         """Alltoallv on this communicator, each peer's block at the sum of the counts before
         it (counts in elements of the buffers' type, whatever travels)."""
-        comm, b = self.comm, self.buffers
+        comm, b = self.backend.comm, self.backend.buffers
 
         def alltoallv(send: Any, recv: Any, s_in: list[int], s_out: list[int]) -> None:
             comm.Alltoallv([_raw(b.stage_in(send)), (s_in, _offsets(s_in))],
@@ -442,28 +474,24 @@ class MPIBackend(Backend):
             b.stage_out(recv)
         return alltoallv
 
+
+class _MPIGroups(SubCommunicators[MPIBackend]):
     def split(self, groups: Sequence[Sequence[int]], timeout: float
               ) -> list[Backend | str | None]:
         """`Comm.Split` per group (every rank calls it; those outside get MPI_COMM_NULL)."""
+        backend = self.backend
         out: list[Backend | str | None] = []
-        rank = self.ctx.rank
+        rank = backend.ctx.rank
         for ranks in groups:
-            comm = self.comm.Split(0 if rank in ranks else self.MPI.UNDEFINED, rank)
+            comm = backend.comm.Split(0 if rank in ranks else backend.MPI.UNDEFINED, rank)
             if rank not in ranks:
                 out.append(None)
                 continue
-            comm.Set_errhandler(self.MPI.ERRORS_RETURN)
+            comm.Set_errhandler(backend.MPI.ERRORS_RETURN)
             sub = self.on_group(ranks)
-            assert isinstance(sub, MPIBackend)
             sub.comm, sub._probed = comm, {}
             out.append(sub)
         return out
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
-
-    def finalize(self) -> None:
-        self.comm.Free()
 
 
 def _offsets(counts: list[int]) -> list[int]:

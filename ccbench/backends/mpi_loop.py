@@ -140,7 +140,7 @@ def batch_call(mpi: Any, libmpi: str, comm: Any, collective: str, send: Any, rec
     if call is None:
         return None
     loop_name, args = call
-    fn = getattr(lib, str(get_collective(collective).mpi))     # MPI_Allreduce ...
+    fn = getattr(lib, str(get_collective(collective).tools.mpi))     # MPI_Allreduce ...
     address = ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
     return _timed_batch(mpi, getattr(loops, loop_name), address, args)
 

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
-from ccbench.backends.base import BackendInfo, RankContext
+from ccbench.backends.base import BackendInfo, PointToPoint, RankContext
 from ccbench.backends.torch_dist import (
     GroupedTorchTransport,
     TorchDistBackend,
+    TorchMessages,
     torch_missing_reason,
 )
 from ccbench.dtypes import is_float8
@@ -187,12 +188,9 @@ class NCCLBackend(TorchDistBackend):
         return "torch"
 
     # -- point to point: the algorithms over NCCL -------------------------------------------
-    def point_to_point(self, device: bool) -> Transport | None:
-        """torch.distributed send/recv on CuPy arrays' memory, one NCCL group per step, waited
-        for on the stream (see GroupedTorchTransport)."""
-        if not device or self.group is not None:     # the transport addresses global ranks
-            return None
-        return GroupedTorchTransport(self.dist, self._tensor_of(), on_stream=True)
+    @property
+    def p2p(self) -> PointToPoint[TorchDistBackend]:
+        return NCCLMessages(self)
 
     def _tensor_of(self) -> Callable[[Any], Any]:
         """CuPy slice -> the uint8 CUDA tensor over the same memory (no copy)."""
@@ -204,16 +202,6 @@ class NCCLBackend(TorchDistBackend):
             return torch.as_tensor(buf.view(cupy.uint8), device=device)
         return tensor_of
 
-    def device_stream(self) -> Any:
-        """torch's current stream, as CuPy sees it: NCCL's point-to-point calls wait for it
-        before they start and make it wait for them, so kernels queued there are ordered with
-        the transfers without the host waiting."""
-        import cupy
-
-        cupy.cuda.Device(self.device.index).use()
-        return cupy.cuda.ExternalStream(self.torch.cuda.current_stream(self.device).cuda_stream)
-
-    # -- control ----------------------------------------------------------------------------
     def barrier(self) -> None:
         # naming the device keeps torch from guessing it (and warning) for the barrier's allreduce
         self.dist.barrier(group=self.group, device_ids=[self.device.index])
@@ -246,6 +234,34 @@ class NCCLBackend(TorchDistBackend):
             "reduce_out_of_place": "device copy send->recv, then in-place reduce "
                                    "(torch.distributed's reduce works in place)",
         }
+
+
+class NCCLMessages(TorchMessages):
+    """torch.distributed's send and recv, and the algorithms' transport on CUDA memory."""
+
+    def _nccl(self) -> NCCLBackend:
+        backend = self.backend
+        assert isinstance(backend, NCCLBackend)
+        return backend
+
+    def transport(self, device: bool) -> Transport | None:
+        """torch.distributed send/recv on CuPy arrays' memory, one NCCL group per step, waited
+        for on the stream (see GroupedTorchTransport)."""
+        backend = self._nccl()
+        if not device or backend.group is not None:     # the transport addresses global ranks
+            return None
+        return GroupedTorchTransport(backend.dist, backend._tensor_of(), on_stream=True)
+
+    def stream(self) -> Any:
+        """torch's current stream, as CuPy sees it: NCCL's point-to-point calls wait for it
+        before they start and make it wait for them, so kernels queued there are ordered with
+        the transfers without the host waiting."""
+        import cupy
+
+        backend = self._nccl()
+        cupy.cuda.Device(backend.device.index).use()
+        return cupy.cuda.ExternalStream(
+            backend.torch.cuda.current_stream(backend.device).cuda_stream)
 
 
 class RCCLBackend(NCCLBackend):

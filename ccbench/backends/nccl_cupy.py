@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ccbench.backend_facts import BACKENDS
-from ccbench.backends.base import Backend, BackendInfo, Batch, RankContext, starmap_batch
+from ccbench.backends.base import Backend, BackendInfo, Batch, PointToPoint, RankContext, starmap_batch
 from ccbench.backends.buffers import CupyBuffers, DeviceBuffer, spans_overlap
 from ccbench.backends.cupy_device import CUPY, cupy_missing_reason
 from ccbench.backends.nccl import _BF16_SINCE, format_nccl_version, nccl_version_tuple
@@ -336,14 +336,9 @@ class NCCLCupyBackend(Backend):
         return _GROUP_CALL if collective in ("alltoall", "sendrecv") else _DIRECT_CALL
 
     # -- point to point: the algorithms over NCCL -------------------------------------------
-    def point_to_point(self, device: bool) -> Transport | None:
-        if not device:
-            return None
-        return NcclCupyTransport(self.nccl, self.comm, self.ctx.rank, self.ctx.world_size,
-                                 self._stream_ptr)
-
-    def device_stream(self) -> Any:
-        return self.stream
+    @property
+    def p2p(self) -> PointToPoint[NCCLCupyBackend]:
+        return _NcclCupyMessages(self)
 
     # -- control ----------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -400,6 +395,19 @@ class NCCLCupyBackend(Backend):
 
 
 # -- point to point: algorithms.transport over ncclSend/ncclRecv -------------------------------
+
+class _NcclCupyMessages(PointToPoint[NCCLCupyBackend]):
+    """The algorithms' transport on device memory (no blocking host messages)."""
+
+    def transport(self, device: bool) -> Transport | None:
+        b = self.backend
+        if not device:
+            return None
+        return NcclCupyTransport(b.nccl, b.comm, b.ctx.rank, b.ctx.world_size, b._stream_ptr)
+
+    def stream(self) -> Any:
+        return self.backend.stream
+
 
 class NcclCupyTransport:
     """ncclSend/ncclRecv (cupy.cuda.nccl) on CuPy arrays, as bytes (ncclUint8), on `stream`

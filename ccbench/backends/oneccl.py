@@ -28,7 +28,10 @@ from ccbench.backends.base import (
     BackendInfo,
     Library,
     Message,
+    PointToPoint,
     RankContext,
+    ReplayExtras,
+    SubCommunicators,
     found_or_why,
     library_line,
 )
@@ -312,51 +315,18 @@ class OneCCLBackend(Backend):
                         "has no header giving its signature, so ccbench does not call it"}
 
     # -- point to point (ordered per peer; oneCCL has no tags) -----------------------
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self._check(self.lib.onecclSend(_ptr(buf), buf.size, self._dtype(buf), peer,
-                                        self._handle, None), "onecclSend")
+    @property
+    def p2p(self) -> PointToPoint[OneCCLBackend]:
+        return _OneCCLMessages(self)
 
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        self._check(self.lib.onecclRecv(_ptr(buf), buf.size, self._dtype(buf), peer,
-                                        self._handle, None), "onecclRecv")
-
-    def point_to_point(self, device: bool) -> OneCCLTransport | None:
-        if device:
-            return None
-        return OneCCLTransport(self)
-
-    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
-                      timeout: float) -> Callable[[], None]:
-        """One group (onecclSend/Recv complete before they return: posted one by one, the
-        first would wait for a peer still in its own)."""
-        assert isinstance(transport, OneCCLTransport)
-        step = transport.prepare(sends, recvs)
-
-        def group() -> None:
-            step.start()
-            step.wait_all(timeout)
-        return group
-
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        return (f"{self.name}: ccbench binds oneCCL's NCCL-style C API, whose all-to-all takes "
-                f"one count for every peer (no all-to-allv)")
+    @property
+    def replay_extras(self) -> ReplayExtras[OneCCLBackend]:
+        return _OneCCLReplay(self)
 
     # -- sub-communicators -----------------------------------------------------------
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """A new communicator per group, from a unique id the group's first rank publishes."""
-        out: list[Backend | str | None] = []
-        for ranks in groups:
-            key = f"lib/oneccl/unique-id/{next(_generation)}"   # every rank counts every group
-            if self.ctx.rank not in ranks:
-                out.append(None)
-                continue
-            sub = self.on_group(ranks)
-            assert isinstance(sub, OneCCLBackend)
-            sub.rank, sub.world = sub.ctx.rank, sub.ctx.world_size
-            sub._join(sub._unique_id(key, timeout))
-            out.append(sub)
-        return out
+    @property
+    def groups(self) -> SubCommunicators[OneCCLBackend]:
+        return _OneCCLGroups(self)
 
     # -- control ---------------------------------------------------------------------
     def barrier(self) -> None:
@@ -370,6 +340,60 @@ class OneCCLBackend(Backend):
             return
         self._destroyed = True
         self._check(self.lib.onecclCommDestroy(self.comm), "onecclCommDestroy")
+
+
+class _OneCCLMessages(PointToPoint[OneCCLBackend]):
+    blocking = True
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        b = self.backend
+        b._check(b.lib.onecclSend(_ptr(buf), buf.size, b._dtype(buf), peer, b._handle, None),
+                 "onecclSend")
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        b = self.backend
+        b._check(b.lib.onecclRecv(_ptr(buf), buf.size, b._dtype(buf), peer, b._handle, None),
+                 "onecclRecv")
+
+    def transport(self, device: bool) -> OneCCLTransport | None:
+        if device:
+            return None
+        return OneCCLTransport(self.backend)
+
+
+class _OneCCLReplay(ReplayExtras[OneCCLBackend]):
+    def post_exchange(self, transport: Transport, sends: list[Message], recvs: list[Message],
+                      timeout: float) -> Callable[[], None]:
+        """One group (onecclSend/Recv complete before they return: posted one by one, the
+        first would wait for a peer still in its own)."""
+        assert isinstance(transport, OneCCLTransport)
+        step = transport.prepare(sends, recvs)
+
+        def group() -> None:
+            step.start()
+            step.wait_all(timeout)
+        return group
+
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        return (f"{self.backend.name}: ccbench binds oneCCL's NCCL-style C API, whose "
+                f"all-to-all takes one count for every peer (no all-to-allv)")
+
+
+class _OneCCLGroups(SubCommunicators[OneCCLBackend]):
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """A new communicator per group, from a unique id the group's first rank publishes."""
+        out: list[Backend | str | None] = []
+        for ranks in groups:
+            key = f"lib/oneccl/unique-id/{next(_generation)}"   # every rank counts every group
+            if self.backend.ctx.rank not in ranks:
+                out.append(None)
+                continue
+            sub = self.on_group(ranks)
+            sub.rank, sub.world = sub.ctx.rank, sub.ctx.world_size
+            sub._join(sub._unique_id(key, timeout))
+            out.append(sub)
+        return out
 
 
 # -- point to point: algorithms.transport over onecclSend/onecclRecv ---------------------------

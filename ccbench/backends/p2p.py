@@ -1,6 +1,6 @@
 """What every backend's point-to-point transport (algorithms.transport) shares.
 
-A backend's `point_to_point(device)` builds its own transport on its own communicator, in
+A backend's `p2p.transport(device)` (`Backend.p2p`) builds its transport on its communicator, in
 its own module (MPITransport in ccbench.backends.mpi, TorchTransport in
 ccbench.backends.torch_dist, OneCCLTransport in ccbench.backends.oneccl, NcclCupyTransport
 in ccbench.backends.nccl_cupy); the algorithm backends (ccbench.backends.algorithmic) run

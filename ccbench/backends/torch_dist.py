@@ -16,7 +16,10 @@ from ccbench.backends.base import (
     AlltoallvCall,
     Backend,
     Library,
+    PointToPoint,
     RankContext,
+    ReplayExtras,
+    SubCommunicators,
     found_or_why,
     in_sequence,
     library_line,
@@ -276,39 +279,17 @@ class TorchDistBackend(Backend):
         for work in dist.batch_isend_irecv(ops):   # one group: NCCL needs both posted at once
             work.wait()
 
-    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
-        if self.group is None:
-            self.dist.send(buf, dst=peer, tag=tag)
-        else:
-            self.dist.send(buf, group=self.group, group_dst=peer, tag=tag)
+    @property
+    def p2p(self) -> PointToPoint[TorchDistBackend]:
+        return TorchMessages(self)
 
-    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
-        if self.group is None:
-            self.dist.recv(buf, src=peer, tag=tag)
-        else:
-            self.dist.recv(buf, group=self.group, group_src=peer, tag=tag)
+    @property
+    def replay_extras(self) -> ReplayExtras[TorchDistBackend]:
+        return _TorchReplay(self)
 
-    def uneven_alltoall(self) -> AlltoallvCall | str:
-        """all_to_all_single with split sizes, on this communicator's group."""
-        dist, group = self.dist, self.group
-        return lambda send, recv, s_in, s_out: dist.all_to_all_single(
-            recv, send, s_out, s_in, group=group)
-
-    def split(self, groups: Sequence[Sequence[int]], timeout: float
-              ) -> list[Backend | str | None]:
-        """`new_group` per group (every rank creates every group); calls pass `group=`."""
-        out: list[Backend | str | None] = []
-        for ranks in groups:
-            with self._creating_groups():
-                group = self.dist.new_group(list(ranks))
-            if self.ctx.rank not in ranks:
-                out.append(None)
-                continue
-            sub = self.on_group(ranks)
-            assert isinstance(sub, TorchDistBackend)
-            sub.group = group
-            out.append(sub)
-        return out
+    @property
+    def groups(self) -> SubCommunicators[TorchDistBackend]:
+        return _TorchGroups(self)
 
     def barrier(self) -> None:
         self.dist.barrier(group=self.group)
@@ -321,6 +302,53 @@ class TorchDistBackend(Backend):
 
     def _env(self, *prefixes: str) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
+
+
+class TorchMessages(PointToPoint[TorchDistBackend]):
+    """torch.distributed's send and recv on the backend's group (a library whose transport
+    serves the algorithms/ schedules adds it: gloo, nccl)."""
+
+    blocking = True
+
+    def send(self, buf: Any, peer: int, tag: int = 0) -> None:
+        backend = self.backend
+        if backend.group is None:
+            backend.dist.send(buf, dst=peer, tag=tag)
+        else:
+            backend.dist.send(buf, group=backend.group, group_dst=peer, tag=tag)
+
+    def recv(self, buf: Any, peer: int, tag: int = 0) -> None:
+        backend = self.backend
+        if backend.group is None:
+            backend.dist.recv(buf, src=peer, tag=tag)
+        else:
+            backend.dist.recv(buf, group=backend.group, group_src=peer, tag=tag)
+
+
+class _TorchReplay(ReplayExtras[TorchDistBackend]):
+    def uneven_alltoall(self) -> AlltoallvCall | str:
+        """all_to_all_single with split sizes, on this communicator's group."""
+        dist, group = self.backend.dist, self.backend.group
+        return lambda send, recv, s_in, s_out: dist.all_to_all_single(
+            recv, send, s_out, s_in, group=group)
+
+
+class _TorchGroups(SubCommunicators[TorchDistBackend]):
+    def split(self, groups: Sequence[Sequence[int]], timeout: float
+              ) -> list[Backend | str | None]:
+        """`new_group` per group (every rank creates every group); calls pass `group=`."""
+        backend = self.backend
+        out: list[Backend | str | None] = []
+        for ranks in groups:
+            with backend._creating_groups():
+                group = backend.dist.new_group(list(ranks))
+            if backend.ctx.rank not in ranks:
+                out.append(None)
+                continue
+            sub = self.on_group(ranks)
+            sub.group = group
+            out.append(sub)
+        return out
 
 
 # -- point to point: algorithms.transport over isend/irecv -------------------------------------

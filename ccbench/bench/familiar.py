@@ -32,7 +32,7 @@ __all__ = ["COMBINE_LABELS", "PROGRAMS", "add_familiar_arguments", "resolve_fami
 _NCCL_AVERAGE = {0: "rank0", 1: "mean", 2: "min", 3: "max"}     # nccl-tests -a numbering
 
 #: program names of nccl-tests and OSU, so that their command line runs with ccbench in front
-PROGRAMS = {program: c.name for c in every() for program in c.programs}
+PROGRAMS = {program: c.name for c in every() for program in c.tools.programs}
 _NCCL_TESTS_ONLY = ("gather_perf", "scatter_perf", "hypercube_perf")
 
 DEFAULT_LOW, DEFAULT_HIGH = "1K", "16M"      # ccbench's default --sizes 1K-16M

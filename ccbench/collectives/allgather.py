@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, one_block_in
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, one_block_in
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -27,14 +27,16 @@ ALLGATHER = Collective(
     busbw=lambda n: (n - 1) / n, counts=one_block_in, block=lambda lay: lay.send_count,
     inplace="send-in-recv", inputs=own_moved, expected=gathered_blocks, reference=concatenated,
     result_on="all",
-    input_on="all", chakra="ALL_GATHER",
-    astra="all-gather-implementation",
-    comm_size=lambda size, p: size // p,          # Chakra's comm_size is the shard: the input
-    size_meaning="sendcount x n x elsize", schedule_unit="block",
-    costs={"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
-    cost_aliases={"hypercube": "bruck", "direct": "ring"},
-    programs=("all_gather_perf", "osu_allgather"), mpi="MPI_Allgather",
-    c10d=("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_into_tensor_coalesced_",
-          "c10d::allgather_coalesced_"),
-    trace_size=lambda in_bytes, out_bytes, p: out_bytes,
-    trace_resize=lambda in_bytes, out_bytes, old, new: (in_bytes, in_bytes * new))
+    input_on="all", size_meaning="sendcount x n x elsize",
+    export=ExportNames("ALL_GATHER",
+                       comm_size=lambda size, p: size // p,   # Chakra's: the shard, the input
+                       astra="all-gather-implementation"),
+    model=ModelTerms(
+        {"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
+        aliases={"hypercube": "bruck", "direct": "ring"}, schedule_unit="block"),
+    tools=ToolNames(("all_gather_perf", "osu_allgather"), mpi="MPI_Allgather"),
+    trace=TraceRules(
+        ("c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_into_tensor_coalesced_",
+         "c10d::allgather_coalesced_"),
+        size=lambda in_bytes, out_bytes, p: out_bytes,
+        resize=lambda in_bytes, out_bytes, old, new: (in_bytes, in_bytes * new)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, whole_buffer
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -46,11 +46,12 @@ ALLREDUCE = Collective(
     busbw=lambda n: 2.0 * (n - 1) / n, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction,
     reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="all",
-    input_on="all",
-    chakra="ALL_REDUCE", astra="all-reduce-implementation",
-    comm_size=lambda size, p: size, size_meaning="count x elsize",
-    costs={"ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
+    input_on="all", size_meaning="count x elsize",
+    export=ExportNames("ALL_REDUCE", comm_size=lambda size, p: size,
+                       astra="all-reduce-implementation"),
+    model=ModelTerms(
+        {"ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
            "tree": _ar_tree, "double-binary-tree": _ar_dbt},
-    cost_aliases={"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"},
-    programs=("all_reduce_perf", "osu_allreduce"), mpi="MPI_Allreduce",
-    c10d=("c10d::allreduce_", "c10d::allreduce_coalesced_"))
+        aliases={"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"}),
+    tools=ToolNames(("all_reduce_perf", "osu_allreduce"), mpi="MPI_Allreduce"),
+    trace=TraceRules(("c10d::allreduce_", "c10d::allreduce_coalesced_")))

@@ -8,7 +8,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, blocks_both_ways
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    blocks_both_ways,
+)
 from ccbench.collectives.values import block_of, moved, own_moved
 
 
@@ -52,10 +60,11 @@ ALLTOALL = Collective(
     busbw=lambda n: (n - 1) / n, counts=blocks_both_ways,
     block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=own_moved,
     expected=_expected, reference=_reference, result_on="all", input_on="all",
-    chakra="ALL_TO_ALL", astra="all-to-all-implementation", comm_size=lambda size, p: size,
-    size_meaning="count x n x elsize", schedule_unit="block",
-    costs={"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
-    cost_aliases={"hypercube": "bruck", "ring": "pairwise"},
-    programs=("alltoall_perf", "osu_alltoall"), mpi="MPI_Alltoall",
-    c10d=("c10d::alltoall_base_", "c10d::alltoall_"),
-    trace_resize=_resized)
+    size_meaning="count x n x elsize",
+    export=ExportNames("ALL_TO_ALL", comm_size=lambda size, p: size,
+                       astra="all-to-all-implementation"),
+    model=ModelTerms(
+        {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
+        aliases={"hypercube": "bruck", "ring": "pairwise"}, schedule_unit="block"),
+    tools=ToolNames(("alltoall_perf", "osu_alltoall"), mpi="MPI_Alltoall"),
+    trace=TraceRules(("c10d::alltoall_base_", "c10d::alltoall_"), resize=_resized))

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, whole_buffer
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    whole_buffer,
+)
 from ccbench.collectives.values import moved
 
 
@@ -33,8 +41,10 @@ BROADCAST = Collective(
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="one-buffer", inputs=_root_values, expected=_root_values,
     reference=lambda inputs, op, rank, root: np.asarray(inputs[root], dtype=np.float64),
-    result_on="all", input_on="root", chakra="BROADCAST", astra=None, comm_size=lambda size, p: size,
-    size_meaning="count x elsize",
-    costs={"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},
-    cost_aliases={"hypercube": "tree", "chain": "ring"},
-    programs=("broadcast_perf", "osu_bcast"), mpi="MPI_Bcast", c10d=("c10d::broadcast_",))
+    result_on="all", input_on="root", size_meaning="count x elsize",
+    export=ExportNames("BROADCAST", comm_size=lambda size, p: size),
+    model=ModelTerms(
+        {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},
+        aliases={"hypercube": "tree", "chain": "ring"}),
+    tools=ToolNames(("broadcast_perf", "osu_bcast"), mpi="MPI_Bcast"),
+    trace=TraceRules(("c10d::broadcast_",)))

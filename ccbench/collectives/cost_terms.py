@@ -1,6 +1,6 @@
 """The terms the collectives' cost formulas are written in: T(n, p) = a(p) alpha + b(p) n beta
 + c(p) n gamma (ccbench.model.costs). Each collective's module holds its own formulas, keyed by
-algorithm (`Collective.costs`)."""
+algorithm (`Collective.model`: `ModelTerms.costs`)."""
 
 from __future__ import annotations
 

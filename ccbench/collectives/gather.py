@@ -5,7 +5,7 @@ defined, so only the root's is checked."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, one_block_in
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, one_block_in
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -29,10 +29,12 @@ GATHER = Collective(
     busbw=lambda n: (n - 1) / n, counts=one_block_in, block=lambda lay: lay.send_count,
     inplace="send-in-recv", inputs=own_moved, expected=gathered_blocks, reference=concatenated,
     result_on="root",
-    input_on="all", chakra="GATHER",
-    astra=None,         # ASTRA-sim's system file has no gather implementation to choose
-    comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block
-    size_meaning="sendcount x n x elsize", schedule_unit="block",
-    costs={"tree": _binomial, "direct": _direct}, cost_aliases={"linear": "direct"},
-    programs=("gather_perf", "osu_gather"), mpi="MPI_Gather", c10d=("c10d::gather_",),
-    trace_size=lambda in_bytes, out_bytes, p: in_bytes * p, trace_resize=_resized)
+    input_on="all", size_meaning="sendcount x n x elsize",
+    # ASTRA-sim's system file has no gather implementation to choose: no astra key
+    export=ExportNames("GATHER", comm_size=lambda size, p: size // p),   # one rank's block
+    model=ModelTerms(
+        {"tree": _binomial, "direct": _direct},
+        aliases={"linear": "direct"}, schedule_unit="block"),
+    tools=ToolNames(("gather_perf", "osu_gather"), mpi="MPI_Gather"),
+    trace=TraceRules(("c10d::gather_",), size=lambda in_bytes, out_bytes, p: in_bytes * p,
+                     resize=_resized))

@@ -5,7 +5,7 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, whole_buffer
+from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, whole_buffer
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -25,10 +25,11 @@ REDUCE = Collective(
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction,
     reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="root",
-    input_on="all",
-    chakra="REDUCE",
-    astra=None,         # ASTRA-sim's system file has no reduce implementation to choose
-    comm_size=lambda size, p: size, size_meaning="count x elsize",
-    costs={"tree": _reduce_binomial, "ring": _reduce_ring},
-    cost_aliases={"hypercube": "tree", "binomial": "tree"},
-    programs=("reduce_perf", "osu_reduce"), mpi="MPI_Reduce", c10d=("c10d::reduce_",))
+    input_on="all", size_meaning="count x elsize",
+    # ASTRA-sim's system file has no reduce implementation to choose: no astra key
+    export=ExportNames("REDUCE", comm_size=lambda size, p: size),
+    model=ModelTerms(
+        {"tree": _reduce_binomial, "ring": _reduce_ring},
+        aliases={"hypercube": "tree", "binomial": "tree"}),
+    tools=ToolNames(("reduce_perf", "osu_reduce"), mpi="MPI_Reduce"),
+    trace=TraceRules(("c10d::reduce_",)))

@@ -8,7 +8,15 @@ import math
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, Layout, one_block_out
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    one_block_out,
+)
 from ccbench.collectives.values import block_of, reduce_all, reduced, reducing_inputs
 
 
@@ -36,12 +44,14 @@ REDUCE_SCATTER = Collective(
     expected=_expected,
     reference=lambda inputs, op, rank, root: block_of(reduce_all(inputs, op), rank, len(inputs)),
     result_on="all",
-    input_on="all", chakra="REDUCE_SCATTER",
-    astra="reduce-scatter-implementation", comm_size=lambda size, p: size,
-    size_meaning="recvcount x n x elsize", schedule_unit="block",
-    costs={"ring": _rs_ring, "recursive-halving": _rs_rechalv},
-    cost_aliases={"hypercube": "recursive-halving", "pairwise": "ring"},
-    programs=("reduce_scatter_perf", "osu_reduce_scatter"), mpi="MPI_Reduce_scatter_block",
-    c10d=("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
-          "c10d::reduce_scatter_tensor_coalesced_"),
-    trace_resize=lambda in_bytes, out_bytes, old, new: (out_bytes * new, out_bytes))
+    input_on="all", size_meaning="recvcount x n x elsize",
+    export=ExportNames("REDUCE_SCATTER", comm_size=lambda size, p: size,
+                       astra="reduce-scatter-implementation"),
+    model=ModelTerms(
+        {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
+        aliases={"hypercube": "recursive-halving", "pairwise": "ring"}, schedule_unit="block"),
+    tools=ToolNames(("reduce_scatter_perf", "osu_reduce_scatter"), mpi="MPI_Reduce_scatter_block"),
+    trace=TraceRules(
+        ("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
+         "c10d::reduce_scatter_tensor_coalesced_"),
+        resize=lambda in_bytes, out_bytes, old, new: (out_bytes * new, out_bytes)))

@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, Layout, one_block_out
+from ccbench.collectives.spec import (
+    Collective,
+    ExportNames,
+    Layout,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    one_block_out,
+)
 from ccbench.collectives.values import block_of, moved
 
 
@@ -42,10 +50,12 @@ SCATTER = Collective(
     inplace="recv-in-send", inputs=_root_values, expected=_expected,
     reference=lambda inputs, op, rank, root: block_of(inputs[root], rank, len(inputs)),
     result_on="all",
-    input_on="root", chakra="SCATTER",
-    astra=None,         # ASTRA-sim's system file has no scatter implementation to choose
-    comm_size=lambda size, p: size // p,          # Chakra's comm_size: one rank's block
-    size_meaning="recvcount x n x elsize", schedule_unit="block",
-    costs={"tree": _binomial, "direct": _direct}, cost_aliases={"linear": "direct"},
-    programs=("scatter_perf", "osu_scatter"), mpi="MPI_Scatter", c10d=("c10d::scatter_",),
-    trace_size=lambda in_bytes, out_bytes, p: out_bytes * p, trace_resize=_resized)
+    input_on="root", size_meaning="recvcount x n x elsize",
+    # ASTRA-sim's system file has no scatter implementation to choose: no astra key
+    export=ExportNames("SCATTER", comm_size=lambda size, p: size // p),  # one rank's block
+    model=ModelTerms(
+        {"tree": _binomial, "direct": _direct},
+        aliases={"linear": "direct"}, schedule_unit="block"),
+    tools=ToolNames(("scatter_perf", "osu_scatter"), mpi="MPI_Scatter"),
+    trace=TraceRules(("c10d::scatter_",), size=lambda in_bytes, out_bytes, p: out_bytes * p,
+                     resize=_resized))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients
-from ccbench.collectives.spec import Collective, Layout, whole_buffer
+from ccbench.collectives.spec import Collective, Layout, ModelTerms, ToolNames, whole_buffer
 from ccbench.collectives.values import moved, own_moved
 
 
@@ -34,8 +34,9 @@ SENDRECV = Collective(
     reference=lambda inputs, op, rank, root: np.asarray(
         inputs[peers(rank, len(inputs))[1]], dtype=np.float64),
     result_on="all", input_on="all",
-    chakra=None,        # Chakra's CollectiveCommType has no send-receive (only p2p nodes)
-    astra=None, comm_size=lambda size, p: size, size_meaning="count x elsize",
-    costs={"direct": _sendrecv},
-    cost_aliases={"direct": "direct", "pairwise": "direct", "ring": "direct"},
-    programs=("sendrecv_perf",), mpi="MPI_Sendrecv")
+    # no export names: Chakra's CollectiveCommType has no send-receive (only p2p nodes)
+    size_meaning="count x elsize",
+    model=ModelTerms(
+        {"direct": _sendrecv},
+        aliases={"direct": "direct", "pairwise": "direct", "ring": "direct"}),
+    tools=ToolNames(("sendrecv_perf",), mpi="MPI_Sendrecv"))

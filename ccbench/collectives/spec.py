@@ -1,9 +1,13 @@
 """What one collective is, as data: the `Collective` each module of this package defines.
 
-Every rule that differs between collectives lives in its `Collective`: how a size S maps to
-element counts, the busbw factor, how the in-place case aliases the buffers, the exact inputs
-and expected outputs of validation, whether it reduces or has a root, and what the models
-and exporters call it (each backend binds it by name: `Backend.builders`). Callers ask the registry
+Every rule that differs between collectives lives in its `Collective`. Its core is what
+measuring it needs: how a size S maps to element counts, the busbw factor, how the in-place
+case aliases the buffers, the exact inputs and expected outputs of validation and their
+brute-force reference, whether it reduces or has a root (each backend binds it by name:
+`Backend.builders`). The rest are capabilities, one object each, read only by their users:
+`model` (`ModelTerms`: cost formulas, ccbench.model), `export` (`ExportNames`: Chakra and
+ASTRA-sim, ccbench.formats), `trace` (`TraceRules`: PyTorch trace ops, ccbench.trace) and
+`tools` (`ToolNames`: nccl-tests / OSU programs, the MPI function). Callers ask the registry
 (`ccbench.collectives.get`) instead of branching on the name.
 """
 
@@ -17,8 +21,8 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import CostFormula
 
-__all__ = ["Collective", "InPlace", "Layout", "Reference", "blocks_both_ways", "one_block_in",
-           "one_block_out", "whole_buffer"]
+__all__ = ["Collective", "ExportNames", "InPlace", "Layout", "ModelTerms", "Reference",
+           "ToolNames", "TraceRules", "blocks_both_ways", "one_block_in", "one_block_out", "whole_buffer"]
 
 #: how the in-place case lays out send and receive buffers:
 #: "one-buffer": one buffer, in-place or not (broadcast);
@@ -100,6 +104,61 @@ def _bytes_kept(in_bytes: int, out_bytes: int, old: int, new: int) -> tuple[int,
 
 
 @dataclass(frozen=True, slots=True)
+class ModelTerms:
+    """What the cost model and the network simulator know of a collective (ccbench.model)."""
+
+    #: its cost formulas (ccbench.model.costs): algorithm key -> p -> Coefficients
+    costs: Mapping[str, CostFormula]
+    #: other names of those algorithms (records, algorithms/ registry) -> the formula key
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    #: what one unit of an algorithms/ schedule is at size S: "block", one rank's shard (S/p;
+    #: allgather, reduce-scatter, alltoall), or "buffer", the whole buffer (S)
+    schedule_unit: Literal["block", "buffer"] = "buffer"
+
+    def unit_bytes(self, size: float, world_size: int) -> float:
+        """Bytes of one schedule unit at the nccl-tests size S (the replay's block size)."""
+        return float(size) / world_size if self.schedule_unit == "block" else float(size)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportNames:
+    """What Chakra and ASTRA-sim call a collective (ccbench.formats: the exporters and the
+    Chakra ET reader)."""
+
+    #: Chakra's CollectiveCommType name
+    chakra: str
+    #: the size of one call as ASTRA-sim / Chakra's comm_size see it, from S and p
+    comm_size: Callable[[int, int], int]
+    #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
+    astra: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRules:
+    """How a collective appears in a PyTorch execution trace and scales with its group
+    (ccbench.formats.pytorch_et, ccbench.trace.ops, ccbench.trace.scale)."""
+
+    #: PyTorch's c10d dispatcher ops that run it, as PyTorch execution traces name them
+    c10d: tuple[str, ...] = ()
+    #: a trace op's S from (input bytes, output bytes, group size) (ccbench.trace.ops)
+    size: Callable[[int, int, int], int] = _input_bytes
+    #: a trace op's (input bytes, output bytes) when its group goes from `old` to `new` ranks,
+    #: each rank's share kept (ccbench.trace.scale)
+    resize: Callable[[int, int, int, int], tuple[int, int]] = _bytes_kept
+
+
+@dataclass(frozen=True, slots=True)
+class ToolNames:
+    """What other benchmarks and libraries call a collective."""
+
+    #: the nccl-tests and OSU programs that measure it (`ccbench all_reduce_perf -b 8 ...`;
+    #: ccbench.bench.familiar)
+    programs: tuple[str, ...] = ()
+    #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
+    mpi: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Collective:
     """One collective's rules (see the module docstring)."""
 
@@ -128,36 +187,16 @@ class Collective:
     #: the ranks whose send buffer holds inputs: "all", or only the "root" (the others'
     #: buffers start as the sentinel, so a broadcast that does not arrive shows)
     input_on: Literal["all", "root"]
-    #: Chakra's CollectiveCommType name (None: Chakra cannot express it)
-    chakra: str | None
-    #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
-    astra: str | None
-    #: the size of one call as ASTRA-sim / Chakra's comm_size see it, from S and p
-    comm_size: Callable[[int, int], int]
     #: what S is, for docs and help: "count x elsize" ...
     size_meaning: str
-    #: what one unit of an algorithms/ schedule is at size S: "block", one rank's shard (S/p;
-    #: allgather, reduce-scatter, alltoall), or "buffer", the whole buffer (S)
-    schedule_unit: Literal["block", "buffer"] = "buffer"
-    #: its cost formulas (ccbench.model.costs): algorithm key -> p -> Coefficients
-    costs: Mapping[str, CostFormula] = field(default_factory=dict)
-    #: other names of those algorithms (records, algorithms/ registry) -> the formula key
-    cost_aliases: Mapping[str, str] = field(default_factory=dict)
-    #: the nccl-tests and OSU programs that measure it (`ccbench all_reduce_perf -b 8 ...`)
-    programs: tuple[str, ...] = ()
-    #: the MPI function that runs it (the C loop of ccbench.backends.mpi_loop calls it)
-    mpi: str | None = None
-    #: PyTorch's c10d dispatcher ops that run it, as PyTorch execution traces name them
-    c10d: tuple[str, ...] = ()
-    #: a trace op's S from (input bytes, output bytes, group size) (ccbench.trace.ops)
-    trace_size: Callable[[int, int, int], int] = _input_bytes
-    #: a trace op's (input bytes, output bytes) when its group goes from `old` to `new` ranks,
-    #: each rank's share kept (ccbench.trace.scale)
-    trace_resize: Callable[[int, int, int, int], tuple[int, int]] = _bytes_kept
-
-    def unit_bytes(self, size: float, world_size: int) -> float:
-        """Bytes of one schedule unit at the nccl-tests size S (the replay's block size)."""
-        return float(size) / world_size if self.schedule_unit == "block" else float(size)
+    #: its cost formulas and schedule unit (None: the cost model and simulators have none)
+    model: ModelTerms | None = None
+    #: its Chakra and ASTRA-sim names (None: Chakra cannot express it, the exporters refuse)
+    export: ExportNames | None = None
+    #: its nccl-tests / OSU program names and its MPI function (the defaults: none)
+    tools: ToolNames = field(default_factory=ToolNames)
+    #: its c10d op names and trace-size rules (the defaults: no c10d op, S is the input)
+    trace: TraceRules = field(default_factory=TraceRules)
 
     def layout(self, size: int, elsize: int, world_size: int) -> Layout:
         count, send, recv, used = self.counts(size, elsize, world_size)

@@ -68,7 +68,8 @@ ENDPOINT_DELAY_NS = 1          # the smallest value that does not abort the run
 NO_REDUCTION_COST = 1e6        # local-mem-bw (x 1e9 B/s) when gamma is 0: 3 x 1 GiB costs 3 ns
 
 # the collectives ASTRA-sim implements, and their system-file keys (the registry's rule)
-_ASTRA_KEYS = {c.name: c.astra for c in every() if c.astra is not None}
+_ASTRA_KEYS = {c.name: c.export.astra for c in every()
+               if c.export is not None and c.export.astra is not None}
 # the implementation written for collectives the workload does not use
 _DEFAULT_IMPL = {"allreduce": "ring", "reduce-scatter": "ring", "allgather": "ring",
                  "alltoall": "direct1"}
@@ -83,7 +84,10 @@ def astra_bandwidth(beta: float) -> float:
 
 def astra_comm_size(collective: str, size_used: int, p: int) -> int:
     """Chakra comm_size for the laid-out size S (all-gather wants the per-rank shard)."""
-    return get(collective).comm_size(size_used, p)
+    names = get(collective).export
+    if names is None:
+        raise UsageError(f"Chakra cannot express {collective}: it has no comm_size")
+    return names.comm_size(size_used, p)
 
 
 def _pow2(p: int) -> bool:
@@ -430,7 +434,7 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str],
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[Any, list[Any]] = {}
     for r in records:
-        if r.collective not in COLLECTIVES or get(r.collective).chakra is None:
+        if r.collective not in COLLECTIVES or get(r.collective).export is None:
             if skipped is not None and r.collective not in skipped:
                 skipped.append(r.collective)
             continue
@@ -447,7 +451,7 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str],
         start = 0.0
         for r in recs:
             samples = r.samples_us or [r.time_us["median"]]
-            comm = get(r.collective).comm_size(r.size_used, r.world_size)
+            comm = astra_comm_size(r.collective, r.size_used, r.world_size)
             for i, dur in enumerate(samples):
                 nid = len(nodes)
                 nodes.append(comm_coll_node(nid, f"{r.collective}:{r.size_used}B:iter{i}",

@@ -27,7 +27,7 @@ COLL_TYPES = {"ALL_REDUCE": 0, "REDUCE": 1, "ALL_GATHER": 2, "GATHER": 3, "SCATT
               "BROADCAST": 5, "ALL_TO_ALL": 6, "REDUCE_SCATTER": 7, "REDUCE_SCATTER_BLOCK": 8,
               "BARRIER": 9}
 # ccbench's collectives (the registry's rule) and the other rooted reduce traces hold
-COLLECTIVE_TO_COMM = {c.name: c.chakra for c in every() if c.chakra is not None} \
+COLLECTIVE_TO_COMM = {c.name: c.export.chakra for c in every() if c.export is not None} \
     | {"reduce": "REDUCE"}
 
 # AttributeProto value oneof: (field name, number, scalar type or list message)

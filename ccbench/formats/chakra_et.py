@@ -50,11 +50,12 @@ _TRACE_ONLY = {"GATHER": "gather", "SCATTER": "scatter", "REDUCE_SCATTER_BLOCK":
 
 @functools.cache
 def _collectives() -> dict[int, str]:
-    """comm_type code -> ccbench's collective: the registry's Chakra names (`Collective.chakra`),
+    """comm_type code -> ccbench's collective: the registry's Chakra names (`Collective.export`),
     then the trace-only ones."""
     from ccbench.formats.chakra import COLL_TYPES
 
-    named = {**_TRACE_ONLY, **{c.chakra: c.name for c in every() if c.chakra is not None}}
+    named = {**_TRACE_ONLY,
+             **{c.export.chakra: c.name for c in every() if c.export is not None}}
     return {code: named[name] for name, code in COLL_TYPES.items()}
 
 

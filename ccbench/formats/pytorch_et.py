@@ -27,14 +27,14 @@ _DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16",
            "c10::BFloat16": "bfloat16", "int": "int32", "signed char": "int8",
            "long int": "int64", "unsigned char": "uint8", "bool": "bool", "short int": "int16"}
 
-# c10d op -> collective: the registry's (`Collective.c10d`), and the ops ccbench replays
+# c10d op -> collective: the registry's (`Collective.trace.c10d`), and the ops ccbench replays
 # without measuring them
 _TRACE_ONLY: dict[str, str] = {
     "c10d::gather_": "gather", "c10d::scatter_": "scatter", "c10d::barrier": "barrier",
     "c10d::monitored_barrier_": "barrier", "c10d::send": "send", "c10d::recv_": "recv",
     "c10d::recv_any_source_": "recv",
 }
-_OPS: dict[str, str] = {**_TRACE_ONLY, **{op: c.name for c in every() for op in c.c10d}}
+_OPS: dict[str, str] = {**_TRACE_ONLY, **{op: c.name for c in every() for op in c.trace.c10d}}
 _ROOT_ARG = {"c10d::broadcast_": 2, "c10d::reduce_": 3, "c10d::gather_": 3, "c10d::scatter_": 3}
 _PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
 

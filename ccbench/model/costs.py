@@ -12,7 +12,7 @@ rank on the wire, n reduced).
 Non-power-of-two world sizes: recursive doubling / halving pay the MPICH fold-in
 (two extra steps and an extra n on the wire); Bruck and binomial trees use ceil(lg p).
 
-The formulas live with their collective (`Collective.costs` in ccbench/collectives/<name>.py);
+The formulas live with their collective (`Collective.model.costs`, ccbench/collectives/<name>.py);
 this module evaluates them.
 """
 
@@ -27,10 +27,11 @@ __all__ = ["Coefficients", "FORMULAS", "candidates", "coefficients", "canonical_
 
 
 #: collective -> algorithm key -> p -> Coefficients: each collective's own formulas
-FORMULAS: dict[str, dict[str, CostFormula]] = {c.name: dict(c.costs) for c in every()}
+FORMULAS: dict[str, dict[str, CostFormula]] = {
+    c.name: dict(c.model.costs) for c in every() if c.model is not None}
 
 # names used in records / by algorithms/ -> the formula key: these for every collective, then
-# each collective's own (`Collective.cost_aliases`: hypercube allreduce is recursive doubling ...)
+# each collective's own (`Collective.model.aliases`: hypercube allreduce is recursive doubling ...)
 _ALIASES: dict[str, dict[str, str]] = {
     "*": {
         "binomial": "tree", "binomial-tree": "tree", "recursive_doubling": "recursive-doubling",
@@ -40,7 +41,7 @@ _ALIASES: dict[str, dict[str, str]] = {
         "scatter_allgather": "scatter-allgather", "halving-doubling": "rabenseifner",
         "reduce-scatter-allgather": "rabenseifner", "dbtree": "double-binary-tree",
     },
-    **{c.name: dict(c.cost_aliases) for c in every()},
+    **{c.name: dict(c.model.aliases) for c in every() if c.model is not None},
 }
 
 

@@ -50,8 +50,10 @@ Program = list[list[SimStep]]
 
 
 def unit_bytes(collective: str, size: float, p: int) -> float:
-    """Bytes of one schedule unit for the nccl-tests size S (see algorithms.schedule)."""
-    return collectives.get(collective).unit_bytes(size, p)
+    """Bytes of one schedule unit for the nccl-tests size S (see algorithms.schedule): the
+    collective's `ModelTerms.schedule_unit`, the whole buffer where it has no model terms."""
+    terms = collectives.get(collective).model
+    return terms.unit_bytes(size, p) if terms is not None else float(size)
 
 
 def program_from_schedule(schedule: Any, size: float) -> Program:

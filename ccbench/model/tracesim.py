@@ -106,7 +106,7 @@ def _skip_reason(op: CommOp, old: int, ranks: int) -> str:
     if op.collective in ("send", "recv") or op.group is None:
         return f"{op.collective}: point-to-point ops are not modelled"
     if op.collective not in FORMULAS and op.collective not in _STAND_IN:
-        return f"{op.collective}: no cost formula"      # the registry's (Collective.costs)
+        return f"{op.collective}: no cost formula"      # the registry's (Collective.model)
     return ""
 
 

@@ -69,7 +69,7 @@ def _library_peer(op: CommOp) -> int:
 def _p2p(sub: Backend, op: CommOp, rank: int, timeout: float) -> ExtraCall | str:
     if op.peer is None or op.peer < 0:
         return f"{op.collective} from any source: the peer is not in the trace"
-    pair = sub.blocking_messages(timeout)
+    pair = sub.replay_extras.blocking_messages(timeout)
     if isinstance(pair, str):
         return pair
     send, recv = pair
@@ -92,7 +92,7 @@ def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
     so that no order of the peers' posts can deadlock: every receive posted, then every send,
     then all waited for, or as one group where the library's messages complete before they
     return (the backend's `exchanges`)."""
-    exchange = sub.exchanges(timeout)
+    exchange = sub.replay_extras.exchanges(timeout)
     if isinstance(exchange, str):
         return exchange
     sends: list[tuple[np.ndarray, int, int]] = []
@@ -117,7 +117,7 @@ def prepare_exchange(sub: Backend, ops: list[CommOp], rank: int, timeout: float
 
 def _alltoallv(sub: Backend, op: CommOp, rank: int) -> ExtraCall | str:
     assert op.group is not None
-    call = sub.uneven_alltoall()
+    call = sub.replay_extras.uneven_alltoall()
     if isinstance(call, str):
         return call
     if len(op.in_splits) != op.group.size or len(op.out_splits) != op.group.size:

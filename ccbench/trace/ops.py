@@ -76,7 +76,7 @@ class CommOp:
         send/recv: the message, and alltoallv: what this rank sends)."""
         n = self.group.size if self.group else 1
         if self.collective in MEASURED:
-            return get(self.collective).trace_size(self.in_bytes, self.out_bytes, n)
+            return get(self.collective).trace.size(self.in_bytes, self.out_bytes, n)
         if self.collective == "gather":
             return self.in_bytes * n
         if self.collective == "scatter":

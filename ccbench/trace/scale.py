@@ -92,7 +92,7 @@ def resize_op(op: CommOp, old: int, new: int) -> CommOp:
     """Per-rank bytes kept; the whole-buffer side follows the new group size."""
     out = dataclasses.replace(op, notes=list(op.notes))
     if op.collective in MEASURED:
-        out.in_bytes, out.out_bytes = get(op.collective).trace_resize(op.in_bytes, op.out_bytes,
+        out.in_bytes, out.out_bytes = get(op.collective).trace.resize(op.in_bytes, op.out_bytes,
                                                                       old, new)
     elif op.collective == "gather":
         out.out_bytes = op.in_bytes * new if op.out_bytes else 0

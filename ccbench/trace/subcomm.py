@@ -3,8 +3,9 @@
 Every rank calls `split_groups` with the same groups in the same order (creating a
 communicator is collective). Each rank gets, per group it belongs to, a backend object that
 runs on that group only, or the reason it cannot. How a library makes one is the backend's
-own `split` (ccbench.backends); here only what is common: the whole world is the backend
-itself, and the groups a rank is not in are left out.
+own `groups.split` (ccbench.backends: `Backend.groups`); here only what is common: the whole
+world is the backend itself, the groups a rank is not in are left out, and a backend without
+sub-communicators answers why for each group it is in.
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ def split_groups(backend: Backend, groups: list[Group], world_size: int, timeout
                                        if g.ranks == whole and backend.ctx.rank in g.ranks}
     subs = [g for g in groups if g.ranks != whole]
     if subs:
-        made = backend.split([g.ranks for g in subs], timeout)
+        made = _split(backend, [g.ranks for g in subs], timeout)
         out.update((g, sub) for g, sub in zip(subs, made, strict=True) if sub is not None)
     return out
+
+
+def _split(backend: Backend, groups: list[tuple[int, ...]], timeout: float
+           ) -> list[Backend | str | None]:
+    """The backend's sub-communicators, or its reason on every group this rank is in."""
+    if backend.groups is None:
+        return [f"{backend.name}: no sub-communicators" if backend.ctx.rank in ranks else None
+                for ranks in groups]
+    return backend.groups.split(groups, timeout)
 
 
 def free_groups(subs: dict[Group, Backend | str], whole: Backend) -> None:

@@ -14,8 +14,15 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
-from ccbench.backends.base import BackendInfo
-from ccbench.backends.nccl import NCCLBackend
+from ccbench.backends.base import BackendInfo, PointToPoint
+from ccbench.backends.nccl import NCCLBackend, NCCLMessages
+
+
+class _TwinMessages(NCCLMessages):
+    def stream(self) -> Any:
+        import cupy  # the fake, installed by ccbench_with.py
+
+        return cupy.cuda.ExternalStream(1)
 
 
 class NCCLCpuTwin(NCCLBackend):
@@ -61,10 +68,9 @@ class NCCLCpuTwin(NCCLBackend):
             return torch.from_numpy(buf.view(np.uint8)._host)
         return tensor_of
 
-    def device_stream(self) -> Any:
-        import cupy  # the fake, installed by ccbench_with.py
-
-        return cupy.cuda.ExternalStream(1)
+    @property
+    def p2p(self) -> PointToPoint[Any]:
+        return _TwinMessages(self)
 
     def _count(self, what: str) -> None:
         self.counts[what] += 1
