@@ -6,10 +6,10 @@ check that counts wrong bytes afterwards (bit for bit against what the peers sen
 reason the backend cannot run it:
 
 - barrier: the backend's barrier on the group;
-- send/recv: the backend's `blocking_messages` (its own point-to-point messages, or an
+- send/recv: the backend's `replay_extras.blocking_messages` (its own point-to-point messages, or an
   <algorithm>@<transport> backend's transport), else refused;
-- exchanges (sends and receives issued together): the backend's `exchanges`;
-- alltoallv: the backend's `uneven_alltoall` (torch.distributed's all_to_all_single with
+- exchanges (sends and receives issued together): the backend's `replay_extras.exchanges`;
+- alltoallv: the backend's `replay_extras.uneven_alltoall` (torch.distributed's all_to_all_single with
   split sizes, MPI's Alltoallv), else refused with the backend's reason.
 
 What each backend can do is its own module's answer (ccbench.backends); nothing here asks
