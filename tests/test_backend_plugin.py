@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -298,8 +299,8 @@ def test_a_distribution_whose_entry_points_cannot_be_read_is_listed_not_raised(
     bad.mkdir()
     (bad / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-backends\nVersion: 0.3\n")
     (bad / "entry_points.txt").write_text("[ccbench.backends]\nthis line has no equals sign\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(PLUGINS / "good"))
+    # only these two distributions on the path: a plugin the user has installed is not seen
+    monkeypatch.setattr(sys, "path", [str(PLUGINS / "good"), str(tmp_path)])
     plugins, broken = discover(["gloo"])
     assert [(p.name, p.distribution) for p in plugins] == [("gloo-plugin",
                                                             "ccbench-gloo-plugin 0.1")]
