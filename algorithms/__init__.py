@@ -4,9 +4,9 @@ Pure: imports numpy (and cupy, lazily, for GPU buffers); never the harness, torc
 See algorithms/README.md.
 """
 
-from algorithms.registry import ALGORITHMS, COLLECTIVES, REGISTRY, generate, register, supported
-from algorithms.schedule import Copy, Recv, Schedule, Send, Span, Step
+from algorithms.registry import ALGORITHMS, REGISTRY, generate, register, supported
+from algorithms.schedule import PATTERNS, Copy, Pattern, Recv, Schedule, Send, Span, Step
 from algorithms.verify import VerifyResult, verify
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "REGISTRY", "Copy", "Recv", "Schedule", "Send", "Span",
-           "Step", "VerifyResult", "generate", "register", "supported", "verify"]
+__all__ = ["ALGORITHMS", "PATTERNS", "REGISTRY", "Copy", "Pattern", "Recv", "Schedule", "Send",
+           "Span", "Step", "VerifyResult", "generate", "register", "supported", "verify"]

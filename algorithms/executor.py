@@ -35,28 +35,20 @@ _CACHE_SIZE = 4
 
 
 def unit_elements(schedule: Schedule, send_size: int | None, recv_size: int) -> int:
-    """Elements of one unit (see algorithms.schedule) from the caller's buffer sizes."""
+    """Elements of one unit (see algorithms.schedule) from the caller's buffer sizes: the
+    schedule's own buffers (``units``) say how many units each holds."""
     c, p = schedule.collective, schedule.num_ranks
-    if c in ("broadcast", "allreduce", "reduce"):
-        if send_size is not None and c != "broadcast" and send_size != recv_size:
-            raise ValueError(f"{c}: send has {send_size} elements, recv {recv_size}")
+    nsend, nrecv = schedule.units.get("send", 0), schedule.units["recv"]
+    if not nsend:                        # one buffer: a send buffer passed is not read
         return recv_size
     if send_size is None:
+        if nsend == nrecv == 1:
+            return recv_size
         raise ValueError(f"{c} needs a send buffer")
-    if c == "allgather":
-        unit = send_size
-        want_send, want_recv = unit, unit * p
-    elif c == "reduce-scatter":
-        unit = recv_size
-        want_send, want_recv = unit * p, unit
-    elif c == "alltoall":
-        unit = send_size // p
-        want_send, want_recv = unit * p, unit * p
-    else:
-        raise ValueError(f"unknown collective {c!r}")
-    if (send_size, recv_size) != (want_send, want_recv):
+    unit = recv_size // nrecv
+    if (send_size, recv_size) != (unit * nsend, unit * nrecv):
         raise ValueError(f"{c} on {p} ranks: send {send_size} / recv {recv_size} elements "
-                         f"(expected {want_send} / {want_recv})")
+                         f"(expected {unit * nsend} / {unit * nrecv})")
     return unit
 
 
@@ -158,14 +150,16 @@ class Executor:
         return plan
 
     def _aliased_as_verified(self, send: Any, recv: Any, unit: int) -> bool:
-        c = self.schedule.collective
+        pattern = self.schedule.computes
+        if not pattern.aliases:
+            return False
         (s0, s1), (r0, r1) = _address(send), _address(recv)
         item = recv.itemsize
-        if c in ("allreduce", "alltoall"):
+        if pattern.inplace == "same":
             return (s0, s1) == (r0, r1)
-        if c == "allgather":
+        if pattern.inplace == "send-in-recv":
             return s0 == r0 + self.rank * unit * item and s1 == s0 + unit * item
-        if c == "reduce-scatter":
+        if pattern.inplace == "recv-in-send":
             return r0 == s0 + self.rank * unit * item and r1 == r0 + unit * item
         return False
 
@@ -184,7 +178,7 @@ class Executor:
         plan = self.plan(unit)
         snapshot = None
         source = send
-        if send is not None and self.schedule.collective != "broadcast":
+        if send is not None and "send" in self.schedule.units:
             a, b = _address(send), _address(recv)
             overlap = a[0] < b[1] and b[0] < a[1] and send.nbytes and recv.nbytes
             if overlap and not (self.schedule.inplace_safe

@@ -50,27 +50,28 @@ def _reduce(op: str, arrays: list[np.ndarray]) -> np.ndarray:
     return acc.astype(arrays[0].dtype)
 
 
-def reference(collective: str, inputs: list[np.ndarray], op: str | None = None,
+def reference(pattern: str, inputs: list[np.ndarray], op: str | None = None,
               root: int = 0) -> list[np.ndarray | None]:
-    """Every rank's expected output (None where the collective defines none)."""
+    """Every rank's expected output (None where the pattern defines none); `pattern` is
+    what the schedule computes (``Schedule.pattern``, algorithms.schedule.PATTERNS)."""
     p = len(inputs)
-    if collective == "broadcast":
+    if pattern == "broadcast":
         return [inputs[root].copy() for _ in range(p)]
-    if collective == "allreduce":
+    if pattern == "allreduce":
         full = _reduce(op or "sum", inputs)
         return [full.copy() for _ in range(p)]
-    if collective == "reduce":
+    if pattern == "reduce":
         full = _reduce(op or "sum", inputs)
         return [full.copy() if r == root else None for r in range(p)]
-    if collective == "reduce-scatter":
+    if pattern == "reduce-scatter":
         full = _reduce(op or "sum", inputs)
         unit = full.size // p
         return [full[r * unit:(r + 1) * unit].copy() for r in range(p)]
-    if collective == "allgather":
+    if pattern == "allgather":
         full = np.concatenate(inputs)
         return [full.copy() for _ in range(p)]
-    if collective == "alltoall":
+    if pattern == "alltoall":
         unit = inputs[0].size // p
         return [np.concatenate([inputs[u][r * unit:(r + 1) * unit] for u in range(p)])
                 for r in range(p)]
-    raise ValueError(collective)
+    raise ValueError(f"no reference for pattern {pattern!r}")

@@ -1,4 +1,6 @@
-"""Schedule generators registered by (algorithm, collective).
+"""Schedule generators registered by (algorithm, collective): the one place that says which
+collectives an algorithm has a schedule for (a collective is any name ccbench.collectives
+registers; what its schedule computes is the schedule's ``pattern``).
 
 A generator is ``f(p, root=0, segments=1) -> Schedule`` and must accept any p >= 1.
 """
@@ -12,22 +14,15 @@ from functools import lru_cache
 from algorithms import alltoall, hypercube, ring, tree
 from algorithms.schedule import Schedule
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "REGISTRY", "Generator", "generate", "register",
+__all__ = ["ALGORITHMS", "REGISTRY", "Generator", "generate", "register",
            "supported"]
 
 Generator = Callable[..., Schedule]
-
-#: the collectives of ccbench.collectives, plus the rooted reduce used inside trees
-COLLECTIVES: tuple[str, ...] = ("broadcast", "allreduce", "allgather", "reduce-scatter",
-                                "alltoall", "reduce")
 
 REGISTRY: dict[tuple[str, str], Generator] = {}
 
 
 def register(algorithm: str, collective: str) -> Callable[[Generator], Generator]:
-    if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r} (valid: {', '.join(COLLECTIVES)})")
-
     def deco(fn: Generator) -> Generator:
         key = (algorithm, collective)
         if key in REGISTRY:

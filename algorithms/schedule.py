@@ -30,6 +30,11 @@ Steps. A rank executes its steps in order. One step is:
    ``base`` is given, else ``span = span (op) incoming``. All recv results are applied
    after the step's sends have read their data, in the listed order.
 
+Patterns. What a schedule computes is its ``pattern`` (``PATTERNS``): by default its
+collective's name; a schedule of another collective that computes one of them (a
+scatter-allgather broadcast computes "broadcast") names it, and the executor, the
+verifier and the reference read the pattern, never the collective's name.
+
 Messages between an ordered pair of ranks are matched in order: the k-th send from a to
 b is the k-th recv of b from a (the executor tags each with k, so transports need not
 be FIFO). ``Schedule.verify`` (algorithms.verify) proves a schedule right.
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["BUFFERS", "Copy", "Recv", "Schedule", "Send", "Span", "Step"]
+__all__ = ["BUFFERS", "PATTERNS", "Copy", "Pattern", "Recv", "Schedule", "Send", "Span", "Step"]
 
 BUFFERS: tuple[str, ...] = ("send", "recv", "tmp")
 
@@ -99,6 +104,38 @@ class Step:
         return not (self.copies or self.sends or self.recvs)
 
 
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """What a schedule computes: the one place the executor, the verifier and the reference
+    look up a result's shape (see the table above for the units)."""
+
+    name: str
+    #: has a root rank
+    rooted: bool
+    #: reduces with an op
+    reduces: bool
+    #: how an in-place call aliases the buffers, in ccbench.collectives' words (`InPlace`):
+    #: "one-buffer" (recv is the only buffer), "same" (send is recv), "send-in-recv" (send
+    #: is recv's block r), "recv-in-send" (recv is send's block r)
+    inplace: str
+
+    @property
+    def aliases(self) -> bool:
+        """Whether an in-place call passes two aliased buffers the schedule must be right for
+        (a rooted pattern's in-place call is snapshotted: nothing is verified for it)."""
+        return not self.rooted and self.inplace != "one-buffer"
+
+
+PATTERNS: dict[str, Pattern] = {p.name: p for p in (
+    Pattern("broadcast", rooted=True, reduces=False, inplace="one-buffer"),
+    Pattern("reduce", rooted=True, reduces=True, inplace="same"),
+    Pattern("allreduce", rooted=False, reduces=True, inplace="same"),
+    Pattern("allgather", rooted=False, reduces=False, inplace="send-in-recv"),
+    Pattern("reduce-scatter", rooted=False, reduces=True, inplace="recv-in-send"),
+    Pattern("alltoall", rooted=False, reduces=False, inplace="same"),
+)}
+
+
 @dataclass(frozen=True)
 class Schedule:
     """One collective on ``num_ranks`` ranks: ``steps[r]`` is rank r's program."""
@@ -116,6 +153,21 @@ class Schedule:
     inplace_safe: bool = True
     notes: str = ""
     meta: dict[str, object] = field(default_factory=dict)
+    #: what it computes (a key of PATTERNS); empty: its collective's name
+    pattern: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.pattern:
+            object.__setattr__(self, "pattern", self.collective)
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"the {self.algorithm} {self.collective} schedule computes no known "
+                             f"pattern {self.pattern!r}: name the one it computes "
+                             f"(Schedule(..., pattern=...): {', '.join(PATTERNS)})")
+
+    @property
+    def computes(self) -> Pattern:
+        """Its pattern's rules."""
+        return PATTERNS[self.pattern]
 
     def num_blocks(self, buf: str) -> int:
         return self.units.get(buf, 0) * self.blocks_per_unit

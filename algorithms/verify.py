@@ -13,9 +13,11 @@ partner has posted the matching operation. The verifier proves:
 * the schedule cannot deadlock, and no step has a hazard (a copy-recv landing where a
   send of the same step reads, or where another recv writes);
 * the input buffer is never written, and -- with ``inplace=True`` -- the result is still
-  right when the buffers alias as the harness passes them for in-place calls
-  (allreduce/alltoall: send is recv; allgather: send is recv's block r;
-  reduce-scatter: recv is send's block r).
+  right when the buffers alias as the harness passes them for in-place calls (the
+  schedule's pattern says how: ``Pattern.inplace``).
+
+What the output must hold, and how the buffers alias, come from the schedule's pattern
+(``Schedule.pattern``), never from its collective's name.
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ class _Verifier:
         self.s, self.inplace = s, inplace
         self.p, self.B = s.num_ranks, s.blocks_per_unit
         self.result = VerifyResult(s, inplace)
-        src = "recv" if s.collective == "broadcast" else "send"
-        self.src_blocks = s.num_blocks(src)
+        #: the input: the send buffer, or on a one-buffer pattern the root's recv buffer
+        self.src = "send" if s.num_blocks("send") else "recv"
+        self.src_blocks = s.num_blocks(self.src)
 
     # -- helpers ------------------------------------------------------------------------
     def error(self, text: str) -> None:
@@ -86,13 +89,13 @@ class _Verifier:
         """Where a span really lives when the buffers alias (in-place calls)."""
         if not self.inplace:
             return span
-        c = self.s.collective
-        if c in ("allreduce", "alltoall") and span.buf == "send":
+        aliasing = self.s.computes.inplace
+        if aliasing == "same" and span.buf == "send":
             return Span("recv", span.lo, span.hi)
-        if c == "allgather" and span.buf == "send":
+        if aliasing == "send-in-recv" and span.buf == "send":
             off = rank * self.B
             return Span("recv", span.lo + off, span.hi + off)
-        if c == "reduce-scatter" and span.buf == "recv":
+        if aliasing == "recv-in-send" and span.buf == "recv":
             off = rank * self.B
             return Span("send", span.lo + off, span.hi + off)
         return span
@@ -202,13 +205,10 @@ class _Verifier:
         for _ in range(self.p):
             bufs: dict[str, list[Content]] = {b: [None] * s.num_blocks(b) for b in s.units}
             if self.inplace:
-                if s.collective in ("allreduce", "alltoall", "allgather"):
-                    bufs.pop("send", None)
-                elif s.collective == "reduce-scatter":
-                    bufs.pop("recv", None)
+                bufs.pop("recv" if s.computes.inplace == "recv-in-send" else "send", None)
             state.append(bufs)
         for r in range(self.p):
-            if s.collective == "broadcast":
+            if self.src == "recv":
                 if r == s.root:
                     self.write(state, r, Span("recv", 0, self.src_blocks),
                                [1 << (r * self.src_blocks + b)
@@ -323,19 +323,20 @@ class _Verifier:
         s, p, B, n = self.s, self.p, self.B, self.src_blocks
         nrecv = s.num_blocks("recv")
         every_rank = sum(1 << (q * n) for q in range(p))       # block 0 of every input
-        if s.collective == "broadcast":
+        pattern = s.pattern
+        if pattern == "broadcast":
             return [1 << (s.root * n + b) for b in range(nrecv)]
-        if s.collective in ("allreduce", "reduce"):
-            if s.collective == "reduce" and r != s.root:
+        if pattern in ("allreduce", "reduce"):
+            if pattern == "reduce" and r != s.root:
                 return None
             return [every_rank << b for b in range(nrecv)]
-        if s.collective == "reduce-scatter":
+        if pattern == "reduce-scatter":
             return [every_rank << (r * B + b) for b in range(nrecv)]
-        if s.collective == "allgather":
+        if pattern == "allgather":
             return [1 << ((b // B) * n + b % B) for b in range(nrecv)]
-        if s.collective == "alltoall":
+        if pattern == "alltoall":
             return [1 << ((b // B) * n + r * B + b % B) for b in range(nrecv)]
-        raise ValueError(s.collective)
+        raise ValueError(f"no expected result for pattern {pattern!r}")
 
     def check_final(self, state: list[dict[str, list[Content]]]) -> None:
         for r in range(self.p):
@@ -375,6 +376,6 @@ class _Verifier:
 
 def verify(schedule: Schedule, inplace: bool = False) -> VerifyResult:
     """Prove `schedule` right for its p (see the module docstring for what is checked)."""
-    if inplace and schedule.collective in ("broadcast", "reduce"):
+    if inplace and not schedule.computes.aliases:
         inplace = False          # one buffer (broadcast) or rooted: nothing aliases
     return _Verifier(schedule, inplace).run()

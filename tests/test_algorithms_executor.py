@@ -4,13 +4,15 @@ CPU twin; the CuPy kernels where a GPU is present."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from algorithms import REGISTRY, generate
+from algorithms import REGISTRY, Schedule, generate
 from algorithms.executor import Executor
 from algorithms.kernels import CUDA_OPS, DTYPE_NAMES, OPS, CupyReducer, NumpyReducer, TwinReducer
 from algorithms.reference import exact_inputs, reference
@@ -19,27 +21,31 @@ from ccbench.dtypes import sentinel
 
 DTYPES = [np.dtype(ml_dtypes.bfloat16) if n == "bfloat16" else np.dtype(n) for n in DTYPE_NAMES]
 PAIRS = sorted(REGISTRY)
-REDUCING = ("allreduce", "reduce-scatter", "reduce")
+#: the pairs whose schedule reduces (its pattern says so, not a list of names)
+REDUCING = [pc for pc in PAIRS if generate(*pc, 2).computes.reduces]
 
 
-def _counts(collective: str, unit: int, p: int) -> tuple[int, int]:
-    return {"allgather": (unit, unit * p), "reduce-scatter": (unit * p, unit),
-            "alltoall": (unit * p, unit * p)}.get(collective, (unit, unit))
+def _counts(s: Schedule, unit: int) -> tuple[int, int]:
+    """(send, recv) elements for `unit`, from the schedule's own buffers (a one-buffer
+    schedule's input is its recv buffer)."""
+    recv = unit * s.units["recv"]
+    return unit * s.units.get("send", 0) or recv, recv
 
 
-def _buffers(collective: str, x: np.ndarray, dtype: np.dtype, rank: int, p: int, unit: int,
+def _buffers(s: Schedule, x: np.ndarray, dtype: np.dtype, rank: int, unit: int,
              inplace: bool, root: int) -> tuple[np.ndarray | None, np.ndarray]:
-    """(send, recv) with the harness's in-place aliasing."""
-    send_count, recv_count = _counts(collective, unit, p)
-    if collective == "broadcast":
+    """(send, recv) with the harness's in-place aliasing, as the schedule's pattern says."""
+    _, recv_count = _counts(s, unit)
+    aliasing = s.computes.inplace
+    if aliasing == "one-buffer":
         return None, (x.copy() if rank == root else np.full(recv_count, sentinel(-1, dtype)))
     if not inplace:
         return x.copy(), np.full(recv_count, sentinel(-1, dtype))
-    if collective == "allgather":
+    if aliasing == "send-in-recv":
         recv = np.full(recv_count, sentinel(-1, dtype))
         recv[rank * unit:(rank + 1) * unit] = x
         return recv[rank * unit:(rank + 1) * unit], recv
-    if collective == "reduce-scatter":
+    if aliasing == "recv-in-send":
         send = x.copy()
         return send, send[rank * unit:(rank + 1) * unit]
     buf = x.copy()
@@ -47,14 +53,17 @@ def _buffers(collective: str, x: np.ndarray, dtype: np.dtype, rank: int, p: int,
 
 
 def _run_all(algorithm: str, collective: str, p: int, reducer: object, units: tuple[int, ...],
-             segments: int, dtypes: list[np.dtype]) -> int:
-    """Runs every (dtype, op, unit, in-place) case in one thread group; returns cases checked."""
-    root = p - 1 if collective in ("broadcast", "reduce") else 0
-    s = generate(algorithm, collective, p, root, segments)
-    ops = OPS if collective in REDUCING else (None,)
-    modes = (False,) if collective in ("broadcast", "reduce") else (False, True)
+             segments: int, dtypes: list[np.dtype], make: Callable[..., Schedule] = generate
+             ) -> int:
+    """Runs every (dtype, op, unit, in-place) case in one thread group; returns cases checked.
+    `make(algorithm, collective, p, root, segments)` gives the schedule."""
+    pattern = make(algorithm, collective, max(p, 2), 0, 1).computes
+    root = p - 1 if pattern.rooted else 0
+    s = make(algorithm, collective, p, root, segments)
+    ops = OPS if pattern.reduces else (None,)
+    modes = (False, True) if pattern.aliases else (False,)
     cases = [(dt, op, u, ip) for dt in dtypes for op in ops for u in units for ip in modes]
-    inputs = {c: exact_inputs(collective, c[1], p, _counts(collective, c[2], p)[0], c[0],
+    inputs = {c: exact_inputs(collective, c[1], p, _counts(s, c[2])[0], c[0],
                               seed=i) for i, c in enumerate(cases)}
 
     def body(transport):
@@ -62,10 +71,10 @@ def _run_all(algorithm: str, collective: str, p: int, reducer: object, units: tu
         out = {}
         for case in cases:
             dt, op, unit, inplace = case
-            send, recv = _buffers(collective, inputs[case][transport.rank], dt, transport.rank,
-                                  p, unit, inplace, root)
+            send, recv = _buffers(s, inputs[case][transport.rank], dt, transport.rank, unit,
+                                  inplace, root)
             ex.run(send, recv, op)
-            if collective in ("allgather", "alltoall") and not inplace:
+            if not pattern.reduces and "send" in s.units and not inplace:
                 ex.run(send, recv, op)        # again on the same (cached) binding: same result
             out[case] = recv.copy()
         return out
@@ -73,7 +82,7 @@ def _run_all(algorithm: str, collective: str, p: int, reducer: object, units: tu
     results = run_threads(p, body, timeout=60)
     checked = 0
     for case in cases:
-        want = reference(collective, inputs[case], case[1], root)
+        want = reference(s.pattern, inputs[case], case[1], root)
         for r in range(p):
             if want[r] is None:
                 continue
@@ -93,7 +102,49 @@ def test_bit_exact_against_numpy(algorithm: str, collective: str, p: int) -> Non
     assert checked > 0
 
 
-@pytest.mark.parametrize("algorithm,collective", [pc for pc in PAIRS if pc[1] in REDUCING])
+@pytest.mark.parametrize("algorithm,collective", PAIRS)
+def test_each_schedule_computes_what_its_collective_is(algorithm: str, collective: str) -> None:
+    """A schedule's pattern (what the executor, the verifier and the reference read) has the
+    root, the reduction and the in-place aliasing of its ccbench collective."""
+    from ccbench.collectives import get
+
+    pattern, spec = generate(algorithm, collective, 4).computes, get(collective)
+    assert (pattern.rooted, pattern.reduces, pattern.inplace) == (
+        spec.rooted, spec.reduces, spec.inplace), (algorithm, collective)
+
+
+def _renamed(name: str) -> Callable[..., Schedule]:
+    """Registered schedules under another collective's name, as a new collective's are."""
+    def make(algorithm: str, collective: str, p: int, root: int, segments: int) -> Schedule:
+        return dataclasses.replace(generate(algorithm, collective, p, root, segments),
+                                   collective=name)
+    return make
+
+
+@pytest.mark.parametrize("algorithm,collective", [("ring", "broadcast"), ("tree", "reduce"),
+                                                  ("hypercube", "allgather"),
+                                                  ("ring", "reduce-scatter"),
+                                                  ("bruck", "alltoall")])
+def test_a_new_collective_runs_by_its_pattern(algorithm: str, collective: str) -> None:
+    """A schedule of a collective algorithms/ has never heard of (a new one's) runs, verifies
+    and is checked against the reference by its pattern, with no list of names to edit."""
+    make = _renamed(f"{collective}-new")
+    from algorithms import verify
+
+    for inplace in (False, True):
+        assert verify(make(algorithm, collective, 5, 0, 2), inplace).ok
+    assert _run_all(algorithm, collective, 5, NumpyReducer(), (0, 3), 2, DTYPES[:2],
+                    make) > 0
+
+
+def test_a_schedule_that_names_no_pattern_says_so() -> None:
+    with pytest.raises(ValueError, match=r"ring broadcast-new schedule computes no known "
+                                         r"pattern 'broadcast-new': name the one it computes"):
+        dataclasses.replace(generate("ring", "broadcast", 3), collective="broadcast-new",
+                            pattern="")
+
+
+@pytest.mark.parametrize("algorithm,collective", REDUCING)
 def test_kernel_twin_in_the_executor(algorithm: str, collective: str) -> None:
     """The CuPy kernels' arithmetic (run on the CPU) gives the same bits through a schedule."""
     assert _run_all(algorithm, collective, 5, TwinReducer(), (3, 16), 2, DTYPES) > 0

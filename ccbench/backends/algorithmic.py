@@ -59,8 +59,7 @@ __all__ = ["TRANSPORTS", "AlgorithmBackend", "AlgorithmSpec", "algorithm_backend
 #: that say so (`Backend.carries_algorithms`)
 TRANSPORTS: tuple[str, ...] = transports()
 _MAX_SEGMENTS = 64
-_DEFAULT_PIPELINE_CHUNK = 512 << 10            # broadcast and trees
-_PIPELINED = frozenset({"broadcast"})
+_DEFAULT_PIPELINE_CHUNK = 512 << 10            # broadcasts and trees
 _PIPELINED_ALGOS = frozenset({"tree", "dbtree"})
 #: data movement only moves bytes: every dtype; reductions need one of the kernels' types
 _MOVED_ONLY = ("float8_e4m3fn", "float8_e5m2")
@@ -275,11 +274,13 @@ class AlgorithmBackend(Backend):
         from algorithms import generate
 
         chunk = self.spec.chunk_bytes
+        base = generate(self.spec.family, collective, self.ctx.world_size, root, 1)
         if chunk is None:
-            if collective not in _PIPELINED and self.spec.family not in _PIPELINED_ALGOS:
+            # what the schedule computes, not its collective's name: every broadcast's
+            # chain or tree is pipelined by default
+            if base.pattern != "broadcast" and self.spec.family not in _PIPELINED_ALGOS:
                 return 1
             chunk = _DEFAULT_PIPELINE_CHUNK
-        base = generate(self.spec.family, collective, self.ctx.world_size, root, 1)
         units = base.units.get("recv", 1)
         per_block = nbytes / max(1, units * base.blocks_per_unit)
         return max(1, min(_MAX_SEGMENTS, math.ceil(per_block / chunk)))
@@ -311,9 +312,9 @@ class AlgorithmBackend(Backend):
         every collective: the schedule (`supports`) is what differs."""
         arr = self.buffers.array
         r, dtype = arr(recv), self._dtype_name(recv)
-        if collective == "broadcast":
-            return self._executor("broadcast", r.nbytes, root).bound_call(None, r, None, dtype)
         spec = get_collective(collective)
+        if spec.inplace == "one-buffer":
+            return self._executor(collective, r.nbytes, root).bound_call(None, r, None, dtype)
         executor = self._executor(collective, r.nbytes, root if spec.rooted else 0)
         if op == "avg" and spec.reduces:   # as gloo and oneCCL's hosts: sum, then divide by p
             total = executor.bound_call(arr(send), r, "sum", dtype)
