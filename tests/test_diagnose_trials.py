@@ -179,3 +179,80 @@ def test_a_port_its_counters_found_down_explains_its_pair_on_that_plane():
     counters = {2: {"eth1": {"carrier_changes": 1, "state_before": "up", "state": "down"}}}
     findings = analyse(measures, ABSOLUTE, NAMES8, counters=counters)
     assert _kinds(findings) == [("port down", "host h2's plane eth1 port")], _kinds(findings)
+
+
+def _compute(slow_host, hosts=8, rounds=5, typical=0.24, slow=3.3):
+    return {h: [slow if h == slow_host else typical * (1 + 0.05 * ((h + k) % 3))
+                for k in range(rounds)] for h in range(hosts)}
+
+
+def test_a_host_slow_to_compute_is_no_evidence_of_a_path_on_a_plane():
+    """h2 held to 5 % of a core (cgroup CPU quota): named `host h2 compute`, and also
+    `pair h2-h7 path on plane eth0  slow path` (h7 -> h2 at 21 Mbit/s in 2 of 2 tries) and
+    `pair h2-h3 path on plane eth1  intermittent` (2 of 4 tries). A host slow to compute
+    explains its own pairs on every plane: they are set aside, and the evidence says so."""
+    fine = 0.96 * LINK
+
+    def on(slow_pair, slow_rounds):          # into h2, in those rounds
+        def rate(a, b, r):
+            return 21e6 if {a, b} == set(slow_pair) and b == 2 and r in slow_rounds else fine
+        return rate
+    measures = _tries(8, lambda a, b, r: 0.5 * LINK if (a, b) == (1, 2) else fine)
+    measures += _tries(8, lambda a, b, r: fine, kind="repeat", seed=1,
+                       rounds=[[(1, 2)]])
+    measures += _tries(8, on((2, 7), {6}), kind="planes", plane="eth0")
+    measures += _tries(8, on((2, 7), {0}), kind="planes", plane="eth0", seed=1,
+                       rounds=[[(2, 7)]])
+    measures += _tries(8, on((2, 3), {1}), kind="planes", plane="eth1")
+    for seed, slow_round in ((1, set()), (2, set()), (3, {0})):
+        measures += _tries(8, on((2, 3), slow_round), kind="planes", plane="eth1", seed=seed,
+                           rounds=[[(2, 3)]])
+    findings = analyse(measures, ABSOLUTE, NAMES8, compute_s=_compute(2))
+    assert _kinds(findings) == [("slow compute", "host h2 compute")], _kinds(findings)
+    evidence = findings[0].evidence
+    assert "set aside" in evidence and "h2-h7 on eth0" in evidence \
+        and "h2-h3 on eth1" in evidence, evidence
+
+
+def test_a_flapping_port_does_not_hide_a_bad_ecmp_member_on_its_plane():
+    """h1<->h4 on eth1 at 16 Mbit/s (one bad ECMP member) while h6's eth1 flaps: the flap
+    was named from its counters, but h1-h6's `no answer` on eth1 counted against h1, so the
+    ECMP member read as `host h1's plane eth1 port  intermittent` and the path was never
+    named. A pair with a port its own counters found flapping is that port's evidence."""
+    fine = 0.96 * LINK
+
+    def ecmp(a, b, r):
+        return 15.3e6 if {a, b} == {1, 4} else fine
+    measures = _tries(8, lambda a, b, r: fine)
+    measures += _tries(8, lambda a, b, r: fine, kind="planes", plane="eth0")
+    measures += _tries(8, ecmp, kind="planes", plane="eth1")
+    measures = [m if not (m.plane == "eth1" and {m.a, m.b} == {1, 6}) else
+                PairMeasure("planes", m.round, m.a, m.b, plane="eth1",
+                            error="no answer on eth1") for m in measures]
+    measures += _tries(8, ecmp, kind="planes", plane="eth1", seed=1, rounds=[[(1, 4)]])
+    counters = {6: {"eth1": {"carrier_changes": 23, "state_before": "up", "state": "down",
+                             "rx_dropped": 1, "tx_dropped": 4}}}
+    findings = analyse(measures, ABSOLUTE, NAMES8, counters=counters)
+    assert _kinds(findings) == [("intermittent", "host h6's plane eth1 port"),
+                                ("slow path", "pair h1-h4 path on plane eth1")], \
+        _kinds(findings)
+
+
+def test_a_one_way_slow_port_says_its_direction():
+    """h3's eth0 slow on its sending side only: `slow port` with one rate; a port, as a
+    link, is measured per direction, and `one way (h3 -> others)` leads its evidence."""
+    fine = 0.96 * LINK
+
+    def oneway(a, b, r):
+        return 15e6 if a == 3 else fine
+    measures = _tries(8, lambda a, b, r: fine)
+    measures += _tries(8, oneway, kind="planes", plane="eth0")
+    measures += _tries(8, oneway, kind="planes", plane="eth0", seed=1,
+                       rounds=[[p] for r in round_robin(8) for p in r if 3 in p])
+    measures += _tries(8, lambda a, b, r: fine, kind="planes", plane="eth1")
+    findings = analyse(measures, ABSOLUTE, NAMES8)
+    assert _kinds(findings) == [("slow port", "host h3's plane eth0 port")], _kinds(findings)
+    port = findings[0]
+    assert port.measured.startswith("h3 -> others: 1") and "others -> h3: 4" in port.measured, \
+        port.measured
+    assert port.evidence.startswith("one way (h3 -> others); "), port.evidence

@@ -297,13 +297,19 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
                                 rate_text(float(expect.link_bps or 0)) + f" ({expect.source})",
                                 f"median of {len(table)} pairs", "high"))
     compute = _compute_findings(compute_s or {}, names)
+    slow_cpu = {names.index(h) for f in compute for h in f.hosts}
+    for f in compute:                     # its pairs are not evidence of a path or a port
+        f.evidence += _set_aside_text(measures, ref, names, names.index(f.hosts[0]))
     findings += compute
-    explained |= {names.index(h) for f in compute for h in f.hosts}
+    explained |= slow_cpu
     plane_names = sorted({m.plane for m in measures if m.plane})
-    ports = _merge(mid_run_findings(midrun or {}, names, plane_names)
-                   + reach_findings(reach or {}, names, plane_names)
-                   + counter_findings(counters or {}, names, plane_names)
-                   + _plane_findings(measures, ref, names))
+    own = (mid_run_findings(midrun or {}, names, plane_names)
+           + reach_findings(reach or {}, names, plane_names)
+           + counter_findings(counters or {}, names, plane_names))
+    # a port its own counters or the probes found flapping or down: its pairs on that plane
+    # are its evidence, not its partners'
+    ports = _merge(own + _plane_findings(measures, ref, names, slow_cpu,
+                                         {f.component for f in own if f.hosts}))
     # a pair's path on a plane where one of its hosts' port is found down or slow by its
     # counters or the probes (not only by that plane's pairs): that port, not the path
     flagged_ports = {f.component for f in ports if f.hosts}
@@ -574,14 +580,31 @@ def _try_text(m: PairMeasure) -> str:
     return m.error or rate_text(m.bw or 0.0)
 
 
-def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[str]
+def _set_aside_text(measures: list[PairMeasure], ref: _Reference, names: list[str],
+                    host: int) -> str:
+    """`; its pairs set aside as evidence of a path or port (slow in some tries: h1-h2,
+    h2-h7 on eth0)`: a host slow to compute sends and receives slowly itself."""
+    slow = []
+    for (plane, a, b), tries in sorted(_tries_of(measures, ("pairs", "repeat", "planes")
+                                              ).items(), key=lambda i: (i[0][0] or "", i[0][1:])):
+        if host in (a, b) and any(_bad_try(m, ref) for m in tries):
+            slow.append(f"{names[a]}-{names[b]}" + (f" on {plane}" if plane else ""))
+    return ("; its pairs set aside as evidence of a path or port"
+            + (f" (slow in some tries: {', '.join(slow)})" if slow else ""))
+
+
+def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[str],
+                    set_aside: set[int] | None = None, own_ports: set[str] | None = None
                     ) -> list[Finding]:
     """Per plane, every try of the pairs pinned to it: a host's port (all its pairs bad on
     that plane), a whole plane, a port slow or down in some tries only (intermittent), and
-    what is left: one pair's path on that plane (a bad ECMP member)."""
+    what is left: one pair's path on that plane (a bad ECMP member). set_aside: hosts slow
+    to compute, whose pairs are no evidence here; own_ports: the components of ports their
+    own counters or the probes flagged (their pairs are not evidence against the other
+    host)."""
     by_plane: dict[str, dict[tuple[int, int], list[PairMeasure]]] = defaultdict(dict)
     for (plane, a, b), tries in _tries_of(measures, ("planes",)).items():
-        if plane is not None:
+        if plane is not None and not {a, b} & (set_aside or set()):
             by_plane[plane][(a, b)] = tries
     out: list[Finding] = []
     for plane, pairs in sorted(by_plane.items()):
@@ -594,9 +617,11 @@ def _plane_findings(measures: list[PairMeasure], ref: _Reference, names: list[st
                                    [m.bw or 0.0 for m in tries])), ref.expected_text(),
                                f"all {len(pairs)} pairs on plane {plane}", "medium"))
             continue
-        ports = _port_findings(plane, pairs, bad, some, ref, names)
+        own = {h for h in range(len(names))
+               if port_component(names[h], plane) in (own_ports or set())}
+        ports = _port_findings(plane, pairs, bad, some, ref, names, own)
         out += ports
-        flagged = {names.index(h) for f in ports for h in f.hosts}
+        flagged = own | {names.index(h) for f in ports for h in f.hosts}
         out += _plane_path_findings(plane, pairs, bad, some, ref, names, flagged)
     tries = [m for pairs in by_plane.values() for ms in pairs.values() for m in ms]
     return _whole_host(out, len(by_plane),
@@ -622,12 +647,15 @@ def _tries_directions(tries: list[PairMeasure], host: int, names: list[str],
 
 def _port_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
                    bad: set[tuple[int, int]], some: set[tuple[int, int]], ref: _Reference,
-                   names: list[str]) -> list[Finding]:
+                   names: list[str], own: set[int] | None = None) -> list[Finding]:
     """Per host on this plane: its port slow or down in every try of every pair (first, for
     every host), then, held against the pairs of neither the host nor a port so flagged, a
     port slow in some tries only (intermittent). A pair with a flagged port is that port's
     evidence, not its other host's: two bad ports on one plane put two bad pairs on every
-    other host, which read as intermittent ports everywhere."""
+    other host, which read as intermittent ports everywhere. `own`: hosts whose port on
+    this plane its own counters or the probes flagged (flapping, down): flagged the same.
+    A slow port is measured per direction (`h3 -> others: 15 Mbit/s; others -> h3: 48
+    Mbit/s`), with `one way (h3 -> others); ` in the evidence when one direction is slow."""
     out = []
     on = f"plane {plane}" if plane.isdigit() else plane
 
@@ -646,13 +674,14 @@ def _port_findings(plane: str, pairs: dict[tuple[int, int], list[PairMeasure]],
         tries = [m for p in mine for m in pairs[p]]
         down = all(m.error for m in tries)
         flagged.add(host)
+        measured, one_way = ("no answer", "") if down else _tries_directions(
+            [m for m in tries if not m.error], host, names, ref)
         out.append(Finding(port_component(names[host], plane),
                            "port down" if down else "slow port",  # merged below
-                           "no answer" if down else rate_text(statistics.median(
-                               [m.bw for m in tries if m.bw is not None] or [0.0])),
-                           ref.expected_text(), evidence(mine),
+                           measured, ref.expected_text(), one_way + evidence(mine),
                            "high" if len(mine) >= 2 else "low", [names[host]],
                            [[names[a], names[b]] for a, b in mine]))
+    flagged |= own or set()
     clean = {p: t for p, t in pairs.items() if not set(p) & flagged}
     for host in range(len(names)):
         mine = [p for p in clean if host in p]
