@@ -134,3 +134,52 @@ def test_no_model_topology_where_none_is_the_same(hosts: int, topology: str,
                                                   ranks_per_host: int) -> None:
     plan = build_plan(hosts, parse_rate("1G"), parse_topology(topology), ranks_per_host)
     assert plan.model_spec() is None
+
+
+def _up_args(line: str):
+    import argparse
+    import shlex
+
+    from ccbench.commands import testbed as command
+
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    words = shlex.split(line)
+    assert words[:2] == ["ccbench", "testbed"], line
+    return parser.parse_args(words[1:])
+
+
+def test_rails_give_a_rank_per_rail_by_default() -> None:
+    """`testbed up --rails 2` gave Slurm 1 CPU per node, so `srun --ntasks-per-node 2` (one
+    rank per rail, what `diagnose --rails` runs) waited for ever: "Requested partition
+    configuration not available now". Without --ranks-per-host, rails give R."""
+    from ccbench.commands.testbed import plan_of
+
+    assert plan_of(_up_args("ccbench testbed up --hosts 4 --rails 2 --planes 2")
+                   ).ranks_per_host == 2
+    assert plan_of(_up_args("ccbench testbed up --hosts 4 --rails 3")).ranks_per_host == 3
+    assert plan_of(_up_args("ccbench testbed up --hosts 4 --planes 2")).ranks_per_host == 1
+    assert plan_of(_up_args("ccbench testbed up --hosts 4 --rails 2 --ranks-per-host 1")
+                   ).ranks_per_host == 1
+
+
+def test_the_documented_rails_commands_fit_each_other() -> None:
+    """docs/testbed.md's rails block: the testbed it builds has as many CPUs per node as
+    its srun asks tasks per node, one per rail."""
+    import re
+    import shlex
+
+    from ccbench.commands.testbed import plan_of
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "testbed.md").read_text()
+    blocks = [b for b in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+              if "--rails" in b and "srun" in b]
+    assert blocks, "docs/testbed.md has no rails block with its srun"
+    for block in blocks:
+        lines = block.splitlines()
+        up = next(line for line in lines if line.startswith("ccbench testbed up"))
+        srun = shlex.split(next(line for line in lines if line.startswith("srun ")))
+        plan = plan_of(_up_args(up))
+        per_node = int(srun[srun.index("--ntasks-per-node") + 1])
+        assert plan.ranks_per_host == per_node == plan.options["rails"], block
+        assert f"-N{len(plan.hosts)}" in srun, block

@@ -33,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("words", nargs="*",
                         help="exec: HOST -- COMMAND ...; fault: TARGET ACTION [VALUE]")
     parser.add_argument("--hosts", type=int, default=2, help="up: number of hosts (default 2)")
-    parser.add_argument("--ranks-per-host", type=int, default=1,
-                        help="up: ranks each host runs (Slurm CPUs per node; default 1)")
+    parser.add_argument("--ranks-per-host", type=int, default=None,
+                        help="up: ranks each host runs (Slurm CPUs per node; default 1, with "
+                             "--rails R: R)")
     parser.add_argument("--link", default="1G",
                         help="up: link rate in bits/s, e.g. 100M, 500M, 1G (default 1G)")
     parser.add_argument("--topology", default="switch",
@@ -54,16 +55,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measure: seconds per test (default 3)")
 
 
+def plan_of(args: argparse.Namespace) -> Plan:
+    """What `up` builds from its arguments (--ranks-per-host: 1, or R with --rails R)."""
+    from ccbench import testbed
+    from ccbench.units import parse_rate
+
+    return testbed.build_plan(args.hosts, parse_rate(args.link),
+                              testbed.parse_topology(args.topology), args.ranks_per_host,
+                              planes=args.planes, rails=args.rails)
+
+
 def main(args: argparse.Namespace) -> int:
     from ccbench import testbed
-    from ccbench.units import format_rate, parse_rate
+    from ccbench.units import format_rate
 
     if args.action not in ("exec", "fault") and args.words:
         raise UsageError(f"unexpected arguments for testbed {args.action}: {' '.join(args.words)}")
     if args.action == "up":
-        plan = testbed.build_plan(args.hosts, parse_rate(args.link),
-                                  testbed.parse_topology(args.topology), args.ranks_per_host,
-                                  planes=args.planes, rails=args.rails)
+        plan = plan_of(args)
         outcome = testbed.up(plan, slurm=args.slurm)
         print(f"testbed {outcome}: {len(plan.hosts)} hosts, {plan.topology}"
               + (f", {args.rails} rails x {args.planes} plane(s) (NIC r<r>: ports "
@@ -71,6 +80,7 @@ def main(args: argparse.Namespace) -> int:
                  if args.rails > 1 else
                  f"{' (dual-ToR: ECMP over 2 planes)' if args.planes == 2 else ''}") + ", "
               f"links {format_rate(plan.link_rate)}"
+              + (f", {plan.ranks_per_host} ranks per host" if plan.ranks_per_host > 1 else "")
               + (f"; Slurm: export SLURM_CONF={plan.options['slurm_conf']}"
                  if args.slurm and "slurm_conf" in plan.options else ""))
         return 0

@@ -174,11 +174,17 @@ def _address(plane: int, host_id: int) -> str:
     return f"{SUBNET}.{plane}.{host_id}/24"
 
 
-def build_plan(num_hosts: int, link_rate: int, topology: Topology, ranks_per_host: int = 1,
-               planes: int = 1, rails: int = 1) -> Plan:
+def build_plan(num_hosts: int, link_rate: int, topology: Topology,
+               ranks_per_host: int | None = None, planes: int = 1, rails: int = 1) -> Plan:
     """`planes=2`: the dual-ToR network (HPN): two NICs per host into two plane bridges, and
     the host's own address on lo, reached by an ECMP route over both planes (net.py).
-    `rails=R` (R >= 2): rail-optimized hosts, R NICs each with `planes` ports (see above)."""
+    `rails=R` (R >= 2): rail-optimized hosts, R NICs each with `planes` ports (see above).
+    ranks_per_host (Slurm's CPUs per node): by default 1, and R with rails (one rank per
+    rail's NIC, what `diagnose --rails` runs; with fewer CPUs per node, `srun
+    --ntasks-per-node R` waits for ever: "Requested partition configuration not available
+    now")."""
+    if ranks_per_host is None:
+        ranks_per_host = rails if rails > 1 else 1
     if planes not in (1, 2):
         raise UsageError(f"--planes must be 1 or 2, got {planes}")
     if not 1 <= rails <= MAX_RAILS:
