@@ -249,7 +249,7 @@ class _Run:
                 except (UsageError, RunFailure):
                     raise
                 except Exception as exc:  # noqa: BLE001  a library error: one line naming the case and ranks
-                    watchdog.abort(f"{backend.name} failed: {library_message(exc)}")
+                    watchdog.abort(f"{backend.name} failed: {library_message(exc).rstrip('.')}")
                 self.wrong_total += own_wrong if not self.is_root else 0
                 progress.step(case.label(size))
                 if result is not None:
