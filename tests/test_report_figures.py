@@ -311,3 +311,48 @@ def test_prediction_figure_fits_the_paper(paper) -> None:
     fig = prediction_figure("allreduce", predicted, measured, paper)
     problems = check_figure(fig, PAPERS[paper])
     assert not problems, "\n".join(problems)
+
+
+def test_the_in_place_note_names_the_collectives_of_the_registry(first_run) -> None:
+    """Per-rank captions say which collectives are shown in place from the registry's
+    one-buffer collectives present, not a written-in "broadcast"."""
+    from ccbench.collectives import IN_PLACE_ONLY
+    from ccbench.report.captions import spread_caption
+    from ccbench.report.figures import modes_note
+
+    p = int(first_run["world_size"].iloc[0])
+    no_one_buffer = first_run[~first_run["collective"].isin(IN_PLACE_ONLY)]
+    assert modes_note(no_one_buffer) == "out-of-place"
+    assert "(out-of-place)" in spread_caption(no_one_buffer, p)
+    assert "in-place" not in spread_caption(no_one_buffer, p).split(".")[0]
+    with_them = first_run[first_run["collective"].isin(IN_PLACE_ONLY)]
+    assert sorted(IN_PLACE_ONLY) == sorted(set(with_them["collective"]))
+    assert modes_note(first_run) == f"out-of-place; {', '.join(sorted(IN_PLACE_ONLY))} in-place"
+
+
+def test_report_replay_and_formats_ask_the_registry_not_a_name() -> None:
+    """No comparison of a collective with a written-in name in report/ and replay/, and no
+    hand list of names in the Chakra reader: a property of the Collective (rooted, in place
+    only, its trace rules) answers, so a new collective needs no edit there. sendrecv is
+    exempt: it is the one point-to-point measure diagnose and replay time messages with."""
+    import ast
+
+    from ccbench.collectives import COLLECTIVES
+
+    names = set(COLLECTIVES) - {"sendrecv"}
+    offenders = []
+    files = [*sorted((ROOT / "ccbench" / "report").glob("*.py")),
+             *sorted((ROOT / "ccbench" / "replay").glob("*.py")),
+             ROOT / "ccbench" / "formats" / "chakra_et.py"]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            if not any("collective" in ast.unparse(side) or "coll" == ast.unparse(side)
+                       for side in (node.left, *node.comparators)):
+                continue
+            literals = {c.value for c in ast.walk(node)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str)} & names
+            if literals and (path.parent.name != "formats" or len(literals) > 1):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not offenders, "\n".join(offenders)

@@ -35,7 +35,7 @@ from ccbench.collectives.spec import Collective, Layout
 from ccbench.errors import UsageError, choices_error
 
 __all__ = [
-    "COLLECTIVES", "OPS", "REDUCING", "ROOTED", "Collective", "Layout", "busbw_factor",
+    "COLLECTIVES", "IN_PLACE_ONLY", "OPS", "REDUCING", "ROOTED", "Collective", "Layout", "busbw_factor",
     "canonical_collective", "every", "get", "layout", "parse_collectives", "parse_ops",
 ]
 
@@ -47,6 +47,8 @@ _BY_NAME: dict[str, Collective] = {c.name: c for c in _ALL}
 COLLECTIVES: tuple[str, ...] = tuple(_BY_NAME)
 REDUCING: frozenset[str] = frozenset(c.name for c in _ALL if c.reduces)
 ROOTED: frozenset[str] = frozenset(c.name for c in _ALL if c.rooted)
+#: those with one buffer, measured in place only (their only form)
+IN_PLACE_ONLY: frozenset[str] = frozenset(c.name for c in _ALL if c.inplace == "one-buffer")
 #: avg: the mean over ranks (NCCL's ncclAvg, torch's ReduceOp.AVG); MPI has none
 OPS: tuple[str, ...] = ("sum", "max", "min", "prod", "avg")
 

@@ -54,4 +54,4 @@ ALLREDUCE = Collective(
            "tree": _ar_tree, "double-binary-tree": _ar_dbt},
         aliases={"hypercube": "recursive-doubling", "halving_doubling": "rabenseifner"}),
     tools=ToolNames(("all_reduce_perf", "osu_allreduce"), mpi="MPI_Allreduce"),
-    trace=TraceRules(("c10d::allreduce_", "c10d::allreduce_coalesced_")))
+    trace=TraceRules(("c10d::allreduce_", "c10d::allreduce_coalesced_"), in_place=True))

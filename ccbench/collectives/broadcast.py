@@ -47,4 +47,4 @@ BROADCAST = Collective(
         {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},
         aliases={"hypercube": "tree", "chain": "ring"}),
     tools=ToolNames(("broadcast_perf", "osu_bcast"), mpi="MPI_Bcast"),
-    trace=TraceRules(("c10d::broadcast_",)))
+    trace=TraceRules(("c10d::broadcast_",), in_place=True))

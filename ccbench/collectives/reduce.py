@@ -32,4 +32,4 @@ REDUCE = Collective(
         {"tree": _reduce_binomial, "ring": _reduce_ring},
         aliases={"hypercube": "tree", "binomial": "tree"}),
     tools=ToolNames(("reduce_perf", "osu_reduce"), mpi="MPI_Reduce"),
-    trace=TraceRules(("c10d::reduce_",)))
+    trace=TraceRules(("c10d::reduce_",), in_place=True))

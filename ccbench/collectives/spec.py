@@ -145,6 +145,9 @@ class TraceRules:
     #: a trace op's (input bytes, output bytes) when its group goes from `old` to `new` ranks,
     #: each rank's share kept (ccbench.trace.scale)
     resize: Callable[[int, int, int, int], tuple[int, int]] = _bytes_kept
+    #: c10d's op works in place (its one tensor is input and output): a replay measures it
+    #: in place (ccbench.replay)
+    in_place: bool = False
 
 
 @dataclass(frozen=True, slots=True)

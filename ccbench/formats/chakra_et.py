@@ -17,7 +17,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ccbench.collectives import every
+from ccbench.collectives import ROOTED, every
 from ccbench.errors import UsageError
 from ccbench.trace.ops import CommOp, Group, TraceError
 
@@ -72,7 +72,7 @@ def _predicted_op(node: Any, attrs: dict[str, Any], rank: int, index: int, path:
     return CommOp(rank=rank, index=index, node_id=int(node.id), name=node.name,
                   collective=collective, dtype="float32" if elsize == 4 else "int8",
                   elsize=elsize, in_bytes=size, out_bytes=size, source=str(path),
-                  root=0 if collective in ("broadcast", "reduce") else None,
+                  root=0 if collective in ROOTED else None,
                   notes=["element type not in the trace", "ccbench's stand-in for an op "
                          "ASTRA-sim does not implement"])
 
@@ -101,7 +101,7 @@ def _op(node: Any, attrs: dict[str, Any], rank: int, index: int, path: Path) -> 
         op.out_bytes = 0
     if collective == "reduce-scatter":     # comm_size is the whole input
         op.out_bytes = 0
-    if collective in ("broadcast", "reduce", "gather", "scatter"):
+    if collective in ROOTED:
         op.root = int(attrs.get("comm_root", attrs.get("root", 0)) or 0)
     if node.duration_micros or node.start_time_micros:
         op.start_us, op.dur_us = float(node.start_time_micros), float(node.duration_micros)

@@ -34,7 +34,7 @@ from ccbench.backends.base import Backend, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.bench.harness import Case, Method, measure_size
 from ccbench.bench.stats import summarize
-from ccbench.collectives import busbw_factor, layout
+from ccbench.collectives import COLLECTIVES, busbw_factor, get, layout
 from ccbench.dtypes import DTYPES, numpy_dtype
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError
 from ccbench.records import Record
@@ -96,8 +96,8 @@ def _case(op: CommOp) -> tuple[Case, str]:
                              f"ccbench dtype of the same width (valid: {', '.join(DTYPES)})")
         dtype, note = SAME_WIDTH[dtype], f"{op.dtype} measured as {SAME_WIDTH[dtype]}"
     reduce_op = op.reduce_op
-    # c10d's allreduce_, broadcast_ and reduce_ work in place; the _base_ variants do not
-    inplace = op.collective in ("allreduce", "broadcast", "reduce")
+    # as c10d's op works: allreduce_, broadcast_ and reduce_ in place (TraceRules.in_place)
+    inplace = op.collective in COLLECTIVES and get(op.collective).trace.in_place
     return Case(op.collective, dtype, reduce_op, inplace, op.root or 0), note
 
 

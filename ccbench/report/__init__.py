@@ -466,11 +466,12 @@ def _algorithms_section(doc: _Doc, algos, report: Report) -> None:
 def _rank_spread_section(doc: _Doc, frame, report: Report) -> None:
     """Stragglers: a figure per world size of two or more ranks, and a table of how far the
     slowest rank's median is from the fastest's."""
+    from ccbench.report import figures
     from ccbench.report.captions import spread_caption
 
     doc.heading(2, "Per-rank spread")
     doc.para("Each rank's median time over the fastest rank's median at the same size "
-             "(out-of-place; broadcast in-place). A rank that is consistently darker at every "
+             f"({figures.modes_note(frame)}). A rank that is consistently darker at every "
              "size is a straggler; spread that changes from size to size is noise.")
     spread_rows = []
     for p in sorted(int(p) for p in frame["world_size"].unique()):

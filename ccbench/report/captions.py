@@ -83,7 +83,7 @@ def spread_caption(frame: Any, p: int) -> str:
     return (f"Per-rank spread at {p} ranks{figures.oversubscription(p, frame)}: a panel per "
             f"collective and series ({_series(sub)}); each row is a rank, each column a "
             f"message size, the colour its median time over the fastest rank's median "
-            f"(out-of-place; broadcast in-place). {figures.context_line(sub)}.")
+            f"({figures.modes_note(sub)}). {figures.context_line(sub)}.")
 
 
 def model_caption(frame: Any, collective: str, series: list[str], worlds: list[int]) -> str:

@@ -16,6 +16,7 @@ import matplotlib.ticker as mticker
 from matplotlib.colors import LogNorm
 from matplotlib.lines import Line2D
 
+from ccbench.collectives import IN_PLACE_ONLY
 from ccbench.report import style
 from ccbench.report.paper import Grid, Paper
 from ccbench.report.style import LINESTYLE, colour, marker, set_size_axis
@@ -40,6 +41,13 @@ def _unique(values) -> list:
 
 def _join(values) -> str:
     return ", ".join(str(v) for v in _unique(values) if str(v) != "")
+
+
+def modes_note(frame) -> str:
+    """Which mode a per-rank figure shows: out of place, and in place for the collectives
+    measured in place only (their one buffer), named from the registry."""
+    only = [c for c in _unique(frame["collective"]) if c in IN_PLACE_ONLY]
+    return f"out-of-place; {', '.join(only)} in-place" if only else "out-of-place"
 
 
 def context_line(frame) -> str:
@@ -383,7 +391,7 @@ def _overview_cells(frame, collectives: list[str], worlds: list[int], paper: Pap
 def _overview_title(frame, p: int, coll: str, worlds: bool) -> str:
     data = frame[(frame["world_size"] == p) & (frame["collective"] == coll)]
     _, mode = _preferred_mode(data)
-    title = coll + ("*" if mode == "in-place" and coll != "broadcast" else "")
+    title = coll + ("*" if mode == "in-place" and coll not in IN_PLACE_ONLY else "")
     return title + (f", {_ranks(p, frame)}" if worlds else "")
 
 

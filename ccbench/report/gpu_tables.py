@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ccbench.collectives import busbw_factor
+from ccbench.collectives import IN_PLACE_ONLY, busbw_factor
 from ccbench.errors import UsageError, error_line
 from ccbench.records import load_records
 from ccbench.records.schema import Record
@@ -105,7 +105,7 @@ def _ratios(native: Sequence[Record], algorithms: Sequence[Record]) -> dict[tupl
 def _headline(case: Case) -> bool:
     """float32, sum (or no op), out of place (broadcast: in place, its only form)."""
     collective, dtype, op, inplace, _, _ = case
-    return dtype == "float32" and op in (None, "sum") and inplace == (collective == "broadcast")
+    return dtype == "float32" and op in (None, "sum") and inplace == (collective in IN_PLACE_ONLY)
 
 
 def ratio_tables(native: Sequence[Record], algorithms: Sequence[Record]) -> list[str]:
