@@ -287,6 +287,12 @@ def test_an_entry_point_backend_runs_under_launch_into_records_and_load(tmp_path
     assert len(records) == 4 and all(r.wrong == 0 for r in records)
     frame = ccbench.load(out)
     assert list(frame["backend"].unique()) == ["gloo-plugin"]
+    # a report names its series by the plugin's display name, not as the built-in gloo
+    from ccbench.report.data import series_label
+
+    assert {series_label(r) for r in records} == {"Gloo (from a plugin)"}
+    old = records[0].environment.pop("backend_display_name")       # a record without it
+    assert old == "Gloo (from a plugin)" and series_label(records[0]) == "gloo-plugin (gloo)"
 
 
 def test_a_distribution_whose_entry_points_cannot_be_read_is_listed_not_raised(

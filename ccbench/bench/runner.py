@@ -280,7 +280,10 @@ class _Run:
                     **({"timed_call": result.batch_loop} if result.batch_loop else {}),
                     **({"local_copy_us": result.local_copy_us}
                        if result.local_copy_us is not None else {})},
+            # the backend's display name: what a report calls a backend the registry's data
+            # does not know (a plugin's), never its library's name alone
             environment={**self.environment, "backend": meta.get("env", {}),
+                         "backend_display_name": backend.display_name,
                          **{k: v for k, v in meta.items() if k not in ("library", "library_version",
                                                                        "device", "env")}},
         )

@@ -27,10 +27,16 @@ COLLECTIVE_ORDER = COLLECTIVES
 def library_name(record: Record) -> str:
     """What a native series is called: the implementation its record names where its
     backend may be several (`Intel MPI`, `MPICH`), else the backend's display name (`oneCCL`,
-    `Gloo (torch.distributed)`); a backend without an entry (a plugin) by its library."""
+    `Gloo (torch.distributed)`); a backend without an entry (a plugin) by the display name
+    its records carry (never its library's name alone: a plugin over gloo is not gloo),
+    else by its registry name and library."""
     facts = facts_of(record.backend)
     if facts is None:
-        return record.library or record.backend
+        shown = (record.environment or {}).get("backend_display_name")
+        if shown:
+            return str(shown)
+        return f"{record.backend} ({record.library})" if record.library \
+            and record.library != record.backend else record.backend
     found = facts.implementation(f"{record.library} {record.library_version}")
     if found is not None:
         return found.name
