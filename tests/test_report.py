@@ -294,3 +294,26 @@ def test_rank_spread_columns_are_the_sizes_asked_for() -> None:
     assert sizes == [1024, 4096] and colls == ["allreduce", "allgather"]
     assert ratio.shape == (7, 2)      # 3 rows, a blank row, 3 rows; one column per size
     assert list(ratio[2]) == [1.0, 1.0] and list(ratio[6]) == [3.0, 1.0]
+
+
+def test_a_series_measured_with_different_method_options_is_named(tmp_path: Path) -> None:
+    """Records of one series measured with another --warmup (any Method option, as records
+    carry it) make one note naming the series and the differing options; series measured
+    alike get none."""
+    from ccbench.report.data import method_notes
+
+    records = synthetic(collectives=("allreduce",), worlds=(2,))
+    for i, rec in enumerate(records):
+        rec.method = {**rec.method, "warmup": 5 if rec.backend != "mpi" or i % 2 else 1,
+                      "combine": "max"}
+    mpi = {series_label(r) for r in records if r.backend == "mpi"}
+    assert len(mpi) == 1 and len({series_label(r) for r in records}) > 1
+    notes = method_notes(records)
+    assert notes == [f"{next(iter(mpi))} was measured with different method options: "
+                     "warmup (1, 5); its points are not alike"]
+    report = build_report(records, tmp_path / "out", sources=["synthetic"], formats=("png",))
+    assert f"**Note:** {notes[0]}." in report.markdown.read_text()
+    assert notes[0] in report.notes
+    for rec in records:
+        rec.method["warmup"] = 5
+    assert method_notes(records) == []

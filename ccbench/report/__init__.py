@@ -328,7 +328,7 @@ def _summary_section(doc: _Doc, report: Report, records, frame, sources: list[st
     """The title, what was measured where and when, and the notes every reader needs first
     (several runs of a case, records with wrong elements)."""
     from ccbench.report import figures
-    from ccbench.report.data import runs_note
+    from ccbench.report.data import method_notes, runs_note
 
     doc.heading(1, title)
     stamps = sorted(r.timestamp for r in records)
@@ -340,6 +340,9 @@ def _summary_section(doc: _Doc, report: Report, records, frame, sources: list[st
     if several:
         report.notes.append(several)
         doc.para(f"{several}.")
+    for differing in method_notes(records):
+        report.notes.append(differing)
+        doc.para(f"**Note:** {differing}.")
     wrong = frame[frame["wrong"].fillna(0) > 0]
     if not wrong.empty:
         note = f"{len(wrong)} record(s) have wrong elements: their numbers are not valid"

@@ -14,7 +14,7 @@ from ccbench.collectives import COLLECTIVES
 from ccbench.records import CaseId, Record
 
 __all__ = ["series_label", "colour_key", "library_name", "to_frame", "library_versions", "key_numbers",
-           "half_peak_size", "COLLECTIVE_ORDER", "RUN_VIEWS", "combine_runs", "runs_note"]
+           "half_peak_size", "COLLECTIVE_ORDER", "RUN_VIEWS", "combine_runs", "method_notes", "runs_note"]
 
 # How a case measured in several runs is shown: its runs' iterations together, each run as
 # its own series, or only the latest run.
@@ -130,6 +130,31 @@ def runs_note(records: Sequence[Record], view: str) -> str | None:
            "latest": "the latest run only, the others left out (--runs latest)"}[view]
     return (f"{len(counts)} (case, size) point(s) were measured in several runs "
             f"(up to {max(counts)}); shown: {how}")
+
+
+def method_notes(records: Sequence[Record]) -> list[str]:
+    """One sentence per series whose records were measured with different method options
+    (a different --warmup, --combine, ...: its points are not alike), naming the options
+    and their values. The options are every Method field as records carry it
+    (ccbench.bench.options.method_record), so a new option is compared with no edit here;
+    a record without a key (from before the option) is left out of that key's comparison."""
+    from ccbench.bench.options import Method, method_record
+
+    keys = tuple(method_record(Method()))
+    seen: dict[str, dict[str, set[str]]] = {}
+    for rec in records:
+        values = seen.setdefault(series_label(rec), {})
+        for key in keys:
+            if key in (rec.method or {}):
+                values.setdefault(key, set()).add(str(rec.method[key]))
+    notes = []
+    for label, values in seen.items():
+        differing = [f"{key} ({', '.join(sorted(found))})"
+                     for key, found in values.items() if len(found) > 1]
+        if differing:
+            notes.append(f"{label} was measured with different method options: "
+                         f"{'; '.join(differing)}; its points are not alike")
+    return notes
 
 
 def to_frame(records: Sequence[Record], runs: str = "pooled"):
