@@ -115,7 +115,8 @@ def test_labels_and_colours_are_stable() -> None:
 
 def test_series_are_labelled_by_the_display_name_of_their_entry() -> None:
     """The registry's data names a native series; MPI by the implementation its record names
-    (the most specific: MVAPICH's text also says MPICH); a plugin backend by its library."""
+    (the most specific: MVAPICH's text also says MPICH); a plugin backend by the display name
+    its records carry, else by its registry name and library (never as its library alone)."""
     from ccbench.backend_facts import BACKENDS
 
     assert series_label(make_record(backend="nccl-cupy", library="nccl", version="2.21.5")) \
@@ -124,8 +125,10 @@ def test_series_are_labelled_by_the_display_name_of_their_entry() -> None:
     assert series_label(mvapich) == "MVAPICH" and colour_key(mvapich) == "MVAPICH"
     ring = make_record(backend="ring@mpi", library="MPICH", version="MPICH Version: 5.0.2")
     assert series_label(ring) == "ring@mpi (MPICH)" and colour_key(ring) == "ring"
-    assert series_label(make_record(backend="copyonly", library="copylib", version="1.2")) \
-        == "copylib"
+    plugin = make_record(backend="copyonly", library="copylib", version="1.2")
+    assert series_label(plugin) == "copyonly (copylib)"
+    plugin.environment["backend_display_name"] = "Copy-only (a plugin)"
+    assert series_label(plugin) == "Copy-only (a plugin)" == colour_key(plugin)
     assert short_version(make_record(backend="gloo", library="gloo", version="torch 2.13.0")) \
         == "Gloo (torch.distributed) 2.13.0"
 
