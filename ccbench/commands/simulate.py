@@ -17,7 +17,8 @@ from ccbench.formats.group_options import add_group_options
 from ccbench.units import size_label
 
 if TYPE_CHECKING:
-    from ccbench.model.simulate import LinkOverrides
+    from ccbench.model.simulate import LinkOverrides, Simulation
+    from ccbench.model.tracesim import TraceSimulation
 
 __all__ = ["register", "main"]
 
@@ -106,7 +107,7 @@ def _collectives(name: str) -> list[str]:
         raise choices_error("collective", name, (*COLLECTIVES, "all")) from None
 
 
-def _print_table(out: dict, ranks: int, topology: str, fidelity: str) -> None:
+def _print_table(out: Simulation, ranks: int, topology: str, fidelity: str) -> None:
     print(f"# {out['collective']} {out['algorithm']} on {topology}, {ranks} ranks, "
           f"{fidelity}; {out['fit_choice']}; {out['fit_scope']}")
     for flag in out["flags"]:
@@ -151,7 +152,7 @@ def _links(args: argparse.Namespace) -> LinkOverrides:
         hop_latency=args.hop_latency_us * 1e-6)
 
 
-def _print_trace(out: dict) -> None:
+def _print_trace(out: TraceSimulation) -> None:
     print(f"# trace {out['trace']} ({out['kind']}, recorded at {out['recorded_world_size']} "
           f"ranks) on {out['topology']}, {out['world_size']} ranks, {out['fidelity']}")
     for coll, fit in out["fits"].items():

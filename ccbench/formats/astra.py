@@ -48,7 +48,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ccbench.collectives import COLLECTIVES, every, get
 from ccbench.errors import UsageError
@@ -58,6 +58,9 @@ from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import link_dims
 from ccbench.model.modelfile import ModelFile, select_fit
 from ccbench.model.topology import LinkClass, build_topology
+
+if TYPE_CHECKING:
+    from ccbench.model.simulate import SimulateFit, SimulateRow, Simulation
 
 __all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "astra_implementation", "export_astra",
            "network_yaml", "system_json", "ENDPOINT_DELAY_NS"]
@@ -189,14 +192,14 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def _fit_line(fit: FitEntry, algorithm: str, piece: str) -> str:
+def _fit_line(fit: FitEntry | SimulateFit, algorithm: str, piece: str) -> str:
     worlds = ",".join(map(str, fit["world_sizes"]))
     return (f"{fit['backend']}/{fit['library']} {fit['collective']} fit "
             f"(measured algorithm {fit.get('algorithm', '?')}, formula {algorithm}, "
             f"world sizes {worlds}, {piece})")
 
 
-def _piece_name(fit: FitEntry, index: int) -> str:
+def _piece_name(fit: FitEntry | SimulateFit, index: int) -> str:
     pieces = fit.get("pieces") or []
     if len(pieces) < 2:
         return "one piece"
@@ -257,7 +260,7 @@ def export_astra(model: ModelFile, out_dir: str | os.PathLike[str], ranks: int,
     return export.manifest
 
 
-def _predict(req: _Request) -> dict[str, Any]:
+def _predict(req: _Request) -> Simulation:
     """`simulate --fidelity analytical` of the workload, refused where ASTRA-sim cannot run it
     as one workload: no element per rank, or sizes in several pieces of the fit."""
     from ccbench.model.simulate import LinkOverrides, simulate
@@ -277,10 +280,11 @@ def _predict(req: _Request) -> dict[str, Any]:
                              f"{ranks} ranks: it holds no float32 element per rank")
     used_pieces = sorted({row["piece"] for row in pred["rows"]})
     if len(used_pieces) > 1:
-        fit = pred["fit"]
+        pieces = pred["fit"]["pieces"]
+        assert pieces and pieces[0]["max_bytes"] is not None   # sizes in two pieces
         raise UsageError(f"cannot export sizes {sizes[0]}-{sizes[-1]} in one run: they fall "
                          f"in {len(used_pieces)} pieces of the piecewise fit (break at "
-                         f"{int(fit['pieces'][0]['max_bytes'])} B) and ASTRA-sim has one set "
+                         f"{int(pieces[0]['max_bytes'])} B) and ASTRA-sim has one set "
                          f"of link parameters per run; export each piece's sizes separately")
     return pred
 
@@ -348,7 +352,7 @@ def _collective_workload(req: _Request, export: _Export) -> None:
                               f"--remote-memory-configuration={out / 'remote_memory.json'}")
 
 
-def _write_workload(req: _Request, rows: list[dict[str, Any]], algo: str, impl: str,
+def _write_workload(req: _Request, rows: list[SimulateRow], algo: str, impl: str,
                     ndims: int, manifest: dict[str, Any]) -> None:
     """One Chakra file per rank: a COMM_COLL node per size, each after the one before."""
     collective, ranks = req.collective, req.ranks

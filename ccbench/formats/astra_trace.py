@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -49,13 +49,13 @@ from ccbench.formats.astra import (
 from ccbench.formats.chakra import NODE_TYPES, _attr, classes, comm_coll_node, write_trace
 from ccbench.model.modelfile import ModelFile
 from ccbench.model.simulate import LinkOverrides
-from ccbench.model.tracesim import plan_trace, simulate_trace
+from ccbench.model.tracesim import TraceRow, plan_trace, simulate_trace
 from ccbench.trace.ops import Trace
 
 __all__ = ["export_astra_trace"]
 
 
-def _astra_collective(row: dict[str, Any]) -> str:
+def _astra_collective(row: TraceRow) -> str:
     """The collective ASTRA-sim runs for a priced row: an uneven all-to-all as the even
     all-to-all simulate --trace priced (ccbench.model.tracesim.even_stand_in)."""
     return "alltoall" if row["collective"] == "alltoallv" else row["collective"]
@@ -68,7 +68,7 @@ DIRECT_ALLTOALL = ("all-to-all priced by the direct formula (every message at on
                    "-a alltoall=pairwise runs it natively")
 
 
-def _not_native(row: dict[str, Any], coll: str) -> str:
+def _not_native(row: TraceRow, coll: str) -> str:
     """Why this op, of a collective ASTRA-sim implements, cannot run as its COMM_COLL node
     with the time simulate --trace gives it ('' when it can). The one network of a run has
     one latency, so the direct all-to-all's single alpha (which a one-collective export
@@ -78,7 +78,7 @@ def _not_native(row: dict[str, Any], coll: str) -> str:
     return ""
 
 
-def _delay_node(node_id: int, name: str, micros: int, row: dict[str, Any], pg: str | None
+def _delay_node(node_id: int, name: str, micros: int, row: TraceRow, pg: str | None
                 ) -> Any:
     """A compute node ASTRA-sim replays for `micros` (it has no model of this op). Its
     ccbench_* attributes say which op it stands for, so that ccbench reads the export back
@@ -93,8 +93,8 @@ def _delay_node(node_id: int, name: str, micros: int, row: dict[str, Any], pg: s
     return node
 
 
-def _one_value(rows: list[dict[str, Any]], key: str, what: str, given: float | None,
-               option: str) -> float:
+def _one_value(rows: list[TraceRow], key: Literal["alpha_s", "beta_s_per_byte"], what: str,
+               given: float | None, option: str) -> float:
     """The one link value every op uses: `given` (an override) or the fits' common one."""
     if given is not None:
         return given
@@ -162,7 +162,7 @@ def export_astra_trace(model: ModelFile, trace: Trace, out_dir: str | os.PathLik
     return manifest
 
 
-def _network(rows: list[dict[str, Any]], ops: list[Any], links: LinkOverrides, topology: str,
+def _network(rows: list[TraceRow], ops: list[Any], links: LinkOverrides, topology: str,
              ranks: int) -> tuple[float, float, list[dict[str, Any]]]:
     """The one set of link parameters of the run (alpha, beta, network dims), refused where
     ASTRA-sim would time the trace's ops otherwise than simulate --trace."""
@@ -194,7 +194,7 @@ class _Implementations:
     local_mem_bw: float = NO_REDUCTION_COST
 
 
-def _implementation(row: dict[str, Any], rows: list[dict[str, Any]], coll: str, network: str,
+def _implementation(row: TraceRow, rows: list[TraceRow], coll: str, network: str,
                     chosen: dict[str, str]) -> tuple[str, float]:
     """One op's implementation, refused where it cannot share the run with the others."""
     gamma = row["gamma_s_per_byte"] if coll in REDUCING else 0.0
@@ -213,7 +213,7 @@ def _implementation(row: dict[str, Any], rows: list[dict[str, Any]], coll: str, 
     return impl, mult
 
 
-def _implementations(rows: list[dict[str, Any]], network: str) -> _Implementations:
+def _implementations(rows: list[TraceRow], network: str) -> _Implementations:
     out = _Implementations()
     reducing_bw: set[float] = set()
     for row in rows:
@@ -263,7 +263,7 @@ def _npu_groups(ops: list[Any], ranks: int) -> _NpuGroups:
     return _NpuGroups(group_ids, holds, pg_of)
 
 
-def _npu_nodes(q: int, rows: list[dict[str, Any]], ops: list[Any], native: list[bool],
+def _npu_nodes(q: int, rows: list[TraceRow], ops: list[Any], native: list[bool],
                groups: _NpuGroups) -> tuple[list[Any], float]:
     """NPU q's nodes (its ops in trace order, each after the one before) and the time they
     should take."""

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from ccbench.collectives import busbw_factor, layout
 from ccbench.errors import UsageError
 from ccbench.model.costs import canonical_algorithm, coefficients, predict_time
-from ccbench.model.fit import FitLine
+from ccbench.model.fit import FitLine, Piece
 from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import COLLECTIVES as HIER_COLLECTIVES
 from ccbench.model.hierarchical import hierarchical_steps, hierarchical_time, link_dims
@@ -34,7 +34,8 @@ from ccbench.model.netsim import replay_collective
 from ccbench.model.sanity import fit_scope, prediction_flags, row_flags
 from ccbench.model.topology import LinkClass, Topology, build_topology
 
-__all__ = ["LinkOverrides", "simulate", "FIDELITIES", "prediction_records"]
+__all__ = ["LinkOverrides", "simulate", "FIDELITIES", "prediction_records", "SimulateRow",
+           "SimulateFit", "Simulation"]
 
 FIDELITIES = ("analytical", "replay", "both")
 
@@ -74,11 +75,72 @@ def _labelled(progress: Callable[[str, int, int], None] | None,
     return lambda done, total: progress(label, done, total)
 
 
+class SimulateRow(TypedDict):
+    """One size of `simulate`: the fit's piece, the time of the chosen fidelity (time_us,
+    algbw_gbps, busbw_gbps) and, with fidelity replay or both, the replayed schedule's."""
+
+    collective: str
+    algorithm: str
+    world_size: int
+    topology: str
+    size_asked: int
+    size_used: int
+    piece: int
+    alpha_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float
+    bottleneck_link_gbps: float
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    replay_engine: NotRequired[str]
+    replay_time_us: NotRequired[float]
+    replay_algbw_gbps: NotRequired[float]
+    replay_busbw_gbps: NotRequired[float]
+    replay_vs_analytical: NotRequired[float]
+    max_flows_per_link: NotRequired[int]
+    flags: list[str]
+
+
+class SimulateFit(TypedDict):
+    """The fit a prediction used (the model file's fit, these keys only; None where the
+    fit has no such key)."""
+
+    backend: str
+    library: str
+    collective: str
+    algorithm: str | None
+    model_algorithm: str
+    world_sizes: list[int]
+    alpha: float
+    beta: float
+    gamma: float
+    pieces: list[Piece] | None
+
+
+class Simulation(TypedDict):
+    """What `simulate` returns (and `ccbench simulate --format json` prints)."""
+
+    collective: str
+    algorithm: str
+    world_size: int
+    topology: str
+    fidelity: str
+    sharing: str
+    segments: int
+    fit: SimulateFit
+    fit_choice: str
+    fit_scope: str
+    fit_sizes: list[float] | None
+    flags: list[str]
+    rows: list[SimulateRow]
+
+
 def simulate(model: ModelFile, collective: str, ranks: int, topology: str,
              sizes: Sequence[int], algorithm: str | None = None, fidelity: str = "analytical",
              sharing: str = "max-min", backend: str | None = None,
              links: LinkOverrides | None = None, segments: int = 1,
-             progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[str, int, int], None] | None = None) -> Simulation:
     if fidelity not in FIDELITIES:
         raise UsageError(f"unknown fidelity {fidelity!r} (valid: {', '.join(FIDELITIES)})")
     if segments < 1:
@@ -96,7 +158,7 @@ def simulate(model: ModelFile, collective: str, ranks: int, topology: str,
         raise UsageError(f"no {HIER} formula for {collective} "
                          f"(valid: {', '.join(HIER_COLLECTIVES)})")
     topos: dict[tuple[float, float, float, float], Topology] = {}
-    rows = []
+    rows: list[SimulateRow] = []
     for size in sizes:
         used = used_size(collective, size, ranks) or size
         piece, alpha, beta, gamma = _params(fit, used)
@@ -143,18 +205,21 @@ def simulate(model: ModelFile, collective: str, ranks: int, topology: str,
             fit, used, a_eff, steps,
             [row[k] for k in ("busbw_gbps", "replay_busbw_gbps") if k in row],
             row["bottleneck_link_gbps"], ranks)
-        rows.append(row)
+        rows.append(cast(SimulateRow, row))     # every key of SimulateRow is set above
     return {"collective": collective, "algorithm": algo, "world_size": ranks,
             "topology": topology, "fidelity": fidelity, "sharing": sharing, "segments": segments,
-            "fit": {k: fit.get(k) for k in ("backend", "library", "collective", "algorithm",
-                                            "model_algorithm", "world_sizes", "alpha", "beta",
-                                            "gamma", "pieces")},
+            "fit": {"backend": fit.get("backend"), "library": fit.get("library"),
+                    "collective": fit.get("collective"), "algorithm": fit.get("algorithm"),
+                    "model_algorithm": fit.get("model_algorithm"),
+                    "world_sizes": fit.get("world_sizes"), "alpha": fit.get("alpha"),
+                    "beta": fit.get("beta"), "gamma": fit.get("gamma"),
+                    "pieces": fit.get("pieces")},
             "fit_choice": why, "fit_scope": fit_scope(fit),
             "fit_sizes": fit.get("sizes"),
             "flags": prediction_flags(fit, why, collective, algo, ranks), "rows": rows}
 
 
-def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[Any]:
+def prediction_records(out: Simulation, run_id: str = "simulate") -> list[Any]:
     """The rows of `simulate` as Records (schema v1), so reports read predictions like
     measurements: backend `model/<fitted backend>`, transport = the topology, device
     `model`, one sample = the predicted time, method.predicted = true. With fidelity
@@ -192,14 +257,14 @@ def prediction_records(out: dict[str, Any], run_id: str = "simulate") -> list[An
     return recs
 
 
-def _per_fidelity(out: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+def _per_fidelity(out: Simulation) -> list[tuple[SimulateRow, str]]:
     """(row with time_us, algbw_gbps, busbw_gbps of one fidelity, that fidelity)."""
     if out["fidelity"] != "both":
         return [(row, out["fidelity"]) for row in out["rows"]]
     pairs = []
     for row in out["rows"]:
         pairs.append((row, "analytical"))
-        pairs.append((dict(row, time_us=row["replay_time_us"],
-                           algbw_gbps=row["replay_algbw_gbps"],
-                           busbw_gbps=row["replay_busbw_gbps"]), "replay"))
+        pairs.append(({**row, "time_us": row["replay_time_us"],
+                       "algbw_gbps": row["replay_algbw_gbps"],
+                       "busbw_gbps": row["replay_busbw_gbps"]}, "replay"))
     return pairs

@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -45,7 +45,9 @@ from ccbench.trace.groups import ambiguous_calls, other_reading
 from ccbench.trace.ops import CommOp, Group, Trace
 from ccbench.trace.scale import resize_op, retile_group
 
-__all__ = ["TraceOp", "parse_algorithms", "plan_trace", "simulate_trace", "TRACE_FIDELITIES"]
+__all__ = ["TraceOp", "parse_algorithms", "plan_trace", "simulate_trace", "TRACE_FIDELITIES",
+           "OpPrice", "TraceFit", "TraceRow", "CollectiveTime", "NotModelled", "OtherReading",
+           "TraceSimulation"]
 
 TRACE_FIDELITIES = ("analytical", "replay")
 #: the flag of an op whose group the trace leaves open (ccbench.trace.groups)
@@ -56,6 +58,104 @@ _STAND_IN = {"barrier": ("allreduce", "barrier: a zero-byte allreduce (latency s
              "alltoallv": ("alltoall", "alltoallv: priced as the even all-to-all of its largest "
                                        "per-peer block (the exchange that sets a direct "
                                        "all-to-all's time)")}
+
+
+class OpPrice(TypedDict):
+    """One op's price (the same for every copy of its group): the fit's piece, the
+    predicted time and bandwidths, the engine that timed it (formula, a replay engine or
+    rounds) and its flags."""
+
+    algorithm: str
+    fit_collective: str
+    piece: int
+    alpha_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    engine: str
+    flags: list[str]
+
+
+class TraceFit(TypedDict):
+    """The fit that priced a collective of the trace."""
+
+    fit_choice: str
+    fit_scope: str
+    algorithm: str | None
+    backend: str
+    library: str
+    collective: str
+    model_algorithm: str
+    world_sizes: list[int]
+    alpha: float
+    beta: float
+    gamma: float
+
+
+#: one row of `simulate_trace`'s ops: the op at the new scale (TraceOp) and its OpPrice
+#: (functional form: "async" is a keyword)
+TraceRow = TypedDict("TraceRow", {
+    "index": int, "calls": list[int], "node_id": int, "name": str, "collective": str,
+    "dtype": str, "size": int, "group_shape": str, "group_size": int, "group_stride": int,
+    "group_copies": int, "group_first": list[int], "recorded_group": list[int],
+    "recorded_ranks": list[int], "async": bool,
+    "algorithm": str, "fit_collective": str, "piece": int, "alpha_s": float,
+    "beta_s_per_byte": float, "gamma_s_per_byte": float, "time_us": float,
+    "algbw_gbps": float, "busbw_gbps": float, "engine": str, "flags": list[str]})
+
+
+class CollectiveTime(TypedDict):
+    """A collective's share of the slowest rank's communication."""
+
+    ops: int
+    bytes: int
+    time_us: float
+
+
+class NotModelled(TypedDict):
+    reason: str
+    recorded_ops: int
+
+
+class UncertainCounts(TypedDict):
+    uncertain_calls: int
+    uncertain_priced_calls: int
+    uncertain_rows: int
+
+
+class OtherReading(TypedDict):
+    """The total with the trace's uncertain calls on the smallest groups that fit."""
+
+    total_us: float
+    slowest_rank: int
+    calls: int
+    ops: int
+    reading: str
+
+
+class TraceSimulation(UncertainCounts):
+    """What `simulate_trace` returns (and `ccbench simulate --trace --format json` prints)."""
+
+    trace: str
+    kind: str
+    recorded_world_size: int
+    world_size: int
+    topology: str
+    fidelity: str
+    sharing: str
+    ops: list[TraceRow]
+    total_us: float
+    slowest_rank: int
+    per_rank_us: dict[str, float]
+    by_collective: dict[str, CollectiveTime]
+    fits: dict[str, TraceFit]
+    not_modelled: list[NotModelled]
+    flags: list[str]
+    notes: list[str]
+    warnings: list[str]
+    other_reading: OtherReading | None
 
 
 @dataclass(kw_only=True)
@@ -218,8 +318,8 @@ class _Pricer:
     links: LinkOverrides
     algorithms: dict[str, str] = field(default_factory=dict)
     topos: dict[tuple[float, ...], Topology] = field(default_factory=dict)
-    cache: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
-    fits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cache: dict[tuple[Any, ...], OpPrice] = field(default_factory=dict)
+    fits: dict[str, TraceFit] = field(default_factory=dict)
 
     def topo(self, alpha: float, beta: float) -> tuple[Topology, LinkClass, LinkClass]:
         lk = self.links
@@ -234,7 +334,7 @@ class _Pricer:
         return self.topos[key], inter, intra
 
     def price(self, op: TraceOp, progress: Callable[[str, int, int], None] | None) \
-            -> dict[str, Any]:
+            -> OpPrice:
         coll, note = _STAND_IN.get(op.collective, (op.collective, ""))
         k = op.group_size
         fit, why = select_fit(self.model, coll, k, self.backend)
@@ -242,7 +342,7 @@ class _Pricer:
         piece, alpha, beta, gamma = _params(fit, op.size)
         key = (coll, algo, k, op.size, op.shape, op.stride, op.table.tobytes(), piece)
         if key in self.cache:
-            return dict(self.cache[key])
+            return self.cache[key].copy()
         topo, _, _ = self.topo(alpha, beta)
         if op.shape == "world":
             a_eff, b_eff = topo.flat_parameters()
@@ -280,17 +380,19 @@ class _Pricer:
                                        [bw * factor] if t > 0 and op.size else [], link, k)
                   if f not in flags]
         self.fits.setdefault(coll, {"fit_choice": why, "fit_scope": fit_scope(fit),
-                                    "algorithm": algo,
-                                    **{f: fit.get(f) for f in ("backend", "library",
-                                                               "collective", "model_algorithm",
-                                                               "world_sizes", "alpha", "beta",
-                                                               "gamma")}})
-        out = {"algorithm": algo, "fit_collective": fit["collective"], "piece": piece,
+                                    "algorithm": algo, "backend": fit.get("backend"),
+                                    "library": fit.get("library"),
+                                    "collective": fit.get("collective"),
+                                    "model_algorithm": fit.get("model_algorithm"),
+                                    "world_sizes": fit.get("world_sizes"),
+                                    "alpha": fit.get("alpha"), "beta": fit.get("beta"),
+                                    "gamma": fit.get("gamma")})
+        out: OpPrice = {"algorithm": algo, "fit_collective": fit["collective"], "piece": piece,
                "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
                "time_us": t * 1e6, "algbw_gbps": bw, "busbw_gbps": bw * factor,
                "engine": engine, "flags": flags}
         self.cache[key] = out
-        return dict(out)
+        return out.copy()
 
 
 def parse_algorithms(spec: str | dict[str, str]) -> dict[str, str]:
@@ -361,7 +463,7 @@ def simulate_trace(model: ModelFile, trace: Trace, ranks: int, topology: str,
                    backend: str | None = None, links: LinkOverrides | None = None,
                    progress: Callable[[str, int, int], None] | None = None,
                    algorithms: dict[str, str] | None = None,
-                   both_readings: bool = True) -> dict[str, Any]:
+                   both_readings: bool = True) -> TraceSimulation:
     """Every op's predicted time at `ranks` ranks on `topology`, the per-rank and total
     communication time, the fits used and what could not be priced. `algorithms` replaces
     the fitted formula of a collective ({"allreduce": "ring"}). Where the trace leaves some
@@ -377,7 +479,7 @@ def simulate_trace(model: ModelFile, trace: Trace, ranks: int, topology: str,
         ops = _replayable(ops, skipped)
     pricer = _Pricer(model, ranks, topology, fidelity, sharing, backend,
                      links or LinkOverrides(), parse_algorithms(algorithms or {}))
-    rows = []
+    rows: list[TraceRow] = []
     per_rank = dict.fromkeys(range(min(trace.world_size, ranks)), 0.0)
     for op in ops:
         priced = pricer.price(op, progress)
@@ -397,7 +499,7 @@ def simulate_trace(model: ModelFile, trace: Trace, ranks: int, topology: str,
     flags: list[str] = []
     for row in rows:
         flags += [f for f in row["flags"] if f not in flags]
-    by_coll: dict[str, dict[str, float]] = {}
+    by_coll: dict[str, CollectiveTime] = {}
     for row in rows:
         if slowest in row["recorded_ranks"]:
             entry = by_coll.setdefault(row["collective"], {"ops": 0, "bytes": 0, "time_us": 0.0})
@@ -419,7 +521,7 @@ def simulate_trace(model: ModelFile, trace: Trace, ranks: int, topology: str,
                                             fidelity, sharing, backend, links, algorithms)}
 
 
-def _uncertain_counts(trace: Trace, rows: list[dict[str, Any]]) -> dict[str, int]:
+def _uncertain_counts(trace: Trace, rows: list[TraceRow]) -> UncertainCounts:
     """The trace's ambiguous calls (ccbench.trace.groups.ambiguous_calls, the count replay
     and the trace's note give), how many of them are priced and on how many rows (calls of
     one step on disjoint groups share a row)."""
@@ -433,7 +535,7 @@ def _uncertain_counts(trace: Trace, rows: list[dict[str, Any]]) -> dict[str, int
 def _other_reading(trace: Trace, wanted: bool, model: ModelFile, ranks: int,
                    topology: str, fidelity: str, sharing: str, backend: str | None,
                    links: LinkOverrides | None, algorithms: dict[str, str] | None
-                   ) -> dict[str, Any] | None:
+                   ) -> OtherReading | None:
     """The prediction's total with the uncertain calls on the smallest groups that fit."""
     other = other_reading(trace) if wanted else None
     if other is None:
