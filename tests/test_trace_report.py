@@ -79,6 +79,28 @@ def test_speedup_compares_only_the_calls_every_backend_measured() -> None:
     assert speedups({"a": {0: 1.0}, "b": {}}) == []                # b measured nothing
 
 
+def test_op_result_round_trips_through_its_json() -> None:
+    """The ranks send OpResult.to_dict() through the store and rebuild it with OpResult(**):
+    every field must be in it, under its own name."""
+    from ccbench.trace.summary import OpResult, summarize_results
+
+    done = OpResult(call=3, node_id=7, name="ar", collective="allreduce", size=1 << 20,
+                    group=[0, 1], time_us=10.0, busbw_gbps=2.0, original_us=8.0, wrong=0,
+                    group_source="named", reduce_op="sum", extra={"as_issued_us": 9.0})
+    skipped = OpResult(call=4, node_id=8, name="x", collective="allgather", size=64,
+                       group=[0, 1], reason="not in the registry")
+    for res in (done, skipped):
+        data = res.to_dict()
+        assert list(data) == [f.name for f in dataclasses.fields(OpResult)]
+        assert OpResult(**data) == res
+    summary = summarize_results([done, skipped])
+    assert (summary["ops"], summary["measured"], summary["skipped"]) == (2, 1, 1)
+    assert summary["fidelity"] is not None and summary["fidelity"]["median_ratio"] == 1.25
+    assert [(r["collective"], r["ops"], r["skipped"], r["busbw_gbps"])
+            for r in summary["by_bucket"]] == [("allgather", 1, 1, None),
+                                                ("allreduce", 1, 0, 2.0)]
+
+
 def test_breakdown_figure_compares_common_calls_and_marks_skipped(replayed: Path) -> None:
     import matplotlib.pyplot as plt
 

@@ -20,6 +20,7 @@ from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
     from ccbench.run.supervisor import LaunchPlan
+    from ccbench.trace.summary import TraceSummary
 from ccbench.formats.group_options import add_group_options
 
 __all__ = ["register", "main", "launch_plan"]
@@ -116,7 +117,7 @@ def _load(args: argparse.Namespace, readers: int = 1) -> Any:
     return trace
 
 
-def _uncertain(summary: dict[str, Any], results: list[Any]) -> None:
+def _uncertain(summary: TraceSummary, results: list[Any]) -> None:
     """The calls whose process group the trace leaves open (ccbench.trace.groups.
     ambiguous_calls: the count the trace's note gives) and how much of the measured sum
     they are (what a wrong reading of them can move), said in a line and in the summary."""
@@ -132,7 +133,7 @@ def _uncertain(summary: dict[str, Any], results: list[Any]) -> None:
               f"--group or a capture file")
 
 
-def _as_issued(summary: dict[str, Any], results: list[Any]) -> None:
+def _as_issued(summary: TraceSummary, results: list[Any]) -> None:
     """Each call issued once, as the job issued it (ccbench.replay.rank.as_issued), against
     the job's own time read the same way: a line and summary["fidelity_as_issued"]."""
     import dataclasses

@@ -6,19 +6,37 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from ccbench.units import format_size
 
-__all__ = ["SPEEDUP_STATISTIC", "OpResult", "Speedup", "bucket", "fidelity", "format_summary", "schedule",
-           "sequence_median",
-           "speedups",
-           "summarize_results"]
+__all__ = ["SPEEDUP_STATISTIC", "OpResult", "OpResultJson", "Speedup", "SpeedupJson",
+           "BucketRow", "Fidelity", "TraceSummary", "bucket", "fidelity", "format_summary",
+           "schedule", "sequence_median", "speedups", "summarize_results"]
 
 #: what a replay's speed-up compares, wherever it is shown (terminal, summary JSON, report)
 SPEEDUP_STATISTIC = "sum of per-call medians"
+
+
+class OpResultJson(TypedDict):
+    """OpResult as the replay summary (and the ranks' store) carries it."""
+
+    call: int
+    node_id: int
+    name: str
+    collective: str
+    size: int
+    group: list[int]
+    time_us: float | None
+    busbw_gbps: float | None
+    original_us: float | None
+    wrong: int | None
+    reason: str
+    group_source: str
+    reduce_op: str | None
+    extra: dict[str, Any]         # per-call tags of the replay (size_used, as_issued_us, ...)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,8 +58,13 @@ class OpResult:
     reduce_op: str | None = None  # the reduction replayed (reducing calls)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+    def to_dict(self) -> OpResultJson:
+        return {"call": self.call, "node_id": self.node_id, "name": self.name,
+                "collective": self.collective, "size": self.size, "group": self.group,
+                "time_us": self.time_us, "busbw_gbps": self.busbw_gbps,
+                "original_us": self.original_us, "wrong": self.wrong, "reason": self.reason,
+                "group_source": self.group_source, "reduce_op": self.reduce_op,
+                "extra": self.extra}
 
 
 def bucket(size: int) -> str:
@@ -67,6 +90,17 @@ def schedule(calls: Iterable[tuple[Sequence[int], float]]) -> list[tuple[float, 
     return spans
 
 
+class SpeedupJson(TypedDict):
+    fastest: str
+    other: str
+    times: float
+    statistic: str
+    fastest_us: float
+    other_us: float
+    calls: int
+    left_out: int
+
+
 @dataclass(frozen=True)
 class Speedup:
     """One backend against the fastest, over the calls every compared backend measured."""
@@ -79,7 +113,7 @@ class Speedup:
     calls: int             # the calls compared: measured by every backend
     left_out: int          # calls measured by some backends only (not compared)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SpeedupJson:
         return {"fastest": self.fastest, "other": self.other, "times": self.times,
                 "statistic": SPEEDUP_STATISTIC, "fastest_us": self.fastest_us,
                 "other_us": self.other_us, "calls": self.calls, "left_out": self.left_out}
@@ -118,9 +152,61 @@ def sequence_median(passes: Sequence[float] | None) -> float | None:
     return float(np.median(passes))
 
 
-def summarize_results(results: list[OpResult]) -> dict[str, Any]:
+class BucketRow(TypedDict):
+    """One (collective, size bucket) of a summary."""
+
+    collective: str
+    bucket: str
+    ops: int
+    bytes: int
+    time_us: float
+    skipped: int
+    busbw_gbps: float | None
+
+
+class Fidelity(TypedDict):
+    """Replayed against the job's own time (see `fidelity`)."""
+
+    calls: int
+    median_ratio: float
+    p10_ratio: float
+    p90_ratio: float
+    window_ratio: float
+
+
+class TraceSummary(TypedDict):
+    """One backend's replay of a trace (`summarize_results`); the NotRequired keys are
+    added by `ccbench replay` (commands/replay.py)."""
+
+    ops: int
+    measured: int
+    skipped: int
+    total_time_us: float
+    schedule_us: float
+    busbw_gbps: float | None
+    original_time_us: float | None
+    fidelity: Fidelity | None
+    by_bucket: list[BucketRow]
+    skips: list[str]
+    sequence_us: NotRequired[list[float] | None]
+    sequence_median_us: NotRequired[float | None]
+    as_issued_time_us: NotRequired[float | None]
+    fidelity_as_issued: NotRequired[Fidelity | None]
+    uncertain_calls: NotRequired[int]
+    uncertain_time_us: NotRequired[float]
+
+
+class _Totals(TypedDict):
+    ops: int
+    bytes: int
+    time_us: float
+    bus_bytes_us: float
+    skipped: int
+
+
+def summarize_results(results: list[OpResult]) -> TraceSummary:
     """Totals per (collective, size bucket) and over the whole trace."""
-    rows: dict[tuple[str, str], dict[str, Any]] = defaultdict(
+    rows: dict[tuple[str, str], _Totals] = defaultdict(
         lambda: {"ops": 0, "bytes": 0, "time_us": 0.0, "bus_bytes_us": 0.0, "skipped": 0})
     total_time = 0.0
     weighted = 0.0
@@ -136,10 +222,12 @@ def summarize_results(results: list[OpResult]) -> dict[str, Any]:
         if res.busbw_gbps is not None:
             row["bus_bytes_us"] += res.busbw_gbps * res.time_us
             weighted += res.busbw_gbps * res.time_us
-    table = []
+    table: list[BucketRow] = []
     for (collective, size_bucket), row in sorted(rows.items(), key=lambda kv: kv[0]):
-        bw = row.pop("bus_bytes_us")
-        table.append({"collective": collective, "bucket": size_bucket, **row,
+        bw = row["bus_bytes_us"]
+        table.append({"collective": collective, "bucket": size_bucket, "ops": row["ops"],
+                      "bytes": row["bytes"], "time_us": row["time_us"],
+                      "skipped": row["skipped"],
                       "busbw_gbps": bw / row["time_us"] if row["time_us"] else None})
     measured = [r for r in results if r.time_us is not None]
     originals = [r for r in measured if r.original_us is not None]
@@ -156,7 +244,7 @@ def summarize_results(results: list[OpResult]) -> dict[str, Any]:
     }
 
 
-def fidelity(results: list[OpResult]) -> dict[str, Any] | None:
+def fidelity(results: list[OpResult]) -> Fidelity | None:
     """Replayed against the job's own time, where the trace (or its recording) has it: the
     ratio per call (median, 10th and 90th percentile) and over the whole window (the sum of
     the replayed per-call medians over the sum of the job's own times of those calls)."""
@@ -171,7 +259,7 @@ def fidelity(results: list[OpResult]) -> dict[str, Any] | None:
             "window_ratio": sum(t for t, _ in pairs) / sum(o for _, o in pairs)}
 
 
-def format_summary(name: str, summary: dict[str, Any]) -> list[str]:
+def format_summary(name: str, summary: TraceSummary) -> list[str]:
     lines = [f"# {name}: {summary['measured']} of {summary['ops']} calls measured, "
              f"communication {summary['total_time_us']:.1f} us ({SPEEDUP_STATISTIC}; "
              f"{summary['schedule_us']:.1f} us with calls on disjoint groups overlapped)"
