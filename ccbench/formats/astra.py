@@ -48,7 +48,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from ccbench.collectives import COLLECTIVES, every, get
 from ccbench.errors import UsageError
@@ -60,10 +60,12 @@ from ccbench.model.modelfile import ModelFile, select_fit
 from ccbench.model.topology import LinkClass, build_topology
 
 if TYPE_CHECKING:
+    from ccbench.formats.astra_trace import AstraTraceExport
     from ccbench.model.simulate import SimulateFit, SimulateRow, Simulation
 
 __all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "astra_implementation", "export_astra",
-           "network_yaml", "system_json", "ENDPOINT_DELAY_NS"]
+           "network_yaml", "system_json", "ENDPOINT_DELAY_NS", "AstraDim", "AstraSystem",
+           "AstraNode", "AstraWorkload", "AstraExport"]
 
 GIB = float(1 << 30)
 HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
@@ -146,7 +148,22 @@ def _fmt_list(values: Sequence[Any]) -> str:
     return "[ " + ", ".join(f"{v:.9g}" if isinstance(v, float) else str(v) for v in values) + " ]"
 
 
-def network_yaml(dims: Sequence[dict[str, Any]]) -> str:
+class AstraDim(TypedDict):
+    """One dimension of the exported network (network.yml's columns and the link it models)."""
+
+    topology: str                 # Ring | FullyConnected | Switch
+    npus: int
+    bandwidth: float              # as ASTRA-sim reads it (GiB/s)
+    latency_ns: float             # per hop
+    beta_s_per_byte: float
+    alpha_s: float
+
+
+#: system.json: its *-implementation keys are the registry's (Collective.export.astra)
+AstraSystem = dict[str, str | int | float | list[str]]
+
+
+def network_yaml(dims: Sequence[AstraDim]) -> str:
     lines = ["# ASTRA-sim analytical network, written by ccbench export astra-sim",
              "# bandwidth in GB/s as ASTRA-sim reads it (x 2^30 bytes/s); latency ns per hop",
              f"topology: {_fmt_list([d['topology'] for d in dims])}",
@@ -161,7 +178,7 @@ def _latency_ns(alpha: float, kind: str) -> float:
 
 
 def _dims(topology: str, ranks: int, alpha: float, beta: float,
-          intra: LinkClass | None) -> list[dict[str, Any]]:
+          intra: LinkClass | None) -> list[AstraDim]:
     inter = LinkClass(alpha, beta)
     topo = build_topology(topology, ranks, inter, intra)
     return [{"topology": d.kind, "npus": d.npus, "bandwidth": astra_bandwidth(d.beta),
@@ -177,8 +194,8 @@ def _intra(alpha: float, beta: float, intra_alpha: float | None,
 
 
 def system_json(implementations: dict[str, str], ndims: int,
-                local_mem_bw: float) -> dict[str, Any]:
-    sysconf: dict[str, Any] = {"scheduling-policy": "LIFO", "endpoint-delay": ENDPOINT_DELAY_NS,
+                local_mem_bw: float) -> AstraSystem:
+    sysconf: AstraSystem = {"scheduling-policy": "LIFO", "endpoint-delay": ENDPOINT_DELAY_NS,
                                "active-chunks-per-dimension": 1, "preferred-dataset-splits": 1}
     for coll, default in _DEFAULT_IMPL.items():        # the order ASTRA-sim's own examples use
         sysconf[_ASTRA_KEYS[coll]] = [implementations.get(coll, default)] * ndims
@@ -209,17 +226,53 @@ def _piece_name(fit: FitEntry | SimulateFit, index: int) -> str:
     return f"piece {index + 1} of {len(pieces)}: {span}"
 
 
+class AstraNode(TypedDict):
+    """One COMM_COLL node of a collective workload and the time simulate gives it."""
+
+    size: int
+    size_used: int
+    comm_size: int
+    ccbench_analytical_us: float
+
+
+class AstraWorkload(TypedDict):
+    prefix: str                   # the Chakra files are <prefix>.<rank>.et
+    collective: str
+    algorithm: str
+    implementation: str
+    nodes: list[AstraNode]
+    total_us: float
+    comm_size_rule: str
+
+
+class AstraExport(TypedDict):
+    """What `export_astra` returns and writes as ccbench-export.json; the workload, its
+    flags and the command to run it only with a collective."""
+
+    ranks: int
+    topology: str
+    flags: NotRequired[list[str]]
+    workload: NotRequired[AstraWorkload]
+    fit_used: str
+    run: NotRequired[str]
+    alpha_s: float
+    beta_s_per_byte: float
+    dims: list[AstraDim]
+    system_notes: list[str]
+    units: str
+
+
 @dataclass
 class _Export:
     """What an export writes: the manifest as it grows, its notes, the implementations
     chosen, and the link parameters of the configs."""
 
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]      # an AstraExport once _write_configs has run
     notes: list[str] = field(default_factory=list)
     implementations: dict[str, str] = field(default_factory=dict)
     alpha: float = 0.0
     beta: float = 0.0
-    dims: list[dict[str, Any]] = field(default_factory=list)
+    dims: list[AstraDim] = field(default_factory=list)
     local_mem_bw: float = NO_REDUCTION_COST
 
 
@@ -245,7 +298,7 @@ def export_astra(model: ModelFile, out_dir: str | os.PathLike[str], ranks: int,
                  sizes: Sequence[int] = (), backend: str | None = None,
                  prefix: str = "workload", intra_beta: float | None = None,
                  intra_alpha: float | None = None,
-                 algorithm: str | None = None) -> dict[str, Any]:
+                 algorithm: str | None = None) -> AstraExport:
     """Write network.yml, system.json, remote_memory.json, ccbench-export.json and, with a
     collective, one Chakra workload per rank; refuse (UsageError) what ASTRA-sim's
     analytical backend would time differently from `ccbench simulate`."""
@@ -257,7 +310,7 @@ def export_astra(model: ModelFile, out_dir: str | os.PathLike[str], ranks: int,
     else:
         _configs_only(model, ranks, topology, backend, intra_alpha, intra_beta, export)
     _write_configs(out_path(out_dir), export)
-    return export.manifest
+    return cast(AstraExport, export.manifest)    # built key by key, in the file's order
 
 
 def _predict(req: _Request) -> Simulation:
@@ -357,7 +410,7 @@ def _write_workload(req: _Request, rows: list[SimulateRow], algo: str, impl: str
     """One Chakra file per rank: a COMM_COLL node per size, each after the one before."""
     collective, ranks = req.collective, req.ranks
     nodes = []
-    expected = []
+    expected: list[AstraNode] = []
     for i, row in enumerate(rows):
         comm = astra_comm_size(collective, row["size_used"], ranks)
         nodes.append(comm_coll_node(i, f"{collective}_{row['size_used']}", collective, comm,
@@ -485,7 +538,7 @@ def astra_bin_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "astra-sim" / "bin"
 
 
-def run_astra(manifest: dict[str, Any], binary: str | os.PathLike[str] | None = None,
+def run_astra(manifest: AstraExport | AstraTraceExport, binary: str | os.PathLike[str] | None = None,
               aware: bool = False, timeout: float = 600.0) -> float:
     """Run the real ASTRA-sim binary on an export's files; the slowest NPU's time, seconds."""
     import subprocess

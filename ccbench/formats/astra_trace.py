@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from ccbench.errors import UsageError
 from ccbench.formats.astra import (
     _ASTRA_KEYS,
     NO_REDUCTION_COST,
+    AstraDim,
     _dims,
     _intra,
     _safe,
@@ -49,10 +50,16 @@ from ccbench.formats.astra import (
 from ccbench.formats.chakra import NODE_TYPES, _attr, classes, comm_coll_node, write_trace
 from ccbench.model.modelfile import ModelFile
 from ccbench.model.simulate import LinkOverrides
-from ccbench.model.tracesim import TraceRow, plan_trace, simulate_trace
+from ccbench.model.tracesim import (
+    NotModelled,
+    TraceFit,
+    TraceRow,
+    plan_trace,
+    simulate_trace,
+)
 from ccbench.trace.ops import Trace
 
-__all__ = ["export_astra_trace"]
+__all__ = ["export_astra_trace", "trace_export_lines", "AstraTraceWorkload", "AstraTraceExport"]
 
 
 def _astra_collective(row: TraceRow) -> str:
@@ -108,10 +115,40 @@ def _one_value(rows: list[TraceRow], key: Literal["alpha_s", "beta_s_per_byte"],
     return values[0] if values else 0.0
 
 
+class AstraTraceWorkload(TypedDict):
+    prefix: str                   # the Chakra files are <prefix>.<npu>.et
+    ops: int
+    simulate_total_us: float      # what `simulate --trace` predicts
+    total_us: float               # what ASTRA-sim should give: the slowest NPU's expected
+    per_npu_us: list[float]
+    predicted_duration_ops: list[str]        # collectives written as compute nodes
+    predicted_duration_why: dict[str, str]
+
+
+class AstraTraceExport(TypedDict):
+    """What `export_astra_trace` returns and writes as ccbench-export.json."""
+
+    ranks: int
+    topology: str
+    trace: str
+    recorded_world_size: int
+    dims: list[AstraDim]
+    alpha_s: float
+    beta_s_per_byte: float
+    local_mem_bw: float
+    implementations: dict[str, str]
+    comm_groups: int
+    workload: AstraTraceWorkload
+    not_modelled: list[NotModelled]
+    flags: list[str]
+    fits: dict[str, TraceFit]
+    run: str
+
+
 def export_astra_trace(model: ModelFile, trace: Trace, out_dir: str | os.PathLike[str],
                        ranks: int, topology: str | None = None, backend: str | None = None,
                        prefix: str = "workload", links: LinkOverrides | None = None,
-                       algorithms: dict[str, str] | None = None) -> dict[str, Any]:
+                       algorithms: dict[str, str] | None = None) -> AstraTraceExport:
     """Write the workload, comm groups and configs; return the manifest (also written as
     ccbench-export.json) with the `simulate --trace` prediction it should match (the same
     link overrides given to both)."""
@@ -140,7 +177,7 @@ def export_astra_trace(model: ModelFile, trace: Trace, out_dir: str | os.PathLik
     _write_configs(out, groups.ids, dims, impls)
     delayed = sorted({_astra_collective(r) for r, n in zip(rows, impls.native, strict=True)
                       if not n})
-    manifest: dict[str, Any] = {
+    manifest: AstraTraceExport = {
         "ranks": ranks, "topology": topology, "trace": pred["trace"],
         "recorded_world_size": pred["recorded_world_size"], "dims": dims,
         "alpha_s": alpha, "beta_s_per_byte": beta, "local_mem_bw": impls.local_mem_bw,
@@ -163,7 +200,7 @@ def export_astra_trace(model: ModelFile, trace: Trace, out_dir: str | os.PathLik
 
 
 def _network(rows: list[TraceRow], ops: list[Any], links: LinkOverrides, topology: str,
-             ranks: int) -> tuple[float, float, list[dict[str, Any]]]:
+             ranks: int) -> tuple[float, float, list[AstraDim]]:
     """The one set of link parameters of the run (alpha, beta, network dims), refused where
     ASTRA-sim would time the trace's ops otherwise than simulate --trace."""
     alpha = _one_value(rows, "alpha_s", "alpha", links.inter_alpha, "--inter-alpha-us")
@@ -291,7 +328,7 @@ def _npu_nodes(q: int, rows: list[TraceRow], ops: list[Any], native: list[bool],
     return nodes, expected
 
 
-def _write_configs(out: Path, group_ids: dict[tuple[int, ...], int], dims: list[dict[str, Any]],
+def _write_configs(out: Path, group_ids: dict[tuple[int, ...], int], dims: list[AstraDim],
                    impls: _Implementations) -> None:
     (out / "comm_groups.json").write_text(
         json.dumps({str(gid): list(g) for g, gid in group_ids.items()}) + "\n",
@@ -304,7 +341,7 @@ def _write_configs(out: Path, group_ids: dict[tuple[int, ...], int], dims: list[
         json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n", encoding="utf-8")
 
 
-def trace_export_lines(manifest: dict[str, Any]) -> list[str]:
+def trace_export_lines(manifest: AstraTraceExport) -> list[str]:
     """What `ccbench export astra-sim --trace` prints."""
     w = manifest["workload"]
     lines = [f"wrote {w['prefix']}.<npu>.et for {manifest['ranks']} NPUs ({w['ops']} ops of "
@@ -316,9 +353,9 @@ def trace_export_lines(manifest: dict[str, Any]) -> list[str]:
                      f"as ASTRA-sim reads it = {1e-9 / d['beta_s_per_byte']:.4g} GB/s), "
                      f"latency {d['latency_ns']:.4g} ns/hop")
     for coll, impl in manifest["implementations"].items():
-        fit = manifest["fits"].get(coll, {})
-        lines.append(f"  {coll}: {impl} (formula {fit.get('algorithm')}; "
-                     f"{fit.get('fit_choice')})")
+        fit = manifest["fits"].get(coll)
+        algo, choice = (fit["algorithm"], fit["fit_choice"]) if fit else (None, None)
+        lines.append(f"  {coll}: {impl} (formula {algo}; {choice})")
     why = w.get("predicted_duration_why", {})
     for reason in dict.fromkeys(why.get(c, "no ASTRA-sim implementation")
                                 for c in w["predicted_duration_ops"]):
