@@ -21,12 +21,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, NotRequired, TypedDict
 
 from ccbench.units import rate_text
 
-__all__ = ["SLOW", "Expectation", "Finding", "PairMeasure", "analyse", "pair_table",
+__all__ = ["SLOW", "Expectation", "Finding", "FindingJson", "PairMeasure", "PairMeasureJson",
+           "PairRow", "analyse", "pair_table",
            "port_component", "suspicious_pairs"]
 
 SLOW = 0.6              # a path below 60 % of what is expected is slow
@@ -39,6 +41,21 @@ COMPUTE_ROUNDS_SHARE = 0.8   # ... in 4 of 5 rounds
 COMPUTE_EXTRA_S = 0.02
 INTERMITTENT_TRIES = 4       # a pair slow in some tries, fine in others: tried up to 4 times
 INTERMITTENT_MIN_SLOW = 2    # ... and intermittent when slow in at least 2 of them
+
+
+class PairMeasureJson(TypedDict):
+    """PairMeasure in the verdict JSON: the fields that are not None."""
+
+    kind: str
+    round: int
+    a: int
+    b: int
+    lat_us: NotRequired[float]
+    bw_ab: NotRequired[float]
+    bw_ba: NotRequired[float]
+    plane: NotRequired[str]
+    leaves: NotRequired[tuple[int, int]]
+    error: NotRequired[str]
 
 
 @dataclass(slots=True)
@@ -62,8 +79,21 @@ class PairMeasure:
         rates = [r for r in (self.bw_ab, self.bw_ba) if r is not None]
         return min(rates) if rates else None
 
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+    def to_json(self) -> PairMeasureJson:
+        out: PairMeasureJson = {"kind": self.kind, "round": self.round, "a": self.a, "b": self.b}
+        if self.lat_us is not None:
+            out["lat_us"] = self.lat_us
+        if self.bw_ab is not None:
+            out["bw_ab"] = self.bw_ab
+        if self.bw_ba is not None:
+            out["bw_ba"] = self.bw_ba
+        if self.plane is not None:
+            out["plane"] = self.plane
+        if self.leaves is not None:
+            out["leaves"] = self.leaves
+        if self.error is not None:
+            out["error"] = self.error
+        return out
 
 
 @dataclass(slots=True)
@@ -100,6 +130,17 @@ def _percent(part: float | None, whole: float | None) -> float | None:
     return round(100.0 * part / whole, 1)
 
 
+class FindingJson(TypedDict):
+    component: str
+    kind: str
+    measured: str
+    expected: str
+    evidence: str
+    confidence: str
+    hosts: list[str]
+    pairs: list[list[str]]
+
+
 @dataclass(slots=True)
 class Finding:
     component: str
@@ -111,28 +152,47 @@ class Finding:
     hosts: list[str] = field(default_factory=list)
     pairs: list[list[str]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> FindingJson:
+        return {"component": self.component, "kind": self.kind, "measured": self.measured,
+                "expected": self.expected, "evidence": self.evidence,
+                "confidence": self.confidence, "hosts": list(self.hosts),
+                "pairs": [list(pair) for pair in self.pairs]}
 
 
-def pair_table(measures: list[PairMeasure]) -> dict[tuple[int, int], dict[str, Any]]:
+class PairRow(TypedDict):
+    """One pair of `pair_table`: the best of its tries and the tries themselves."""
+
+    bw_ab: float | None
+    bw_ba: float | None
+    lat_us: float | None
+    tries: int
+    rounds: list[str]
+    samples: list[PairMeasure]
+    bw: float | None             # the slower direction of the best rates
+
+
+def pair_table(measures: list[PairMeasure]) -> dict[tuple[int, int], PairRow]:
     """(a, b) -> the best of its tries (pairs and repeat steps): the highest rate per
     direction and the lowest latency, how many tries there were, and every try itself
     (`samples`: one PairMeasure per try, in order). The best try draws the pair's place in
     the table; every try is evidence (`slow_tries`, `intermittent_findings`): one bad ECMP
     member or a flapping port is slow in some tries and fine in others."""
-    table: dict[tuple[int, int], dict[str, Any]] = {}
+    table: dict[tuple[int, int], PairRow] = {}
     for m in measures:
         if m.kind not in ("pairs", "repeat") or m.error:
             continue
         row = table.setdefault((m.a, m.b), {"bw_ab": None, "bw_ba": None, "lat_us": None,
-                                            "tries": 0, "rounds": [], "samples": []})
+                                            "tries": 0, "rounds": [], "samples": [],
+                                            "bw": None})
         row["tries"] += 1
         row["rounds"].append(f"{m.kind} {m.round + 1}")
         row["samples"].append(m)
-        for key, value in (("bw_ab", m.bw_ab), ("bw_ba", m.bw_ba)):
+        directions: tuple[tuple[Literal["bw_ab", "bw_ba"], float | None], ...] = \
+            (("bw_ab", m.bw_ab), ("bw_ba", m.bw_ba))
+        for key, value in directions:
             if value is not None:
-                row[key] = value if row[key] is None else max(row[key], value)
+                best = row[key]
+                row[key] = value if best is None else max(best, value)
         if m.lat_us is not None:
             row["lat_us"] = m.lat_us if row["lat_us"] is None else min(row["lat_us"], m.lat_us)
     for row in table.values():
@@ -146,7 +206,7 @@ def _mad(values: list[float]) -> tuple[float, float]:
     return median, 1.4826 * statistics.median(abs(v - median) for v in values)
 
 
-def _cluster_misses(table: dict[tuple[int, int], dict[str, Any]], expect: Expectation) -> bool:
+def _cluster_misses(table: dict[tuple[int, int], PairRow], expect: Expectation) -> bool:
     """Every path misses the absolute expectation: the pairs' median is below SLOW of it and
     no one host explains that (the pairs without it miss too). One slow host is in 2/n of
     the pairs: at 4 hosts in half of them, where the median alone falls either side."""
@@ -166,7 +226,7 @@ def _cluster_misses(table: dict[tuple[int, int], dict[str, Any]], expect: Expect
 class _Reference:
     """What a pair's rate and latency are held against."""
 
-    def __init__(self, table: dict[tuple[int, int], dict[str, Any]], expect: Expectation):
+    def __init__(self, table: dict[tuple[int, int], PairRow], expect: Expectation):
         rates = [row["bw"] for row in table.values() if row["bw"] is not None]
         lats = [row["lat_us"] for row in table.values() if row["lat_us"] is not None]
         self.expect = expect
@@ -388,12 +448,12 @@ def _merge(findings: list[Finding]) -> list[Finding]:
     return list(out.values())
 
 
-def _slow_counts(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
+def _slow_counts(table: dict[tuple[int, int], PairRow], ref: _Reference
                  ) -> dict[tuple[int, int], int]:
     return {p: sum(_bad_try(m, ref) for m in row["samples"]) for p, row in table.items()}
 
 
-def _intermittent_hosts(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+def _intermittent_hosts(table: dict[tuple[int, int], PairRow], ref: _Reference,
                         names: list[str], explained: set[int]) -> list[Finding]:
     """Every try counts: a host whose pairs are slow in some tries and fine in others, in
     at least 2 of its pairs and 3 tries, more often than the other pairs' tries are (3x
@@ -424,7 +484,7 @@ def _intermittent_hosts(table: dict[tuple[int, int], dict[str, Any]], ref: _Refe
     return out
 
 
-def _intermittent_pairs(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+def _intermittent_pairs(table: dict[tuple[int, int], PairRow], ref: _Reference,
                         names: list[str], explained: set[int],
                         done_pairs: set[tuple[int, int]]) -> list[Finding]:
     """A single pair slow in INTERMITTENT_MIN_SLOW or more of its tries, fine in others."""
@@ -444,10 +504,12 @@ def _intermittent_pairs(table: dict[tuple[int, int], dict[str, Any]], ref: _Refe
     return out
 
 
-def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+def _host_findings(table: dict[tuple[int, int], PairRow], ref: _Reference,
                    names: list[str], explained: set[int]) -> list[Finding]:
     out = []
-    for metric, test in (("bw", ref.slow), ("lat_us", ref.high_latency)):
+    metrics: tuple[tuple[Literal["bw", "lat_us"], Callable[[float | None], bool]], ...] = \
+        (("bw", ref.slow), ("lat_us", ref.high_latency))
+    for metric, test in metrics:
         per_host: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for pair in table:
             for host in pair:
@@ -458,7 +520,7 @@ def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
             bad = [p for p in pairs if test(table[p][metric])]
             if len(pairs) < 2 or len(bad) < max(2, math.ceil(HOST_SHARE * len(pairs))):
                 continue
-            values = [table[p][metric] for p in bad]
+            values = [v for p in bad if (v := table[p][metric]) is not None]   # test(None) fails
             tries = min(table[p]["tries"] for p in bad)
             names_bad = [[names[a], names[b]] for a, b in bad]
             evidence = (f"{len(bad)} of its {len(pairs)} pairs: "
@@ -477,7 +539,7 @@ def _host_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference
     return out
 
 
-def _host_directions(table: dict[tuple[int, int], dict[str, Any]],
+def _host_directions(table: dict[tuple[int, int], PairRow],
                      bad: list[tuple[int, int]], host: int, names: list[str],
                      ref: _Reference) -> tuple[str, str]:
     """`h5 -> others: 15 Mbit/s; others -> h5: 48 Mbit/s` (the medians of its slow pairs'
@@ -496,7 +558,7 @@ def _host_directions(table: dict[tuple[int, int], dict[str, Any]],
         f"one way (others -> {name}); "
 
 
-def _pair_findings(table: dict[tuple[int, int], dict[str, Any]], ref: _Reference,
+def _pair_findings(table: dict[tuple[int, int], PairRow], ref: _Reference,
                    names: list[str], explained: set[int], leaves: list[list[int]],
                    uplink_flagged: bool, done_pairs: set[tuple[int, int]] | None = None
                    ) -> list[Finding]:
