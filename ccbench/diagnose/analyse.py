@@ -23,9 +23,12 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from ccbench.units import rate_text
+
+if TYPE_CHECKING:
+    from ccbench.diagnose.counters import CounterDelta, MidRun
 
 __all__ = ["SLOW", "Expectation", "Finding", "FindingJson", "PairMeasure", "PairMeasureJson",
            "PairRow", "analyse", "pair_table",
@@ -332,10 +335,10 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             leaves: list[list[int]] | None = None, oversub: float = 1.0,
             world: dict[str, Any] | None = None,
             stopped: dict[int, str] | None = None,
-            counters: dict[int, dict[str, dict[str, Any]]] | None = None,
+            counters: dict[int, dict[str, CounterDelta]] | None = None,
             reach: dict[int, dict[int, list[str]]] | None = None,
             startup: dict[str, Any] | None = None,
-            midrun: dict[str, Any] | None = None) -> list[Finding]:
+            midrun: MidRun | None = None) -> list[Finding]:
     """counters: per host, per interface, how its counters changed during the run; reach:
     per host, the other hosts' interfaces that gave no answer before the library started
     (see ccbench.diagnose.counters)."""
@@ -363,7 +366,7 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     findings += compute
     explained |= slow_cpu
     plane_names = sorted({m.plane for m in measures if m.plane})
-    own = (mid_run_findings(midrun or {}, names, plane_names)
+    own = ((mid_run_findings(midrun, names, plane_names) if midrun else [])
            + reach_findings(reach or {}, names, plane_names)
            + counter_findings(counters or {}, names, plane_names))
     # a port its own counters or the probes found flapping or down: its pairs on that plane

@@ -19,11 +19,12 @@ import os
 import socket
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from ccbench.diagnose.analyse import Finding
 
-__all__ = ["counter_deltas", "counter_findings", "down_ports", "interface_addresses",
+__all__ = ["Counter", "PortCounters", "CounterDelta", "MidRun", "counter_deltas",
+           "counter_findings", "down_ports", "interface_addresses",
            "mid_run_down", "mid_run_findings",
            "probe", "probe_all", "probe_failures", "reach_findings", "read_counters"]
 
@@ -31,9 +32,54 @@ _RTM_GETLINK, _RTM_NEWLINK, _NLMSG_DONE, _NLMSG_ERROR = 18, 16, 3, 2
 _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64, _IFLA_CARRIER_CHANGES = 3, 16, 23, 35
 _OPERSTATES = {0: "unknown", 1: "notpresent", 2: "down", 3: "lowerlayerdown", 4: "testing",
                5: "dormant", 6: "up"}
-_STATS = ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")   # rtnl_link_stats64 4..7
-_IB_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors")
-NUMERIC = ("carrier_changes", *_STATS, *_IB_COUNTERS)
+Counter = Literal["carrier_changes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped",
+                  "link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors"]
+_STATS: tuple[Counter, ...] = ("rx_errors", "tx_errors", "rx_dropped",
+                               "tx_dropped")                # rtnl_link_stats64 4..7
+_IB_COUNTERS: tuple[Counter, ...] = ("link_downed", "link_error_recovery", "symbol_error",
+                                     "port_rcv_errors")
+NUMERIC: tuple[Counter, ...] = ("carrier_changes", *_STATS, *_IB_COUNTERS)
+
+
+class PortCounters(TypedDict):
+    """One interface or RDMA port: its state and the counters it has (Ethernet: carrier
+    changes and the rtnl_link_stats64 errors and drops; RDMA: the port counters)."""
+
+    state: str
+    carrier_changes: NotRequired[int]
+    rx_errors: NotRequired[int]
+    tx_errors: NotRequired[int]
+    rx_dropped: NotRequired[int]
+    tx_dropped: NotRequired[int]
+    link_downed: NotRequired[int]
+    link_error_recovery: NotRequired[int]
+    symbol_error: NotRequired[int]
+    port_rcv_errors: NotRequired[int]
+
+
+class CounterDelta(TypedDict):
+    """How one port's counters grew during the run (the ones that did), and its state
+    before and after."""
+
+    carrier_changes: NotRequired[int]
+    rx_errors: NotRequired[int]
+    tx_errors: NotRequired[int]
+    rx_dropped: NotRequired[int]
+    tx_dropped: NotRequired[int]
+    link_downed: NotRequired[int]
+    link_error_recovery: NotRequired[int]
+    symbol_error: NotRequired[int]
+    port_rcv_errors: NotRequired[int]
+    state_before: str | None
+    state: str | None
+
+
+class MidRun(TypedDict):
+    """The run stopped mid-plan with ports down: the step, why, and [[host, interface]]."""
+
+    step: str
+    why: str
+    down: list[list[Any]]
 
 
 def _attributes(data: bytes) -> dict[int, bytes]:
@@ -48,23 +94,24 @@ def _attributes(data: bytes) -> dict[int, bytes]:
     return out
 
 
-def _link(attrs: dict[int, bytes]) -> tuple[str, dict[str, Any]] | None:
+def _link(attrs: dict[int, bytes]) -> tuple[str, PortCounters] | None:
     if _IFLA_IFNAME not in attrs:
         return None
     name = attrs[_IFLA_IFNAME].split(b"\0", 1)[0].decode()
-    row: dict[str, Any] = {"state": _OPERSTATES.get(attrs.get(_IFLA_OPERSTATE, b"\0")[0],
-                                                    "unknown")}
+    row: PortCounters = {"state": _OPERSTATES.get(attrs.get(_IFLA_OPERSTATE, b"\0")[0],
+                                                  "unknown")}
     if _IFLA_CARRIER_CHANGES in attrs:
         row["carrier_changes"] = struct.unpack("I", attrs[_IFLA_CARRIER_CHANGES][:4])[0]
     if len(attrs.get(_IFLA_STATS64, b"")) >= 64:
         values = struct.unpack_from("8Q", attrs[_IFLA_STATS64])
-        row.update(dict(zip(_STATS, values[4:8], strict=True)))
+        for key, value in zip(_STATS, values[4:8], strict=True):
+            row[key] = value
     return name, row
 
 
-def _netlink_links() -> dict[str, dict[str, Any]]:
+def _netlink_links() -> dict[str, PortCounters]:
     """name -> counters of every interface of this network namespace (rtnetlink dump)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PortCounters] = {}
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as sock:   # NETLINK_ROUTE
         sock.settimeout(5.0)
         body = struct.pack("BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0)
@@ -90,15 +137,15 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _sysfs_links(root: Path) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _sysfs_links(root: Path) -> dict[str, PortCounters]:
+    out: dict[str, PortCounters] = {}
     base = root / "class" / "net"
     for entry in sorted(base.iterdir()) if base.is_dir() else []:
         try:
             state = (entry / "operstate").read_text().strip()
         except OSError:
             continue
-        row: dict[str, Any] = {"state": state}
+        row: PortCounters = {"state": state}
         for key in ("carrier_changes",):
             value = _read_int(entry / key)
             if value is not None:
@@ -111,9 +158,9 @@ def _sysfs_links(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _infiniband(root: Path) -> dict[str, dict[str, Any]]:
+def _infiniband(root: Path) -> dict[str, PortCounters]:
     """`mlx5_0/1` -> the port's state and error counters."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PortCounters] = {}
     base = root / "class" / "infiniband"
     for device in sorted(base.iterdir()) if base.is_dir() else []:
         ports = device / "ports"
@@ -122,7 +169,7 @@ def _infiniband(root: Path) -> dict[str, dict[str, Any]]:
                 state = (port / "state").read_text().strip()     # e.g. "4: ACTIVE"
             except OSError:
                 continue
-            row: dict[str, Any] = {"state": state.split(":")[-1].strip().lower()}
+            row: PortCounters = {"state": state.split(":")[-1].strip().lower()}
             for key in _IB_COUNTERS:
                 value = _read_int(port / "counters" / key)
                 if value is not None:
@@ -131,11 +178,11 @@ def _infiniband(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def read_counters(sys_root: str | None = None) -> dict[str, dict[str, Any]]:
+def read_counters(sys_root: str | None = None) -> dict[str, PortCounters]:
     """This host's interfaces (loopback left out) and RDMA ports -> state and counters.
     `sys_root` (tests): read everything from that sysfs copy instead."""
     root = Path(sys_root or os.environ.get("CCBENCH_DIAGNOSE_SYSFS", "/sys"))
-    links: dict[str, dict[str, Any]] = {}
+    links: dict[str, PortCounters] = {}
     if sys_root is None and "CCBENCH_DIAGNOSE_SYSFS" not in os.environ:
         try:
             links = _netlink_links()
@@ -147,11 +194,11 @@ def read_counters(sys_root: str | None = None) -> dict[str, dict[str, Any]]:
     return {**links, **_infiniband(root)}
 
 
-def counter_deltas(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
-                   ) -> dict[str, dict[str, Any]]:
+def counter_deltas(before: dict[str, PortCounters], after: dict[str, PortCounters]
+                   ) -> dict[str, CounterDelta]:
     """Per interface present in both readings: how each counter grew, and the state before
     and after; only interfaces where something changed."""
-    out = {}
+    out: dict[str, CounterDelta] = {}
     for name, now in after.items():
         then = before.get(name)
         if then is None:
@@ -160,7 +207,7 @@ def counter_deltas(before: dict[str, dict[str, Any]], after: dict[str, dict[str,
                                if k in now and k in then and now[k] != then[k]}
         if row or now.get("state") != then.get("state"):
             row.update(state_before=then.get("state"), state=now.get("state"))
-            out[name] = row
+            out[name] = cast(CounterDelta, row)    # the grown counters, then the two states
     return out
 
 
@@ -175,7 +222,7 @@ def _component(host: str, name: str, planes: list[str]) -> str:
     return f"host {host}'s {name} port"
 
 
-def _one(host: str, name: str, row: dict[str, Any], planes: list[str]) -> Finding | None:
+def _one(host: str, name: str, row: CounterDelta, planes: list[str]) -> Finding | None:
     changes = row.get("carrier_changes", 0) + row.get("link_downed", 0)
     errors = {k: row[k] for k in ("rx_errors", "tx_errors", "symbol_error",
                                   "port_rcv_errors", "link_error_recovery") if row.get(k)}
@@ -197,7 +244,7 @@ def _one(host: str, name: str, row: dict[str, Any], planes: list[str]) -> Findin
     return None
 
 
-def counter_findings(deltas: dict[int, dict[str, dict[str, Any]]], names: list[str],
+def counter_findings(deltas: dict[int, dict[str, CounterDelta]], names: list[str],
                      planes: list[str]) -> list[Finding]:
     """Per host (index) and interface, what changed during the run -> findings."""
     out = []
@@ -329,7 +376,7 @@ def mid_run_down(me: int, failed: list[list[Any]], labels: dict[int, list[str]],
     return sorted(set(down)), silent
 
 
-def mid_run_findings(midrun: dict[str, Any], names: list[str], planes: list[str]
+def mid_run_findings(midrun: MidRun, names: list[str], planes: list[str]
                      ) -> list[Finding]:
     """The ports found down when the run stopped mid-plan: `port down` each (the ranks that
     waited on them are not stopped hosts)."""

@@ -34,6 +34,9 @@ from ccbench.backends.options import BackendOptions
 from ccbench.bench.harness import Case, Method, SizeResult, measure_size
 from ccbench.diagnose.analyse import Expectation, Finding, PairMeasure, suspicious_tries
 from ccbench.diagnose.counters import (
+    CounterDelta,
+    MidRun,
+    PortCounters,
     counter_deltas,
     interface_addresses,
     probe,
@@ -105,7 +108,7 @@ class Collected:
     stopped: dict[int, str] = field(default_factory=dict)
     leaves: list[list[int]] | None = None
     #: per host, per interface: how its counters changed during the run
-    counters: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    counters: dict[int, dict[str, CounterDelta]] = field(default_factory=dict)
     #: before the library: prober host -> target host -> its interfaces that did not answer
     reach: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     run_id: str = ""
@@ -114,7 +117,7 @@ class Collected:
     #: finished it), ranks, world_size
     startup: dict[str, Any] | None = None
     #: the ports found down when the run stopped mid-plan: step, why, [[host, interface]]
-    midrun: dict[str, Any] | None = None
+    midrun: MidRun | None = None
     #: the records' run-wide fields (library, launcher, world size), once the backend is up
     meta: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -267,7 +270,7 @@ class _Rank:
         self.run_id = ""
         self.meta: BackendInfo | None = None      # the backend's, once it is set up
         self.collected: Collected | None = None
-        self.counters_before: dict[str, dict[str, Any]] = {}
+        self.counters_before: dict[str, PortCounters] = {}
         self.rail: list[int] = []               # rank -> its rail (--rails)
         self.addresses: list[dict[str, str] | None] = []   # per rank: its interfaces
         self.silent_hosts: set[int] = set()
