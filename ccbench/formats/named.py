@@ -22,8 +22,10 @@ __all__ = ["apply_capture", "apply_user_groups", "parse_group_settings", "read_c
 
 _FAMILY = {"alltoallv": "alltoall"}
 
+RawJson = dict[str, Any]   # a line of a user's capture file before validation (_apply_entry)
 
-def read_capture(path: Path) -> list[dict[str, Any]]:
+
+def read_capture(path: Path) -> list[RawJson]:
     """The capture file's entries (a torn last line, from a job that died, is left out)."""
     try:
         lines = read_lines(path)                  # bounded in bytes and lines, as every input
@@ -44,7 +46,7 @@ def read_capture(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def _fits(op: CommOp, entry: dict[str, Any]) -> bool:
+def _fits(op: CommOp, entry: RawJson) -> bool:
     if _FAMILY.get(op.collective, op.collective) != entry["op"]:
         return False
     if op.collective == "barrier":
@@ -61,7 +63,7 @@ def _settle(op: CommOp, ranks: list[int], world: int, where: object) -> None:
     op.group_source = "named"
 
 
-def _apply_entry(op: CommOp, entry: dict[str, Any], world: int, path: Path) -> None:
+def _apply_entry(op: CommOp, entry: RawJson, world: int, path: Path) -> None:
     ranks = entry.get("group")
     if op.collective in ("send", "recv"):
         # the peer as a global rank (the trace stores it as a rank of the call's group);
@@ -87,7 +89,7 @@ def _apply_entry(op: CommOp, entry: dict[str, Any], world: int, path: Path) -> N
             op.clock_us = float(entry["clock_us"])
 
 
-def apply_capture(ops: list[CommOp], entries: list[dict[str, Any]], world: int,
+def apply_capture(ops: list[CommOp], entries: list[RawJson], world: int,
                   path: Path) -> int:
     """Give each of this rank's ops the captured call it was, in order; returns how many
     ops were settled. A recording that marks the execution trace's window ("traced") is

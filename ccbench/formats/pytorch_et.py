@@ -20,6 +20,8 @@ from ccbench.trace.ops import CommOp, Group, TraceError
 
 __all__ = ["KNOWN_SCHEMAS", "parse_pytorch_et", "read_json"]
 
+RawJson = dict[str, Any]   # a user's execution trace (or one node of it) before validation
+
 #: schema versions this reader was checked against (1.0.x: torch 2.1-2.3; 1.1.x: 2.4 on)
 KNOWN_SCHEMAS = re.compile(r"^1\.(0\.[1-4]|1\.[0-9])(-chakra\.0\.0\.4)?$")
 
@@ -39,7 +41,7 @@ _ROOT_ARG = {"c10d::broadcast_": 2, "c10d::reduce_": 3, "c10d::gather_": 3, "c10
 _PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> RawJson:
     try:
         raw = read_input(path)
         text = raw.decode("utf-8")
@@ -95,14 +97,14 @@ def _rows_to_elements(splits: tuple[int, ...], count: int) -> tuple[int, ...]:
     return tuple(s * (count // rows) for s in splits)
 
 
-def _attr(node: dict[str, Any], name: str) -> Any:
+def _attr(node: RawJson, name: str) -> Any:
     for attr in node.get("attrs", []):
         if attr.get("name") == name:
             return attr.get("value")
     return node.get(name)
 
 
-def _comm_op(node: dict[str, Any], rank: int, index: int, path: Path) -> CommOp:
+def _comm_op(node: RawJson, rank: int, index: int, path: Path) -> CommOp:
     name, node_id = node["name"], int(node["id"])
     args = node.get("inputs", {}).get("values", [])
     types = node.get("inputs", {}).get("types", [])
@@ -153,7 +155,7 @@ def _comm_op(node: dict[str, Any], rank: int, index: int, path: Path) -> CommOp:
     return op
 
 
-def _param_comms(node: dict[str, Any]) -> dict[str, Any]:
+def _param_comms(node: RawJson) -> RawJson:
     """What a record_param_comms node (NCCL traces) says about its call: attributes pg_name,
     pg_size, global_rank_start, global_rank_stride, collective_name, dtype."""
     return {str(a.get("name")): a.get("value") for a in node.get("attrs", [])
@@ -163,7 +165,7 @@ def _param_comms(node: dict[str, Any]) -> dict[str, Any]:
 _MAX_GROUP = 1 << 24         # ranks in a group at most, as a record's world_size
 
 
-def _group_of(info: dict[str, Any], groups: dict[str, Group]) -> Group | None:
+def _group_of(info: RawJson, groups: dict[str, Group]) -> Group | None:
     name = info.get("pg_name")
     if name is not None and str(name) in groups:
         return groups[str(name)]
@@ -176,7 +178,7 @@ def _group_of(info: dict[str, Any], groups: dict[str, Group]) -> Group | None:
     return None
 
 
-def _pg_table(nodes: list[dict[str, Any]], world: int) -> dict[str, Group]:
+def _pg_table(nodes: list[RawJson], world: int) -> dict[str, Group]:
     """Process groups from the `## process_group:init ##` node (torch 2.2 on)."""
     groups: dict[str, Group] = {}
     for node in nodes:
@@ -197,7 +199,7 @@ def _pg_table(nodes: list[dict[str, Any]], world: int) -> dict[str, Group]:
     return groups
 
 
-def parse_pytorch_et(path: Path, rank: int, world: int, data: dict[str, Any] | None = None
+def parse_pytorch_et(path: Path, rank: int, world: int, data: RawJson | None = None
                      ) -> tuple[list[CommOp], dict[str, Group], str]:
     """(this rank's comm ops in issue order, the process groups the file declares, schema)."""
     data = read_json(path) if data is None else data
@@ -210,7 +212,7 @@ def parse_pytorch_et(path: Path, rank: int, world: int, data: dict[str, Any] | N
         raise TraceError(path, "no 'nodes' list: not a PyTorch execution trace")
     try:
         nodes = sorted(nodes, key=lambda n: int(n["id"]))
-        by_parent: dict[int, list[dict[str, Any]]] = {}
+        by_parent: dict[int, list[RawJson]] = {}
         for node in nodes:
             by_parent.setdefault(int(node.get("ctrl_deps", -1)), []).append(node)
         groups = _pg_table(nodes, world)
