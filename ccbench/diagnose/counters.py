@@ -41,11 +41,10 @@ _IB_COUNTERS: tuple[Counter, ...] = ("link_downed", "link_error_recovery", "symb
 NUMERIC: tuple[Counter, ...] = ("carrier_changes", *_STATS, *_IB_COUNTERS)
 
 
-class PortCounters(TypedDict):
-    """One interface or RDMA port: its state and the counters it has (Ethernet: carrier
-    changes and the rtnl_link_stats64 errors and drops; RDMA: the port counters)."""
+class _Counts(TypedDict):
+    """The counters a port has (Ethernet: carrier changes and the rtnl_link_stats64 errors
+    and drops; RDMA: the port counters); each only where the port has it."""
 
-    state: str
     carrier_changes: NotRequired[int]
     rx_errors: NotRequired[int]
     tx_errors: NotRequired[int]
@@ -57,19 +56,16 @@ class PortCounters(TypedDict):
     port_rcv_errors: NotRequired[int]
 
 
-class CounterDelta(TypedDict):
+class PortCounters(_Counts):
+    """One interface or RDMA port: its state and the counters it has."""
+
+    state: str
+
+
+class CounterDelta(_Counts):
     """How one port's counters grew during the run (the ones that did), and its state
     before and after."""
 
-    carrier_changes: NotRequired[int]
-    rx_errors: NotRequired[int]
-    tx_errors: NotRequired[int]
-    rx_dropped: NotRequired[int]
-    tx_dropped: NotRequired[int]
-    link_downed: NotRequired[int]
-    link_error_recovery: NotRequired[int]
-    symbol_error: NotRequired[int]
-    port_rcv_errors: NotRequired[int]
     state_before: str | None
     state: str | None
 
