@@ -462,11 +462,9 @@ def test_rank_0_dead_at_start_up_under_srun_is_one_line(tmp_path: Path) -> None:
     """srun passes every rank's lines on: rank 0 gone before it opened the control store is
     said by rank 1 alone (rank 2 waits for it to go and leaves without a line). Before, ranks 1
     and 2 each said 'cannot reach the control store ... rank 0 exited'."""
-    from test_slurm import _scheduler_problem
+    from test_slurm import require_slurm
 
-    problem = _scheduler_problem()
-    if problem is not None:
-        pytest.skip(f"Slurm is not up: {problem}")
+    require_slurm()
     tag = f"ccbench-hang-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(["srun", "-n", "3", sys.executable, "-m", "ccbench", *BENCH,
                              "--backend", "gloo", "--output", str(tmp_path / "r.jsonl")],
