@@ -136,27 +136,39 @@ class Simulation(TypedDict):
     rows: list[SimulateRow]
 
 
-def simulate(model: ModelFile, collective: str, ranks: int, topology: str,
-             sizes: Sequence[int], algorithm: str | None = None, fidelity: str = "analytical",
-             sharing: str = "max-min", backend: str | None = None,
-             links: LinkOverrides | None = None, segments: int = 1,
-             progress: Callable[[str, int, int], None] | None = None) -> Simulation:
+def _check_arguments(fidelity: str, segments: int, ranks: int) -> None:
     if fidelity not in FIDELITIES:
         raise UsageError(f"unknown fidelity {fidelity!r} (valid: {', '.join(FIDELITIES)})")
     if segments < 1:
         raise UsageError(f"--segments must be >= 1, got {segments}")
     if ranks < 2:
         raise UsageError(f"--ranks must be >= 2, got {ranks}")
-    links = links or LinkOverrides()
-    fit, why = select_fit(model, collective, ranks, backend)
-    hierarchical = bool(algorithm) and str(algorithm).lower() in (HIER, "hierarchical")
-    if hierarchical and fidelity != "analytical":
+
+
+def _algorithm(fit: Any, collective: str, algorithm: str | None, fidelity: str) -> str:
+    """The algorithm asked (or the fit's default); the hierarchical one only analytically and
+    only for the collectives it has a formula for."""
+    if not (algorithm and str(algorithm).lower() in (HIER, "hierarchical")):
+        return canonical_algorithm(collective, algorithm) if algorithm \
+            else default_algorithm(fit, collective)
+    if fidelity != "analytical":
         raise UsageError(f"-a {HIER} has no replayable schedule; use --fidelity analytical")
-    algo = HIER if hierarchical else canonical_algorithm(collective, algorithm) if algorithm \
-        else default_algorithm(fit, collective)
-    if hierarchical and collective not in HIER_COLLECTIVES:
+    if collective not in HIER_COLLECTIVES:
         raise UsageError(f"no {HIER} formula for {collective} "
                          f"(valid: {', '.join(HIER_COLLECTIVES)})")
+    return HIER
+
+
+def simulate(model: ModelFile, collective: str, ranks: int, topology: str,
+             sizes: Sequence[int], algorithm: str | None = None, fidelity: str = "analytical",
+             sharing: str = "max-min", backend: str | None = None,
+             links: LinkOverrides | None = None, segments: int = 1,
+             progress: Callable[[str, int, int], None] | None = None) -> Simulation:
+    _check_arguments(fidelity, segments, ranks)
+    links = links or LinkOverrides()
+    fit, why = select_fit(model, collective, ranks, backend)
+    algo = _algorithm(fit, collective, algorithm, fidelity)
+    hierarchical = algo == HIER
     topos: dict[tuple[float, float, float, float], Topology] = {}
     rows: list[SimulateRow] = []
     for size in sizes:
