@@ -22,6 +22,8 @@ from ccbench.errors import UsageError, error_line
 from ccbench.timeouts import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from ccbench.diagnose.analyse import WorldResult
+    from ccbench.diagnose.measure import PlanSettings
     from ccbench.run.supervisor import LaunchPlan
 
 __all__ = ["launch_plan", "main", "plan_of", "plan_seconds", "register"]
@@ -278,7 +280,7 @@ def plan_seconds(config: Any, steps: list[Any], hosts: int, link_bps: float | No
 
 
 def fit_budget(args: argparse.Namespace, config: Any, hosts: int, rate_bps: float | None,
-               sized: bool) -> tuple[dict[str, Any], float, list[str]]:
+               sized: bool) -> tuple[PlanSettings, float, list[str]]:
     """The rest of the plan's settings after the world step: with `sized` (no --size, no
     link rate), the bandwidth size is TRANSFER_S of traffic at the measured rate (64 KiB to
     DEFAULT_SIZE); then, while the estimate exceeds --budget, cuts in this order: iterations
@@ -291,8 +293,10 @@ def fit_budget(args: argparse.Namespace, config: Any, hosts: int, rate_bps: floa
     size = config.size
     if sized:
         size = max(64 << 10, min(DEFAULT_SIZE, int(rate / 8 * TRANSFER_S) >> 16 << 16))
-    settings = {"size": size, "iters": config.method.iters, "quick": config.quick,
-                "repeat_passes": config.repeat_passes, "compute": config.compute}
+    # PlanSettings's keys, looked up by name in the cuts below
+    settings: dict[str, Any] = {"size": size, "iters": config.method.iters,
+                                "quick": config.quick, "repeat_passes": config.repeat_passes,
+                                "compute": config.compute}
     leaves = _by_count(_leaves(args.leaves), hosts)
 
     def seconds() -> float:
@@ -317,7 +321,10 @@ def fit_budget(args: argparse.Namespace, config: Any, hosts: int, rate_bps: floa
         settings[key] = value
         cuts.append({"quick": "pair rounds: every pair -> log2 N (--quick)",
                      "compute": "compute probe skipped"}.get(key, f"{label} {before} -> {value}"))
-    return settings, seconds(), cuts
+    fitted: PlanSettings = {"size": settings["size"], "iters": settings["iters"],
+                            "quick": settings["quick"], "repeat_passes": settings["repeat_passes"],
+                            "compute": settings["compute"]}
+    return fitted, seconds(), cuts
 
 
 def plan_of(argv: list[str], hosts: int) -> tuple[list[Any], float]:
@@ -387,7 +394,7 @@ def main(args: argparse.Namespace) -> int:
             collected.leaves = _by_count(leaves, len(collected.names))
         return 1 if findings_of(collected, args.oversub) else 0
 
-    def replan(world: dict[str, Any] | None, hosts: int, expect: Any) -> dict[str, Any]:
+    def replan(world: WorldResult | None, hosts: int, expect: Any) -> PlanSettings:
         measured = world.get("busbw_bps") if world else None
         rate = expect.link_bps or measured
         settings, seconds, cuts = fit_budget(args, config, hosts, rate,

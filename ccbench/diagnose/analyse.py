@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ccbench.diagnose.counters import CounterDelta, MidRun
 
 __all__ = ["SLOW", "Expectation", "Finding", "FindingJson", "PairMeasure", "PairMeasureJson",
-           "PairRow", "analyse", "pair_table",
+           "PairRow", "StartupEvidence", "WorldResult", "analyse", "pair_table",
            "port_component", "suspicious_pairs"]
 
 SLOW = 0.6              # a path below 60 % of what is expected is slow
@@ -160,6 +160,26 @@ class Finding:
                 "expected": self.expected, "evidence": self.evidence,
                 "confidence": self.confidence, "hosts": list(self.hosts),
                 "pairs": [list(pair) for pair in self.pairs]}
+
+
+class WorldResult(TypedDict):
+    """The world step's allreduce as rank 0 measured it (`Collected.world`)."""
+
+    label: str
+    time_us: float               # the median iteration
+    busbw_bps: float
+    best_busbw_bps: float        # the fastest iteration's: the run's own spread
+
+
+class StartupEvidence(TypedDict):
+    """The library's start-up that did not finish within --timeout (`Collected.startup`)."""
+
+    library: str
+    timeout_s: float
+    arrived: bool                # every rank reached it (then never_arrived: never finished)
+    never_arrived: list[int]     # hosts
+    ranks: list[int]
+    world_size: int
 
 
 class PairRow(TypedDict):
@@ -333,11 +353,11 @@ def _confidence(tries: int, evidence_pairs: int) -> str:
 def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             compute_s: dict[int, list[float]] | None = None,
             leaves: list[list[int]] | None = None, oversub: float = 1.0,
-            world: dict[str, Any] | None = None,
+            world: WorldResult | None = None,
             stopped: dict[int, str] | None = None,
             counters: dict[int, dict[str, CounterDelta]] | None = None,
             reach: dict[int, dict[int, list[str]]] | None = None,
-            startup: dict[str, Any] | None = None,
+            startup: StartupEvidence | None = None,
             midrun: MidRun | None = None) -> list[Finding]:
     """counters: per host, per interface, how its counters changed during the run; reach:
     per host, the other hosts' interfaces that gave no answer before the library started
@@ -412,7 +432,7 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     return findings
 
 
-def _startup_finding(startup: dict[str, Any], names: list[str]) -> Finding:
+def _startup_finding(startup: StartupEvidence, names: list[str]) -> Finding:
     """The library's start-up did not finish within --timeout: which hosts never arrived at
     it (or, every rank having arrived, never finished it)."""
     hosts = [names[h] for h in startup.get("never_arrived", []) if 0 <= h < len(names)]
@@ -858,7 +878,7 @@ def _compute_findings(compute_s: dict[int, list[float]], names: list[str]) -> li
     return out
 
 
-def _world_finding(world: dict[str, Any] | None, ref: _Reference) -> list[Finding]:
+def _world_finding(world: WorldResult | None, ref: _Reference) -> list[Finding]:
     """The world collective is flagged only against an absolute expectation (a link rate,
     a model, the NIC speed) and only when it falls far below it with nothing else flagged
     (a gross failure, e.g. a wrong transport). Against the pairs alone it is not: where the

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -32,7 +32,14 @@ from ccbench.backends import backend_class
 from ccbench.backends.base import Backend, BackendInfo, RankContext
 from ccbench.backends.options import BackendOptions
 from ccbench.bench.harness import Case, Method, SizeResult, measure_size
-from ccbench.diagnose.analyse import Expectation, Finding, PairMeasure, suspicious_tries
+from ccbench.diagnose.analyse import (
+    Expectation,
+    Finding,
+    PairMeasure,
+    StartupEvidence,
+    WorldResult,
+    suspicious_tries,
+)
 from ccbench.diagnose.counters import (
     CounterDelta,
     MidRun,
@@ -52,7 +59,7 @@ from ccbench.run.watchdog import EXIT_HUNG, Watchdog
 from ccbench.trace.ops import Group
 from ccbench.trace.subcomm import free_groups, split_groups
 
-__all__ = ["DiagnoseConfig", "diagnose_rank", "verdict_record", "write_verdict"]
+__all__ = ["DiagnoseConfig", "PlanSettings", "diagnose_rank", "verdict_record", "write_verdict"]
 
 _STEP_STRIDE = 1000          # harness step numbers: plan step x this + pair x 4 + measurement
 COMPUTE_REPEATS = 5
@@ -61,6 +68,16 @@ COMPUTE_ELEMENTS = 1 << 20   # sine of a vector of this many float64 ...
 COMPUTE_PASSES = 15          # ... this many times: about 0.15 s of one core here (numpy's
                              # element-wise code: one thread, unlike BLAS), longer than a CFS
                              # period (0.1 s), so that a CPU quota shows
+
+
+class PlanSettings(TypedDict):
+    """What the rest of the plan runs with after the world step (DiagnoseConfig.replan)."""
+
+    size: int
+    iters: int
+    quick: bool
+    repeat_passes: int
+    compute: bool
 
 
 @dataclass(kw_only=True)
@@ -92,7 +109,7 @@ class DiagnoseConfig:
     #: rank 0, after the world step: (its measurement, hosts, expectation) -> the settings
     #: the rest of the plan runs with (size, iters, quick, repeat_passes, compute), which
     #: every rank applies before building the rest of the plan again
-    replan: Callable[[dict[str, Any] | None, int, Expectation], dict[str, Any]] | None = None
+    replan: Callable[[WorldResult | None, int, Expectation], PlanSettings] | None = None
 
 
 @dataclass
@@ -103,7 +120,7 @@ class Collected:
     steps: list[Step] = field(default_factory=list)
     measures: list[PairMeasure] = field(default_factory=list)
     compute_s: dict[int, list[float]] = field(default_factory=dict)
-    world: dict[str, Any] | None = None
+    world: WorldResult | None = None
     expect: Expectation = field(default_factory=Expectation)
     stopped: dict[int, str] = field(default_factory=dict)
     leaves: list[list[int]] | None = None
@@ -115,7 +132,7 @@ class Collected:
     #: the library's start-up that did not finish within --timeout: library, timeout_s,
     #: never_arrived (hosts whose ranks never reached it, or, when all did, those that never
     #: finished it), ranks, world_size
-    startup: dict[str, Any] | None = None
+    startup: StartupEvidence | None = None
     #: the ports found down when the run stopped mid-plan: step, why, [[host, interface]]
     midrun: MidRun | None = None
     #: the records' run-wide fields (library, launcher, world size), once the backend is up
@@ -499,7 +516,8 @@ class _Rank:
     def _collect(self, step: Step, number: int, down: dict[int, str]) -> None:
         assert self.collected is not None
         self.collected.steps.append(step)
-        leaves = tuple(step.extra["leaves"]) if "leaves" in step.extra else None
+        two = step.extra.get("leaves")
+        leaves = (two[0], two[1]) if two is not None else None
         for index, (a, b) in enumerate(step.pairs):
             if index in down:
                 self.collected.measures.append(PairMeasure(step.kind, step.round, a, b,
@@ -779,7 +797,7 @@ def _disjoint(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 
 
 def _startup_evidence(watchdog: Watchdog, rank: _Rank, config: DiagnoseConfig
-                      ) -> dict[str, Any]:
+                      ) -> StartupEvidence:
     """Rank 0, when the library's start-up timed out: the hosts whose ranks never arrived at
     it (from the store, through the watchdog's own connection), or, when every rank arrived,
     those that never finished it."""

@@ -25,12 +25,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
-__all__ = ["Step", "bisection_rounds", "build_plan", "estimate_seconds", "leaf_pairs",
-           "rail_rounds", "ring_rounds", "round_robin"]
+__all__ = ["Step", "StepExtra", "StepJson", "bisection_rounds", "build_plan", "estimate_seconds",
+           "leaf_pairs", "rail_rounds", "ring_rounds", "round_robin"]
 
 Pair = tuple[int, int]
+
+
+class StepExtra(TypedDict, total=False):
+    """What a kind of step carries besides its pairs."""
+
+    leaves: list[int]              # leaves: the two leaves whose hosts it pairs
+
+
+class StepJson(TypedDict):
+    """A step in the verdict JSON: its fields, the plane where pinned, then its extra."""
+
+    kind: str
+    label: str
+    round: int
+    pairs: list[list[int]]
+    plane: NotRequired[str]
+    leaves: NotRequired[list[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +57,10 @@ class Step:
     pairs: tuple[Pair, ...] = ()
     round: int = 0
     plane: str | None = None       # planes: the interface the step is pinned to
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: StepExtra = field(default_factory=StepExtra)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "label": self.label, "round": self.round,
+    def to_json(self) -> StepJson:
+        out: StepJson = {"kind": self.kind, "label": self.label, "round": self.round,
                                "pairs": [list(p) for p in self.pairs]}
         if self.plane is not None:
             out["plane"] = self.plane

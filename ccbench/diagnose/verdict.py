@@ -4,15 +4,79 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+from typing import Any, NotRequired, TextIO, TypedDict, cast
 
-from ccbench.diagnose.analyse import Expectation, Finding, analyse, pair_table
-from ccbench.diagnose.plan import Step
+from ccbench.diagnose.analyse import (
+    Expectation,
+    Finding,
+    FindingJson,
+    PairMeasure,
+    WorldResult,
+    analyse,
+    pair_table,
+)
+from ccbench.diagnose.counters import CounterDelta
+from ccbench.diagnose.plan import Step, StepJson
 from ccbench.units import rate_text
 
-__all__ = ["findings_of", "format_plan", "pair_lines", "print_verdict", "verdict_json"]
+__all__ = ["MeasurementJson", "PairJson", "VerdictJson", "findings_of", "format_plan",
+           "pair_lines", "print_verdict", "verdict_json"]
 
 COLUMNS = ("component", "kind", "measured", "expected", "evidence", "confidence")
+
+
+class Percents(TypedDict, total=False):
+    """Against an absolute expectation only: the slower direction's rate, and expected /
+    measured latency, in percent."""
+
+    pct_of_expected: float
+    latency_pct_of_expected: float
+
+
+class PairJson(Percents):
+    """A pair's best try, by host name."""
+
+    a: str
+    b: str
+    bw_ab_bps: float | None
+    bw_ba_bps: float | None
+    latency_us: float | None
+    tries: int
+
+
+class MeasurementJson(Percents):
+    """One try of one pair (PairMeasureJson with host names for a and b)."""
+
+    kind: str
+    round: int
+    a: str
+    b: str
+    lat_us: NotRequired[float]
+    bw_ab: NotRequired[float]
+    bw_ba: NotRequired[float]
+    plane: NotRequired[str]
+    leaves: NotRequired[tuple[int, int]]
+    error: NotRequired[str]
+
+
+class ExpectedJson(TypedDict):
+    link_bps: float | None
+    latency_us: float | None
+    source: str
+
+
+class VerdictJson(TypedDict):
+    """`ccbench diagnose --format json` and the verdict file."""
+
+    findings: list[FindingJson]
+    pairs: list[PairJson]
+    plan: list[StepJson]
+    measurements: list[MeasurementJson]
+    hosts: list[str]
+    world: WorldResult | None
+    compute_s: dict[str, list[float]]
+    counters: dict[str, dict[str, CounterDelta]]
+    expected: ExpectedJson
 
 
 def _rate(bps: float | None) -> str:
@@ -44,18 +108,16 @@ def findings_of(collected: Any, oversub: float = 1.0) -> list[Finding]:
                    getattr(collected, "midrun", None))
 
 
-def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
+def verdict_json(collected: Any, findings: list[Finding]) -> VerdictJson:
     names, expect = collected.names, collected.expect
     table = pair_table(collected.measures)
-    pairs = [{"a": names[a], "b": names[b], "bw_ab_bps": row["bw_ab"],
+    pairs: list[PairJson] = [{"a": names[a], "b": names[b], "bw_ab_bps": row["bw_ab"],
               "bw_ba_bps": row["bw_ba"], "latency_us": row["lat_us"], "tries": row["tries"],
               **_percents(expect, row["bw"], row["lat_us"])}
              for (a, b), row in sorted(table.items())]
     return {"findings": [f.to_json() for f in findings], "pairs": pairs,
             "plan": [s.to_json() for s in collected.steps],
-            "measurements": [{**m.to_json(), "a": names[m.a], "b": names[m.b],
-                              **_percents(expect, m.bw, m.lat_us)}
-                             for m in collected.measures],
+            "measurements": [_measurement(m, names, expect) for m in collected.measures],
             "hosts": names, "world": collected.world,
             "compute_s": {names[h]: v for h, v in collected.compute_s.items()},
             "counters": {names[h]: v for h, v in getattr(collected, "counters", {}).items()
@@ -65,13 +127,23 @@ def verdict_json(collected: Any, findings: list[Finding]) -> dict[str, Any]:
                          "source": collected.expect.source}}
 
 
-def _percents(expect: Expectation, bps: float | None, lat_us: float | None
-              ) -> dict[str, float]:
+def _measurement(m: PairMeasure, names: list[str], expect: Expectation) -> MeasurementJson:
+    # PairMeasureJson's keys in its order, a and b (host numbers) replaced by the names
+    out = cast(MeasurementJson, {**m.to_json(), "a": names[m.a], "b": names[m.b]})
+    out.update(_percents(expect, m.bw, m.lat_us))
+    return out
+
+
+def _percents(expect: Expectation, bps: float | None, lat_us: float | None) -> Percents:
     """`pct_of_expected` (the slower direction's rate) and `latency_pct_of_expected`
     (expected / measured), where there is an absolute expectation."""
-    out = {"pct_of_expected": expect.rate_percent(bps),
-           "latency_pct_of_expected": expect.latency_percent(lat_us)}
-    return {k: v for k, v in out.items() if v is not None}
+    out: Percents = {}
+    rate, latency = expect.rate_percent(bps), expect.latency_percent(lat_us)
+    if rate is not None:
+        out["pct_of_expected"] = rate
+    if latency is not None:
+        out["latency_pct_of_expected"] = latency
+    return out
 
 
 def _percent_text(value: float | None) -> str:
