@@ -30,7 +30,9 @@ ALLGATHER = Collective(
     input_on="all", size_meaning="sendcount x n x elsize",
     export=ExportNames("ALL_GATHER",
                        comm_size=lambda size, p: size // p,   # Chakra's: the shard, the input
-                       astra="all-gather-implementation"),
+                       astra="all-gather-implementation",
+                       astra_impls={"ring": "ring", "recursive-doubling": "halvingDoubling",
+                                    "bruck": "halvingDoubling"}),
     model=ModelTerms(
         {"ring": _ag_ring, "recursive-doubling": _ag_recdbl, "bruck": _ag_bruck},
         aliases={"hypercube": "bruck", "direct": "ring"}, schedule_unit="block"),

@@ -48,7 +48,9 @@ ALLREDUCE = Collective(
     reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="all",
     input_on="all", size_meaning="count x elsize",
     export=ExportNames("ALL_REDUCE", comm_size=lambda size, p: size,
-                       astra="all-reduce-implementation"),
+                       astra="all-reduce-implementation",
+                       astra_impls={"ring": "ring", "rabenseifner": "halvingDoubling",
+                                    "tree": "doubleBinaryTree"}),
     model=ModelTerms(
         {"ring": _ar_ring, "recursive-doubling": _ar_recdbl, "rabenseifner": _ar_rabenseifner,
            "tree": _ar_tree, "double-binary-tree": _ar_dbt},

@@ -62,7 +62,8 @@ ALLTOALL = Collective(
     expected=_expected, reference=_reference, result_on="all", input_on="all",
     size_meaning="count x n x elsize",
     export=ExportNames("ALL_TO_ALL", comm_size=lambda size, p: size,
-                       astra="all-to-all-implementation"),
+                       astra="all-to-all-implementation",
+                       astra_impls={"direct": "direct1", "pairwise": "direct1"}),
     model=ModelTerms(
         {"pairwise": _a2a_pairwise, "direct": _a2a_direct, "bruck": _a2a_bruck},
         aliases={"hypercube": "bruck", "ring": "pairwise"}, schedule_unit="block"),

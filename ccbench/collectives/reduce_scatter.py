@@ -46,7 +46,8 @@ REDUCE_SCATTER = Collective(
     result_on="all",
     input_on="all", size_meaning="recvcount x n x elsize",
     export=ExportNames("REDUCE_SCATTER", comm_size=lambda size, p: size,
-                       astra="reduce-scatter-implementation"),
+                       astra="reduce-scatter-implementation",
+                       astra_impls={"ring": "ring", "recursive-halving": "halvingDoubling"}),
     model=ModelTerms(
         {"ring": _rs_ring, "recursive-halving": _rs_rechalv},
         aliases={"hypercube": "recursive-halving", "pairwise": "ring"}, schedule_unit="block"),

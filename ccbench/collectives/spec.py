@@ -131,6 +131,11 @@ class ExportNames:
     comm_size: Callable[[int, int], int]
     #: the ASTRA-sim system-file key of its implementation (None: ASTRA-sim has none)
     astra: str | None = None
+    #: which ASTRA-sim implementation reproduces each of its cost formulas (ModelTerms.costs
+    #: key -> implementation); the first is the one a system file names when a workload does
+    #: not use the collective. The implementations' own limits (powers of two, what they
+    #: charge for reductions) are the exporter's (ccbench.formats.astra)
+    astra_impls: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

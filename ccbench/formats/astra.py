@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 from ccbench.collectives import COLLECTIVES, every, get
 from ccbench.errors import UsageError
 from ccbench.formats.chakra import comm_coll_node, write_trace
+from ccbench.model.costs import coefficients
 from ccbench.model.fit import FitEntry, piece_end
 from ccbench.model.hierarchical import ALGORITHM as HIER
 from ccbench.model.hierarchical import link_dims
@@ -75,9 +76,25 @@ NO_REDUCTION_COST = 1e6        # local-mem-bw (x 1e9 B/s) when gamma is 0: 3 x 1
 # the collectives ASTRA-sim implements, and their system-file keys (the registry's rule)
 _ASTRA_KEYS = {c.name: c.export.astra for c in every()
                if c.export is not None and c.export.astra is not None}
-# the implementation written for collectives the workload does not use
-_DEFAULT_IMPL = {"allreduce": "ring", "reduce-scatter": "ring", "allgather": "ring",
-                 "alltoall": "direct1"}
+# the system file's keys in the order ASTRA-sim's own examples write them (keys it does not
+# list in its examples follow)
+_SYSTEM_ORDER = ("all-reduce-implementation", "reduce-scatter-implementation",
+                 "all-gather-implementation", "all-to-all-implementation")
+
+
+def _default_implementations() -> dict[str, str]:
+    """The implementation written for collectives the workload does not use (each one's
+    first), in the system file's order."""
+    named = [(c.name, c.export) for c in every()
+             if c.export is not None and c.export.astra and c.export.astra_impls]
+    order = {key: i for i, key in enumerate(_SYSTEM_ORDER)}
+    named.sort(key=lambda item: order.get(str(item[1].astra), len(order)))
+    return {name: next(iter(export.astra_impls.values())) for name, export in named}
+
+
+_DEFAULT_IMPL = _default_implementations()
+# ASTRA-sim implementations that run at powers of two only
+_POW2_ONLY = ("halvingDoubling", "doubleBinaryTree")
 
 
 def astra_bandwidth(beta: float) -> float:
@@ -107,36 +124,26 @@ def astra_implementation(collective: str, algorithm: str, p: int, network: str,
     if collective not in _ASTRA_KEYS:
         raise UsageError(f"ASTRA-sim has no {collective} implementation "
                          f"(valid: {', '.join(_ASTRA_KEYS)})")
-    if algorithm == "ring" and collective != "alltoall":
-        impl, mult = "ring", 1.0
-    elif collective == "alltoall" and algorithm in ("pairwise", "direct"):
-        impl, mult = "direct1", 1.0
-    elif (collective, algorithm) in (("allreduce", "rabenseifner"),
-                                     ("reduce-scatter", "recursive-halving"),
-                                     ("allgather", "recursive-doubling"), ("allgather", "bruck")):
-        if not _pow2(p):
-            raise UsageError(f"cannot export {what}: ASTRA-sim's halvingDoubling needs a "
-                             f"power-of-two rank count")
-        impl, mult = "halvingDoubling", 1.0
-        if collective != "allgather" and gamma > 0:
-            if p == 2:
-                raise UsageError(f"cannot export {what} with gamma > 0: ASTRA-sim's "
-                                 f"halvingDoubling charges no reduction at 2 ranks")
-            mult = (p - 2) / (2 * (p - 1))    # it reduces n(p-2)/(2p), the formula n(p-1)/p
-    elif collective == "allreduce" and algorithm == "tree":
-        if not _pow2(p):
-            raise UsageError(f"cannot export {what}: ASTRA-sim's doubleBinaryTree needs a "
-                             f"power-of-two rank count")
-        if gamma > 0:
-            raise UsageError(f"cannot export {what} with gamma > 0: ASTRA-sim's "
-                             f"doubleBinaryTree reduces other amounts than the binomial formula")
-        impl, mult = "doubleBinaryTree", 1.0
-    else:
+    spec = get(collective)
+    impls = spec.export.astra_impls if spec.export is not None else {}
+    impl = impls.get(algorithm)
+    if impl is None:
+        able = "; ".join(f"{a} ({i}{', powers of two' if i in _POW2_ONLY else ''})"
+                         for a, i in impls.items())
         raise UsageError(f"cannot export {what}: ASTRA-sim has no implementation with this "
-                         f"cost formula (exportable: ring; pairwise and direct all-to-all; "
-                         f"Rabenseifner, "
-                         f"recursive halving/doubling and Bruck all-gather at powers of two; "
-                         f"binomial-tree allreduce at powers of two without gamma)")
+                         f"cost formula (exportable {collective}: {able})")
+    if impl in _POW2_ONLY and not _pow2(p):
+        raise UsageError(f"cannot export {what}: ASTRA-sim's {impl} needs a power-of-two "
+                         f"rank count")
+    mult = 1.0
+    if impl == "halvingDoubling" and spec.reduces and gamma > 0:
+        if p == 2:
+            raise UsageError(f"cannot export {what} with gamma > 0: ASTRA-sim's "
+                             f"halvingDoubling charges no reduction at 2 ranks")
+        mult = (p - 2) / (2 * (p - 1))    # it reduces n(p-2)/(2p), the formula n(p-1)/p
+    if impl == "doubleBinaryTree" and gamma > 0:
+        raise UsageError(f"cannot export {what} with gamma > 0: ASTRA-sim's "
+                         f"doubleBinaryTree reduces other amounts than the binomial formula")
     if network == "Ring" and impl != "ring" and p > 3:
         raise UsageError(f"cannot export {what} on a Ring network: its messages travel more "
                          f"than one hop and ASTRA-sim charges the latency per hop, ccbench's "
@@ -342,21 +349,32 @@ def _predict(req: _Request) -> Simulation:
     return pred
 
 
+def _alpha_share(collective: str, algo: str, ranks: int) -> int:
+    """How many of ASTRA-sim's steps share one alpha of the formula: direct1 takes p-1
+    steps, each charged a latency; other implementations take the formula's own steps."""
+    spec = get(collective)
+    impl = spec.export.astra_impls.get(algo) if spec.export is not None else None
+    if impl != "direct1":
+        return 1
+    return max(1, round((ranks - 1) / coefficients(collective, algo, ranks).a))
+
+
 def _collective_links(req: _Request, algo: str, gamma: float,
                       export: _Export) -> tuple[str, float]:
     """The network dims of the workload's links and its ASTRA-sim implementation:
     (implementation, gamma multiplier for local-mem-bw)."""
     collective, ranks = req.collective, req.ranks
-    # direct all-to-all runs as direct1's p-1 steps: each step gets 1/(p-1) of the one
-    # alpha its formula charges (see the module doc)
-    share = ranks - 1 if (collective, algo) == ("alltoall", "direct") else 1
+    # direct1 runs p-1 steps, each charged a link latency: a formula that charges fewer
+    # alphas (direct all-to-all: one) gives each step its share (see the module doc)
+    share = _alpha_share(collective, algo, ranks)
     link_alpha = export.alpha / share
     export.dims = _dims(req.topology, ranks, link_alpha, export.beta,
                         _intra(link_alpha, export.beta, None if req.intra_alpha is None
                                else req.intra_alpha / share, req.intra_beta))
     if share > 1:
-        export.notes.append(f"direct all-to-all as direct1: link latency = alpha / {share} "
-                            f"(its p-1 steps charge the formula's one alpha)")
+        export.notes.append(f"{collective} {algo} as direct1: link latency = alpha / {share} "
+                            f"(its p-1 steps charge the formula's "
+                            f"{coefficients(collective, algo, ranks).a:g} alpha)")
     if len(export.dims) > 1 and algo != HIER:
         raise UsageError(f"cannot export the {collective} {algo} workload on {req.topology}: "
                          f"ASTRA-sim runs it dimension by dimension ({len(export.dims)} "
