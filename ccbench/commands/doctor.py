@@ -19,7 +19,7 @@ import os
 import platform
 import shutil
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 from ccbench import __version__
 from ccbench.backends.base import Backend, Library, library_line
@@ -28,12 +28,81 @@ from ccbench.run.launcher_env import MPI_ENVS
 from ccbench.run.launcher_env import variables as launcher_variables
 from ccbench.sysinfo import cpu_model
 
-__all__ = ["collect", "main", "register", "render_table"]
+__all__ = ["BackendRow", "CpuFacts", "Devices", "DoctorReport", "GpuFacts", "LaunchFacts",
+           "collect", "main", "register", "render_table"]
 
 #: launcher variables worth showing (values of secrets never live in these)
 _LAUNCH_VARS = launcher_variables()
 #: the (rank, size) pairs from which ccbench.run.launchers reads an MPI launch without MPI itself
 _MPI_PAIRS = tuple((mpi.rank, mpi.size) for mpi in MPI_ENVS)
+
+
+class BackendRow(TypedDict):
+    """A backend as available here or not (reason), with its library's version."""
+
+    name: str
+    kind: str                          # library | plugin | algorithm | device buffers
+    display: NotRequired[str]          # absent where its class did not load
+    available: bool
+    reason: str | None
+    version: NotRequired[str | None]
+
+
+class CpuFacts(TypedDict):
+    model: str
+    cores: int | None
+    usable_cores: int | None
+    machine: str
+
+
+class GpuFacts(TypedDict, total=False):
+    """The devices torch sees (count None: no torch); found and reason alone where the probe
+    itself failed."""
+
+    count: int | None
+    reason: str
+    visible: dict[str, str]            # the *_VISIBLE_DEVICES variables set
+    names: list[str]
+    kind: str                          # cuda | rocm
+    found: bool
+
+
+class LaunchFacts(TypedDict, total=False):
+    """The launch detected (launcher None: none, with the error); found and reason alone
+    where the probe itself failed."""
+
+    variables: dict[str, str]
+    tools: dict[str, str | None]
+    launcher: str | None
+    rank: int | None
+    world_size: int | None
+    local_rank: int
+    local_world_size: int
+    note: str
+    error: str
+    found: bool
+    reason: str
+
+
+class Devices(TypedDict):
+    cpu: CpuFacts
+    gpu: GpuFacts
+
+
+class DoctorReport(TypedDict):
+    """`ccbench doctor --format json`."""
+
+    ccbench: str
+    python: str
+    platform: str
+    backends: list[BackendRow]
+    # name -> the library's facts: the keys its Library.probe names (a plugin's too)
+    libraries: dict[str, dict[str, Any]]
+    devices: Devices
+    launch: LaunchFacts
+
+
+_Facts = TypeVar("_Facts", dict[str, Any], GpuFacts, LaunchFacts)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,22 +126,23 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else repr(exc)}"
 
 
-def _guarded(probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _guarded(probe: Callable[[], _Facts]) -> _Facts:
     """One broken library must not hide the rest of the report; its error is shown."""
     try:
         return probe()
     except Exception as exc:  # noqa: BLE001  reported in full below, never swallowed
-        return {"found": False, "reason": f"probe failed: {_first_line(exc)}"}
+        # every kind of facts has found and reason
+        return cast(_Facts, {"found": False, "reason": f"probe failed: {_first_line(exc)}"})
 
 
-def _cpu() -> dict[str, Any]:
+def _cpu() -> CpuFacts:
     model = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"model": model, "cores": os.cpu_count(), "usable_cores": usable,
             "machine": platform.machine()}
 
 
-def _gpus() -> dict[str, Any]:
+def _gpus() -> GpuFacts:
     visible = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                                           "ROCR_VISIBLE_DEVICES") if k in os.environ}
     if importlib.util.find_spec("torch") is None:
@@ -89,29 +159,29 @@ def _gpus() -> dict[str, Any]:
             "kind": "rocm" if getattr(torch.version, "hip", None) else "cuda"}
 
 
-def _launch() -> dict[str, Any]:
+def _launch() -> LaunchFacts:
     from ccbench.run.launchers import detect_launch, mpiexec_beside, under_mpi_launcher
 
     env = os.environ
     seen = {k: env[k] for k in _LAUNCH_VARS if k in env}
     tools = {name: shutil.which(name) for name in ("mpiexec", "torchrun", "srun")}
     tools["mpiexec"] = mpiexec_beside() or tools["mpiexec"]
-    out: dict[str, Any] = {"variables": seen, "tools": tools}
+    out: LaunchFacts = {"variables": seen, "tools": tools}
     earlier = ("CCBENCH_CONTROL" in env and "RANK" in env) or "TORCHELASTIC_RUN_ID" in env \
         or ("RANK" in env and "MASTER_ADDR" in env)
     if not earlier and under_mpi_launcher() and not any(r in env and s in env
                                                        for r, s in _MPI_PAIRS):
         # detect_launch would ask MPI itself, which needs MPI_Init: doctor does not
-        out.update(launcher="mpiexec", rank=None, world_size=None,
-                   note="rank and size are known only after MPI_Init")
+        out.update({"launcher": "mpiexec", "rank": None, "world_size": None,
+                    "note": "rank and size are known only after MPI_Init"})
         return out
     try:
         info = detect_launch()
     except UsageError as exc:
-        out.update(launcher=None, error=str(exc))
+        out.update({"launcher": None, "error": str(exc)})
         return out
-    out.update(launcher=info.launcher, rank=info.rank, world_size=info.world_size,
-               local_rank=info.local_rank, local_world_size=info.local_world_size)
+    out.update({"launcher": info.launcher, "rank": info.rank, "world_size": info.world_size,
+                "local_rank": info.local_rank, "local_world_size": info.local_world_size})
     return out
 
 
@@ -129,28 +199,26 @@ def _backend_names() -> list[tuple[str, str]]:
     return names
 
 
-def _backend(name: str, kind: str, device: str = "cpu") -> dict[str, Any]:
+def _backend(name: str, kind: str, device: str = "cpu") -> BackendRow:
     """The backend's own answers: what it is called, whether it runs here (else why not), and
     the version of its library."""
     from ccbench.backends import backend_class
 
-    row: dict[str, Any] = {"name": name, "kind": kind}
     try:
         cls = backend_class(name, device)
     except UsageError as exc:            # its module is missing or broken
-        row.update(available=False, reason=str(exc))
-        return row
+        return {"name": name, "kind": kind, "available": False, "reason": str(exc)}
     try:
         reason = cls.unavailable_reason()
     except Exception as exc:  # noqa: BLE001  a probe that raises breaks the contract: show it
-        row.update(available=False, reason=f"availability probe raised {_first_line(exc)}")
-        return row
-    row.update(display=cls.display_name or name, available=reason is None, reason=reason)
-    row["version"] = cls.probe_version() if reason is None else None
-    return row
+        return {"name": name, "kind": kind, "available": False,
+                "reason": f"availability probe raised {_first_line(exc)}"}
+    return {"name": name, "kind": kind, "display": cls.display_name or name,
+            "available": reason is None, "reason": reason,
+            "version": cls.probe_version() if reason is None else None}
 
 
-def _broken_plugin_rows() -> list[dict[str, Any]]:
+def _broken_plugin_rows() -> list[BackendRow]:
     """The entry points of group ccbench.backends that were skipped, each with why."""
     from ccbench.backends import BROKEN_PLUGINS
 
@@ -187,7 +255,7 @@ def _libraries(classes: list[type[Backend]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _device_rows() -> list[dict[str, Any]]:
+def _device_rows() -> list[BackendRow]:
     """A backend whose buffers live elsewhere on a device (mpi --device cuda: CuPy buffers)
     has requirements of its own."""
     from ccbench.backends import DEVICE_VARIANTS
@@ -208,7 +276,7 @@ def _library_lines(libraries: dict[str, dict[str, Any]], classes: list[type[Back
     return [*lines, library_line("numpy", libraries["numpy"]["version"])]
 
 
-def collect() -> dict[str, Any]:
+def collect() -> DoctorReport:
     """The whole report as plain data (what --format json prints)."""
     classes = _backend_classes()
     for cls in classes:
@@ -228,7 +296,7 @@ def collect() -> dict[str, Any]:
 
 
 # -- the table ----------------------------------------------------------------------------------
-def _backend_lines(rows: list[dict[str, Any]]) -> list[str]:
+def _backend_lines(rows: list[BackendRow]) -> list[str]:
     """name, what it is (the backend's display name), verdict and version or reason."""
     width = max(len(row["name"]) for row in rows)
     shown = max(len(row.get("display") or row["name"]) for row in rows)
@@ -243,7 +311,7 @@ def _backend_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render_table(report: dict[str, Any]) -> str:
+def render_table(report: DoctorReport) -> str:
     lines = [f"ccbench {report['ccbench']}  python {report['python']}  {report['platform']}", "",
              "backends", *_backend_lines(report["backends"])]
     lines += ["", "libraries", *_library_lines(report["libraries"], _backend_classes()), "",
