@@ -14,11 +14,12 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
+    from ccbench.testbed import TestbedStatus
     from ccbench.testbed.topology import Plan
 
 ACTIONS = ("up", "exec", "status", "measure", "fault", "down")
@@ -144,7 +145,7 @@ def _exec(plan: Plan, words: list[str]) -> int:
     os.execvpe(argv[0], argv, env)
 
 
-def _print_status(info: dict[str, Any]) -> None:
+def _print_status(info: TestbedStatus) -> None:
     print(f"testbed: {len(info['hosts'])} hosts, topology {info['topology']}, links "
           f"{info['link_rate']}, {info['ranks_per_host']} rank(s) per host; this namespace "
           f"{info['root_address']}")

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ccbench.errors import RunFailure
 from ccbench.testbed.net import (
@@ -28,11 +28,11 @@ from ccbench.testbed.net import (
     save_plan,
     teardown,
 )
-from ccbench.testbed.topology import Plan, build_plan, parse_topology
+from ccbench.testbed.topology import Fault, Plan, build_plan, parse_topology
 from ccbench.units import format_rate
 
-__all__ = ["Plan", "build_plan", "down", "host_command", "load_plan", "measure",
-           "parse_topology", "status", "up"]
+__all__ = ["MeasuredPath", "Plan", "TestbedStatus", "build_plan", "down", "host_command",
+           "load_plan", "measure", "parse_topology", "status", "up"]
 
 
 _LOCK = Path("/run/ccbench-testbed.lock")
@@ -119,24 +119,73 @@ def down() -> list[str]:
         return teardown(plan)
 
 
-def status(plan: Plan) -> dict[str, Any]:
-    hosts = []
+class LinkStatus(TypedDict):
+    nic: str
+    bridge: str
+    rate_bps: int
+    rate: str
+
+
+class HostStatus(TypedDict):
+    name: str
+    address: str
+    addresses: dict[str, str]
+    netns: str
+    up: bool                           # its network namespace exists
+    links: list[LinkStatus]
+
+
+UplinkStatus = TypedDict("UplinkStatus", {"from": str, "to": str, "rate_bps": int, "rate": str})
+
+
+class SlurmStatus(TypedDict):
+    SLURM_CONF: str | None
+    partition: str
+    nodes: dict[str, str]              # node -> its state as sinfo says
+
+
+class TestbedStatus(TypedDict):
+    """`ccbench testbed status --format json`."""
+
+    topology: str
+    link_rate: str
+    link_rate_bps: int
+    ranks_per_host: int
+    root_address: str
+    hosts: list[HostStatus]
+    bridges: list[str]
+    uplinks: list[UplinkStatus]
+    planes: int
+    rails: int
+    faults: dict[str, Fault]
+    slurm: NotRequired[SlurmStatus]
+
+
+class MeasuredPath(TypedDict):
+    path: str
+    flows: int
+    configured_bps: float
+    measured_bps: float
+
+
+def status(plan: Plan) -> TestbedStatus:
+    hosts: list[HostStatus] = []
     for host in plan.hosts:
-        links = [{"nic": lk.a.split(":")[1], "bridge": lk.bridge, "rate_bps": lk.rate,
+        links: list[LinkStatus] = [{"nic": lk.a.split(":")[1], "bridge": lk.bridge, "rate_bps": lk.rate,
                   "rate": format_rate(lk.rate)}
                  for lk in plan.links if lk.a.split(":")[0] == host.name]
         hosts.append({"name": host.name, "address": host.address, "addresses": host.addresses,
                       "netns": host.netns, "up": (NETNS_DIR / host.netns).exists(),
                       "links": links})
-    uplinks = [{"from": lk.a_bridge, "to": lk.bridge, "rate_bps": lk.rate,
+    uplinks: list[UplinkStatus] = [{"from": lk.a_bridge, "to": lk.bridge, "rate_bps": lk.rate,
                 "rate": format_rate(lk.rate)} for lk in plan.links if lk.a_bridge]
-    out: dict[str, Any] = {"topology": plan.topology, "link_rate": format_rate(plan.link_rate),
-                           "link_rate_bps": plan.link_rate, "ranks_per_host": plan.ranks_per_host,
-                           "root_address": plan.root_address.split("/")[0], "hosts": hosts,
-                           "bridges": [b.name for b in plan.bridges], "uplinks": uplinks,
-                           "planes": plan.options.get("planes", 1),
-                           "rails": plan.options.get("rails", 1),
-                           "faults": plan.options.get("faults", {})}
+    out: TestbedStatus = {"topology": plan.topology, "link_rate": format_rate(plan.link_rate),
+                          "link_rate_bps": plan.link_rate, "ranks_per_host": plan.ranks_per_host,
+                          "root_address": plan.root_address.split("/")[0], "hosts": hosts,
+                          "bridges": [b.name for b in plan.bridges], "uplinks": uplinks,
+                          "planes": plan.options.get("planes", 1),
+                          "rails": plan.options.get("rails", 1),
+                          "faults": plan.options.get("faults", {})}
     if plan.options.get("slurm"):
         from ccbench.testbed.slurm import PARTITION, node_states
 
@@ -181,11 +230,11 @@ def _iperf(plan: Plan, pairs: list[tuple[str, str, str]], seconds: float) -> lis
             proc.wait()
 
 
-def measure(plan: Plan, seconds: float = 3.0) -> list[dict[str, Any]]:
+def measure(plan: Plan, seconds: float = 3.0) -> list[MeasuredPath]:
     """iperf3 (TCP) on the configured paths: measured vs configured rate."""
     if len(plan.hosts) < 2:
         raise RunFailure("testbed measure needs at least 2 hosts")
-    rows = []
+    rows: list[MeasuredPath] = []
     planes = plan.hosts[0].nics
     for nic in planes:
         (rate,) = _iperf(plan, [("h1", "h0", nic)], seconds)

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from ccbench.errors import UsageError
 from ccbench.testbed.net import _run, _tbf, netns_pids, save_plan
-from ccbench.testbed.topology import PREFIX, Link, Plan
+from ccbench.testbed.topology import PREFIX, Fault, Link, Plan
 from ccbench.units import format_rate, parse_rate
 
 __all__ = ["CGROUP_CPU", "apply_fault", "cgroup_of", "remove_cgroups"]
@@ -120,7 +119,7 @@ def remove_cgroups() -> list[str]:
 
 
 def _clear(plan: Plan, target: str) -> None:
-    faults: dict[str, Any] = plan.options.get("faults", {})
+    faults: dict[str, Fault] = plan.options.get("faults", {})
     for name in [t for t in faults if target == "all" or t.split(":")[0] == target]:
         host, _, nic = name.partition(":")
         fault = faults.pop(name)
@@ -141,7 +140,7 @@ def apply_fault(plan: Plan, words: list[str]) -> str:
     if len(words) not in (2, 3):
         raise UsageError(USAGE)
     target, action, value = words[0], words[1], (words[2] if len(words) == 3 else None)
-    faults: dict[str, Any] = plan.options.setdefault("faults", {})
+    faults: dict[str, Fault] = plan.options.setdefault("faults", {})
     if action == "clear":
         if target != "all" and not target.startswith("leaf"):
             plan.host(target.split(":")[0])

@@ -20,12 +20,12 @@ own (root) namespace gets .254 on plane 0 so that sbatch/srun there reach the em
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TypedDict, cast
 
 from ccbench.errors import UsageError
 
-__all__ = ["MODEL_KIND", "Bridge", "HostPlan", "Link", "Plan", "Topology", "build_plan",
-           "parse_topology"]
+__all__ = ["MODEL_KIND", "Bridge", "Fault", "HostPlan", "Link", "Plan", "PlanJson", "PlanOptions",
+           "Topology", "build_plan", "parse_topology"]
 
 PREFIX = "ccb-"
 SUBNET = "10.213"              # plane p uses 10.213.p.0/24
@@ -133,6 +133,56 @@ class HostPlan:
                       if n != "lo" and not (n[0] == "r" and n[1:].isdigit()))
 
 
+class Fault(TypedDict, total=False):
+    """The faults set on one link or host (`ccbench testbed fault`), as the state file keeps
+    them."""
+
+    rate: str                  # the link's shaped rate, as text
+    configured_bps: int        # the rate it had before
+    link: str                  # "down"
+    cpu: str                   # the host's CPU quota, as text
+
+
+class PlanOptions(TypedDict, total=False):
+    planes: int                # 2: the dual-plane network
+    rails: int                 # R >= 2: rail-optimized hosts
+    slurm: bool                # the testbed runs a Slurm of its own
+    slurm_conf: str
+    faults: dict[str, Fault]   # link or host -> its faults
+
+
+class BridgeJson(TypedDict):
+    name: str
+    role: str
+
+
+class LinkJson(TypedDict):
+    a: str
+    b: str
+    bridge: str
+    rate: int
+    a_bridge: str | None
+
+
+class HostPlanJson(TypedDict):
+    name: str
+    netns: str
+    addresses: dict[str, str]
+
+
+class PlanJson(TypedDict):
+    """A Plan as the testbed's state file holds it."""
+
+    hosts: list[HostPlanJson]
+    bridges: list[BridgeJson]
+    links: list[LinkJson]
+    link_rate: int
+    topology: str
+    ranks_per_host: int
+    root_address: str
+    options: PlanOptions
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     hosts: list[HostPlan]
@@ -142,7 +192,7 @@ class Plan:
     topology: str
     ranks_per_host: int
     root_address: str
-    options: dict[str, Any] = field(default_factory=dict)
+    options: PlanOptions = field(default_factory=PlanOptions)
 
     def host(self, name: str) -> HostPlan:
         for host in self.hosts:
@@ -151,8 +201,8 @@ class Plan:
         raise UsageError(f"unknown testbed host {name!r} "
                          f"(valid: {', '.join(h.name for h in self.hosts)})")
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> PlanJson:
+        return cast(PlanJson, asdict(self))     # the dataclasses' fields, as PlanJson lists
 
     def model_spec(self) -> str | None:
         """This testbed as the model's topology spec (`Topology.model_spec`); None with
@@ -162,7 +212,7 @@ class Plan:
         return parse_topology(self.topology).model_spec(len(self.hosts), self.ranks_per_host)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Plan:
+    def from_json(cls, data: PlanJson) -> Plan:
         return cls(hosts=[HostPlan(**h) for h in data["hosts"]],
                    bridges=[Bridge(**b) for b in data["bridges"]],
                    links=[Link(**lk) for lk in data["links"]], link_rate=data["link_rate"],
@@ -268,7 +318,7 @@ def _rail_plan(num_hosts: int, link_rate: int, ranks_per_host: int, planes: int,
     for i, host in enumerate(plan.hosts):
         for rail in range(rails):
             host.addresses[f"r{rail}"] = f"{SUBNET}.{RAIL_SUBNET + rail}.{i + 1}/32"
-    plan.options.update(rails=rails, planes=planes)
+    plan.options.update({"rails": rails, "planes": planes})
     return plan
 
 
