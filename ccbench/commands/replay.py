@@ -19,6 +19,7 @@ from ccbench.bench.options import add_options, check_flags, connect_timeout, met
 from ccbench.errors import UsageError
 
 if TYPE_CHECKING:
+    from ccbench.replay.rank import BackendReplay, ReplayMeta
     from ccbench.run.supervisor import LaunchPlan
     from ccbench.trace.summary import TraceSummary
 from ccbench.formats.group_options import add_group_options
@@ -151,7 +152,7 @@ def _as_issued(summary: TraceSummary, results: list[Any]) -> None:
               f"{fit['p90_ratio']:.2f}), whole window {fit['window_ratio']:.2f}")
 
 
-def _report(config: Any, collected: list[dict[str, Any]]) -> None:
+def _report(config: Any, collected: list[BackendReplay]) -> None:
     from ccbench.trace.summary import (
         format_summary,
         sequence_median,
@@ -172,7 +173,7 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
     out["warnings"] = list(trace.warnings)
     per_call: dict[str, dict[int, float]] = {}
     for item in collected:
-        meta = item["meta"] or {}
+        meta: ReplayMeta | dict[str, str] = item["meta"] or {}
         summary = summarize_results(item["results"])
         summary["sequence_us"] = item["sequence_us"]
         summary["sequence_median_us"] = sequence_median(item["sequence_us"])
@@ -182,7 +183,7 @@ def _report(config: Any, collected: list[dict[str, Any]]) -> None:
         _as_issued(summary, item["results"])
         if summary["sequence_median_us"] is not None:
             print(f"#   whole sequence ({config.sequence}), measured: median of "
-                  f"{len(item['sequence_us'])} passes, each the slowest rank's: "
+                  f"{len(item['sequence_us'] or [])} passes, each the slowest rank's: "
                   f"{summary['sequence_median_us']:.1f} us")
         _uncertain(summary, item["results"])
         per_call[str(meta.get("backend"))] = {r.call: r.time_us for r in item["results"]

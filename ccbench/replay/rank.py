@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -48,7 +48,23 @@ from ccbench.trace.ops import MEASURED, CommOp, Group, Trace
 from ccbench.trace.subcomm import free_groups, split_groups
 from ccbench.trace.summary import OpResult
 
-__all__ = ["ReplayConfig", "call_time", "replay_rank"]
+__all__ = ["BackendReplay", "ReplayConfig", "ReplayMeta", "call_time", "replay_rank"]
+
+
+class ReplayMeta(TypedDict):
+    """Which library a backend's replay ran on (rank 0's, once it was up)."""
+
+    backend: str
+    library: str
+    library_version: str
+
+
+class BackendReplay(TypedDict):
+    """Rank 0's results of one backend's replay."""
+
+    meta: ReplayMeta | None            # None: the backend never came up
+    results: list[OpResult]            # per call
+    sequence_us: list[float] | None    # per pass of the whole sequence, the slowest rank's
 
 _STEP_BASE = 10_000_000          # step numbers: backend index x this + call number
 
@@ -452,7 +468,7 @@ class _Rank:
                 backend.finalize()
 
 
-def _collect(store: ControlClient, number: int, world: int, calls: int) -> dict[str, Any]:
+def _collect(store: ControlClient, number: int, world: int, calls: int) -> BackendReplay:
     results = [OpResult(**store.get(f"trace/{number}/op/{c}", 60)) for c in range(calls)]
     seq = [store.peek(f"trace/{number}/seq/{r}") for r in range(world)]
     passes = None
@@ -469,7 +485,7 @@ def _collect(store: ControlClient, number: int, world: int, calls: int) -> dict[
             "sequence_us": passes}
 
 
-def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]:
+def replay_rank(config: ReplayConfig) -> tuple[int, list[BackendReplay] | None]:
     """One rank's replay, in the benchmark's rank lifecycle (ccbench.run.lifecycle.rank_lifecycle:
     start-up waits, watchdog, step labels, fault points, exit alarm). Returns (exit status,
     rank 0: per backend its results)."""
@@ -491,7 +507,7 @@ def replay_rank(config: ReplayConfig) -> tuple[int, list[dict[str, Any]] | None]
         if backend_class(name).needs_mpi_launcher:
             require_mpi_launcher(info, name)
     timeout = config.method.timeout
-    collected: list[dict[str, Any]] = []
+    collected: list[BackendReplay] = []
 
     def body(store: ControlClient, watchdog: Watchdog) -> int:
         rank = _Rank(config, info, store, watchdog)

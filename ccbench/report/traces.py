@@ -18,12 +18,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ccbench.units import duration_text
 
-__all__ = ["breakdown", "is_trace_record", "latest_runs", "split_traces", "timeline",
+__all__ = ["Span", "breakdown", "is_trace_record", "latest_runs", "split_traces", "timeline",
            "trace_figures"]
+
+
+class Span(TypedDict):
+    """One call of a replayed trace on the back-to-back timeline (us)."""
+
+    call: int
+    node_id: int
+    group: tuple[int, ...]
+    collective: str
+    size: int
+    start: float
+    end: float
 
 _COLLECTIVE_COLOURS = {"allreduce": "#0072B2", "allgather": "#009E73",
                        "reduce-scatter": "#D55E00", "broadcast": "#E69F00",
@@ -60,7 +72,7 @@ def latest_runs(records: Sequence[Any]) -> dict[str, dict[str, list[Any]]]:
     return out
 
 
-def timeline(records: Sequence[Any]) -> list[dict[str, Any]]:
+def timeline(records: Sequence[Any]) -> list[Span]:
     """Start and end (us) of each call run back to back: a call starts when every rank of
     its group has ended its previous call."""
     from ccbench.trace.summary import schedule
