@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ccbench.errors import RunFailure, UsageError
 from ccbench.sweep.plan import case_label, missing_sizes
-from ccbench.sweep.spec import Sweep, Task
+from ccbench.sweep.spec import SlurmBlock, Sweep, Task
 from ccbench.sweep.state import completed, read_current_cases, task_is_locked
 
 __all__ = [
@@ -56,8 +55,8 @@ class SlurmOptions:
     extra: list[str] = field(default_factory=list)
 
     @classmethod
-    def merged(cls, block: Mapping[str, Any], overrides: Mapping[str, Any]) -> SlurmOptions:
-        values = {**block, **{k: v for k, v in overrides.items() if v is not None}}
+    def merged(cls, block: SlurmBlock, overrides: SlurmBlock) -> SlurmOptions:
+        values: SlurmBlock = {**block, **overrides}    # both checked: no key is null
         return cls(**values)
 
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import yaml
 
@@ -23,7 +23,8 @@ from ccbench.records import CaseId
 from ccbench.safeio import load_yaml, read_input
 from ccbench.units import parse_sizes
 
-__all__ = ["SweepCase", "Sweep", "Task", "load_sweep", "sweep_from_dict", "check_slurm_options",
+__all__ = ["SweepCase", "Sweep", "Task", "SlurmBlock", "load_sweep", "sweep_from_dict",
+           "check_slurm_options",
            "measurable_sizes", "SWEEP_CASE_FIELDS", "MODES", "TIMINGS", "LAUNCHERS",
            "TASK_GROUP_KEYS", "SLURM_KEYS", "BENCH_KEYS", "TOP_KEYS", "CASE_TIMEOUT_S"]
 
@@ -31,6 +32,23 @@ MODES = ("out-of-place", "in-place")
 TIMINGS = ("per-op", "pipelined")
 LAUNCHERS = ("auto", "srun", "mpiexec")
 TASK_GROUP_KEYS = ("backend", "collective", "dtype", "op", "mode")   # sweep key group_by
+
+
+class SlurmBlock(TypedDict, total=False):
+    """A sweep's checked `slurm:` block (SLURM_KEYS; a key given as null is left out)."""
+
+    partition: str
+    account: str
+    time: str
+    gpus_per_node: int
+    max_parallel: int
+    cpus_per_task: int
+    mem: str
+    qos: str
+    constraint: str
+    extra: list[str]               # sbatch options, each starting with --
+
+
 SLURM_KEYS = ("partition", "account", "time", "gpus_per_node", "max_parallel", "cpus_per_task",
               "mem", "qos", "constraint", "extra")
 BENCH_KEYS = tuple(option.name for option in BENCH_OPTIONS)   # iters, warmup, ..., root, device
@@ -112,7 +130,7 @@ class Sweep:
     group_by: list[str] = field(default_factory=lambda: ["backend"])
     results: str = ""
     env: dict[str, str] = field(default_factory=dict)
-    slurm: dict[str, Any] = field(default_factory=dict)
+    slurm: SlurmBlock = field(default_factory=SlurmBlock)
     description: str = ""
     source: str = ""               # the file it came from, for messages
 
@@ -155,6 +173,7 @@ class Sweep:
     def task_output(self, task_id: int) -> Path:
         return self.results_dir / f"task-{task_id}.jsonl"
 
+    # open-shaped: the sweep file's keys, the bench options' registry (BENCH_KEYS) among them
     def to_dict(self) -> dict[str, Any]:
         """The resolved sweep as a sweep file (sizes as a byte list), for the frozen plan."""
         data: dict[str, Any] = {
@@ -413,7 +432,7 @@ def _safe_collective(name: str) -> str:
 _TIME_RE = re.compile(r"^(\d+|\d+:\d{1,2}(:\d{1,2})?|\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?)$")
 
 
-def check_slurm_options(check: _Checker, value: Any) -> dict[str, Any]:
+def check_slurm_options(check: _Checker, value: Any) -> SlurmBlock:
     """The `slurm:` block (and the same checks for --partition ... on the command line)."""
     if not isinstance(value, dict):
         raise check.fail("slurm", f"expected a mapping (valid keys: {', '.join(SLURM_KEYS)})")
@@ -443,7 +462,7 @@ def check_slurm_options(check: _Checker, value: Any) -> dict[str, Any]:
             if not text:
                 raise check.fail(label, "empty value")
             out[key] = text
-    return out
+    return cast(SlurmBlock, out)       # its keys are SLURM_KEYS, checked above
 
 
 def measurable_sizes(collective: str, dtype: str, world_size: int,
