@@ -448,6 +448,7 @@ def library_line(label: str, text: str) -> str:
     return f"  {label:<8} {text}"
 
 
+# facts open-shaped: each Library's probe names its keys (a plugin's too); found, reason common
 def found_or_why(facts: dict[str, Any], text: str) -> str:
     """`text` when the library was found, else `none: <why not>`."""
     return text if facts.get("found") else f"none: {facts.get('reason')}"

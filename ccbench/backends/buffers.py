@@ -156,6 +156,7 @@ class DeviceBuffer:
         """The storage dtype (uint16 for bfloat16), as a library sees it."""
         return np.dtype(self.array.dtype)
 
+    # open-shaped: the CUDA Array Interface as CuPy gives it (its version decides the keys)
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         return self.array.__cuda_array_interface__    # type: ignore[no-any-return]

@@ -33,6 +33,7 @@ class BackendOptions:
         if not self.timeout > 0:
             raise ValueError(f"timeout must be positive, not {self.timeout!r}")
 
+    # values open-shaped: an older caller's plain dict, checked here against the fields
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> BackendOptions:
         """From a plain dict (older callers); unknown keys are an error that names them."""

@@ -56,6 +56,7 @@ _ATTR_LISTS = [("double_list", 4, "DoubleList", "TYPE_DOUBLE"),
                ("bytes_list", 32, "BytesList", "TYPE_BYTES")]
 
 
+# open-shaped: the installed Chakra schema's protobuf classes, by message name
 @lru_cache(maxsize=1)
 def classes() -> dict[str, Any]:
     """GlobalMetadata, Node, AttributeProto, IOInfo and the list messages, by name."""
@@ -196,6 +197,7 @@ def comm_coll_node(node_id: int, name: str, collective: str, comm_size: int,
     return node
 
 
+# metadata open-shaped: GlobalMetadata attributes, whichever the caller names
 def write_trace(path: str | os.PathLike[str], nodes: Iterable[Any], version: str = "0.0.4",
                 metadata: dict[str, Any] | None = None) -> None:
     gm = classes()["GlobalMetadata"](version=version)
@@ -275,5 +277,6 @@ def read_trace(path: str | os.PathLike[str]) -> tuple[Any, list[Any]]:
     return gm, nodes
 
 
+# open-shaped: a node's attributes, whichever the trace gives it
 def node_attrs(node: Any) -> dict[str, Any]:
     return {a.name: attr_value(a) for a in node.attr}

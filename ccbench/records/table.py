@@ -40,6 +40,7 @@ def _scalar(value: Any) -> Any:
     return json.dumps(value, sort_keys=True)
 
 
+# open-shaped: the columns come from the records (their method and environment keys)
 def flat_row(record: Record, lists: bool = True) -> dict[str, Any]:
     """The record as one flat mapping (the CSV row; the DataFrame row with `lists`)."""
     data = asdict(record)

@@ -268,6 +268,7 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
+# model open-shaped: as ccbench.report.model.load returns it
 def build_report(records, out_dir: str | os.PathLike[str], model: Mapping[str, Any] | None = None,
                  sources: list[str] | None = None, title: str = "ccbench results",
                  formats: tuple[str, ...] = ("png",), runs: str = "pooled",

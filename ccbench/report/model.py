@@ -15,6 +15,7 @@ from ccbench.units import size_label
 __all__ = ["load", "predictions"]
 
 
+# open-shaped: read forgivingly; without ccbench.model a model file is unchecked JSON
 def load(path: str) -> Mapping[str, Any]:
     try:
         from ccbench.model.modelfile import load_model
@@ -70,6 +71,7 @@ def _choose(fits: list[dict[str, Any]], p: int) -> tuple[dict[str, Any] | None, 
     return None, "no fit"
 
 
+# model open-shaped: as load returns it (unchecked JSON without ccbench.model)
 def predictions(frame, model: Mapping[str, Any]):
     """{(collective, series, world size): (sizes, predicted us)} and the same keys: note."""
     preds: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}

@@ -63,6 +63,7 @@ PAPERS = {
 }
 
 
+# open-shaped: matplotlib rc parameters
 def rc_for(paper: Paper) -> dict[str, Any]:
     """matplotlib settings for this paper (combined with style.RC)."""
     return {"font.size": paper.font, "axes.titlesize": paper.font, "axes.labelsize": paper.font,

@@ -349,6 +349,7 @@ class ControlServer:
                     os.close(fd)
                 self._hangup_ranks.clear()
 
+    # data open-shaped: the store's contents, key -> whatever JSON a rank set under it
     def snapshot(self) -> tuple[int, list[tuple[int, bool]], dict[str, Any]]:
         """(open rank connections, closed ones in order, a copy of the data)."""
         with self._cond:
@@ -745,6 +746,7 @@ class ControlClient:
     def add(self, key: str, amount: int = 1) -> int:
         return int(self._call({"cmd": "add", "key": key, "value": amount}))
 
+    # open-shaped: the store's keys under `key` -> whatever JSON a rank set under each
     def prefix(self, key: str) -> dict[str, Any]:
         return dict(self._call({"cmd": "prefix", "key": key}))
 

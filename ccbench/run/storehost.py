@@ -168,6 +168,7 @@ def _below(pid: int, proxy: int) -> bool:
     return False
 
 
+# data open-shaped: the store's contents (ControlServer.snapshot), key -> a rank's JSON
 def unexplained_end(closed: list[tuple[int, bool]], data: dict[str, Any], launcher: str,
                     world_size: int | None = None, arrived: set[int] | None = None,
                     exits: tuple[list[list[int]], set[int]] | None = None,

@@ -308,6 +308,7 @@ def _check_backends(check: _Checker, value: Any) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+# data open-shaped: a sweep file's YAML before it is checked
 def sweep_from_dict(data: Mapping[str, Any], where: str = "sweep",
                     default_name: str = "sweep") -> Sweep:
     check = _Checker(where)
