@@ -241,6 +241,7 @@ METHOD_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(Method) if "optio
 RUN_RECORD_KEYS: tuple[str, ...] = ("launcher", "repeat", "repeats", "repeat_group")
 
 
+# open-shaped: {option name: value}, keyed by the registry of options
 def method_record(method: Method, run: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The entries of record.method that every record of one run shares: each Method field
     (as its option declares: `min_time_s`, combine's label; the configured counts, beside the
@@ -264,12 +265,14 @@ def run_method_keys() -> tuple[str, ...]:
     return (*method_record(Method()), *RUN_RECORD_KEYS)
 
 
+# open-shaped: {option name: value}, keyed by the registry of options
 def method_from(values: Mapping[str, Any]) -> Method:
     """The Method of {name: value} (an argparse namespace's vars(), a sweep's options): the
     Method fields it has, the defaults for the rest."""
     return Method(**{f.name: values[f.name] for f in fields(Method) if f.name in values})
 
 
+# open-shaped: {option name: value}, keyed by the registry of options
 def add_options(parser: argparse.ArgumentParser, names: Iterable[str] | None = None,
                 defaults: Mapping[str, Any] | None = None,
                 words: Mapping[str, str] | None = None) -> None:
@@ -282,6 +285,7 @@ def add_options(parser: argparse.ArgumentParser, names: Iterable[str] | None = N
             option.add_to(parser, (defaults or {}).get(option.name, option.default), words)
 
 
+# open-shaped: {option name: value}, keyed by the registry of options
 def check_flags(values: Mapping[str, Any]) -> None:
     """Every option in {name: value} within its limits and the cross-option rules, in the
     command line's words (UsageError)."""
@@ -313,6 +317,7 @@ class Conflict:
         return f"{self.value} is below {name(self.other)} {self.other_value}"
 
 
+# open-shaped: {option name: value}, keyed by the registry of options
 def conflict(values: Mapping[str, Any]) -> Conflict | None:
     """The first cross-option rule that {name: value} breaks (an absent name holds its
     default), or None."""
@@ -340,6 +345,7 @@ def option_named(name: str) -> BenchOption:
     return next(option for option in BENCH_OPTIONS if option.name == name)
 
 
+# open-shaped: {option name: value}, keyed by the registry of options
 def option_argv(values: Mapping[str, Any]) -> list[str]:
     """Command-line arguments that set `values` ({name: value}), in the table's order."""
     return [arg for option in BENCH_OPTIONS if option.name in values
