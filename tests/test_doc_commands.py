@@ -608,3 +608,15 @@ def test_readme_is_short() -> None:
     belongs in docs/ and results/."""
     words = len((ROOT / "README.md").read_text().split())
     assert words <= 1500, f"README.md has {words} words"
+
+
+def test_readme_names_every_collective() -> None:
+    """The README's opening names what ccbench measures: every collective of the registry, by
+    its name or one of its other names (a new collective fails here until it is named)."""
+    from ccbench.collectives import every
+
+    opening = " ".join((ROOT / "README.md").read_text().split("\n\n")[1].split())
+    missing = [c.name for c in every()
+               if not any(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", opening)
+                          for name in (c.name, *c.aliases))]
+    assert not missing, f"README.md's first paragraph does not name {missing}"
