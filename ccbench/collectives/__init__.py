@@ -1,19 +1,8 @@
 """The collective registry: one module per collective (its `Collective`: layout, busbw factor,
 in-place aliasing, exact inputs and expected outputs, root, model and exporter names).
 
-S follows nccl-tests (docs/design/method.md):
-
-| collective     | S                          | busbw factor |
-|----------------|----------------------------|--------------|
-| allreduce      | count x elsize             | 2(n-1)/n     |
-| reduce-scatter | recvcount x n x elsize     | (n-1)/n      |
-| allgather      | sendcount x n x elsize     | (n-1)/n      |
-| broadcast      | count x elsize             | 1            |
-| alltoall       | count x n x elsize         | (n-1)/n      |
-| reduce         | count x elsize             | 1            |
-| sendrecv       | count x elsize             | 1            |
-| gather         | sendcount x n x elsize     | (n-1)/n      |
-| scatter        | recvcount x n x elsize     | (n-1)/n      |
+S follows nccl-tests (docs/design/method.md); every collective's S, busbw factor and the
+rest are in docs/reference/collectives.md, which scripts/gen_docs.py writes from here.
 
 Adding a collective: one module here defining its `Collective` (sizes, validation, cost
 formulas, other tools' names, trace rules), one line in `_ALL`, and a builder in the
