@@ -83,7 +83,7 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str],
         try:
             return parser.parse_intermixed_args(argv, namespace)
         except TypeError:           # argparse.REMAINDER or a positional in an exclusive group
-            return argparse.ArgumentParser.parse_args(parser, argv, namespace)
+            return _parse_with_remainder(parser, argv, namespace)
     at = next((i for i, arg in enumerate(argv) if arg in subcommands.choices), None)
     if at is None:                  # no subcommand named: argparse says what is missing
         return argparse.ArgumentParser.parse_args(parser, argv, namespace)
@@ -95,6 +95,29 @@ def parse_anywhere(parser: argparse.ArgumentParser, argv: list[str],
     if subcommands.dest is not argparse.SUPPRESS:
         setattr(namespace, subcommands.dest, argv[at])
     return parse_anywhere(subcommands.choices[argv[at]], argv[at + 1:], namespace)
+
+
+def _parse_with_remainder(parser: argparse.ArgumentParser, argv: list[str],
+                          namespace: argparse.Namespace) -> argparse.Namespace:
+    """argparse's own parse; an option it does not know, before the words it passes on as
+    they are (`launch -n 3 --backend gloo allreduce`), is one line saying where it goes."""
+    try:
+        return argparse.ArgumentParser.parse_args(parser, argv, namespace)
+    except UsageError as err:
+        passes_on = any(a.nargs == argparse.REMAINDER for a in parser._actions)
+        words = str(err).split(": ", 1)[-1].split()
+        if not passes_on or not str(err).startswith("unrecognized arguments") or not words:
+            raise
+        first = words[0]
+        head = " ".join([parser.prog, *argv[:argv.index(first)]]) if first in argv \
+            else parser.prog
+        if first.split("=", 1)[0] in bench_parser()._option_string_actions:
+            raise UsageError(f"{first} is the benchmark's option: put it after the collective "
+                             f"(`{head} COLLECTIVE {first} ...`)") from None
+        own = ", ".join(s for a in parser._actions for s in a.option_strings
+                        if s.startswith("--") and s != "--help")
+        raise UsageError(f"unknown option {first} (`{parser.prog}` takes {own} before the "
+                         f"collective; the benchmark's options go after it)") from None
 
 
 def check_command_word(word: str) -> None:

@@ -65,7 +65,7 @@ CASES = {
                              "--cuda-graph only applies to backend nccl-cupy"),
     "abbreviated option": (["allreduce", "--time", "1"], "unrecognized arguments: --time"),
     "abbreviated launch option": (["launch", "-n", "2", "--mpi", "x", "allreduce"],
-                                  "unrecognized arguments"),
+                                  "unknown option --mpi (`ccbench launch` takes --nprocs, --mpiexec"),
     "output folder missing": (["allreduce", "--output", "/nonexistent/dir/x.jsonl"],
                               "folder '/nonexistent/dir' does not exist"),
     # the flags of nccl-tests, OSU and PARAM (ccbench/bench/familiar.py): refused, never guessed
@@ -110,6 +110,12 @@ CASES = {
                         "unknown command 'simulat' (did you mean simulate?)"),
     "collective typo": (["allreduc", "--sizes", "1K"],
                         "unknown command 'allreduc' (did you mean allreduce?)"),
+    "launch, a benchmark option before the collective": (
+        ["launch", "-n", "3", "--backend", "gloo", "allreduce"],
+        "--backend is the benchmark's option: put it after the collective "
+        "(`ccbench launch -n 3 COLLECTIVE --backend ...`)"),
+    "launch, an unknown option": (["launch", "--bogus", "allreduce"],
+                                  "unknown option --bogus (`ccbench launch` takes --nprocs"),
     "launch collective typo": (["launch", "-n", "2", "allgathr"],
                                "unknown command 'allgathr' (did you mean allgather?)"),
     "records given to simulate": (["simulate", "tests/fixtures/records-v1.jsonl", "--ranks",
