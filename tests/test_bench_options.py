@@ -199,11 +199,11 @@ assert run_metadata(records[0], run_method_keys())["method.knob"] == 4      # id
 assert ccbench.load("knob.jsonl")["method_knob"].tolist() == [4, 4]      # ccbench.load
 assert "`knob`" in gen_docs.records_reference()                           # records.md
 import dataclasses
-from ccbench.report.data import method_notes
+from ccbench.report.data import method_notes, series_label
 other = [dataclasses.replace(r, method={**r.method, "knob": 7}) for r in records[:1]]
-assert method_notes(records) == []
-assert [n.split(": ", 1)[1] for n in method_notes(records + other)] == [
-    "knob (4, 7); its points are not alike"]                             # report's note
+assert method_notes(records + other) == []
+assert {series_label(r).rsplit(" ", 1)[-1] for r in records + other} == {
+    "[knob=4]", "[knob=7]"}                    # report: each value a series of its own
 print("ok")
 """
 

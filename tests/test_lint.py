@@ -65,6 +65,8 @@ OPEN_SHAPED = {
     "ccbench/bench/options.py::check_flags": "{option name: value}: the registry of options",
     "ccbench/bench/options.py::conflict": "{option name: value}: the registry of options",
     "ccbench/bench/options.py::option_argv": "{option name: value}: the registry of options",
+    "ccbench/bench/options.py::measured_variant":
+        "a record's method block: its keys are the registry of options",
     "ccbench/formats/chakra.py::classes":
         "the installed Chakra schema's protobuf classes, by message name",
     "ccbench/formats/chakra.py::write_trace": "GlobalMetadata attributes the caller names",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -320,3 +321,26 @@ def test_a_series_measured_with_different_method_options_is_named(tmp_path: Path
     for rec in records:
         rec.method["warmup"] = 5
     assert method_notes(records) == []
+
+
+def test_an_option_that_changes_the_measurement_makes_a_series_of_its_own(tmp_path: Path) -> None:
+    """Runs of one case measured with --combine mean and with the default are two series,
+    never pooled into one distribution; runs that differ only in a precision option (--warmup)
+    stay one series (with method_notes' note)."""
+    from ccbench.report.data import combine_runs, to_frame
+
+    base = synthetic(collectives=("allreduce",), worlds=(2,), backends=("gloo",))
+    other = copy.deepcopy(base)
+    for rec in other:
+        rec.run_id, rec.method = "run-b", {**rec.method, "combine": "mean over ranks"}
+    labels = {series_label(r) for r in base + other}
+    assert len(labels) == 2 and any(label.endswith("[combine=mean over ranks]")
+                                    for label in labels)
+    assert len(combine_runs(base + other, "pooled")) == len(base) + len(other)
+    frame = to_frame(base + other)
+    assert set(frame["series"]) == labels
+    for rec in other:
+        rec.method = {**rec.method, "combine": base[0].method.get("combine", "max over ranks"),
+                      "warmup": 0}
+    assert len({series_label(r) for r in base + other}) == 1
+    assert len(combine_runs(base + other, "pooled")) == len(base)

@@ -159,12 +159,18 @@ class BenchOption:
 
 
 def _method_option(default: int | float | str, help: str, *, recorded_as: str | None = None,
-                   labels: Mapping[str, str] | None = None, **limits: Any) -> Any:
+                   labels: Mapping[str, str] | None = None, precision_only: bool = False,
+                   **limits: Any) -> Any:
     """A Method field that is also a flag, a sweep key and a CCBENCH_ variable, and an entry
     of every record's method block (method_record): under its own name unless `recorded_as`
-    names it (a unit: `min_time_s`), its value or, with `labels`, its value's label."""
+    names it (a unit: `min_time_s`), its value or, with `labels`, its value's label.
+    `precision_only`: it changes how long or how often a case is measured, not what is
+    measured, so runs that differ in it are one series of a report; an option that changes
+    the measurement (the default) gives each of its values other than the default a series of
+    its own (measured_variant)."""
     return field(default=default, metadata={"option": {"help": help, **limits},
-                                            "record": {"as": recorded_as, "labels": labels}})
+                                            "record": {"as": recorded_as, "labels": labels,
+                                                       "precision_only": precision_only}})
 
 
 #: the longest --timeout: a week (sockets and timers refuse far larger numbers of seconds)
@@ -183,9 +189,9 @@ class Method:
 
     iters: int = _method_option(
         20, "timed iterations (default {default}; launch -n, before the collective, counts "
-        "ranks)", short="-n", minimum=1)
+        "ranks)", short="-n", minimum=1, precision_only=True)
     warmup: int = _method_option(5, "warm-up iterations (default {default})", short="-w",
-                                 minimum=0)
+                                 minimum=0, precision_only=True)
     combine: str = _method_option(
         "max", "an iteration's time from its ranks' times: max (default: an operation lasts "
         "until its last rank is done), mean, min, rank0 (nccl-tests: -a 3, 1, 2, 0); "
@@ -193,18 +199,18 @@ class Method:
     min_time: float = _method_option(
         0.0, "raise iterations until the timed part lasts this many seconds (default 0: "
         "--iters decides)", minimum=0,
-        recorded_as="min_time_s")
+        recorded_as="min_time_s", precision_only=True)
     max_iters: int = _method_option(
-        100000, "at most this many timed iterations (default {default})", minimum=1)
+        100000, "at most this many timed iterations (default {default})", minimum=1, precision_only=True)
     pipeline: int = _method_option(
         10, "ops per sample with --timing pipelined (default {default})", minimum=1)
     check: int = _method_option(
         1, "validation iterations after timing, 0 to skip (default {default})", short="-c",
-        minimum=0)
+        minimum=0, precision_only=True)
     timeout: float = _method_option(
         DEFAULT_TIMEOUT_S, "seconds one operation may take before the run is stopped "
         "(default {default})", positive=True, maximum=MAX_TIMEOUT_S,
-        recorded_as="timeout_s")
+        recorded_as="timeout_s", precision_only=True)
     timing: str = "per-op"      # per-op | pipelined
 
 
@@ -258,6 +264,24 @@ def method_record(method: Method, run: Mapping[str, Any] | None = None) -> dict[
     if unknown:
         raise ValueError(f"not run record keys: {sorted(unknown)}")
     return {**out, **(run or {})}
+
+
+# open-shaped: record.method, keyed by the registry of options
+def measured_variant(method: Mapping[str, Any]) -> str:
+    """`buffer_offset=1, combine=mean over ranks`: the options of a record's method block that
+    change what is measured (not precision_only) and differ from their defaults; "" for a
+    record measured as the defaults measure (or from before those options)."""
+    labelled = method_record(Method())
+    shown = []
+    for f in fields(Method):
+        recorded = f.metadata.get("record", {})
+        key = recorded.get("as") or f.name
+        if "option" not in f.metadata or recorded.get("precision_only") or key not in method:
+            continue
+        # the default as records say it, or as older ones did (combine's `max`, not its label)
+        if str(method[key]) not in (str(labelled[key]), str(f.default)):
+            shown.append(f"{key}={method[key]}")
+    return ", ".join(shown)
 
 
 def run_method_keys() -> tuple[str, ...]:

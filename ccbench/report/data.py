@@ -29,14 +29,18 @@ def library_name(record: Record) -> str:
     backend may be several (`Intel MPI`, `MPICH`), else the backend's display name (`oneCCL`,
     `Gloo (torch.distributed)`); a backend without an entry (a plugin) by the display name
     its records carry (never its library's name alone: a plugin over gloo is not gloo),
-    else by its registry name and library."""
+    else by its registry name and library. An algorithm's (`ring@<transport>`) is its
+    transport's, as for a built-in transport: `ring@gloo-x (Gloo (x) 2.13.0)`."""
     facts = facts_of(record.backend)
     if facts is None:
-        shown = (record.environment or {}).get("backend_display_name")
+        algorithmic = "@" in record.backend
+        shown = (record.environment or {}).get(
+            "transport_display_name" if algorithmic else "backend_display_name")
         if shown:
             return str(shown)
-        return f"{record.backend} ({record.library})" if record.library \
-            and record.library != record.backend else record.backend
+        name = record.backend.rpartition("@")[2]
+        return f"{name} ({record.library})" if record.library \
+            and record.library != name else name
     found = facts.implementation(f"{record.library} {record.library_version}")
     if found is not None:
         return found.name
@@ -52,16 +56,26 @@ def colour_key(record: Record) -> str:
 
 
 def series_label(record: Record) -> str:
-    """The legend entry: `Intel MPI`, `Gloo (torch.distributed)`, `ring@mpi (Intel MPI)`."""
+    """The legend entry: `Intel MPI`, `Gloo (torch.distributed)`, `ring@mpi (Intel MPI)`;
+    measured with an option that changes the measurement set otherwise than its default, its
+    own series: `Gloo (torch.distributed) [combine=mean over ranks]`."""
+    variant = _variant(record)
+    suffix = f" [{variant}]" if variant else ""
     if "@" in record.backend:
         facts = facts_of(record.backend)
         if facts is not None and facts.implementations:
-            return f"{record.backend} ({library_name(record)})"
-        return record.backend
+            return f"{record.backend} ({library_name(record)}){suffix}"
+        return record.backend + suffix
     name = library_name(record)
     if record.algorithm not in ("native", "", None):
         name = f"{name} {record.algorithm}"
-    return name
+    return name + suffix
+
+
+def _variant(record: Record) -> str:
+    from ccbench.bench.options import measured_variant
+
+    return measured_variant(record.method or {})
 
 
 def short_version(record: Record) -> str:
@@ -82,11 +96,17 @@ def _factor(rec: Record) -> float:
     return rec.busbw_gbps / rec.algbw_gbps if rec.algbw_gbps > 0 else 1.0
 
 
-def _by_case(records: Sequence[Record]) -> dict[tuple[CaseId, int], dict[str, Record]]:
-    """(case without the run, size) -> {run id: record}, latest record of a run kept."""
-    groups: dict[tuple[CaseId, int], dict[str, Record]] = {}
+def _point(rec: Record) -> tuple[CaseId, int, str]:
+    """What one point of a figure is: the case without its run, the size, and the options
+    that change the measurement (runs measured otherwise are never pooled)."""
+    return rec.case.without({"run_id"}), rec.size_asked, _variant(rec)
+
+
+def _by_case(records: Sequence[Record]) -> dict[tuple[CaseId, int, str], dict[str, Record]]:
+    """point (_point) -> {run id: record}, latest record of a run kept."""
+    groups: dict[tuple[CaseId, int, str], dict[str, Record]] = {}
     for rec in sorted(records, key=lambda r: r.timestamp):
-        groups.setdefault((rec.case.without({"run_id"}), rec.size_asked), {})[rec.run_id] = rec
+        groups.setdefault(_point(rec), {})[rec.run_id] = rec
     return groups
 
 
@@ -173,7 +193,7 @@ def to_frame(records: Sequence[Record], runs: str = "pooled"):
             return size / (us * 1e-6) / 1e9 * factor if us > 0 else math.nan
 
         label = series_label(rec)
-        several = (rec.case.without({"run_id"}), rec.size_asked) in multi
+        several = _point(rec) in multi
         if runs == "each" and several:
             label = f"{label} [run {rec.run_id[:8]}]"
         row = {
