@@ -30,7 +30,9 @@ from ccbench.backends.base import (
     PointToPoint,
     RankContext,
     ReplayExtras,
+    in_sequence,
     library_line,
+    timed_as,
 )
 from ccbench.records import load_records
 from ccbench.replay.extra import ExtraCall
@@ -277,22 +279,44 @@ def test_discover_refuses_unusable_names_and_a_second_plugin_of_one_name() -> No
 
 def test_an_entry_point_backend_runs_under_launch_into_records_and_load(tmp_path: Path
                                                                         ) -> None:
+    """The plugin runs natively and carries an algorithm (`ring@gloo-plugin`); each record
+    names what it is and what was timed, and a report labels both by the plugin's name as it
+    labels a built-in transport's."""
     out = tmp_path / "plugin.jsonl"
-    proc = run_ccbench("launch", "-n", "2", "allreduce", "--backend", "gloo-plugin", "--sizes",
-                       "8,1K", "--iters", "2", "--warmup", "1", "-q", "--output", str(out),
-                       timeout=300, env=_with_plugins())
+    proc = run_ccbench("launch", "-n", "2", "allreduce,sendrecv", "--backend",
+                       "gloo-plugin,ring@gloo-plugin", "--sizes", "8,1K", "--iters", "2",
+                       "--warmup", "1", "-q", "--output", str(out), timeout=300,
+                       env=_with_plugins())
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     records = load_records(out)
-    assert {(r.backend, r.library, r.world_size) for r in records} == {("gloo-plugin", "gloo", 2)}
-    assert len(records) == 4 and all(r.wrong == 0 for r in records)
+    native = [r for r in records if r.backend == "gloo-plugin"]
+    ring = [r for r in records if r.backend == "ring@gloo-plugin"]
+    assert {(r.library, r.world_size) for r in records} == {("gloo", 2)}
+    # allreduce: 2 sizes x 2 modes; sendrecv out of place only; ring has no sendrecv schedule
+    assert len(native) == 6 and len(ring) == 4 and all(r.wrong == 0 for r in records)
     frame = ccbench.load(out)
-    assert list(frame["backend"].unique()) == ["gloo-plugin"]
+    assert sorted(frame["backend"].unique()) == ["gloo-plugin", "ring@gloo-plugin"]
     # a report names its series by the plugin's display name, not as the built-in gloo
-    from ccbench.report.data import series_label
+    from ccbench.backends.torch_dist import TORCH_TIMED_CALL
+    from ccbench.report.data import series_label, short_version
 
-    assert {series_label(r) for r in records} == {"Gloo (from a plugin)"}
-    old = records[0].environment.pop("backend_display_name")       # a record without it
-    assert old == "Gloo (from a plugin)" and series_label(records[0]) == "gloo-plugin (gloo)"
+    assert {series_label(r) for r in native} == {"Gloo (from a plugin)"}
+    assert {r.environment["backend_display_name"] for r in ring} == {
+        "ring over Gloo (from a plugin)"}
+    # the legend's `<backend> (<version>)`: the transport's display name, as ring@gloo's
+    assert {short_version(r) for r in ring} == {short_version(native[0])}
+    assert short_version(native[0]).startswith("Gloo (from a plugin) ")
+    # what was timed: the library call, the builder's own chain, or the schedule
+    calls = {(r.backend, r.collective): r.method["timed_call"] for r in records}
+    assert calls["gloo-plugin", "allreduce"] == TORCH_TIMED_CALL
+    assert calls["gloo-plugin", "sendrecv"].startswith("torch.distributed batch_isend_irecv")
+    assert calls["ring@gloo-plugin", "allreduce"].startswith("ccbench's ring schedule")
+    assert "over Gloo (from a plugin)" in calls["ring@gloo-plugin", "allreduce"]
+    assert not any("allreduce_out_of_place" in r.method for r in ring)
+    old = native[0].environment.pop("backend_display_name")       # a record without it
+    assert old == "Gloo (from a plugin)" and series_label(native[0]) == "gloo-plugin (gloo)"
+    ring[0].environment.pop("transport_display_name")
+    assert short_version(ring[0]).startswith("gloo-plugin (gloo) ")
 
 
 def test_a_distribution_whose_entry_points_cannot_be_read_is_listed_not_raised(
@@ -331,3 +355,81 @@ def test_asking_for_a_skipped_plugin_says_why_it_was_skipped(monkeypatch: pytest
     assert str(caught.value) == (
         "backend 'halfdone' unavailable: plugin skipped (halfdone:Backend from halfdone 0.1): "
         "import failed: ModuleNotFoundError: No module named 'halflib'")
+
+
+def test_every_path_that_resolves_a_name_says_why_a_plugin_was_skipped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--backend <broken>`, `<algorithm>@<broken>` and a sweep file's `backends:` each give
+    the plugin's reason in one line, never 'unknown transport' or 'unknown backend'."""
+    import ccbench.backends as backends
+    from ccbench.backends.plugins import BrokenPlugin
+    from ccbench.errors import BackendUnavailable, UsageError
+    from ccbench.sweep.spec import sweep_from_dict
+
+    skipped = BrokenPlugin("halfdone", "halfdone:Backend", "halfdone 0.1",
+                           "import failed: ModuleNotFoundError: No module named 'halflib'")
+    monkeypatch.setattr(backends, "BROKEN_PLUGINS", [skipped])
+    why = ("backend 'halfdone' unavailable: plugin skipped (halfdone:Backend from halfdone "
+           "0.1): import failed: ModuleNotFoundError: No module named 'halflib'")
+    for name in ("halfdone", "ring@halfdone", "ring:64K@halfdone"):
+        with pytest.raises(BackendUnavailable) as caught:
+            backends.parse_backends(name)
+        assert str(caught.value) == why, name
+    for listed in (["halfdone"], ["gloo", "ring@halfdone"]):
+        with pytest.raises(UsageError) as failed:
+            sweep_from_dict({"collectives": ["allreduce"], "backends": listed,
+                             "sizes": "1K"}, where="s.yaml")
+        assert str(failed.value) == f"s.yaml: backends: {why}", listed
+    # a name no plugin has stays an unknown one
+    with pytest.raises(UsageError, match=r"unknown transport 'nothere' \(valid: "):
+        backends.parse_backends("ring@nothere")
+
+
+def test_a_skipped_plugin_as_a_transport_is_one_line_from_the_command_line() -> None:
+    proc = run_ccbench("allreduce", "--backend", "ring@missing-lib", "--sizes", "1K", "-q",
+                       timeout=180, env=_with_plugins())
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0] == ("ccbench: error: backend 'missing-lib' unavailable: plugin skipped "
+                        "(ccbench_broken_import:Backend from ccbench-broken-plugins 0.2): "
+                        "import failed: ModuleNotFoundError: No module named "
+                        "'ccbench_no_such_library'"), proc.stderr
+
+
+CHAIN_CALL = "two numpy copies through a scratch buffer: not one library call"
+
+
+class ChainedBackend(CopyOnlyBackend):
+    """A backend whose broadcast is not one library call: its builder says what it times."""
+
+    name = "chained"
+    display_name = "Chained copies"
+
+    def info(self) -> BackendInfo:
+        return {**super().info(), "timed_call": "copylib's copy with its arguments bound"}
+
+    @timed_as(CHAIN_CALL)
+    def _chain(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
+        scratch = np.empty_like(recv)
+        return in_sequence(functools.partial(np.copyto, scratch, recv),
+                           functools.partial(np.copyto, recv, scratch))
+
+    builders = {**CopyOnlyBackend.builders, "broadcast": _chain}
+
+
+def test_a_builder_says_what_it_times_and_its_records_carry_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ccbench.cli import main
+
+    monkeypatch.setitem(REGISTRY, "chained", f"{__name__}:ChainedBackend")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CCBENCH_CONTROL", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "r.jsonl"
+    assert main(["allreduce,broadcast", "--backend", "chained", "--sizes", "1K", "-q",
+                 "--iters", "2", "--warmup", "1", "--output", str(out)]) == 0
+    calls = {(r.collective, r.method["timed_call"]) for r in load_records(out)}
+    assert calls == {("allreduce", "copylib's copy with its arguments bound"),
+                     ("broadcast", CHAIN_CALL)}
+    backend = ChainedBackend(_context())
+    assert backend.describe_call("broadcast") == CHAIN_CALL
+    assert backend.describe_call("allreduce") is None

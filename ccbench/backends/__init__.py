@@ -29,11 +29,24 @@ DEVICE_VARIANTS: dict[tuple[str, str], str] = {
 
 __all__ = ["BROKEN_PLUGINS", "DEVICE_DEFAULTS", "HOST_BACKEND", "PLUGINS", "REGISTRY", "Backend",
            "BackendFactory", "RankContext", "backend_class", "backend_names", "check_launchable",
-           "device_backends", "parse_backends", "prepare_process", "reading"]
+           "device_backends", "parse_backends", "prepare_process", "reading",
+           "skipped_plugin"]
 
 
 def backend_names() -> list[str]:
     return list(REGISTRY)
+
+
+def skipped_plugin(name: str) -> BackendUnavailable | None:
+    """Why `name` cannot be used where it is an installed plugin that was skipped (the reason
+    `ccbench doctor` lists), for every path that resolves a backend name to raise; None
+    where no skipped plugin has that name."""
+    for broken in BROKEN_PLUGINS:
+        if broken.name == name:
+            return BackendUnavailable(f"backend {name!r} unavailable: plugin skipped "
+                                      f"({broken.target} from {broken.distribution}): "
+                                      f"{broken.reason}")
+    return None
 
 
 def backend_class(name: str, device: str = "cpu") -> BackendFactory:
@@ -45,11 +58,9 @@ def backend_class(name: str, device: str = "cpu") -> BackendFactory:
         return algorithm_backend_class(name, device)
     target = DEVICE_VARIANTS.get((name, device)) or REGISTRY.get(name)
     if target is None:
-        for broken in BROKEN_PLUGINS:        # an installed one that was skipped: say why
-            if broken.name == name:
-                raise BackendUnavailable(f"backend {name!r} unavailable: plugin skipped "
-                                         f"({broken.target} from {broken.distribution}): "
-                                         f"{broken.reason}")
+        skipped = skipped_plugin(name)       # an installed one that was skipped: say why
+        if skipped is not None:
+            raise skipped
         raise choices_error("backend", name, [*REGISTRY, "<algorithm>@<transport>"])
     module_name, _, class_name = target.partition(":")
     try:

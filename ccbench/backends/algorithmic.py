@@ -92,6 +92,11 @@ def parse_name(name: str) -> tuple[str, int | None, str]:
     if algorithm not in valid:
         raise choices_error("algorithm", algorithm, valid)
     if transport not in TRANSPORTS:
+        from ccbench.backends import skipped_plugin
+
+        skipped = skipped_plugin(transport)      # an installed one that was skipped: say why
+        if skipped is not None:
+            raise skipped
         raise choices_error("transport", transport, TRANSPORTS)
     chunk = None
     if chunk_text:
@@ -119,8 +124,12 @@ class AlgorithmSpec:
     @property
     def display_name(self) -> str:
         """`ring over MPI`: ccbench's schedule over the transport library's messages."""
-        inner = self.transport_factory.display_name or self.transport
-        return f"{self.label} over {inner}"
+        return f"{self.label} over {self.transport_display_name}"
+
+    @property
+    def transport_display_name(self) -> str:
+        """The transport's display name (its registry name where it has none)."""
+        return self.transport_factory.display_name or self.transport
 
     @property
     def interface_variable(self) -> str | None:
@@ -243,8 +252,22 @@ class AlgorithmBackend(Backend):
         return self.refuses(dtype, op)
 
     def info(self) -> BackendInfo:
-        return {**self.inner.info(), "algorithm": self.algorithm,
-                "reductions": type(self._reducer).__name__}
+        """The transport's library, and what is timed here: the schedule, not the library's
+        collective (the transport's own timed_call and out-of-place notes describe its
+        collectives, which this backend never calls)."""
+        info = self.inner.info().copy()
+        info.pop("timed_call", None)
+        info.pop("allreduce_out_of_place", None)
+        info.pop("reduce_out_of_place", None)
+        reducer = type(self._reducer).__name__
+        shown = self.spec.transport_display_name
+        info["algorithm"], info["reductions"] = self.algorithm, reducer
+        info["transport_display_name"] = shown
+        info["timed_call"] = (f"ccbench's {self.algorithm} schedule (algorithms.executor, its "
+                              f"buffers bound up front): every step's point-to-point messages "
+                              f"over {shown}, local copies and {reducer} reductions, in one "
+                              f"Python call per operation")
+        return info
 
     @property
     def groups(self) -> SubCommunicators[AlgorithmBackend] | None:

@@ -35,7 +35,7 @@ __all__ = ["AlltoallvCall", "Backend", "BackendFactory", "BackendInfo", "Backend
            "HostBuffers", "Library", "Message", "MessageCall", "PointToPoint", "RankContext", "ReplayExtras",
            "SubCommunicators",
            "Support",
-           "in_sequence"]
+           "in_sequence", "timed_as"]
 
 
 @dataclass(kw_only=True)
@@ -94,6 +94,7 @@ class BackendInfo(TypedDict, total=False):
     stream: NotRequired[str]
     cuda_graph: NotRequired[bool | None]
     algorithm: NotRequired[str]             # an algorithms/ schedule run over the library
+    transport_display_name: NotRequired[str]    # the display name of that library's backend
     reductions: NotRequired[str]
     # -- the library's settings
     mpi_thread_level: NotRequired[str | None]
@@ -266,6 +267,12 @@ class Backend(ABC):
     builders: ClassVar[Mapping[str, Builder]] = {}
     #: collective name -> why this library cannot run it (what `supports` says)
     lacks: ClassVar[Mapping[str, str]] = {}
+
+    def describe_call(self, collective: str) -> str | None:
+        """What the timed loop calls for `collective`, where its builder says (`timed_as`: a
+        builder that is not one library function with its arguments bound); None: what
+        `info()['timed_call']` says of every collective holds."""
+        return getattr(self.builders.get(collective), "timed_call", None)
 
     def supports(self, collective: str) -> Support:
         """Whether this backend runs `collective`, and if not, why (truthy when it does)."""
@@ -465,6 +472,20 @@ Exchange = Callable[[list[Message], list[Message]], Callable[[], None]]
 #: (send, recv, send counts, receive counts) -> None: one all-to-all with a count (in
 #: elements) per peer, in the group's rank order
 AlltoallvCall = Callable[[Any, Any, list[int], list[int]], None]
+
+
+AnyBuilder = TypeVar("AnyBuilder", bound=Callable[..., Callable[[], None]])
+
+
+def timed_as(text: str) -> Callable[[AnyBuilder], AnyBuilder]:
+    """Mark a builder whose call is not one library function with its arguments bound (a
+    collective made of several messages, a chain of sends and receives): `text` says what the
+    timed loop calls, and that collective's records carry it as `method.timed_call` in place
+    of the backend's `info()['timed_call']` (`Backend.describe_call`)."""
+    def mark(builder: AnyBuilder) -> AnyBuilder:
+        builder.timed_call = text  # type: ignore[attr-defined]
+        return builder
+    return mark
 
 
 def in_sequence(*calls: Callable[[], object]) -> Callable[[], None]:

@@ -34,6 +34,7 @@ from ccbench.backends.base import (
     SubCommunicators,
     found_or_why,
     library_line,
+    timed_as,
 )
 from ccbench.backends.p2p import Done, GroupPrepared
 from ccbench.collectives.sendrecv import peers as sendrecv_peers
@@ -284,6 +285,9 @@ class OneCCLBackend(Backend):
         return self._call(self.lib.onecclAllToAll, "onecclAllToAll", _ptr(send), _ptr(recv),
                           send.size // self.world, self._dtype(recv), self._handle, None)
 
+    @timed_as("onecclSend to rank+1 and onecclRecv from rank-1, one after the other (even "
+              "ranks sending first), each through ctypes and completed before it returns: two "
+              "library calls per operation")
     def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
         """onecclSend to rank+1 and onecclRecv from rank-1, even ranks sending first and odd
         ranks receiving first, so that every blocking send meets a posted receive.

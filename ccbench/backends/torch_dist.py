@@ -23,6 +23,7 @@ from ccbench.backends.base import (
     found_or_why,
     in_sequence,
     library_line,
+    timed_as,
 )
 from ccbench.backends.buffers import TorchBuffers
 from ccbench.backends.p2p import raw_bytes
@@ -227,6 +228,9 @@ class TorchDistBackend(Backend):
             return call
         return in_sequence(functools.partial(recv.copy_, send), call)   # in place only
 
+    @timed_as("torch.distributed batch_isend_irecv of an isend to rank+1 and an irecv from "
+              "rank-1, then a wait on each (no sendrecv function in torch.distributed): "
+              "several Python calls into torch per operation")
     def _sendrecv(self, send: Any, recv: Any, op: str, root: int) -> Callable[[], None]:
         return functools.partial(self._send_and_receive, send, recv)
 

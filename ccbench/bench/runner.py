@@ -214,8 +214,10 @@ class _Run:
                     f"iters {config.method.iters} warmup {config.method.warmup}  time "
                     f"{COMBINE_LABELS[config.method.combine]}")
             wrong_before = self.wrong_total
+            # what reports call it: the factory's (an algorithm's is `ring over <transport>`)
+            shown = cls.display_name
             for collective, dtype, op in _cases(config):
-                self._run_group(backend, meta, watchdog, progress, collective, dtype, op)
+                self._run_group(backend, meta, shown, watchdog, progress, collective, dtype, op)
             if self.is_root:               # one footer per table: this backend's rows
                 self.writer.footer(self.wrong_total - wrong_before if config.method.check
                                    else None)
@@ -224,7 +226,7 @@ class _Run:
             with watchdog.waiting():
                 backend.finalize()
 
-    def _run_group(self, backend: Backend, meta: BackendInfo, watchdog: Watchdog,
+    def _run_group(self, backend: Backend, meta: BackendInfo, shown: str, watchdog: Watchdog,
                    progress: Progress, collective: str, dtype: str, op: str | None) -> None:
         config = self.config
         reason = backend.unsupported(collective, numpy_dtype(dtype), op)
@@ -253,9 +255,9 @@ class _Run:
                 self.wrong_total += own_wrong if not self.is_root else 0
                 progress.step(case.label(size))
                 if result is not None:
-                    self._emit(backend, meta, case, size, result, modes)
+                    self._emit(backend, meta, shown, case, size, result, modes)
 
-    def _emit(self, backend: Backend, meta: BackendInfo, case: Case, size: int,
+    def _emit(self, backend: Backend, meta: BackendInfo, shown: str, case: Case, size: int,
               result: SizeResult, modes: tuple[bool, ...]) -> None:
         config, info, lay = self.config, self.info, result.layout
         record = Record(
@@ -276,6 +278,9 @@ class _Run:
                     "cores_per_node": self.placement["cores"],
                     # settings that change what is measured, when the backend has them
                     **{k: v for k in METHOD_KEYS if (v := meta.get(k)) is not None},
+                    # a builder that is not one library call says what it times
+                    **({"timed_call": own} if (own := backend.describe_call(case.collective))
+                       else {}),
                     # what the clock saw: one bound call (per-op) or a batch's loop (pipelined)
                     **({"timed_call": result.batch_loop} if result.batch_loop else {}),
                     **({"local_copy_us": result.local_copy_us}
@@ -283,7 +288,7 @@ class _Run:
             # the backend's display name: what a report calls a backend the registry's data
             # does not know (a plugin's), never its library's name alone
             environment={**self.environment, "backend": meta.get("env", {}),
-                         "backend_display_name": backend.display_name,
+                         "backend_display_name": shown,
                          **{k: v for k, v in meta.items() if k not in ("library", "library_version",
                                                                        "device", "env")}},
         )

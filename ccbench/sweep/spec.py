@@ -18,7 +18,7 @@ from ccbench.backends import HOST_BACKEND
 from ccbench.bench.options import BENCH_OPTIONS, conflict
 from ccbench.collectives import COLLECTIVES, OPS, REDUCING, canonical_collective
 from ccbench.collectives import get as get_collective
-from ccbench.errors import UsageError, choices_error
+from ccbench.errors import BackendUnavailable, UsageError, choices_error
 from ccbench.records import CaseId
 from ccbench.safeio import load_yaml, read_input
 from ccbench.units import parse_sizes
@@ -302,6 +302,8 @@ def _check_backends(check: _Checker, value: Any) -> list[str]:
     for name in names:
         try:
             backend_class(name)
+        except BackendUnavailable as exc:     # a skipped plugin (or transport): its reason
+            raise check.fail("backends", str(exc)) from None
         except UsageError:
             raise check.fail("backends", str(choices_error(
                 "backend", name, [*backend_names(), "<algorithm>@<transport>"]))) from None
