@@ -70,6 +70,19 @@ def test_export_chakra_says_it_skips_sendrecv(tmp_path: Path) -> None:
 
     recs = synthetic_records("sendrecv", "direct", [2], [4096], 1e-5, 1e-10, 0.0, iterations=2)
     recs += synthetic_records("allgather", "ring", [2], [4096], 1e-5, 1e-10, 0.0, iterations=2)
-    skipped: list[str] = []
+    skipped: dict[str, str] = {}
     prefixes = export_measured(recs, tmp_path, skipped)
-    assert len(prefixes) == 1 and "allgather" in prefixes[0] and skipped == ["sendrecv"]
+    assert len(prefixes) == 1 and "allgather" in prefixes[0]
+    assert skipped == {"sendrecv": "Chakra has no collective type for it"}
+
+
+def test_export_chakra_of_only_inexpressible_collectives_says_why(tmp_path: Path) -> None:
+    from ccbench.errors import UsageError
+    from ccbench.model.synthetic import synthetic_records
+
+    recs = synthetic_records("sendrecv", "direct", [2], [4096], 1e-5, 1e-10, 0.0, iterations=2)
+    with pytest.raises(UsageError) as caught:
+        export_measured(recs, tmp_path / "none")
+    assert str(caught.value) == ("no measured collectives to export: skipped sendrecv: Chakra "
+                                 "has no collective type for it")
+    assert not (tmp_path / "none").exists()

@@ -126,11 +126,11 @@ def main(args: argparse.Namespace) -> int:
         from ccbench.records import load_records
 
         records = load_records(*args.results, require=True)
-        skipped: list[str] = []
+        skipped: dict[str, str] = {}
         prefixes = export_measured(records, args.output, skipped)
         for p in prefixes:
             print(f"wrote {p}.<rank>.et")
-        for collective in skipped:
-            print(f"skipped {collective}: Chakra has no collective type for it")
+        for collective, why in skipped.items():
+            print(f"skipped {collective}: {why}")
         return 0
     raise UsageError(f"unknown export {args.export_kind!r} (valid: astra-sim, chakra)")

@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     from ccbench.formats.astra_trace import AstraTraceExport
     from ccbench.model.simulate import SimulateFit, SimulateRow, Simulation
 
-__all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "astra_implementation", "export_astra",
+__all__ = ["GIB", "astra_bandwidth", "astra_comm_size", "astra_implementation", "chakra_skip_reason",
+           "export_astra", "skipped_line",
            "network_yaml", "system_json", "ENDPOINT_DELAY_NS", "AstraDim", "AstraSystem",
            "AstraNode", "AstraWorkload", "AstraExport"]
 
@@ -500,20 +501,38 @@ def out_path(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
+def chakra_skip_reason(collective: str) -> str | None:
+    """Why a measured collective has no Chakra trace (None: it has one)."""
+    if collective not in COLLECTIVES:
+        return f"not a collective of this ccbench (valid: {', '.join(COLLECTIVES)})"
+    if get(collective).export is None:
+        return "Chakra has no collective type for it"
+    return None
+
+
+def skipped_line(skipped: Mapping[str, str]) -> str:
+    """`skipped sendrecv: Chakra has no collective type for it; skipped ...`"""
+    return "; ".join(f"skipped {collective}: {why}" for collective, why in skipped.items())
+
+
 def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str],
-                    skipped: list[str] | None = None) -> list[str]:
+                    skipped: dict[str, str] | None = None) -> list[str]:
     """One Chakra trace per measured case (run id + case), one COMM_COLL node per timed
     iteration with its duration; each rank's file is the same sequence (the samples are
-    the max over ranks). Returns the prefixes written."""
+    the max over ranks). Returns the prefixes written; `skipped` gets each collective left
+    out, with why (`chakra_skip_reason`). With nothing to write, UsageError says those
+    reasons."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    left_out: dict[str, str] = {} if skipped is None else skipped
     groups: dict[Any, list[Any]] = {}
     for r in records:
-        if r.collective not in COLLECTIVES or get(r.collective).export is None:
-            if skipped is not None and r.collective not in skipped:
-                skipped.append(r.collective)
+        why = chakra_skip_reason(r.collective)
+        if why is not None:
+            left_out.setdefault(r.collective, why)
             continue
         groups.setdefault(r.case, []).append(r)     # one run's case: CaseId holds the run id
+    if groups:
+        out.mkdir(parents=True, exist_ok=True)
     prefixes = []
     for _key, recs in sorted(groups.items(), key=lambda kv: repr(kv[0])):
         recs.sort(key=lambda r: r.size_used)
@@ -543,7 +562,8 @@ def export_measured(records: Sequence[Any], out_dir: str | os.PathLike[str],
             write_trace(out / f"{prefix}.{rank}.et", nodes, metadata=meta)
         prefixes.append(str(out / prefix))
     if not prefixes:
-        raise UsageError("no measured collectives to export")
+        raise UsageError("no measured collectives to export"
+                         + (f": {skipped_line(left_out)}" if left_out else ""))
     return prefixes
 
 
