@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from algorithms.patterns import PATTERNS
+
 __all__ = ["exact_inputs", "reference"]
 
 
@@ -53,25 +55,9 @@ def _reduce(op: str, arrays: list[np.ndarray]) -> np.ndarray:
 def reference(pattern: str, inputs: list[np.ndarray], op: str | None = None,
               root: int = 0) -> list[np.ndarray | None]:
     """Every rank's expected output (None where the pattern defines none); `pattern` is
-    what the schedule computes (``Schedule.pattern``, algorithms.schedule.PATTERNS)."""
-    p = len(inputs)
-    if pattern == "broadcast":
-        return [inputs[root].copy() for _ in range(p)]
-    if pattern == "allreduce":
-        full = _reduce(op or "sum", inputs)
-        return [full.copy() for _ in range(p)]
-    if pattern == "reduce":
-        full = _reduce(op or "sum", inputs)
-        return [full.copy() if r == root else None for r in range(p)]
-    if pattern == "reduce-scatter":
-        full = _reduce(op or "sum", inputs)
-        unit = full.size // p
-        return [full[r * unit:(r + 1) * unit].copy() for r in range(p)]
-    if pattern == "allgather":
-        full = np.concatenate(inputs)
-        return [full.copy() for _ in range(p)]
-    if pattern == "alltoall":
-        unit = inputs[0].size // p
-        return [np.concatenate([inputs[u][r * unit:(r + 1) * unit] for u in range(p)])
-                for r in range(p)]
-    raise ValueError(f"no reference for pattern {pattern!r}")
+    what the schedule computes (``Schedule.pattern``; its result is ``Pattern.result`` in
+    algorithms.patterns.PATTERNS)."""
+    spec = PATTERNS.get(pattern)
+    if spec is None:
+        raise ValueError(f"no reference for pattern {pattern!r} (valid: {', '.join(PATTERNS)})")
+    return spec.result(inputs, lambda arrays: _reduce(op or "sum", list(arrays)), root)

@@ -9,17 +9,9 @@ block ranges hold the same number of elements whenever they have the same length
 start at the same position inside their unit (``lo % B``). That is the rule a send and
 its matching recv must obey.
 
-What a unit is depends on the collective (per-rank element counts from
-``ccbench.collectives.layout``):
-
-| collective     | U (elements)        | send units | recv units |
-|----------------|---------------------|------------|------------|
-| broadcast      | count               | -          | 1          |
-| reduce         | count               | 1          | 1          |
-| allreduce      | count               | 1          | 1          |
-| allgather      | block (= sendcount) | 1          | p          |
-| reduce-scatter | block (= recvcount) | p          | 1          |
-| alltoall       | block (= count / p) | p          | p          |
+What a unit is, and how many units the send and recv buffers hold, is the schedule's
+pattern's (``algorithms.patterns.PATTERNS``: ``Pattern.unit``, ``send_units``,
+``recv_units``); a schedule whose ``units`` disagree is refused.
 
 Steps. A rank executes its steps in order. One step is:
 
@@ -30,10 +22,11 @@ Steps. A rank executes its steps in order. One step is:
    ``base`` is given, else ``span = span (op) incoming``. All recv results are applied
    after the step's sends have read their data, in the listed order.
 
-Patterns. What a schedule computes is its ``pattern`` (``PATTERNS``): by default its
-collective's name; a schedule of another collective that computes one of them (a
-scatter-allgather broadcast computes "broadcast") names it, and the executor, the
-verifier and the reference read the pattern, never the collective's name.
+Patterns. What a schedule computes is its ``pattern`` (a key of ``PATTERNS``, defined in
+algorithms.patterns, where a new computation is one entry): by default its collective's
+name; a schedule of another collective that computes one of them (a scatter-allgather
+broadcast computes "broadcast") names it, and the executor, the verifier and the reference
+read the pattern, never the collective's name.
 
 Messages between an ordered pair of ranks are matched in order: the k-th send from a to
 b is the k-th recv of b from a (the executor tags each with k, so transports need not
@@ -43,6 +36,8 @@ be FIFO). ``Schedule.verify`` (algorithms.verify) proves a schedule right.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from algorithms.patterns import PATTERNS, Pattern
 
 __all__ = ["BUFFERS", "PATTERNS", "Copy", "Pattern", "Recv", "Schedule", "Send", "Span", "Step"]
 
@@ -104,38 +99,6 @@ class Step:
         return not (self.copies or self.sends or self.recvs)
 
 
-@dataclass(frozen=True, slots=True)
-class Pattern:
-    """What a schedule computes: the one place the executor, the verifier and the reference
-    look up a result's shape (see the table above for the units)."""
-
-    name: str
-    #: has a root rank
-    rooted: bool
-    #: reduces with an op
-    reduces: bool
-    #: how an in-place call aliases the buffers, in ccbench.collectives' words (`InPlace`):
-    #: "one-buffer" (recv is the only buffer), "same" (send is recv), "send-in-recv" (send
-    #: is recv's block r), "recv-in-send" (recv is send's block r)
-    inplace: str
-
-    @property
-    def aliases(self) -> bool:
-        """Whether an in-place call passes two aliased buffers the schedule must be right for
-        (a rooted pattern's in-place call is snapshotted: nothing is verified for it)."""
-        return not self.rooted and self.inplace != "one-buffer"
-
-
-PATTERNS: dict[str, Pattern] = {p.name: p for p in (
-    Pattern("broadcast", rooted=True, reduces=False, inplace="one-buffer"),
-    Pattern("reduce", rooted=True, reduces=True, inplace="same"),
-    Pattern("allreduce", rooted=False, reduces=True, inplace="same"),
-    Pattern("allgather", rooted=False, reduces=False, inplace="send-in-recv"),
-    Pattern("reduce-scatter", rooted=False, reduces=True, inplace="recv-in-send"),
-    Pattern("alltoall", rooted=False, reduces=False, inplace="same"),
-)}
-
-
 @dataclass(frozen=True)
 class Schedule:
     """One collective on ``num_ranks`` ranks: ``steps[r]`` is rank r's program."""
@@ -163,6 +126,12 @@ class Schedule:
             raise ValueError(f"the {self.algorithm} {self.collective} schedule computes no known "
                              f"pattern {self.pattern!r}: name the one it computes "
                              f"(Schedule(..., pattern=...): {', '.join(PATTERNS)})")
+        want = PATTERNS[self.pattern].units(self.num_ranks)
+        have = {buf: n for buf, n in self.units.items() if buf != "tmp"}
+        if have != want:
+            raise ValueError(f"the {self.algorithm} {self.collective} schedule at p={self.num_ranks}"
+                             f" has units {have}, but its pattern {self.pattern!r} has {want} "
+                             f"(algorithms.patterns.PATTERNS)")
 
     @property
     def computes(self) -> Pattern:

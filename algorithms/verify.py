@@ -23,7 +23,10 @@ What the output must hold, and how the buffers alias, come from the schedule's p
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from algorithms.schedule import Schedule, Span, Step
 
@@ -66,6 +69,14 @@ class _Run:
     pos: list[int]
 
 
+def _union(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The symbolic reduction: a block holds every contribution of the blocks it combines."""
+    out = np.array(arrays[0], dtype=object)
+    for a in arrays[1:]:
+        out = out | a
+    return out
+
+
 class _Fail(Exception):
     pass
 
@@ -78,6 +89,7 @@ class _Verifier:
         #: the input: the send buffer, or on a one-buffer pattern the root's recv buffer
         self.src = "send" if s.num_blocks("send") else "recv"
         self.src_blocks = s.num_blocks(self.src)
+        self._expected: list[list[int] | None] | None = None
 
     # -- helpers ------------------------------------------------------------------------
     def error(self, text: str) -> None:
@@ -320,23 +332,16 @@ class _Verifier:
 
     # -- the answer ---------------------------------------------------------------------
     def expected(self, r: int) -> list[int] | None:
-        s, p, B, n = self.s, self.p, self.B, self.src_blocks
-        nrecv = s.num_blocks("recv")
-        every_rank = sum(1 << (q * n) for q in range(p))       # block 0 of every input
-        pattern = s.pattern
-        if pattern == "broadcast":
-            return [1 << (s.root * n + b) for b in range(nrecv)]
-        if pattern in ("allreduce", "reduce"):
-            if pattern == "reduce" and r != s.root:
-                return None
-            return [every_rank << b for b in range(nrecv)]
-        if pattern == "reduce-scatter":
-            return [every_rank << (r * B + b) for b in range(nrecv)]
-        if pattern == "allgather":
-            return [1 << ((b // B) * n + b % B) for b in range(nrecv)]
-        if pattern == "alltoall":
-            return [1 << ((b // B) * n + r * B + b % B) for b in range(nrecv)]
-        raise ValueError(f"no expected result for pattern {pattern!r}")
+        """Rank r's output blocks as the pattern's result defines them, computed on every
+        rank's input blocks as sets (``1 << atom``) and the reduction as their union."""
+        if self._expected is None:
+            n = self.src_blocks
+            inputs = [np.array([1 << (q * n + b) for b in range(n)], dtype=object)
+                      for q in range(self.p)]
+            outputs = self.s.computes.result(inputs, _union, self.s.root)
+            self._expected = [None if out is None else [int(x) for x in out]
+                              for out in outputs]
+        return self._expected[r]
 
     def check_final(self, state: list[dict[str, list[Content]]]) -> None:
         for r in range(self.p):
