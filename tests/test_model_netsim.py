@@ -125,3 +125,29 @@ def test_pipelined_dbtree_approaches_its_formula():
     many = replay(schedule_program("allreduce", "double-binary-tree", 8, N, 32),
                   build_topology("switch:8", None, LinkClass(0.0, B))).time
     assert many < one and many == pytest.approx(ana, rel=0.35)
+
+
+def test_replay_finds_the_schedule_by_another_name_of_its_formula(monkeypatch) -> None:
+    """A collective whose cost formula is keyed "pipelined" and whose algorithms/ schedule is
+    "tree" ({"tree": "pipelined"} in its ModelTerms.aliases) replays that schedule under either
+    name, as a new collective's formula and schedule names may differ."""
+    import dataclasses
+
+    from ccbench import collectives
+    from ccbench.collectives.spec import ModelTerms
+    from ccbench.model.netsim import replay_collective
+
+    reduce = collectives.get("reduce")
+    assert reduce.model is not None
+    renamed = dataclasses.replace(reduce, model=ModelTerms(
+        {"pipelined": reduce.model.costs["tree"]}, aliases={"tree": "pipelined"}))
+    monkeypatch.setitem(collectives._BY_NAME, "reduce", renamed)
+    topo = build_topology("switch:6", None, LC)
+    for engine in ("rounds", "events"):
+        want = replay_collective("reduce", "tree", 6, N, topo, engine=engine).time
+        assert replay_collective("reduce", "pipelined", 6, N, topo, engine=engine
+                                 ).time == pytest.approx(want), engine
+    assert len(schedule_program("reduce", "pipelined", 6, N)) == 6
+    with pytest.raises(UsageError, match=r"no schedule to replay for reduce 'linear' "
+                                         r"\(valid: .*tree"):
+        schedule_program("reduce", "linear", 6, N)

@@ -73,13 +73,6 @@ def program_from_schedule(schedule: Any, size: float) -> Program:
     return prog
 
 
-_ALGO_NAMES = {   # formula key -> algorithms/ registry name
-    "ring": "ring", "tree": "tree", "double-binary-tree": "dbtree",
-    "recursive-doubling": "hypercube", "recursive-halving": "hypercube",
-    "rabenseifner": "rabenseifner", "bruck": "bruck", "pairwise": "pairwise",
-}
-
-
 def no_schedule(collective: str) -> str:
     """Why no algorithms/ schedule can replay `collective` ('' when one can)."""
     try:
@@ -98,12 +91,11 @@ def schedule_program(collective: str, algorithm: str, p: int, size: float,
         from algorithms.registry import REGISTRY, generate
     except ImportError as exc:          # pragma: no cover - algorithms/ ships with ccbench
         raise UsageError(f"schedule replay needs the algorithms package: {exc}") from None
-    name = algorithm
-    if (name, collective) not in REGISTRY:
-        name = _ALGO_NAMES.get(algorithm, algorithm)
-    if collective == "allgather" and name == "hypercube" and algorithm == "recursive-doubling":
-        name = "hypercube"
-    if (name, collective) not in REGISTRY:
+    from ccbench.model.rounds import schedule_names
+
+    name = next((n for n in schedule_names(collective, algorithm) if (n, collective) in REGISTRY),
+                None)
+    if name is None:
         valid = sorted(a for a, c in REGISTRY if c == collective)
         if not valid:
             raise UsageError(f"{no_schedule(collective)} (use --fidelity analytical)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ccbench import collectives
 from ccbench.errors import UsageError
 
 __all__ = ["Round", "RoundProgram", "round_program", "ROUND_ALGORITHMS"]
@@ -277,17 +278,30 @@ _GENERATORS: dict[tuple[str, str], Callable[[int, float], Iterator[Round]]] = {
 ROUND_ALGORITHMS: tuple[tuple[str, str], ...] = tuple(_GENERATORS)
 
 _FORMULA_TO_REGISTRY = {
-    "ring": "ring", "tree": "tree", "recursive-doubling": "hypercube",
-    "recursive-halving": "hypercube", "rabenseifner": "rabenseifner", "bruck": "bruck",
-    "pairwise": "pairwise",
+    "ring": "ring", "tree": "tree", "double-binary-tree": "dbtree",
+    "recursive-doubling": "hypercube", "recursive-halving": "hypercube",
+    "rabenseifner": "rabenseifner", "bruck": "bruck", "pairwise": "pairwise",
 }
 
 
+def schedule_names(collective: str, algorithm: str) -> list[str]:
+    """The algorithms/ registry names that may hold the schedule of `algorithm` (a formula key
+    or a registry name), in the order tried: the name itself, its usual registry name, then
+    every other name the collective gives that formula (`ModelTerms.aliases`: a collective
+    whose formula is "linear" and whose schedule is "ring" says {"ring": "linear"})."""
+    terms = collectives.get(collective).model
+    aliases = terms.aliases if terms is not None else {}
+    key = aliases.get(algorithm, algorithm)
+    names = [algorithm, _FORMULA_TO_REGISTRY.get(algorithm, algorithm), key,
+             _FORMULA_TO_REGISTRY.get(key, key), *sorted(n for n, k in aliases.items() if k == key)]
+    return list(dict.fromkeys(names))
+
+
 def registry_name(collective: str, algorithm: str) -> str:
-    """The algorithms/ registry name for a formula key or registry name."""
-    if (algorithm, collective) in _GENERATORS:
-        return algorithm
-    return _FORMULA_TO_REGISTRY.get(algorithm, algorithm)
+    """The algorithms/ registry name for a formula key or registry name (`schedule_names`:
+    the first with a round generator)."""
+    return next((n for n in schedule_names(collective, algorithm) if (n, collective) in _GENERATORS),
+                _FORMULA_TO_REGISTRY.get(algorithm, algorithm))
 
 
 def round_program(collective: str, algorithm: str, p: int, size: float) -> RoundProgram | None:
