@@ -24,6 +24,7 @@ import numpy as np
 
 from ccbench.backends.buffers import BufferPolicy, HostBuffers
 from ccbench.backends.options import BackendOptions
+from ccbench.collectives import get as get_collective
 from ccbench.errors import RunFailure
 
 if TYPE_CHECKING:
@@ -230,9 +231,13 @@ class Backend(ABC):
         return None
 
     def unsupported(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
-        """None if (collective, dtype, op) can run, else a short reason."""
+        """None if (collective, dtype, op) can run, else a short reason: the library lacks the
+        collective, the collective defines no such op (`Collective.ops`), or `unsupported_case`."""
         support = self.supports(collective)
-        return support.reason if not support else self.unsupported_case(collective, dtype, op)
+        if not support:
+            return support.reason
+        return (get_collective(collective).undefined_op(op)
+                or self.unsupported_case(collective, dtype, op))
 
     def unsupported_case(self, collective: str, dtype: np.dtype, op: str | None) -> str | None:
         """Why this supported collective cannot run `op` on `dtype` here (None: it can)."""

@@ -205,6 +205,16 @@ class Collective:
     tools: ToolNames = field(default_factory=ToolNames)
     #: its c10d op names and trace-size rules (the defaults: no c10d op, S is the input)
     trace: TraceRules = field(default_factory=TraceRules)
+    #: the reduction ops it defines (None: every op of ccbench.collectives.OPS); an op it lacks
+    #: is refused for every backend (`undefined_op`): a prefix scan has no avg, say
+    #: ("sum", "max", "min", "prod")
+    ops: tuple[str, ...] | None = None
+
+    def undefined_op(self, op: str | None) -> str | None:
+        """Why it defines no result for `op` (None: it does, or it takes no op)."""
+        if op is None or not self.reduces or self.ops is None or op in self.ops:
+            return None
+        return f"{self.name} defines no {op} (its ops: {', '.join(self.ops)})"
 
     def layout(self, size: int, elsize: int, world_size: int) -> Layout:
         count, send, recv, used = self.counts(size, elsize, world_size)
