@@ -5,7 +5,8 @@ S follows nccl-tests (docs/design/method.md); every collective's S, busbw factor
 rest are in docs/reference/collectives.md, which scripts/gen_docs.py writes from here.
 
 Adding a collective: one module here defining its `Collective` (sizes, validation, cost
-formulas, other tools' names, trace rules), one line in `_ALL`, and a builder in the
+formulas, other tools' names, trace rules, the ops it defines where not every one: `ops`),
+one line in `_ALL`, and a builder in the
 `builders` table of each backend whose library has it (docs/design/architecture.md).
 """
 
