@@ -191,3 +191,30 @@ def test_model_bad_input_one_line(tmp_path, model, case):
     assert len(lines) == 1 and lines[0].startswith("ccbench: error:") and needle in lines[0], lines
     assert "Traceback" not in proc.stderr
     assert out.read_text() == "keep"
+
+
+def test_calibrate_fits_one_measurement_per_group(tmp_path, ccb):
+    """Records measured with --combine mean beside the default ones are another measurement:
+    calibrate fits the default ones and says it left the others out (one fit of both would fit
+    neither); records all measured with --combine mean are fitted as they are."""
+    default = synthetic_records("allgather", "ring", [2, 4], SIZES, 20e-6, 2e-10, 0, seed=1)
+    mean = synthetic_records("allgather", "ring", [2, 4], SIZES, 90e-6, 9e-10, 0, seed=3)
+    for rec in mean:
+        rec.method = {**(rec.method or {}), "combine": "mean over ranks"}
+    both, only_mean = tmp_path / "both.jsonl", tmp_path / "mean.jsonl"
+    for rec in default + mean:
+        append_record(both, rec)
+    for rec in mean:
+        append_record(only_mean, rec)
+    proc = ccb("calibrate", str(both), "-o", str(tmp_path / "m.json"), "--bootstrap", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert (f"{len(mean)} record(s) measured with combine=mean over ranks left out"
+            in proc.stderr), proc.stderr
+    fit = next(f for f in json.loads((tmp_path / "m.json").read_text())["fits"]
+               if f["scope"] == "all-world-sizes")
+    assert fit["alpha"] == pytest.approx(20e-6, rel=0.2)
+    proc = ccb("calibrate", str(only_mean), "-o", str(tmp_path / "n.json"), "--bootstrap", "0")
+    assert proc.returncode == 0 and "left out" not in proc.stderr, proc.stderr
+    fit = next(f for f in json.loads((tmp_path / "n.json").read_text())["fits"]
+               if f["scope"] == "all-world-sizes")
+    assert fit["alpha"] == pytest.approx(90e-6, rel=0.2)

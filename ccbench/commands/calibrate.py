@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ccbench.errors import UsageError
-from ccbench.records import load_records
+from ccbench.records import Record, load_records
 
 if TYPE_CHECKING:
     from ccbench.model.fit import FitEntry, ValidationRow, ValidationSummary
@@ -128,6 +128,33 @@ def validation_table(rows: list[ValidationRow], summary: list[ValidationSummary]
     return _aligned(table) + "\n\n" + _aligned(groups)
 
 
+def one_measurement(records: list[Record], skipped: list[str]) -> list[Record]:
+    """Per (backend, collective, algorithm), the records of one measurement: those measured
+    with the options' defaults where there are some, else the most common setting of the
+    options that change what is measured (--combine, --pipeline ...); the others are left
+    out, each setting said once in `skipped` (one fit of unlike times would fit neither)."""
+    from collections import Counter, defaultdict
+
+    from ccbench.bench.options import measured_variant
+
+    groups: dict[tuple[str, str, str], list[Record]] = defaultdict(list)
+    for rec in records:
+        groups[(rec.backend, rec.collective, rec.algorithm)].append(rec)
+    kept: list[Record] = []
+    for (backend, collective, algorithm), group in groups.items():
+        counts = Counter(measured_variant(r.method or {}) for r in group)
+        chosen = "" if "" in counts else counts.most_common(1)[0][0]
+        kept.extend(r for r in group if measured_variant(r.method or {}) == chosen)
+        for variant, n in counts.items():
+            if variant != chosen:
+                skipped.append(f"{backend} {collective} {algorithm}: {n} record(s) measured with "
+                               f"{variant or 'the default options'} left out, another "
+                               f"measurement than the {counts[chosen]} fitted"
+                               f"{' (' + chosen + ')' if chosen else ''}; calibrate them "
+                               f"on their own")
+    return kept
+
+
 def main(args: argparse.Namespace) -> int:
     from ccbench.bench.output.files import check_writable_file
     from ccbench.model.fit import calibrate, summarize_validation, validate_world_sizes
@@ -147,6 +174,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"no records in {', '.join(args.results)}"
                          + (" after the filters" if args.backend or args.collective else ""))
     skipped: list[str] = []
+    records = one_measurement(records, skipped)
     fits = calibrate(records, bootstrap=args.bootstrap, seed=args.seed, skipped=skipped)
     for line in skipped:
         print(f"ccbench: skipped: {line}", file=sys.stderr)
