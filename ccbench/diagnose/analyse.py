@@ -46,19 +46,24 @@ INTERMITTENT_TRIES = 4       # a pair slow in some tries, fine in others: tried 
 INTERMITTENT_MIN_SLOW = 2    # ... and intermittent when slow in at least 2 of them
 
 
-class PairMeasureJson(TypedDict):
-    """PairMeasure in the verdict JSON: the fields that are not None."""
+class TryFields(TypedDict):
+    """What one try of one pair says in the verdict JSON, but for which pair it was."""
 
     kind: str
     round: int
-    a: int
-    b: int
     lat_us: NotRequired[float]
     bw_ab: NotRequired[float]
     bw_ba: NotRequired[float]
     plane: NotRequired[str]
     leaves: NotRequired[tuple[int, int]]
     error: NotRequired[str]
+
+
+class PairMeasureJson(TryFields):
+    """PairMeasure in the verdict JSON: the fields that are not None, the hosts by number."""
+
+    a: int
+    b: int
 
 
 @dataclass(slots=True)

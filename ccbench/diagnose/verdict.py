@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NotRequired, TextIO, TypedDict, cast
+from typing import Any, TextIO, TypedDict, cast
 
 from ccbench.diagnose.analyse import (
     Expectation,
     Finding,
     FindingJson,
     PairMeasure,
+    TryFields,
     WorldResult,
     analyse,
     pair_table,
@@ -44,19 +45,11 @@ class PairJson(Percents):
     tries: int
 
 
-class MeasurementJson(Percents):
+class MeasurementJson(Percents, TryFields):
     """One try of one pair (PairMeasureJson with host names for a and b)."""
 
-    kind: str
-    round: int
     a: str
     b: str
-    lat_us: NotRequired[float]
-    bw_ab: NotRequired[float]
-    bw_ba: NotRequired[float]
-    plane: NotRequired[str]
-    leaves: NotRequired[tuple[int, int]]
-    error: NotRequired[str]
 
 
 class ExpectedJson(TypedDict):
