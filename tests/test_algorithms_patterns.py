@@ -120,3 +120,19 @@ def test_the_documented_unit_tables_are_the_patterns() -> None:
     assert _table(patterns_module.__doc__ or "") == want
     readme = (ROOT / "algorithms" / "README.md").read_text()
     assert _table(readme) == want, "algorithms/README.md's pattern table"
+
+
+def test_the_documented_names_table_is_the_registry() -> None:
+    """algorithms/README.md's "Names" table has a cell, and only then, for each (algorithm,
+    collective) the registry holds: a new schedule fails here until it is described."""
+    from algorithms import REGISTRY
+
+    lines = (ROOT / "algorithms" / "README.md").read_text().split("## Names", 1)[1].splitlines()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in lines if line.startswith("|")]
+    header, body = rows[0], rows[2:]
+    described = {(row[0].strip("`"), collective) for row in body
+                 for collective, cell in zip(header[1:], row[1:], strict=True) if cell}
+    assert described == set(REGISTRY), (
+        f"registered, not in the table: {sorted(set(REGISTRY) - described)}; "
+        f"in the table, not registered: {sorted(described - set(REGISTRY))}")
