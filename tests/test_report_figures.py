@@ -167,6 +167,95 @@ def test_captions_name_what_is_drawn(first_run, shipped) -> None:
     assert "broadcast: " in collective_caption(sub, "broadcast")
 
 
+
+# -- series measured with options other than the defaults ----------------------------------
+
+GLOO = "Gloo (torch.distributed) 2.13.0"
+MEAN = f"{GLOO} [combine=mean over ranks]"
+MIN = f"{GLOO} [combine=min over ranks]"
+
+
+def _variant_records() -> list:
+    """allreduce at 2 and 4 ranks: gloo and Intel MPI as the defaults measure, and gloo again
+    with --combine mean and with --combine min (runs of their own, a little faster)."""
+    from dataclasses import replace
+
+    from test_report import synthetic
+
+    base = synthetic(collectives=("allreduce",), worlds=(2, 4), backends=("gloo", "mpi"))
+    out = list(base)
+    for combine, factor in (("mean over ranks", 0.8), ("min over ranks", 0.6)):
+        out += [replace(r, run_id=f"r-{combine}", time_us={k: v * factor
+                                                           for k, v in r.time_us.items()},
+                        method={**r.method, "combine": combine})
+                for r in base if r.backend == "gloo"]
+    return out
+
+
+def _line_look(line) -> tuple:
+    return (line.get_color(), line.get_linestyle(), line.get_marker(),
+            line.get_markerfacecolor())
+
+
+@pytest.mark.parametrize("paper", PAPER_NAMES)
+def test_series_measured_otherwise_are_told_apart_in_figures(paper) -> None:
+    """A series measured with --combine mean beside the default one: its legend entry and
+    the captions name its options (they read `Gloo (torch.distributed) 2.13.0 and Gloo
+    (torch.distributed) 2.13.0`), its lines differ from the default's (they had the same
+    colour, marker and line), the default series look as before, and every figure still fits
+    its paper (the per-rank panel titles, longer by the options, included)."""
+    from ccbench.report.captions import collective_caption, overview_caption, spread_caption
+    from ccbench.report.figures import _legend_entries
+    from ccbench.report.style import LINESTYLE, colour, marker
+
+    frame = to_frame(_variant_records())
+    labels = [label for _, label, _ in _legend_entries(frame)]
+    assert labels == [GLOO, MEAN, MIN, "Intel MPI 2021.18.1"], labels
+    for caption in (overview_caption(frame, "busbw"), collective_caption(frame, "allreduce"),
+                    spread_caption(frame, 4)):
+        assert f"{GLOO} and {MEAN}" in caption or f"{GLOO}, {MEAN}" in caption, caption
+        assert MIN in caption
+    assert "Dotted lines" in overview_caption(frame, "latency")
+    defaults = frame[~frame["series"].str.contains("[", regex=False)]
+    assert "Dotted lines" not in overview_caption(defaults, "latency")
+    jobs = [FigureJob("overview", "overview", frame, ("latency",)),
+            FigureJob("allreduce", "collective", frame, ("allreduce",)),
+            FigureJob("spread", "spread", frame[frame["world_size"] == 4], (4,))]
+    problems = [p for job in jobs for p in _check(job, paper)]
+    assert not problems, "\n".join(problems)
+    for job in jobs[:2]:
+        fig = _draw(job, paper)[0]
+        handles = {t.get_text(): h for t, h in zip(fig.legends[0].get_texts(),
+                                                   fig.legends[0].legend_handles, strict=True)}
+        assert {GLOO, MEAN, MIN} <= set(handles), sorted(handles)
+        looks = {label: _line_look(handles[label]) for label in (GLOO, MEAN, MIN)}
+        assert len(set(looks.values())) == 3, looks
+        # the default series as before; the others in their library's colour
+        gloo = colour("Gloo (torch.distributed)")
+        assert looks[GLOO][:3] == (gloo, LINESTYLE[False], marker("Gloo (torch.distributed)"))
+        assert looks[MEAN][0] == looks[MIN][0] == gloo
+        for ax in fig.axes:
+            lines = [_line_look(ln) for ln in ax.get_lines() if len(ln.get_xdata())]
+            assert len(lines) == len(set(lines)), f"{job.name}: two lines look alike"
+    spread = _draw(jobs[2], paper)[0]
+    titles = [ax.get_title().replace("\n", " ") for ax in spread.axes if ax.get_title()]
+    assert "Gloo (torch.distributed) [combine=mean over ranks]" in titles, titles
+
+
+def test_runs_shown_each_are_told_apart_in_legends() -> None:
+    """--runs each: a series' runs of one case are series of their own, in the legend too."""
+    from dataclasses import replace
+
+    from test_report import synthetic
+
+    from ccbench.report.figures import _legend_entries
+
+    first = synthetic(collectives=("allreduce",), worlds=(2,), backends=("gloo",))
+    again = [replace(r, run_id="r9", timestamp=r.timestamp.replace("12:00", "13:00"))
+             for r in first]
+    labels = [label for _, label, _ in _legend_entries(to_frame(first + again, runs="each"))]
+    assert len(labels) == 2 == len(set(labels)) and all(GLOO in t for t in labels), labels
+
 # -- the diagnose heat map -----------------------------------------------------------------
 
 NAMES = [f"h{i}" for i in range(8)]

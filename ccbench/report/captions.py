@@ -52,6 +52,17 @@ def _scale(frame: Any) -> str:
     return ""
 
 
+def _variants(frame: Any, modes: bool = False) -> str:
+    """How the lines of series measured with options other than the defaults look (their
+    legend entries name the options), where the figure draws one; `modes`: it draws
+    in-place lines dashed beside out-of-place ones."""
+    if "variant_rank" not in frame or not (frame["variant_rank"] > 0).any():
+        return ""
+    return (" Dotted lines" + (" (dash-dot in-place)" if modes else "")
+            + ", with line-drawn markers: series measured with options other than the "
+              "defaults, named in brackets.")
+
+
 def overview_caption(frame: Any, metric: str) -> str:
     what = "Bus bandwidth" if metric == "busbw" else "Time per operation"
     colls = figures._unique(frame["collective"])
@@ -61,7 +72,7 @@ def overview_caption(frame: Any, metric: str) -> str:
     return (f"{what} against message size: {len(colls)} collective"
             f"{'s' if len(colls) > 1 else ''} ({and_list(colls)}) at {_worlds(frame)}; "
             f"{_series(frame)}{_only(frame)}. Medians;{mode} {figures.context_line(frame)}."
-            + (_scale(frame) if metric == "busbw" else "") + _over(frame))
+            + (_scale(frame) if metric == "busbw" else "") + _variants(frame) + _over(frame))
 
 
 def collective_caption(frame: Any, collective: str) -> str:
@@ -75,7 +86,7 @@ def collective_caption(frame: Any, collective: str) -> str:
     return (f"{collective}: bus bandwidth (first row) and time per operation (second row) "
             f"against message size at {_worlds(sub)}; {_series(sub)}{_only(sub)}; {how}; "
             f"{figures.band_note(bool(banded))}. {figures.context_line(sub)}."
-            + _scale(sub) + _over(sub))
+            + _scale(sub) + _variants(sub, len(modes) > 1) + _over(sub))
 
 
 def spread_caption(frame: Any, p: int) -> str:

@@ -13,7 +13,8 @@ from ccbench.bench.stats import summarize
 from ccbench.collectives import COLLECTIVES
 from ccbench.records import CaseId, Record
 
-__all__ = ["series_label", "colour_key", "library_name", "to_frame", "library_versions", "key_numbers",
+__all__ = ["series_label", "legend_label", "colour_key", "library_name", "to_frame",
+           "library_versions", "key_numbers",
            "half_peak_size", "COLLECTIVE_ORDER", "RUN_VIEWS", "combine_runs", "method_notes", "runs_note"]
 
 # How a case measured in several runs is shown: its runs' iterations together, each run as
@@ -83,6 +84,21 @@ def short_version(record: Record) -> str:
     match = re.search(r"(\d+\.\d+(?:\.\d+)*)", record.library_version or "")
     name = library_name(record)
     return f"{name} {match.group(1)}" if match else name
+
+
+def legend_label(record: Record) -> str:
+    """A figure's legend entry and a caption's name for a series: its series_label with the
+    library's version, `Intel MPI 2021.18.1`, `ring@mpi (Intel MPI 2021.18.1)`, and the
+    options it was measured with where they differ from the defaults, as series_label says
+    them: `Gloo (torch.distributed) 2.13.0 [combine=mean over ranks]`."""
+    variant = _variant(record)
+    suffix = f" [{variant}]" if variant else ""
+    if "@" in record.backend:
+        return f"{record.backend} ({short_version(record)}){suffix}"
+    name = short_version(record)
+    if record.algorithm not in ("native", "", None):
+        name = f"{name} {record.algorithm}"
+    return name + suffix
 
 
 def library_versions(records: Sequence[Record]) -> list[str]:
@@ -183,6 +199,8 @@ def to_frame(records: Sequence[Record], runs: str = "pooled"):
     import pandas as pd
 
     multi = {key for key, group in _by_case(records).items() if len(group) > 1}
+    # "" (the defaults) first: the default series keep the styles they had before variants
+    variants = ["", *sorted({_variant(r) for r in records} - {""})]
     rows: dict[tuple, dict[str, Any]] = {}
     for rec in sorted(combine_runs(records, runs), key=lambda r: r.timestamp):
         t = rec.time_us
@@ -192,12 +210,17 @@ def to_frame(records: Sequence[Record], runs: str = "pooled"):
         def bw(us: float, size: int = size, factor: float = factor) -> float:
             return size / (us * 1e-6) / 1e9 * factor if us > 0 else math.nan
 
-        label = series_label(rec)
+        label, legend = series_label(rec), legend_label(rec)
         several = _point(rec) in multi
         if runs == "each" and several:
-            label = f"{label} [run {rec.run_id[:8]}]"
+            label, legend = (f"{text} [run {rec.run_id[:8]}]" for text in (label, legend))
+        variant = _variant(rec)
         row = {
-            "series": label, "colour_key": colour_key(rec), "backend": rec.backend,
+            "series": label, "legend": legend, "colour_key": colour_key(rec),
+            # the options it was measured with, other than the defaults (measured_variant),
+            # and their place among the variants of every record: its line's style
+            "variant": variant, "variant_rank": variants.index(variant),
+            "backend": rec.backend,
             "library": rec.library, "library_version": rec.library_version,
             "version": short_version(rec), "algorithm": rec.algorithm,
             "transport": rec.transport, "collective": rec.collective, "dtype": rec.dtype,

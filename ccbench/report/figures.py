@@ -19,7 +19,7 @@ from matplotlib.lines import Line2D
 from ccbench.collectives import IN_PLACE_ONLY
 from ccbench.report import style
 from ccbench.report.paper import Grid, Paper
-from ccbench.report.style import LINESTYLE, colour, marker, set_size_axis
+from ccbench.report.style import LINESTYLE, colour, line_style, set_size_axis
 
 __all__ = ["collective_figure", "overview_figure", "rank_spread_figure", "model_figure",
            "context_line", "busbw_is_log", "MAX_BANDED_LINES", "legend_rows"]
@@ -72,7 +72,8 @@ def context_line(frame) -> str:
 
 
 def _legend_entries(frame) -> list[tuple[str, str, str]]:
-    """(series, legend label with version, colour key), in a stable order."""
+    """(series, legend label with version and options, colour key), in a stable order: by
+    colour, a series measured with options other than the defaults after its default one."""
     out = []
     seen = set()
     rank = {k: i for i, k in enumerate(style.PALETTE)}
@@ -82,15 +83,14 @@ def _legend_entries(frame) -> list[tuple[str, str, str]]:
         if row["series"] in seen:
             continue
         seen.add(row["series"])
-        label = (f"{row['backend']} ({row['version']})" if "@" in row["backend"]
-                 else row["version"])
-        out.append((row["series"], label, row["colour_key"]))
+        out.append((row["series"], row["legend"], row["colour_key"]))
     return out
 
 
 def _legend_handles(frame, modes: Sequence[bool], extra: list | None = None) -> list:
-    handles: list = [Line2D([], [], color=colour(key), marker=marker(key), linestyle="-",
-                            label=label) for _, label, key in _legend_entries(frame)]
+    styles = _series_styles(frame)
+    handles: list = [Line2D([], [], label=label, **_line(styles[series], False, edge=None))
+                     for series, label, _ in _legend_entries(frame)]
     if len(modes) > 1:
         for mode in sorted(modes):
             handles.append(Line2D([], [], color="0.25", linestyle=LINESTYLE[mode],
@@ -131,9 +131,26 @@ def _add_legend(fig, grid: Grid, handles: list) -> None:
                ncol=ncol, frameon=False, fontsize=grid.paper.tick)
 
 
-def _series_styles(frame):
-    keys = dict(zip(frame["series"], frame["colour_key"], strict=False))
-    return {s: (colour(k), marker(k)) for s, k in keys.items()}
+def _series_styles(frame) -> dict[str, tuple[str, int]]:
+    """series -> (colour key, variant rank): what its colour, marker and line are
+    (style.line_style)."""
+    ranks = frame["variant_rank"] if "variant_rank" in frame else [0] * len(frame)
+    return {s: (k, int(r)) for s, k, r in zip(frame["series"], frame["colour_key"], ranks,
+                                               strict=True)}
+
+
+def _line(style: tuple[str, int], dashed: bool, edge: float | None = 0.6) -> dict[str, Any]:
+    """plot() keywords of a series' line (_series_styles): its library's colour; the line
+    style and marker of its variant and mode, the marker hollow in place; the line-drawn
+    markers of a variant (x, +) a little heavier than `edge` (None: matplotlib's)."""
+    key, rank = style
+    linestyle, mark = line_style(key, rank, dashed)
+    c = colour(key)
+    out = {"color": c, "marker": mark, "linestyle": linestyle,
+           "markerfacecolor": "white" if dashed else c}
+    if rank or edge is not None:
+        out["markeredgewidth"] = 0.9 if rank else edge
+    return out
 
 
 def busbw_is_log(frame) -> bool:
@@ -162,11 +179,10 @@ def _plot_lines(ax, frame, value: str, lo: str, hi: str, styles, band: bool = Tr
     drew = False
     for (series, inplace), group in lines:
         group = group.sort_values("size")
-        c, m = styles[series]
         dashed = inplace and not single
-        ax.plot(group["size"].to_numpy(), group[value].to_numpy(), color=c, marker=m,
-                linestyle=LINESTYLE[dashed], markerfacecolor="white" if dashed else c,
-                markeredgewidth=0.6, zorder=3)
+        kwargs = _line(styles[series], dashed)
+        c = kwargs["color"]
+        ax.plot(group["size"].to_numpy(), group[value].to_numpy(), zorder=3, **kwargs)
         if band and len(group) > 1:
             ax.fill_between(group["size"].to_numpy(), group[lo].to_numpy(),
                             group[hi].to_numpy(), color=c, alpha=0.12 if dashed else 0.2,
@@ -400,6 +416,19 @@ def _too_wide(title: str, grid: Grid) -> bool:
     return len(title) * grid.paper.font * 0.64 / 72 > grid.panel_w
 
 
+def _fitted_title(title: str, grid: Grid) -> str:
+    """A bold panel title in lines that fit its panel: a series' options (`[combine=mean over
+    ranks]`) on a line of their own, a line still too wide broken between words."""
+    import textwrap
+
+    if not _too_wide(title, grid):
+        return title
+    chars = max(10, int(grid.panel_w * 72 / (grid.paper.font * 0.64)))
+    parts = title.replace(" [", "\n[").split("\n")
+    return "\n".join(line for part in parts
+                      for line in textwrap.wrap(part, chars, break_on_hyphens=False))
+
+
 def _spread_matrix(sub, name: str, collectives: list[str], world_size: int):
     """One series' ratios: a block of world_size rows per collective (and a blank row
     between blocks), a column per size any of them measured; None where none has per-rank
@@ -455,6 +484,12 @@ def rank_spread_figure(frame, world_size: int, paper: Paper) -> list:
     grids = Grid.plan(paper, max(1, len(cells)), header=0, legend_rows=0,
                       left_chars=label_chars, gap_chars=label_chars, panel_h=height,
                       footer_in=0.5, ylabel=False)
+    titles = [_fitted_title(name, grids[0]) for name, _ in cells]
+    lines = max((t.count("\n") + 1 for t in titles), default=1)
+    if lines > 1:
+        grids = Grid.plan(paper, max(1, len(cells)), header=0, legend_rows=0,
+                          left_chars=label_chars, gap_chars=label_chars, panel_h=height,
+                          footer_in=0.5, ylabel=False, titled=lines)
     norm = LogNorm(vmin=1.0, vmax=4.0)
     cmap = _spread_cmap()
     pages = []
@@ -476,7 +511,7 @@ def rank_spread_figure(frame, world_size: int, paper: Paper) -> list:
             for spine in ax.spines.values():
                 spine.set_visible(False)
             ax.grid(False)
-            ax.set_title(name, fontweight="bold")
+            ax.set_title(titles[done + k], fontweight="bold")
             ax.set_xlabel("message size" if grid.is_lowest(k) else "")
         done += len(axes)
         if image is not None:
@@ -581,10 +616,11 @@ def _model_time(ax, data, predictions, p: int, styles) -> None:
         if pred is None:
             continue
         group = group.sort_values("size")
-        c, m = styles[name]
-        ax.plot(group["size"].to_numpy(), group["median_us"].to_numpy(), linestyle="none",
-                marker=m, color=c, zorder=3)
-        ax.plot(pred[0], pred[1], color=c, zorder=2)
+        kwargs = _line(styles[name], False, edge=None)
+        ax.plot(group["size"].to_numpy(), group["median_us"].to_numpy(), zorder=3,
+                **(kwargs | {"linestyle": "none"}))
+        ax.plot(pred[0], pred[1], color=kwargs["color"], linestyle=kwargs["linestyle"],
+                zorder=2)
     _time_axis(ax)
 
 
@@ -593,12 +629,11 @@ def _model_ratio(ax, data, predictions, p: int, styles) -> None:
         pred = predictions.get((name, p))
         if pred is None:
             continue
-        c, m = styles[name]
         measured = dict(zip(group["size"], group["median_us"], strict=False))
         sizes = [s for s in pred[0] if s in measured]
         ratio = [pu / measured[s] for s, pu in zip(pred[0], pred[1], strict=False)
                  if s in measured]
-        ax.plot(sizes, ratio, color=c, marker=m)
+        ax.plot(sizes, ratio, **_line(styles[name], False, edge=None))
     ax.axhline(1.0, color="0.3", linewidth=0.8)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_locator(mticker.LogLocator(base=2, numticks=7))

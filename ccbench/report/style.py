@@ -21,7 +21,8 @@ import matplotlib.ticker as mticker  # noqa: E402
 from ccbench.backend_facts import BACKENDS  # noqa: E402
 from ccbench.units import size_text  # noqa: E402
 
-__all__ = ["colour", "marker", "set_size_axis", "size_tick", "LINESTYLE", "RC"]
+__all__ = ["colour", "marker", "set_size_axis", "size_tick", "LINESTYLE", "RC", "line_style",
+           "VARIANT_LINESTYLE", "VARIANT_MARKERS"]
 
 
 def _libraries() -> list[tuple[str, str, str]]:
@@ -56,6 +57,11 @@ MARKERS = {name: mark for name, _, mark in _libraries()} | {"ring": "<", "tree":
                                                              "hypercube": "h"}
 RESERVE_MARKERS = ["p", "8", "H", "d", "1", "2", "3", "4"]
 LINESTYLE: dict[bool, Any] = {False: "-", True: (0, (4, 2))}     # out-of-place solid, in-place dashed
+# A series measured with options other than the defaults (a variant: `[combine=mean over
+# ranks]`) keeps its library's colour and is told from the default series by its line,
+# dotted (dash-dot in place), and by a marker no library has, one per variant of a report.
+VARIANT_LINESTYLE: dict[bool, Any] = {False: (0, (1, 1.5)), True: (0, (5, 1.5, 1, 1.5))}
+VARIANT_MARKERS = ["x", "+", "1", "2", "3", "4"]
 
 RC: Any = {       # matplotlib types rc keys as literals; this dict is checked by rc_context
     # sizes in points are sizes on paper: ccbench.report.paper sets the fonts per paper
@@ -81,6 +87,16 @@ def colour(key: str) -> str:
 
 def marker(key: str) -> str:
     return _pick(key, MARKERS, RESERVE_MARKERS)
+
+
+def line_style(key: str, variant_rank: int = 0, inplace: bool = False) -> tuple[Any, str]:
+    """(line style, marker) of a series keyed `key` (its colour's key): the library's marker
+    and LINESTYLE for the default series (variant_rank 0), else the variant's
+    (VARIANT_LINESTYLE, VARIANT_MARKERS by the rank of its options among a report's)."""
+    if variant_rank <= 0:
+        return LINESTYLE[inplace], marker(key)
+    return (VARIANT_LINESTYLE[inplace],
+            VARIANT_MARKERS[(variant_rank - 1) % len(VARIANT_MARKERS)])
 
 
 def set_size_axis(ax, lo: float, hi: float, label: str = "message size",
