@@ -344,3 +344,18 @@ def test_an_option_that_changes_the_measurement_makes_a_series_of_its_own(tmp_pa
                       "warmup": 0}
     assert len({series_label(r) for r in base + other}) == 1
     assert len(combine_runs(base + other, "pooled")) == len(base)
+
+
+def test_the_time_definition_names_the_combinations_used(tmp_path: Path) -> None:
+    """The report's method bullets say a point's time is the slowest rank's only when every
+    record combined ranks so; with --combine mean records beside them, both are named."""
+    base = synthetic(collectives=("allreduce",), worlds=(2,), backends=("gloo",))
+    report = build_report(base, tmp_path / "a", sources=["s"], formats=("png",))
+    assert "median over iterations of the slowest rank's time" in report.markdown.read_text()
+    other = copy.deepcopy(base)
+    for rec in other:
+        rec.run_id, rec.method = "run-b", {**rec.method, "combine": "mean over ranks"}
+    text = build_report(base + other, tmp_path / "b", sources=["s"],
+                        formats=("png",)).markdown.read_text()
+    assert "slowest rank's time" not in text
+    assert "max over ranks, mean over ranks" in text

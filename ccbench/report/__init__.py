@@ -367,11 +367,24 @@ def _method_bullets(records, frame) -> list[str]:
         f"ccbench {', '.join(sorted(frame['ccbench_version'].unique()))}; "
         f"iterations per size: {', '.join(map(str, sorted(frame['iterations'].unique())))} "
         f"(warm-up {', '.join(map(str, sorted(frame['warmup'].unique())))})",
-        "time = median over iterations of the slowest rank's time; busbw = algbw x the "
+        f"{_time_definition(records)}; busbw = algbw x the "
         "nccl-tests factor; bands: 5th-95th percentile of the iterations, in the "
         "per-collective figures, in panels of at most "
         f"{figures.MAX_BANDED_LINES} lines; the overviews show medians only",
     ]
+
+
+def _time_definition(records: Any) -> str:
+    """What a point's time is, from the records' --combine: the slowest rank's by default;
+    a report that holds other combinations names them (their series say which)."""
+    from ccbench.bench.options import COMBINE_LABELS
+
+    default = COMBINE_LABELS["max"]
+    used = sorted({str((r.method or {}).get("combine", default)) for r in records})
+    if used in ([default], ["max"]):
+        return "time = median over iterations of the slowest rank's time"
+    return (f"time = median over iterations of an iteration's time combined over ranks as "
+            f"its series says ({', '.join(used)}; unmarked series: {default})")
 
 
 def _native_and_algorithms(frame) -> tuple[Any, Any]:
