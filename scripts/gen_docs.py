@@ -194,6 +194,7 @@ def busbw_text(busbw: object) -> str:
 def collectives_reference() -> str:
     from algorithms import REGISTRY
     from ccbench.collectives import every
+    from ccbench.collectives.spec import ALL_RANKS
 
     families: dict[str, list[str]] = {}
     for family, collective in sorted(REGISTRY):
@@ -212,15 +213,19 @@ def collectives_reference() -> str:
                     f"{_cell(c.size_meaning)} | {busbw_text(c.busbw)} | {_IN_PLACE[c.inplace]} | "
                     f"{takes} | {_cell(', '.join(families.get(c.name, [])) or '-')} | "
                     f"{_cell(formulas)} | {_cell(tools)} | {_cell(export)} |")
-    on_root = [f"`{c.name}`" for c in every() if c.result_on == "root"]
-    root_only = f", except {', '.join(on_root)}: on its root, where it has a result" \
-        if on_root else ""
+    # the collectives compared on fewer ranks than all, grouped by where (Collective.result_on)
+    fewer: dict[str, list[str]] = {}
+    for c in every():
+        if c.result_on != ALL_RANKS:
+            fewer.setdefault(c.result_on.where, []).append(f"`{c.name}`")
+    compared = ", except " + "; ".join(f"{', '.join(names)}: {where}"
+                                       for where, names in fewer.items()) if fewer else ""
     return "\n".join([
         GENERATED, "", "# Collectives", "",
         "Every collective ccbench measures, as its registry (`ccbench/collectives/`) states it. "
         "S is the size `--sizes` asks for, as nccl-tests defines it (n ranks, elsize the dtype's "
         "bytes); busbw = algbw x the factor shown. Results are compared bit for bit on every "
-        f"rank{root_only}. `ccbench "
+        f"rank{compared}. `ccbench "
         "algorithms list` shows the schedules of ccbench's own algorithms; the cost formulas are "
         "what `calibrate` fits and `simulate` predicts with; the last column is what the Chakra "
         "and ASTRA-sim exporters write (formula: ASTRA-sim implementation).", "",

@@ -155,7 +155,7 @@ class LoopbackBackend(Backend):
         rank's send buffer exchanged, and this rank's part of the result where it has one."""
         spec = get_collective(name)
         inputs = self._exchange(send)
-        if spec.checked(self.ctx.rank, root):
+        if spec.checked(self.ctx.rank, root, self.ctx.world_size):
             self._deliver(recv, spec.reference(inputs, op, self.ctx.rank, root))
 
     builders = {spec.name: _by_reference(spec.name) for spec in every()}

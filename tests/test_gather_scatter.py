@@ -35,7 +35,7 @@ def test_the_registry_says_what_gather_and_scatter_are() -> None:
     lay = scatter.layout(3000, 4, 3)
     assert (lay.count, lay.send_count, lay.recv_count, lay.size_used, lay.block) == \
         (750, 750, 250, 3000, 250)
-    assert gather.checked(2, 2) and not gather.checked(0, 2)        # the root's output only
+    assert gather.result_ranks(3, 2) == [2]                         # the root's output only
     assert scatter.has_input(2, 2) and not scatter.has_input(0, 2)  # the root's input only
     assert gather.export is not None and scatter.export is not None
     assert (gather.export.chakra, scatter.export.chakra, gather.tools.mpi, scatter.tools.mpi) == \
@@ -92,7 +92,7 @@ def test_every_dtype_on_the_last_rank_is_exact(world: int, tmp_path: Path) -> No
 
 
 def test_a_wrong_gathered_block_fails_the_run() -> None:
-    """CCBENCH_CORRUPT flips one element rank 0 received: rank 0 is the root here."""
+    """CCBENCH_CORRUPT flips one element the first rank with a result received: the root."""
     proc = run_ccbench("launch", "-n", "2", "gather", "--backend", "gloo", "--sizes", "1K",
                        "--iters", "1", "--warmup", "0", "-q", env={"CCBENCH_CORRUPT": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -28,7 +28,7 @@ def test_the_registry_says_what_reduce_is() -> None:
     assert spec.reduces and spec.rooted and spec.busbw(3) == 1.0
     lay = spec.layout(3000, 4, 3)
     assert (lay.count, lay.send_count, lay.recv_count, lay.size_used) == (750, 750, 750, 3000)
-    assert spec.checked(2, 2) and not spec.checked(0, 2)
+    assert spec.result_ranks(3, 2) == [2]
     assert spec.export is not None
     assert spec.export.chakra == "REDUCE" and spec.export.astra is None
 
@@ -59,10 +59,13 @@ def test_reduce_every_op_and_dtype_on_the_last_rank(world: int, tmp_path: Path) 
     assert f"float32    sum {root:>4}" in proc.stdout
 
 
-def test_a_wrong_reduce_result_on_the_root_fails_the_run(tmp_path: Path) -> None:
-    """CCBENCH_CORRUPT flips one element rank 0 received: rank 0 is the root here."""
+@pytest.mark.parametrize("root", [0, 1])
+def test_a_wrong_reduce_result_on_the_root_fails_the_run(tmp_path: Path, root: int) -> None:
+    """CCBENCH_CORRUPT flips one element the first rank with a defined result received: the
+    root, rank 0 or not (a corrupted non-root would prove nothing: it is not compared)."""
     proc = run_ccbench("launch", "-n", "2", "reduce", "--backend", "gloo", "--sizes", "1K",
-                       "--iters", "1", "--warmup", "0", "-q", env={"CCBENCH_CORRUPT": "1"})
+                       "--root", str(root), "--iters", "1", "--warmup", "0", "-q",
+                       env={"CCBENCH_CORRUPT": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED" in proc.stdout
 

@@ -1,14 +1,23 @@
 """The inputs make every result exact, and the expected results match each collective's own
 brute-force reference (`Collective.reference`: every rank's inputs at once, in float64)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from ccbench import collectives
 from ccbench.bench.validation import count_wrong, expected_output, make_input
-from ccbench.collectives import COLLECTIVES, OPS, REDUCING, get, layout
+from ccbench.collectives import COLLECTIVES, OPS, Layout, get, layout
 from ccbench.dtypes import DTYPES, avg_scales
 
 RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def defined_ops(collective: str) -> list[str | None]:
+    """The ops a collective defines a result for (`Collective.ops`; None: it takes none)."""
+    spec = get(collective)
+    return [op for op in OPS if spec.undefined_op(op) is None] if spec.reduces else [None]
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
@@ -16,8 +25,7 @@ RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 @pytest.mark.parametrize("world", [1, 2, 3, 5, 41, 64])
 def test_expected_matches_reference(collective: str, dtype: str, world: int) -> None:
     np_dtype = DTYPES[dtype]
-    ops = list(OPS) if collective in REDUCING else [None]
-    for op in ops:
+    for op in defined_ops(collective):
         lay = layout(collective, 96 * world * np_dtype.itemsize, np_dtype.itemsize, world)
         root = world - 1
         inputs = [make_input(lay, np_dtype, op, r, root) for r in range(world)]
@@ -31,8 +39,26 @@ def test_expected_matches_reference(collective: str, dtype: str, world: int) -> 
             broken = got.copy()
             broken.view(RAW[np_dtype.itemsize])[-1] ^= 1      # one bit off: one wrong value
             # a reduce's or gather's non-roots have no defined result: nothing is compared
-            defined = get(collective).checked(rank, root)
+            defined = get(collective).checked(rank, root, world)
             assert count_wrong(broken, lay, op, rank, root) == int(defined)
+
+
+def test_a_collective_is_checked_for_the_ops_it_defines_only(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """A collective that defines fewer ops (a prefix scan has no avg) has no expected result
+    for the others: the check above asks for its own ops only."""
+    spec = get("allreduce")
+
+    def no_avg(lay: Layout, op: str | None, rank: int, root: int, index: np.ndarray,
+               dtype: np.dtype) -> np.ndarray:
+        assert op != "avg", "asked for an op the collective does not define"
+        return spec.expected(lay, op, rank, root, index, dtype)
+
+    monkeypatch.setitem(collectives._BY_NAME, "allreduce", dataclasses.replace(
+        spec, ops=("sum", "max", "min", "prod"), expected=no_avg))
+    assert defined_ops("allreduce") == ["sum", "max", "min", "prod"]
+    assert defined_ops("broadcast") == [None] and defined_ops("reduce") == list(OPS)
+    test_expected_matches_reference("allreduce", "float32", 3)
 
 
 @pytest.mark.parametrize("dtype", [d for d, t in DTYPES.items() if t.kind not in "iu"])

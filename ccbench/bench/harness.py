@@ -37,7 +37,8 @@ from ccbench.run.control import ControlClient
 from ccbench.run.watchdog import Watchdog
 from ccbench.units import format_size
 
-# fault injection for the test suite: flip one received element on rank 0 before validation
+# fault injection for the test suite: flip one received element before validation, on the
+# first rank with a defined result (Collective.result_ranks: a reduce's root, whichever it is)
 _INJECT_CORRUPTION = os.environ.get("CCBENCH_CORRUPT") == "1"
 
 #: called after each timed sample (outside the clock) with (samples done, samples in all)
@@ -150,13 +151,15 @@ class _Buffers:
         wrong = 0
         if not checked(lay, self.rank, case.root):   # no defined result here (reduce non-root)
             return 0
+        corrupt = _INJECT_CORRUPTION and \
+            self.rank == self.spec.result_ranks(lay.world_size, case.root)[0]
         for lo in chunks(lay.recv_count):
             hi = min(lo + CHUNK, lay.recv_count)
             part = backend.to_numpy(backend.view(self.recv, lo, hi))
             if part.dtype != self.dtype:        # a buffer holding the dtype's bits (float8)
                 part = part.view(self.dtype)
-            if _INJECT_CORRUPTION and self.rank == 0 and lo == 0:   # proves, in tests, that
-                part[0] = part[0] + part.dtype.type(1)              # wrong values fail
+            if corrupt and lo == 0:                     # proves, in tests, that wrong
+                part[0] = part[0] + part.dtype.type(1)  # values fail
             wrong += count_wrong_slice(part, lay, case.op, self.rank, case.root, lo)
         return wrong
 

@@ -80,7 +80,7 @@ def count_wrong_slice(actual: np.ndarray, lay: Layout, op: str | None, rank: int
 
 def checked(lay: Layout, rank: int, root: int) -> bool:
     """Whether this rank's receive buffer has a defined result (a reduce's non-roots do not)."""
-    return get(lay.collective).checked(rank, root)
+    return get(lay.collective).checked(rank, root, lay.world_size)
 
 
 def count_wrong(actual: np.ndarray, lay: Layout, op: str | None, rank: int, root: int = 0) -> int:

@@ -4,7 +4,15 @@
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, one_block_in
+from ccbench.collectives.spec import (
+    ALL_RANKS,
+    Collective,
+    ExportNames,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    one_block_in,
+)
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -26,7 +34,7 @@ ALLGATHER = Collective(
     name="allgather", aliases=("all_gather", "all-gather"), reduces=False, rooted=False,
     busbw=lambda n: (n - 1) / n, counts=one_block_in, block=lambda lay: lay.send_count,
     inplace="send-in-recv", inputs=own_moved, expected=gathered_blocks, reference=concatenated,
-    result_on="all",
+    result_on=ALL_RANKS,
     input_on="all", size_meaning="sendcount x n x elsize",
     export=ExportNames("ALL_GATHER",
                        comm_size=lambda size, p: size // p,   # Chakra's: the shard, the input

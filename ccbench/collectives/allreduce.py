@@ -6,7 +6,15 @@ from __future__ import annotations
 import math
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, whole_buffer
+from ccbench.collectives.spec import (
+    ALL_RANKS,
+    Collective,
+    ExportNames,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    whole_buffer,
+)
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -45,7 +53,7 @@ ALLREDUCE = Collective(
     name="allreduce", aliases=("all_reduce", "all-reduce"), reduces=True, rooted=False,
     busbw=lambda n: 2.0 * (n - 1) / n, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction,
-    reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="all",
+    reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on=ALL_RANKS,
     input_on="all", size_meaning="count x elsize",
     export=ExportNames("ALL_REDUCE", comm_size=lambda size, p: size,
                        astra="all-reduce-implementation",

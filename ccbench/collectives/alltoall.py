@@ -9,6 +9,7 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import (
+    ALL_RANKS,
     Collective,
     ExportNames,
     Layout,
@@ -59,7 +60,7 @@ ALLTOALL = Collective(
     name="alltoall", aliases=("all_to_all", "all-to-all"), reduces=False, rooted=False,
     busbw=lambda n: (n - 1) / n, counts=blocks_both_ways,
     block=lambda lay: lay.send_count // lay.world_size, inplace="same", inputs=own_moved,
-    expected=_expected, reference=_reference, result_on="all", input_on="all",
+    expected=_expected, reference=_reference, result_on=ALL_RANKS, input_on="all",
     size_meaning="count x n x elsize",
     export=ExportNames("ALL_TO_ALL", comm_size=lambda size, p: size,
                        astra="all-to-all-implementation",

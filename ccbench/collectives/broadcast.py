@@ -6,6 +6,7 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import (
+    ALL_RANKS,
     Collective,
     ExportNames,
     Layout,
@@ -41,7 +42,7 @@ BROADCAST = Collective(
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="one-buffer", inputs=_root_values, expected=_root_values,
     reference=lambda inputs, op, rank, root: np.asarray(inputs[root], dtype=np.float64),
-    result_on="all", input_on="root", size_meaning="count x elsize",
+    result_on=ALL_RANKS, input_on="root", size_meaning="count x elsize",
     export=ExportNames("BROADCAST", comm_size=lambda size, p: size),
     model=ModelTerms(
         {"tree": _bc_binomial, "scatter-allgather": _bc_scatter_ag, "ring": _bc_ring},

@@ -5,7 +5,15 @@ defined, so only the root's is checked."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, one_block_in
+from ccbench.collectives.spec import (
+    ROOT_ONLY,
+    Collective,
+    ExportNames,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    one_block_in,
+)
 from ccbench.collectives.values import concatenated, gathered_blocks, own_moved
 
 
@@ -28,7 +36,7 @@ GATHER = Collective(
     name="gather", aliases=(), reduces=False, rooted=True,
     busbw=lambda n: (n - 1) / n, counts=one_block_in, block=lambda lay: lay.send_count,
     inplace="send-in-recv", inputs=own_moved, expected=gathered_blocks, reference=concatenated,
-    result_on="root",
+    result_on=ROOT_ONLY,
     input_on="all", size_meaning="sendcount x n x elsize",
     # ASTRA-sim's system file has no gather implementation to choose: no astra key
     export=ExportNames("GATHER", comm_size=lambda size, p: size // p),   # one rank's block

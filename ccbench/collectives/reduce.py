@@ -5,7 +5,15 @@ is checked (the others' receive buffers may serve the library as scratch)."""
 from __future__ import annotations
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
-from ccbench.collectives.spec import Collective, ExportNames, ModelTerms, ToolNames, TraceRules, whole_buffer
+from ccbench.collectives.spec import (
+    ROOT_ONLY,
+    Collective,
+    ExportNames,
+    ModelTerms,
+    ToolNames,
+    TraceRules,
+    whole_buffer,
+)
 from ccbench.collectives.values import reduce_all, reducing_inputs, whole_reduction
 
 
@@ -24,7 +32,7 @@ REDUCE = Collective(
     name="reduce", aliases=(), reduces=True, rooted=True,
     busbw=lambda n: 1.0, counts=whole_buffer, block=lambda lay: lay.send_count,
     inplace="same", inputs=reducing_inputs, expected=whole_reduction,
-    reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on="root",
+    reference=lambda inputs, op, rank, root: reduce_all(inputs, op), result_on=ROOT_ONLY,
     input_on="all", size_meaning="count x elsize",
     # ASTRA-sim's system file has no reduce implementation to choose: no astra key
     export=ExportNames("REDUCE", comm_size=lambda size, p: size),

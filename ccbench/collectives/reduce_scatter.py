@@ -9,6 +9,7 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, is_pow2, lg
 from ccbench.collectives.spec import (
+    ALL_RANKS,
     Collective,
     ExportNames,
     Layout,
@@ -43,7 +44,7 @@ REDUCE_SCATTER = Collective(
     block=lambda lay: lay.recv_count, inplace="recv-in-send", inputs=reducing_inputs,
     expected=_expected,
     reference=lambda inputs, op, rank, root: block_of(reduce_all(inputs, op), rank, len(inputs)),
-    result_on="all",
+    result_on=ALL_RANKS,
     input_on="all", size_meaning="recvcount x n x elsize",
     export=ExportNames("REDUCE_SCATTER", comm_size=lambda size, p: size,
                        astra="reduce-scatter-implementation",

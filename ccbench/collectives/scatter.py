@@ -8,6 +8,7 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients, frac, lg
 from ccbench.collectives.spec import (
+    ALL_RANKS,
     Collective,
     ExportNames,
     Layout,
@@ -49,7 +50,7 @@ SCATTER = Collective(
     busbw=lambda n: (n - 1) / n, counts=one_block_out, block=lambda lay: lay.recv_count,
     inplace="recv-in-send", inputs=_root_values, expected=_expected,
     reference=lambda inputs, op, rank, root: block_of(inputs[root], rank, len(inputs)),
-    result_on="all",
+    result_on=ALL_RANKS,
     input_on="root", size_meaning="recvcount x n x elsize",
     # ASTRA-sim's system file has no scatter implementation to choose: no astra key
     export=ExportNames("SCATTER", comm_size=lambda size, p: size // p),  # one rank's block

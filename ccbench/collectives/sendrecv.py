@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ccbench.collectives.cost_terms import Coefficients
-from ccbench.collectives.spec import Collective, Layout, ModelTerms, ToolNames, whole_buffer
+from ccbench.collectives.spec import ALL_RANKS, Collective, Layout, ModelTerms, ToolNames, whole_buffer
 from ccbench.collectives.values import moved, own_moved
 
 
@@ -33,7 +33,7 @@ SENDRECV = Collective(
     inplace="never", inputs=own_moved, expected=_expected,
     reference=lambda inputs, op, rank, root: np.asarray(
         inputs[peers(rank, len(inputs))[1]], dtype=np.float64),
-    result_on="all", input_on="all",
+    result_on=ALL_RANKS, input_on="all",
     # no export names: Chakra's CollectiveCommType has no send-receive (only p2p nodes)
     size_meaning="count x elsize",
     model=ModelTerms(

@@ -21,8 +21,9 @@ import numpy as np
 
 from ccbench.collectives.cost_terms import CostFormula
 
-__all__ = ["Collective", "ExportNames", "InPlace", "Layout", "ModelTerms", "Reference",
-           "ToolNames", "TraceRules", "blocks_both_ways", "one_block_in", "one_block_out", "whole_buffer"]
+__all__ = ["ALL_RANKS", "ROOT_ONLY", "Collective", "ExportNames", "InPlace", "Layout", "ModelTerms",
+           "Reference", "ResultOn", "ToolNames", "TraceRules", "blocks_both_ways", "one_block_in",
+           "one_block_out", "whole_buffer"]
 
 #: how the in-place case lays out send and receive buffers:
 #: "one-buffer": one buffer, in-place or not (broadcast);
@@ -156,6 +157,25 @@ class TraceRules:
 
 
 @dataclass(frozen=True, slots=True)
+class ResultOn:
+    """Which ranks' receive buffers hold a defined result (validation compares those only):
+    `ALL_RANKS`, `ROOT_ONLY`, or a collective's own (an exclusive scan: every rank but rank 0,
+    whose result MPI leaves undefined)."""
+
+    #: (world size, rank, root) -> whether `rank` has a defined result
+    ranks: Callable[[int, int, int], bool]
+    #: where results are compared, as docs/reference/collectives.md says it after the
+    #: collective's name: "on its root, where it has a result"
+    where: str
+
+
+ALL_RANKS = ResultOn(lambda world_size, rank, root: True, "on every rank")
+#: the root alone (nccl-tests checks a reduce on its root alone)
+ROOT_ONLY = ResultOn(lambda world_size, rank, root: rank == root,
+                     "on its root, where it has a result")
+
+
+@dataclass(frozen=True, slots=True)
 class ToolNames:
     """What other benchmarks and libraries call a collective."""
 
@@ -189,9 +209,9 @@ class Collective:
     #: a brute-force reference from every rank's inputs, independent of `expected`: what the
     #: tests check `expected` against and what the test suite's loopback backend delivers
     reference: Reference
-    #: the ranks whose receive buffer has a defined result: "all", or only the "root"
-    #: (nccl-tests checks a reduce on its root alone)
-    result_on: Literal["all", "root"]
+    #: the ranks whose receive buffer has a defined result: `ALL_RANKS`, `ROOT_ONLY` or
+    #: its own `ResultOn`
+    result_on: ResultOn
     #: the ranks whose send buffer holds inputs: "all", or only the "root" (the others'
     #: buffers start as the sentinel, so a broadcast that does not arrive shows)
     input_on: Literal["all", "root"]
@@ -228,9 +248,13 @@ class Collective:
             return (True,)
         return (False,) if self.inplace == "never" else asked
 
-    def checked(self, rank: int, root: int) -> bool:
+    def checked(self, rank: int, root: int, world_size: int) -> bool:
         """Whether this rank's receive buffer has a defined result to compare."""
-        return self.result_on == "all" or rank == root
+        return self.result_on.ranks(world_size, rank, root)
+
+    def result_ranks(self, world_size: int, root: int) -> list[int]:
+        """The ranks with a defined result, lowest first (none: a world too small for one)."""
+        return [r for r in range(world_size) if self.checked(r, root, world_size)]
 
     def has_input(self, rank: int, root: int) -> bool:
         """Whether this rank's send buffer holds inputs (else the sentinel)."""
