@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -15,6 +15,7 @@ import pytest
 from algorithms import REGISTRY, Schedule, generate
 from algorithms.executor import Executor
 from algorithms.kernels import CUDA_OPS, DTYPE_NAMES, OPS, CupyReducer, NumpyReducer, TwinReducer
+from algorithms.patterns import PATTERNS, Combine, Pattern
 from algorithms.reference import exact_inputs, reference
 from algorithms.transport import ThreadFabric, TransportTimeout, run_threads
 from ccbench.dtypes import sentinel
@@ -94,12 +95,33 @@ def _run_all(algorithm: str, collective: str, p: int, reducer: object, units: tu
     return checked
 
 
+def _assert_checked(checked: int, pattern: Pattern, p: int) -> None:
+    """Something was compared wherever some rank has a defined result at p (an exclusive
+    scan's rank 0 has none: at p = 1 nothing is)."""
+    root = p - 1 if pattern.rooted else 0
+    defined = pattern.result([np.zeros(1) for _ in range(p)], lambda xs: xs[0], root)
+    assert (checked > 0) == any(out is not None for out in defined), (pattern.name, p, checked)
+
+
+def test_nothing_to_compare_where_no_rank_has_a_result() -> None:
+    """The exclusive scan's shape: rank r gets ranks 0..r-1 reduced, rank 0 nothing."""
+    def exclusive(xs: Sequence[np.ndarray], combine: Combine, root: int
+                  ) -> list[np.ndarray | None]:
+        return [None, *(combine(xs[:r]) for r in range(1, len(xs)))]
+
+    no_first = dataclasses.replace(PATTERNS["allreduce"], name="no-first", result=exclusive)
+    _assert_checked(0, no_first, 1)
+    _assert_checked(3, no_first, 2)
+    with pytest.raises(AssertionError):
+        _assert_checked(0, PATTERNS["allreduce"], 1)
+
+
 @pytest.mark.parametrize("algorithm,collective", PAIRS)
 @pytest.mark.parametrize("p", list(range(1, 9)))
 def test_bit_exact_against_numpy(algorithm: str, collective: str, p: int) -> None:
     checked = _run_all(algorithm, collective, p, NumpyReducer(), (0, 1, 5, 17),
                        segments=1 if p % 2 else 3, dtypes=DTYPES)
-    assert checked > 0
+    _assert_checked(checked, generate(algorithm, collective, 2).computes, p)
 
 
 @pytest.mark.parametrize("algorithm,collective", PAIRS)
