@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ccbench.collectives import COLLECTIVES, REDUCING, busbw_factor, layout
-from ccbench.model.costs import candidates, predict_time
+from ccbench.model.costs import FORMULAS, candidates, predict_time
 from ccbench.records import Record
 
 __all__ = ["known_model", "synthetic_records"]
@@ -64,12 +64,14 @@ def synthetic_records(collective: str, formula: str, world_sizes: Sequence[int],
 def known_model(alpha: float, beta: float, gamma: float, world_sizes: Sequence[int] = (2, 4),
                 backend: str = "synthetic") -> dict:
     """A model file (as `calibrate` writes it) with exactly these constants for every
-    collective: the known answer for simulate / export tests. gamma is given to the
-    reducing collectives only."""
+    collective with cost formulas: the known answer for simulate / export tests. gamma is
+    given to the reducing collectives only."""
     from ccbench.model.modelfile import SCHEMA, VERSION
 
     fits = []
     for coll in COLLECTIVES:
+        if coll not in FORMULAS:             # no cost formulas (Collective.model is None)
+            continue
         reducing = coll in REDUCING
         formulas = candidates(coll)
         fits.append({"backend": backend, "library": backend, "transport": backend,
