@@ -226,20 +226,48 @@ def test_what_a_backend_offers_trace_replay_runs_bit_exact() -> None:
 PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
 
 
-def _with_plugins() -> dict[str, str]:
+def _with_plugins(*more: Path) -> dict[str, str]:
     """The fixture distributions on the path, as installed ones: `good` adds gloo-plugin,
-    `broken` four entry points that must each be skipped with their reason."""
-    paths = [str(PLUGINS / "good"), str(PLUGINS / "broken"), os.environ.get("PYTHONPATH", "")]
+    `broken` four entry points that must each be skipped with their reason; then `more`."""
+    paths = [str(PLUGINS / "good"), str(PLUGINS / "broken"), *map(str, more),
+             os.environ.get("PYTHONPATH", "")]
     return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
-def test_doctor_lists_entry_point_backends_and_why_broken_ones_were_skipped() -> None:
-    proc = run_ccbench("doctor", "--format", "json", timeout=180, env=_with_plugins())
+def _installed_beside(tmp_path: Path) -> Path:
+    """A distribution a user might have installed beside ccbench whose plugins clash with
+    the fixtures' names (a broken `gloo`, a second `gloo-plugin`): its rows are its own."""
+    info = tmp_path / "ccbench_other_plugins-9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ccbench-other-plugins\n"
+                                   "Version: 9.9\n")
+    (info / "entry_points.txt").write_text("[ccbench.backends]\ngloo = no_such_module:Gloo\n"
+                                           "gloo-plugin = no_such_module:Gloo\n"
+                                           "missing-lib = no_such_module:Gloo\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["fixtures", "another-installed"])
+def test_doctor_lists_entry_point_backends_and_why_broken_ones_were_skipped(
+        beside: bool, tmp_path: Path) -> None:
+    """The fixtures' rows, found by where each comes from: plugins installed beside ccbench
+    (here `another-installed`, of the same names) add rows and change none of these."""
+    env = _with_plugins(*([_installed_beside(tmp_path)] if beside else []))
+    proc = run_ccbench("doctor", "--format", "json", timeout=180, env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    rows = {(row["name"], row["kind"]): row for row in json.loads(proc.stdout)["backends"]}
-    plugin = rows["gloo-plugin", "plugin"]
+    every = json.loads(proc.stdout)["backends"]
+
+    def one(name: str, kind: str, reason: str | None = None) -> dict[str, Any]:
+        """The row of `name` (of kind `kind`) whose reason holds `reason` (None: none)."""
+        found = [row for row in every if (row["name"], row["kind"]) == (name, kind)
+                 and (reason in (row["reason"] or "") if reason else
+                      not (row["reason"] or "").startswith("plugin skipped"))]
+        assert len(found) == 1, (name, kind, reason, every)
+        return found[0]
+
+    plugin = one("gloo-plugin", "plugin")
     assert plugin["display"] == "Gloo (from a plugin)"
-    assert plugin["available"] == rows["gloo", "library"]["available"]
+    assert plugin["available"] == one("gloo", "library")["available"]
     where = "from ccbench-broken-plugins 0.2): "
     expected = {
         "missing-lib": "import failed: ModuleNotFoundError: No module named "
@@ -252,8 +280,10 @@ def test_doctor_lists_entry_point_backends_and_why_broken_ones_were_skipped() ->
         "gloo": "its name clashes with the backend 'gloo' already registered",
     }
     for name, reason in expected.items():
-        row = rows[name, "plugin"]
+        row = one(name, "plugin", where)
         assert row["available"] is False and row["reason"].endswith(where + reason), row
+    if beside:
+        assert one("gloo", "plugin", "from ccbench-other-plugins 9.9): ")["available"] is False
 
 
 def test_discover_refuses_unusable_names_and_a_second_plugin_of_one_name() -> None:
