@@ -235,8 +235,13 @@ def collectives_reference() -> str:
 # -- main ----------------------------------------------------------------------------------------
 
 def outputs() -> dict[Path, str]:
-    return {CLI_MD: cli_reference(), RECORDS_MD: records_reference(),
-            COLLECTIVES_MD: collectives_reference()}
+    """The generated files' text: built-in backends only (a plugin on the path is the
+    user's own, never the reference's)."""
+    from ccbench.backends import builtin_only
+
+    with builtin_only():
+        return {CLI_MD: cli_reference(), RECORDS_MD: records_reference(),
+                COLLECTIVES_MD: collectives_reference()}
 
 
 def main(argv: list[str]) -> int:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 
 from ccbench.backend_facts import BACKENDS
 from ccbench.backends.base import Backend, BackendFactory, RankContext
@@ -28,13 +30,25 @@ DEVICE_VARIANTS: dict[tuple[str, str], str] = {
 }
 
 __all__ = ["BROKEN_PLUGINS", "DEVICE_DEFAULTS", "HOST_BACKEND", "PLUGINS", "REGISTRY", "Backend",
-           "BackendFactory", "RankContext", "backend_class", "backend_names", "check_launchable",
-           "device_backends", "parse_backends", "prepare_process", "reading",
-           "skipped_plugin"]
+           "BackendFactory", "RankContext", "backend_class", "backend_names", "builtin_only",
+           "check_launchable", "device_backends", "parse_backends", "prepare_process",
+           "reading", "skipped_plugin"]
 
 
 def backend_names() -> list[str]:
     return list(REGISTRY)
+
+
+@contextlib.contextmanager
+def builtin_only() -> Iterator[None]:
+    """The registry without the installed plugins while in the block: what ccbench itself
+    offers, which every name list and help text then shows (scripts/gen_docs.py writes the
+    reference so: the plugins installed beside ccbench are the user's own)."""
+    plugins = {p.name: REGISTRY.pop(p.name) for p in PLUGINS if p.name in REGISTRY}
+    try:
+        yield
+    finally:
+        REGISTRY.update(plugins)
 
 
 def skipped_plugin(name: str) -> BackendUnavailable | None:

@@ -81,7 +81,8 @@ class BackendInfo(TypedDict, total=False):
     """What `Backend.info()` says about the library a run measured. The first four keys are
     every backend's: records hold library, library_version and device as fields, env under
     environment.backend. Of the rest, those that change what is measured (buffers, nccl_algo,
-    nccl_proto, *_out_of_place, mpi_thread_level, cuda_graph, timed_call ...) go to the
+    nccl_proto, mpi_thread_level, cuda_graph, timed_call ...; `<collective>_out_of_place`, how
+    that collective's out-of-place call is made, on its out-of-place records only) go to the
     record's method block, every other one to its environment."""
 
     library: Required[str]

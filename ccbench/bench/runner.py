@@ -10,6 +10,7 @@ import re
 import socket
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,18 @@ from ccbench.units import size_text
 __all__ = ["BenchConfig", "run_benchmark"]
 
 #: what a backend's info() may say that changes what is measured: copied into record.method
-METHOD_KEYS = ("buffers", "nccl_algo", "nccl_proto", "allreduce_out_of_place", "mpi_thread_level",
-               "torch_threads", "timed_call", "cuda_graph")
+METHOD_KEYS = ("buffers", "nccl_algo", "nccl_proto", "mpi_thread_level", "torch_threads",
+               "timed_call", "cuda_graph")
+
+
+def _out_of_place_note(meta: Mapping[str, object], collective: str, inplace: bool
+                       ) -> dict[str, object]:
+    """How the backend makes `collective`'s out-of-place call where its info() says so
+    (`<collective>_out_of_place`, e.g. torch's copy then in-place all_reduce): for
+    record.method of that collective's out-of-place records only."""
+    key = f"{collective.replace('-', '_')}_out_of_place"
+    note = None if inplace else meta.get(key)
+    return {} if note is None else {key: note}
 # peak resident memory of a rank before its first buffer (python, numpy, torch or MPI);
 # benchmarks/host_memory.py measured 305 MiB with torch and gloo; kept with a margin
 RANK_BASELINE_BYTES = 512 << 20
@@ -278,6 +289,7 @@ class _Run:
                     "cores_per_node": self.placement["cores"],
                     # settings that change what is measured, when the backend has them
                     **{k: v for k in METHOD_KEYS if (v := meta.get(k)) is not None},
+                    **_out_of_place_note(meta, case.collective, case.inplace),
                     # a builder that is not one library call says what it times
                     **({"timed_call": own} if (own := backend.describe_call(case.collective))
                        else {}),
