@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from ccbench import collectives
 from ccbench.backends import REGISTRY, builtin_only, device_backends
 from ccbench.backends.base import Backend, BackendInfo
 from ccbench.bench.validation import checked, count_wrong, expected_output
-from ccbench.collectives.spec import ResultOn
+from ccbench.collectives.spec import ALL_RANKS, ResultOn
 from ccbench.model import costs
 from ccbench.model.synthetic import known_model
 from ccbench.records import load_records
@@ -63,11 +64,15 @@ def test_the_reference_says_where_every_collective_is_compared(
         import gen_docs
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    text = gen_docs.collectives_reference()
-    assert ("Results are compared bit for bit on every rank, except `reduce`, `gather`: on its "
-            "root, where it has a result; `all-but-first`: on every rank but rank 0, which has "
-            "none.") in " ".join(text.split())
-    assert "| `all-but-first` |" in text
+    text = " ".join(gen_docs.collectives_reference().split())
+    found = re.search(r"Results are compared bit for bit on every rank, except (.+?)\. `", text)
+    assert found is not None, text
+    groups = [part.split(": ", 1) for part in found.group(1).split("; ")]
+    where = {name.strip("`"): place for names, place in groups for name in names.split(", ")}
+    assert where["all-but-first"] == "on every rank but rank 0, which has none"
+    assert where == {c.name: c.result_on.where for c in collectives.every()
+                     if c.result_on != ALL_RANKS}
+    assert where["reduce"] == "on its root, where it has a result"
 
 
 def test_a_collective_without_cost_formulas_is_left_out_of_the_known_model(
