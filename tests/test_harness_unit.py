@@ -141,3 +141,24 @@ def test_in_place_reductions_do_not_grow_over_many_iterations(collective: str, d
     case = Case(collective, dtype, op, True, root=0)
     results = _measure(3, case, 3000, Method(iters=200, warmup=1, check=2, timeout=30))
     assert results[0][0].wrong == 0 and all(w == 0 for _, w in results)
+
+
+def test_watchdog_names_a_stopped_rank_not_the_live_ones_waiting_for_it() -> None:
+    """A rank seen stopped (SIGSTOP) is the one named; a live rank merely behind us waits for
+    it (a ring's neighbour: this rank finished the call the stopped one had fed) and is not a
+    cause. Without a stopped rank, every rank behind is named as before."""
+    store = MemoryStore()
+    dog = Watchdog(store, 0, 3, timeout=5)
+    dog.begin_step(3, "allreduce float32 sum in-place at 2 KiB")
+    dog.enter()
+    store.set("progress/1", [3, 0])                            # behind us, alive
+    store.set("progress/2", [3, 0])                            # behind us, stopped
+    states = {0: "alive", 1: "alive", 2: "alive"}
+    dog.rank_states = lambda: dict(states)
+    missing = dog._missing_ranks(None)
+    dog._stopped_peers(missing)
+    assert missing == {1: "", 2: ""}
+    states[2] = "stopped"
+    missing = dog._missing_ranks(None)
+    dog._stopped_peers(missing)
+    assert missing == {2: "stopped"}

@@ -352,13 +352,23 @@ class Watchdog:
             pass
 
     def _stopped_peers(self, missing: dict[int, str]) -> dict[int, int]:
-        """The peers on this host whose process is stopped (ccbench.run.stopped): named as
-        such, unless a rank died (that explains the stop), and ended once the line is out."""
-        if self.launcher is None:
-            return {}
-        peers = stopped_peers(self.launcher, self.rank, self.world_size)
-        if not any(why == "dead" or why.startswith("unreachable") for why in missing.values()):
-            missing.update({rank: "stopped" for rank in peers})
+        """The peers on this host whose process is stopped (ccbench.run.stopped, and the
+        rank states where every rank is seen: `ccbench launch`): named as such, in place of
+        the live ranks merely behind, unless a rank died (that explains the stop); those of
+        mpiexec, torchrun and srun are ended once the line is out (returned)."""
+        peers = {} if self.launcher is None else \
+            stopped_peers(self.launcher, self.rank, self.world_size)
+        if any(why == "dead" or why.startswith("unreachable") for why in missing.values()):
+            return peers
+        seen = self.rank_states() if self.rank_states is not None else None
+        missing.update({rank: "stopped" for rank in peers})
+        missing.update({rank: "stopped" for rank, state in (seen or {}).items()
+                        if state == "stopped" and rank != self.rank})
+        if "stopped" in missing.values():
+            # a live rank merely behind us waits for the stopped one (a ring's neighbour
+            # finished the call the stopped rank had already fed): it is not a cause
+            for rank in [r for r, why in missing.items() if not why]:
+                del missing[rank]
         return peers
 
     def _linger_as_store_host(self, store_lost: StoreLost | None, missing: dict[int, str]
