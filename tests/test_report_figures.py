@@ -445,3 +445,24 @@ def test_report_replay_and_formats_ask_the_registry_not_a_name() -> None:
             if literals and (path.parent.name != "formats" or len(literals) > 1):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_a_narrow_time_axis_reads_with_more_than_one_label() -> None:
+    """Times within a decade (gloo at 1K-1M on one host: 0.3-2.5 ms) get 2x and 5x labels
+    beside the powers of ten; a wide range keeps powers of ten only."""
+    import matplotlib.pyplot as plt
+
+    from ccbench.report.figures import _time_axis
+
+    def labels(lo: float, hi: float) -> list[str]:
+        fig, ax = plt.subplots()
+        ax.plot([1, 2], [lo, hi])
+        _time_axis(ax)
+        ax.set_ylim(lo, hi)
+        fig.canvas.draw()
+        shown = [t.get_text() for t in ax.get_yticklabels() if lo <= t.get_position()[1] <= hi]
+        plt.close(fig)
+        return shown
+
+    assert labels(300, 2500) == ["500 \u00b5s", "1 ms", "2 ms"]
+    assert labels(1, 1e6) == ["1 \u00b5s", "100 \u00b5s", "10 ms", "1 s"]

@@ -217,9 +217,22 @@ def _ranks(p: int, frame) -> str:
     return f"{p} ranks{'*' if oversubscription(p, frame) else ''}"
 
 
+class _LogTicks(mticker.LogLocator):
+    """Powers of ten; where the axis spans less than about two decades (a narrow range of
+    times) also 2x and 5x, so that it never reads with one label."""
+
+    def __init__(self) -> None:
+        super().__init__(base=10, numticks=5)
+
+    def tick_values(self, vmin: float, vmax: float):  # type: ignore[no-untyped-def]
+        narrow = vmin > 0 and vmax > 0 and math.log10(max(vmin, vmax) / min(vmin, vmax)) < 1.8
+        self.set_params(subs=(1.0, 2.0, 5.0) if narrow else (1.0,))
+        return super().tick_values(vmin, vmax)
+
+
 def _time_axis(ax) -> None:
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(mticker.LogLocator(base=10, numticks=5))
+    ax.yaxis.set_major_locator(_LogTicks())
     ax.yaxis.set_major_formatter(mticker.FuncFormatter(style.time_formatter))
     ax.yaxis.set_minor_locator(mticker.NullLocator())
 
