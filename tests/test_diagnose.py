@@ -307,24 +307,27 @@ def _ccbench(*args, env=None):
 def test_a_rank_gone_at_the_end_is_named_as_in_the_benchmark(tmp_path):
     """diagnose runs inside the benchmark's rank lifecycle (ccbench.run.lifecycle): its end is
     a step of its own with the benchmark's fault point, so a rank that exits there is found
-    at the closing barrier and the verdict names its host as stopped (exit 1), in the
-    records too (one verdict record, last)."""
+    at the closing barrier and the verdict names its host's rank as ended (its process, not
+    the network: the host still answers on every port; exit 1), in the records too (one
+    verdict record, last)."""
     import json
 
     records = tmp_path / "diag.jsonl"
     proc = _ccbench("launch", "-n", "3", "diagnose", "--quick", "--no-compute", "-O",
                     str(records), env={"CCBENCH_FAULT": "shutdown:2:exit"})
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    stopped = [line.split() for line in proc.stdout.splitlines() if "stopped" in line]
-    assert stopped and stopped[0][0] == "host" and stopped[0][1].endswith(":r2"), proc.stdout
-    assert stopped[0][2] == "stopped", proc.stdout
+    ended = [line.split() for line in proc.stdout.splitlines() if "rank ended" in line]
+    assert ended and ended[0][0] == "host" and ended[0][1].endswith(":r2's"), proc.stdout
+    assert "stopped" not in proc.stdout.split("verdict:", 1)[1], proc.stdout
     assert "the end of the run" in proc.stderr and "did not arrive: 2" in proc.stderr
     lines = [json.loads(line) for line in records.read_text().splitlines()]
     verdicts = [r for r in lines if r["method"]["diagnose"]["step"] == "verdict"]
     assert len(verdicts) == 1 and lines[-1] == verdicts[0]
     found = verdicts[0]["method"]["diagnose"]["findings"]
-    assert [(f["kind"], f["hosts"]) for f in found if f["kind"] == "stopped"] == [
-        ("stopped", [stopped[0][1]])], found
+    host = ended[0][1].removesuffix("'s")
+    assert [(f["kind"], f["hosts"]) for f in found if f["kind"] == "rank ended"] == [
+        ("rank ended", [host])], found
+    assert list(verdicts[0]["method"]["diagnose"]["ended"]) == [host]
 
 
 def test_every_live_rank_ends_with_the_verdicts_status_when_a_host_stopped(tmp_path):
@@ -353,7 +356,7 @@ def test_every_live_rank_ends_with_the_verdicts_status_when_a_host_stopped(tmp_p
     ended = [(proc.returncode, out, err) for proc in ranks
              for out, err in [proc.communicate(timeout=240)]]
     assert [rc for rc, _out, _err in ended[:2]] == [1, 1], ended
-    assert '"stopped"' in ended[0][1] and not ended[1][1].strip(), ended
+    assert '"rank ended"' in ended[0][1] and not ended[1][1].strip(), ended
 
 
 def test_a_flagged_json_verdict_is_on_stdout_and_stderr_says_so():
@@ -631,3 +634,21 @@ def test_report_draws_the_verdict_the_run_recorded_with_leaves_as_a_count(tmp_pa
     assert names == NAMES8 and [f.to_json() for f in found] == [f.to_json() for f in findings]
     recomputed = _args[2] if len(_args) > 2 else kwargs.get("recomputed", False)
     assert recomputed is False
+
+
+def test_a_rank_whose_process_ended_is_not_a_network_finding():
+    """A rank killed mid-plan on a host that still answers on every port is `rank ended`
+    (the process, not the network), its slow pairs explained; the library's long error is cut
+    to its first sentence at a word."""
+    from ccbench.diagnose.analyse import first_clause
+
+    measures = _pairs(4, lambda a, b, r: 0.9 * LINK, rounds=round_robin(4)[:1])
+    gloo = ("pairs round 2: gloo failed: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+            "Connection closed by peer [10.213.8.3]:52449. This is typically caused by a "
+            "remote peer that ended")
+    findings = analyse(measures, Expectation(), NAMES8[:4], ended={2: gloo})
+    assert _kinds(findings) == [("rank ended", "host h2's rank")]
+    assert findings[0].measured == "its process ended mid-plan"
+    assert "the process, not the network" in findings[0].evidence
+    assert "typically" not in findings[0].evidence
+    assert first_clause("a b " * 60, 20) == "a b a b a b a b a b ..."

@@ -30,7 +30,7 @@ from ccbench.units import rate_text
 if TYPE_CHECKING:
     from ccbench.diagnose.counters import CounterDelta, MidRun
 
-__all__ = ["SLOW", "Expectation", "Finding", "FindingJson", "PairMeasure", "PairMeasureJson",
+__all__ = ["SLOW", "Expectation", "Finding", "FindingJson", "PairMeasure", "PairMeasureJson", "first_clause",
            "PairRow", "StartupEvidence", "WorldResult", "analyse", "pair_table",
            "port_component", "suspicious_pairs"]
 
@@ -355,6 +355,15 @@ def _confidence(tries: int, evidence_pairs: int) -> str:
     return "low"
 
 
+def first_clause(text: str, limit: int = 100) -> str:
+    """A library's error cut to its first sentence, at a word, at most `limit` characters
+    (gloo's run on for several hundred)."""
+    head = text.split(". ", 1)[0].strip()
+    if len(head) <= limit:
+        return head
+    return head[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
 def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             compute_s: dict[int, list[float]] | None = None,
             leaves: list[list[int]] | None = None, oversub: float = 1.0,
@@ -363,7 +372,8 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             counters: dict[int, dict[str, CounterDelta]] | None = None,
             reach: dict[int, dict[int, list[str]]] | None = None,
             startup: StartupEvidence | None = None,
-            midrun: MidRun | None = None) -> list[Finding]:
+            midrun: MidRun | None = None,
+            ended: dict[int, str] | None = None) -> list[Finding]:
     """counters: per host, per interface, how its counters changed during the run; reach:
     per host, the other hosts' interfaces that gave no answer before the library started
     (see ccbench.diagnose.counters)."""
@@ -379,6 +389,13 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     for host, why in sorted((stopped or {}).items()):
         findings.append(Finding(f"host {names[host]}", "stopped", why, "answers",
                                 "it stopped answering during the plan", "high", [names[host]]))
+        explained.add(host)
+    for host, why in sorted((ended or {}).items()):
+        findings.append(Finding(f"host {names[host]}'s rank", "rank ended",
+                                "its process ended mid-plan", "runs to the end",
+                                f"its control connection closed while {names[host]} still "
+                                f"answered on every port: the process, not the network "
+                                f"({first_clause(why)})", "high", [names[host]]))
         explained.add(host)
     if ref.cluster_slow:
         findings.append(Finding("every path", "below expected", rate_text(ref.median_bw),

@@ -123,6 +123,8 @@ class Collected:
     world: WorldResult | None = None
     expect: Expectation = field(default_factory=Expectation)
     stopped: dict[int, str] = field(default_factory=dict)
+    #: hosts whose rank's process ended mid-plan while the host answered on every port
+    ended: dict[int, str] = field(default_factory=dict)
     leaves: list[list[int]] | None = None
     #: per host, per interface: how its counters changed during the run
     counters: dict[int, dict[str, CounterDelta]] = field(default_factory=dict)
@@ -750,6 +752,8 @@ def verdict_record(config: DiagnoseConfig, collected: Collected,
                                           "source": collected.expect.source},
                              "stopped": {names[h]: why for h, why in collected.stopped.items()
                                          if 0 <= h < len(names)},
+                             "ended": {names[h]: why for h, why in collected.ended.items()
+                                       if 0 <= h < len(names)},
                              "findings": [f.to_json() for f in findings], **leaves}},
         environment={"hostname": socket.gethostname()})
 
@@ -901,6 +905,11 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
             if down:        # a port went down mid-run: the ranks waiting on it did not stop
                 collected.midrun = {"step": watchdog.label, "why": why, "down": down}
                 hosts = {h: w for h, w in hosts.items() if h in rank.silent_hosts}
+            # a rank whose process ended (its control connection closed) on a host that still
+            # answers on every port: the process, not the network
+            collected.ended = {rank.host_of[r]: f"{watchdog.label}: {why}" for r, w in lost.items()
+                               if w == "dead" and rank.host_of[r] not in rank.silent_hosts}
+            hosts = {h: w for h, w in hosts.items() if h not in collected.ended}
             on_stop(collected, why, hosts)
         watchdog.on_stop = stopped
         if config.on_plan is not None:

@@ -98,7 +98,7 @@ def findings_of(collected: Any, oversub: float = 1.0) -> list[Finding]:
                    collected.compute_s, collected.leaves, oversub, collected.world,
                    collected.stopped, getattr(collected, "counters", None),
                    getattr(collected, "reach", None), getattr(collected, "startup", None),
-                   getattr(collected, "midrun", None))
+                   getattr(collected, "midrun", None), getattr(collected, "ended", None))
 
 
 def verdict_json(collected: Any, findings: list[Finding]) -> VerdictJson:
