@@ -364,6 +364,21 @@ def first_clause(text: str, limit: int = 100) -> str:
     return head[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
 
 
+def _lost_hosts(stopped: dict[int, str], ended: dict[int, str], names: list[str]
+                ) -> list[Finding]:
+    """The hosts lost mid-plan: one that stopped answering, or whose rank's process ended
+    while the host still answered on every port (the process, not the network)."""
+    found = [Finding(f"host {names[host]}", "stopped", why, "answers",
+                     "it stopped answering during the plan", "high", [names[host]])
+             for host, why in sorted(stopped.items())]
+    return found + [Finding(f"host {names[host]}'s rank", "rank ended",
+                            "its process ended mid-plan", "runs to the end",
+                            f"its control connection closed while {names[host]} still "
+                            f"answered on every port: the process, not the network "
+                            f"({first_clause(why)})", "high", [names[host]])
+                    for host, why in sorted(ended.items())]
+
+
 def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
             compute_s: dict[int, list[float]] | None = None,
             leaves: list[list[int]] | None = None, oversub: float = 1.0,
@@ -386,17 +401,9 @@ def analyse(measures: list[PairMeasure], expect: Expectation, names: list[str],
     if startup:
         findings.append(_startup_finding(startup, names))
         explained |= {h for h in startup.get("never_arrived", []) if 0 <= h < len(names)}
-    for host, why in sorted((stopped or {}).items()):
-        findings.append(Finding(f"host {names[host]}", "stopped", why, "answers",
-                                "it stopped answering during the plan", "high", [names[host]]))
-        explained.add(host)
-    for host, why in sorted((ended or {}).items()):
-        findings.append(Finding(f"host {names[host]}'s rank", "rank ended",
-                                "its process ended mid-plan", "runs to the end",
-                                f"its control connection closed while {names[host]} still "
-                                f"answered on every port: the process, not the network "
-                                f"({first_clause(why)})", "high", [names[host]]))
-        explained.add(host)
+    lost = _lost_hosts(stopped or {}, ended or {}, names)
+    findings += lost
+    explained |= {names.index(f.hosts[0]) for f in lost}
     if ref.cluster_slow:
         findings.append(Finding("every path", "below expected", rate_text(ref.median_bw),
                                 rate_text(float(expect.link_bps or 0)) + f" ({expect.source})",
