@@ -83,8 +83,6 @@ _GET_SLACK_S = 5.0
 PEER_SILENT_S = 8.0
 _KEEPALIVE_IDLE_S = 2
 _KEEPALIVE_INTERVAL_S = 1
-#: how often a request waiting on a key looks whether its peer has gone
-_GONE_CHECK_S = 0.5
 
 
 class StoreLost(RunFailure):
@@ -185,14 +183,6 @@ def _wait_seconds(value: Any) -> float:
             or not 0 <= value <= _LONGEST_WAIT_S:
         raise BadRequest("bad timeout")
     return float(value)
-
-
-class _PeerGone(Exception):
-    """The peer closed its connection (or the kernel dropped it) while a request of it waited."""
-
-    def __init__(self, silent: bool) -> None:
-        super().__init__("gone")
-        self.silent = silent
 
 
 class _Dropped(Exception):
@@ -310,8 +300,6 @@ class ControlServer:
                     self._drop(conn, peer, _why_dropped(state, why))
                 except TimeoutError:
                     state["silent"] = True   # the kernel gave up: no ACK for PEER_SILENT_S
-                except _PeerGone as gone:
-                    state["silent"] = gone.silent
                 except (OSError, ValueError, KeyError, TypeError):
                     pass      # a broken or foreign connection loses only its own answers
         except OSError:
@@ -383,7 +371,7 @@ class ControlServer:
                     self._data[key] = int(self._data.get(key, 0)) + 1
             else:
                 try:
-                    reply = self._handle(command, request, state["claimed"], conn)
+                    reply = self._handle(command, request, state["claimed"])
                 except BadRequest as bad:
                     reply = {"ok": False, "error": str(bad)}
             _write_line(stream, reply)
@@ -440,8 +428,7 @@ class ControlServer:
             return self.secret
         return self._keys.get(rank) if isinstance(rank, int) else None
 
-    def _handle(self, command: Any, request: dict[str, Any], claimed: int,
-                conn: socket.socket | None = None) -> dict[str, Any]:
+    def _handle(self, command: Any, request: dict[str, Any], claimed: int) -> dict[str, Any]:
         key = _check_key(request.get("key", ""), setting=command in ("set", "add"))
         with self._cond:
             if command == "set":
@@ -462,11 +449,7 @@ class ControlServer:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return {"ok": False, "error": "timeout"}
-                    # this thread reads nothing while it waits: look at the connection itself,
-                    # else a rank that died waiting counts as open until the get times out
-                    self._cond.wait(min(left, _GONE_CHECK_S))
-                    if conn is not None:
-                        _check_peer(conn)
+                    self._cond.wait(left)
                 return {"ok": True, "value": self._data[key]}
             if command == "peek":
                 return {"ok": True, "value": self._data.get(key)}
@@ -478,22 +461,6 @@ class ControlServer:
     def close(self) -> None:
         self._closing = True
         self._sock.close()
-
-
-def _check_peer(conn: socket.socket) -> None:
-    """Raise _PeerGone once the peer has closed its end (data it sent before may still be
-    unread) or the kernel dropped the connection (no ACK for PEER_SILENT_S: silent)."""
-    poller = select.poll()
-    poller.register(conn, select.POLLRDHUP)
-    events = poller.poll(0)
-    if not events:
-        return
-    mask = events[0][1]
-    if mask & select.POLLERR:
-        error = conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        raise _PeerGone(silent=error == errno.ETIMEDOUT)
-    if mask & (select.POLLRDHUP | select.POLLHUP):
-        raise _PeerGone(silent=False)
 
 
 def _has_line(conn: socket.socket) -> bool:
