@@ -15,6 +15,7 @@ of the table (CCBENCH_ITERS, CCBENCH_TIMEOUT, ...) and for the axes in ENV_AXES
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -266,12 +267,18 @@ def method_record(method: Method, run: Mapping[str, Any] | None = None) -> dict[
     return {**out, **(run or {})}
 
 
+@functools.cache
+def _default_record() -> dict[str, Any]:
+    """The method block of the defaults, once: measured_variant runs per record in reports."""
+    return method_record(Method())
+
+
 # open-shaped: record.method, keyed by the registry of options
 def measured_variant(method: Mapping[str, Any]) -> str:
     """`buffer_offset=1, combine=mean over ranks`: the options of a record's method block that
     change what is measured (not precision_only) and differ from their defaults; "" for a
     record measured as the defaults measure (or from before those options)."""
-    labelled = method_record(Method())
+    labelled = _default_record()
     shown = []
     for f in fields(Method):
         recorded = f.metadata.get("record", {})
