@@ -3,6 +3,9 @@ MPI, on the 8-host dual-plane testbed under its Slurm, the faults injected by
 scripts/diagnose-faults.sh (tc and ip in the hosts' namespaces, unknown to diagnose).
 
     python benchmarks/diagnose_intermittent.py --cells ecmp=5,flap=3,mpi-down=3,healthy=10
+    python benchmarks/diagnose_intermittent.py --cells mpi-down-mid=5 --stamp DATE-mpi-midrun
+
+(`mpi-down-mid`: h6's eth1 set down at a random moment 5-25 s into the run, under mpiexec.)
 
 Needs `ccbench testbed up --hosts 8 --planes 2 --link 50M --slurm` (left as it is). Per run:
 the fault, the launcher, exit status, wall time, the plan's estimates, the load average
@@ -17,11 +20,13 @@ import argparse
 import datetime
 import json
 import os
+import random
 import re
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -89,21 +94,33 @@ CELLS: dict[str, tuple[str, list[str], list[list[str]], list[list[str]], Any]] =
     "flap": ("srun", GLOO, [], [["up", "h3", "eth0"]], _flap),
     "flap-eth1": ("srun", GLOO, [], [["up", "h3", "eth1"]], _flap_eth1),
     "mpi-down": ("mpiexec", MPI, [["down", "h6", "eth1"]], [["up", "h6", "eth1"]], _mpi_down),
+    # the same port set down during the plan (DELAYED: a random moment after the start)
+    "mpi-down-mid": ("mpiexec", MPI, [["down", "h6", "eth1"]], [["up", "h6", "eth1"]],
+                     _mpi_down),
     "oneway": ("srun", GLOO, [["oneway", "h5", "15mbit"]], [["clear", "h5", "50mbit"]],
                _oneway),
 }
+
+
+#: cells whose faults are set after a random delay (s) from the start, within these bounds:
+#: during the world step, the pair rounds or the compute probe of the 8-host plan
+DELAYED = {"mpi-down-mid": (5.0, 25.0)}
 
 
 def run(cell: str) -> dict[str, Any]:
     launcher, args, setup, cleanup, mine = CELLS[cell]
     env = {**os.environ, "SLURM_CONF": SLURM_CONF, "PYTHONPATH": str(ROOT),
            "CCBENCH_CONTROL_SECRET": secrets.token_hex(32)}
-    for fault in setup:
+    delay = random.uniform(*DELAYED[cell]) if cell in DELAYED else None
+    timer = threading.Timer(delay, lambda: [_faults(*f) for f in setup]) if delay else None
+    for fault in setup if timer is None else []:
         _faults(*fault)
     flapper = (subprocess.Popen([str(FAULTS), "flap", "h3", cell[5:] or "eth0", "3", "3"],
                                 start_new_session=True) if cell.startswith("flap") else None)
     load = _load()
     start = time.monotonic()
+    if timer is not None:
+        timer.start()
     try:
         proc = subprocess.run(_command(launcher, args), env=env, cwd=ROOT, text=True,
                               capture_output=True, timeout=RUN_LIMIT_S)
@@ -111,6 +128,9 @@ def run(cell: str) -> dict[str, Any]:
     except subprocess.TimeoutExpired as exc:
         rc, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
     seconds = time.monotonic() - start
+    if timer is not None:
+        timer.cancel()
+        timer.join()
     if flapper is not None:
         os.killpg(flapper.pid, signal.SIGTERM)
         flapper.wait()
@@ -124,6 +144,7 @@ def run(cell: str) -> dict[str, Any]:
     after = re.search(r"after the world step: .*estimated (\d+) s", err)
     named = [f for f in findings or [] if mine is not None and mine(f)]
     result = {"cell": cell, "launcher": launcher, "rc": rc, "seconds": round(seconds, 1),
+              "fault_at_s": round(delay, 1) if delay else None,
               "estimated_s": int(plan.group(1)) if plan else None,
               "estimated_after_world_s": int(after.group(1)) if after else None,
               "load_before": load, "load_after": _load(),
@@ -141,14 +162,16 @@ def table(lines: list[dict[str, Any]], stamp: str) -> str:
     rows = [f"# ccbench diagnose: intermittent, one-way and MPI faults, {stamp}", "",
             "8 hosts, dual plane, 50 Mbit/s, the testbed's Slurm; faults by "
             "scripts/diagnose-faults.sh; machine: 2 cores shared with other work.", "",
-            "| cell | launcher | named | false findings | exit | wall (s) | plan est. (s) | "
-            "est. after world (s) | load before/after |", "|---|---|---|---|---|---|---|---|---|"]
+            "| cell | launcher | named | false findings | exit | wall (s) | fault at (s) | "
+            "plan est. (s) | est. after world (s) | load before/after |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in lines:
         named = {True: "yes", False: "NO", None: "-"}[r["named"]]
         false = "; ".join(r["false"]) if r["false"] else ("none" if r["false"] == []
                                                           else "no verdict")
         rows.append(f"| {r['cell']} | {r['launcher']} | {named} | {false} | {r['rc']} | "
-                    f"{r['seconds']} | {r['estimated_s']} | {r['estimated_after_world_s']} | "
+                    f"{r['seconds']} | {r.get('fault_at_s') or '-'} | {r['estimated_s']} | "
+                    f"{r['estimated_after_world_s']} | "
                     f"{r['load_before']:.1f}/{r['load_after']:.1f} |")
     summary = {}
     for r in lines:

@@ -29,7 +29,8 @@ class MemoryStore:
         self._data: dict[str, Any] = {}
         self._changed = threading.Condition()
 
-    def second_connection(self) -> MemoryStore:
+    def second_connection(self, connect_timeout: float | None = None,
+                          rank0_state: object = None) -> MemoryStore:
         return self
 
     def where(self) -> str:

@@ -449,6 +449,27 @@ def test_a_connection_that_does_not_say_hello_is_closed(server: ControlServer) -
     assert server.snapshot() == (0, [], {})
 
 
+
+def test_a_rank_gone_while_its_get_waits_is_seen_closed_before_the_get_times_out(
+        server: ControlServer) -> None:
+    """The store host of a bare mpiexec (watch_hangups): a rank that ended while the store
+    waited on a key for it (diagnose, a rank leaving once the verdict was out) is closed at
+    once, not when its get times out. Until every connection has closed the store host stays,
+    and with it the output pipes the MPI proxy waits on: the run ended 45 s after its last
+    rank (the testbed, a port down under --backend mpi)."""
+    server.watch_hangups()
+    rank = ControlClient("127.0.0.1", server.port, 1, secret=server.secret)
+    _wait_for(lambda: server.snapshot()[0] == 1, GONE_BOUND_S, "the rank's connection")
+    raw = rank._sock
+    raw.sendall(b'{"cmd": "get", "key": "never", "timeout": 3600}\n')
+    raw.shutdown(socket.SHUT_RDWR)         # as the kernel closes it for a process that ended
+    _wait_for(lambda: server.snapshot()[0] == 0, 2 * GONE_BOUND_S,
+              "a rank gone while its get waited still counted as open")
+    open_ranks, closed, data = server.snapshot()
+    assert closed == [(1, False)] and server.hangups == [1]
+    assert "dead/1" in data and "unreachable/1" not in data
+    raw.close()
+
 # -- whole runs ------------------------------------------------------------------------------
 def _launch(tag: str, bench: list[str], **popen: object) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "ccbench", "launch", "-n", "2", *bench],

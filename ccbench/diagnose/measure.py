@@ -142,22 +142,40 @@ class Collected:
     started: float = field(default_factory=time.monotonic)
 
 
-#: set by rank 0 before it prints the verdict of a run a host stopped answering in: the
-#: other ranks, leaving, end with this status too (not the benchmark's EXIT_HUNG)
+#: set by rank 0 once it has printed the verdict of a run a host stopped answering in: the
+#: status the other ranks then end with (0: the run's status is rank 0's 1, which it ends
+#: with once they have gone). Not before, and not 1 from them: a bare mpiexec (hydra) kills
+#: every rank as soon as one ends with a status other than 0, rank 0 among them, and then
+#: itself ends with 255
 STOPPED_VERDICT_KEY = "diag/stopped-verdict"
+#: set by rank 0 when it starts on that verdict (it re-probes every host first): the others
+#: wait for STOPPED_VERDICT_KEY up to VERDICT_DONE_S then, instead of VERDICT_WAIT_S
+VERDICT_COMING_KEY = "diag/verdict-coming"
 #: a rank other than 0 that gave up first asks rank 0 for the verdict here (why, missing)
 STOP_REQUEST_KEY = "diag/stop-request"
 #: the ranks that reached the library's start-up (start/R) and finished it (up/R)
 STARTUP_KEY = "diag/library/"
 #: how long a rank that gave up first waits for rank 0's verdict before it leaves
 VERDICT_WAIT_S = 10.0
+#: ... and once rank 0 has started on it (the re-probe of every host is bounded by 10 s)
+VERDICT_DONE_S = 30.0
+#: a rank blocked this long, on a host whose port has been down this long (up when the run
+#: started), gives up naming it (a 3 s flap, which the library outlasts, does not)
+PORT_DOWN_S = 5.0
+#: how a rank's own down port is named in its request for the verdict: PORT_DOWN_NOTE + label
+PORT_DOWN_NOTE = "port down: "
+_UP_STATES = ("up", "active")        # operstate, and an RDMA port's state
+#: how long a rank that lost the control store (no answer: a port of its host went down)
+#: keeps trying to reach it again over another path, to hear the verdict
+REJOIN_S = 30.0
 
 
 class _DiagnoseWatchdog(Watchdog):
     """The benchmark's watchdog; when it gives up on a rank, rank 0 first hands what it has
-    to `on_stop` (the verdict, naming the stopped host) and ends with status 1, and so do
-    the other live ranks (they would end with EXIT_HUNG), so that srun and mpiexec, which
-    report the highest status of the ranks, end with the verdict's 1."""
+    to `on_stop` (the verdict, naming the stopped host or the port that went down) and ends
+    with status 1, after the other live ranks have ended with 0 (they would end with
+    EXIT_HUNG): srun, mpiexec and torchrun then end with the verdict's 1, and a bare
+    mpiexec, which kills every rank once one ends with another status than 0, kills none."""
 
     on_stop: Callable[[str, dict[int, str]], None] | None = None
 
@@ -167,19 +185,51 @@ class _DiagnoseWatchdog(Watchdog):
         super()._leave_quietly(tell_store, status)
 
     def _verdict_status(self, status: int) -> int:
-        """1 once rank 0 has given the verdict of a stopped host (waiting for it at most
-        VERDICT_WAIT_S while no other rank has said why the run ended), else `status`. Read
-        before this rank says it left: rank 0 keeps the store up until then."""
-        deadline = time.monotonic() + VERDICT_WAIT_S
+        """1 once rank 0 has given the verdict of a stopped host, else `status`. Read before
+        this rank says it left: rank 0 keeps the store up until then."""
+        verdict = self._await_verdict()
+        return status if verdict is None else verdict
+
+    def _await_verdict(self) -> int | None:
+        """Rank 0's verdict status, once it has printed the verdict: waited for at most
+        VERDICT_WAIT_S while it has not started on one and no rank has said why the run
+        ended, and VERDICT_DONE_S once it has started (this rank must outlive rank 0's
+        printing it: under a bare mpiexec its exit would end rank 0)."""
+        start = time.monotonic()
         with contextlib.suppress(Exception):
             while True:
                 verdict = self.store.peek(STOPPED_VERDICT_KEY)
                 if verdict is not None:
                     return int(verdict)
-                if self.store.peek("aborted") is not None or time.monotonic() >= deadline:
-                    return status
+                coming = self.store.peek(VERDICT_COMING_KEY) is not None
+                waited = time.monotonic() - start
+                if waited >= (VERDICT_DONE_S if coming else VERDICT_WAIT_S) or (
+                        not coming and self.store.peek("aborted") is not None):
+                    return None
                 time.sleep(0.1)
-        return status
+        return None
+
+    def _rejoin(self) -> bool:
+        """A rank other than 0 that lost its store connection (a port of its host went down
+        and the connection's packets took it: no answer for 8 s, or the kernel's reset
+        after that): connect again (a new connection takes a path that works, where there
+        is one) for at most REJOIN_S, so that it waits for rank 0's verdict instead of ending
+        at once, which under a bare mpiexec ends rank 0 before the verdict is out. False
+        where the store is gone (refused: nothing listens there) or stays out of reach."""
+        if self.rank == 0:
+            return False
+        deadline = time.monotonic() + REJOIN_S
+        while time.monotonic() < deadline:
+            try:
+                self.store = self.store.second_connection(
+                    connect_timeout=max(1.0, min(5.0, deadline - time.monotonic())),
+                    rank0_state=lambda: "gone")      # refused: the store has ended
+                return True
+            except Exception as failed:  # noqa: BLE001 - not yet: the next path, or give up
+                if getattr(failed, "rank0_gone", False):
+                    return False
+                time.sleep(0.5)
+        return False
 
     def _startup_missing(self) -> dict[int, str]:
         """The library's start-up: the ranks that never reached it (or, all having reached
@@ -193,10 +243,23 @@ class _DiagnoseWatchdog(Watchdog):
                               if r not in up}
         return {}
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the states of this host's ports the plan measures (by their label in the plan) when
+        # the run started, and how to read them now: set on the rank that reads the counters
+        self.ports_before: dict[str, str] = {}
+        self.port_states: Callable[[], dict[str, str]] | None = None
+        self._down_since: dict[str, float] = {}
+        self._next_port_look = 0.0
+        self._stopping = False
+
     def _check_continued(self) -> None:
-        """Also, on rank 0, every poll: another rank that gave up first asked for the
-        verdict (STOP_REQUEST_KEY); rank 0 gives it, as when it gives up itself."""
+        """Also, every poll: the host's own ports (`_look_at_own_ports`); on rank 0, another
+        rank that gave up first asked for the verdict (STOP_REQUEST_KEY); rank 0 gives it, as
+        when it gives up itself."""
         super()._check_continued()
+        if not self._stopping:
+            self._look_at_own_ports()
         if (self.rank != 0 or self.on_stop is None or self._handing_over
                 or self.blocked_since is None):
             return
@@ -209,8 +272,36 @@ class _DiagnoseWatchdog(Watchdog):
 
     _handing_over = False
 
+    def _look_at_own_ports(self) -> None:
+        """Blocked in the library for PORT_DOWN_S while a port of this host that was up when
+        the run started has been down as long: that is why (a library over TCP waits on it
+        for minutes, Intel MPI until --timeout), so give up naming it and rank 0 gives the
+        verdict while the launcher still runs (Slurm aborted a step whose own traffic
+        crossed that port 21 s after it went down, on the testbed). Once a second."""
+        now, blocked = time.monotonic(), self.blocked_since
+        if self.port_states is None or blocked is None or now < self._next_port_look:
+            return
+        self._next_port_look = now + 1.0
+        try:
+            states = self.port_states()
+        except OSError:
+            return
+        for label, before in self.ports_before.items():
+            if before not in _UP_STATES or states.get(label) in _UP_STATES:
+                self._down_since.pop(label, None)
+                continue
+            since = self._down_since.setdefault(label, now)
+            if min(now - since, now - blocked) >= PORT_DOWN_S:
+                self._give_up(f"its host's port {label} went down and this rank's step has "
+                              f"waited {now - blocked:.0f} s since",
+                              missing={self.rank: f"{PORT_DOWN_NOTE}{label}"})
+
     def _give_up(self, why: str, store_lost: Any = None,
                  missing: dict[int, str] | None = None) -> None:
+        # one at a time (the main thread and this one can both lose the store): the first
+        # to get here decides, the other waits for the process to end (reentrant)
+        self._giving_up.acquire()
+        self._stopping = True
         if (self.rank != 0 and store_lost is None and self.on_stop is None
                 and not self._handing_over):
             self._handing_over = True
@@ -221,28 +312,47 @@ class _DiagnoseWatchdog(Watchdog):
                     self.store.set(STOP_REQUEST_KEY, {"why": f"rank {self.rank}: {why}",
                                                       "missing": {str(r): w for r, w
                                                                   in lost.items()}})
-                    deadline = time.monotonic() + VERDICT_WAIT_S
-                    while time.monotonic() < deadline:
-                        verdict = self.store.peek(STOPPED_VERDICT_KEY)
-                        if verdict is not None:
-                            self._leave_quietly(status=int(verdict))
-                        if self.store.peek("aborted") is not None:
-                            break
-                        time.sleep(0.1)
+                    verdict = self._await_verdict()
+                    if verdict is not None:
+                        self._leave_quietly(status=verdict)
         if self.rank == 0 and store_lost is None and self.on_stop is not None:
-            with contextlib.suppress(Exception):
-                if self.store.peek("aborted") is None:
-                    self.store.set(STOPPED_VERDICT_KEY, 1)
-                    lost = missing if missing is not None else self._missing_ranks(None)
-                    if self.label.endswith(": initialisation"):
-                        lost = self._startup_missing() or lost
-                    print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
-                                     f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}"),
-                          file=sys.stderr, flush=True)
-                    self.on_stop(why, lost)
-                    self._linger_as_store_host(None, lost)
-                    os._exit(1)
+            self._give_verdict(why, missing)
+        if store_lost is not None and not self._handing_over and self._rejoin():
+            # this rank's host is the one cut off (on one path at least), not the others
+            self._give_up(f"its control connection stopped answering ({store_lost})", None,
+                          {self.rank: "unreachable: its control connection stopped answering"})
         super()._give_up(why, store_lost, missing)
+
+    def _give_verdict(self, why: str, missing: dict[int, str] | None) -> None:
+        """Rank 0: the verdict of the run as far as it went; the other ranks end (with 0)
+        once it is out, and rank 0 after them, with 1."""
+        with contextlib.suppress(Exception):
+            if self.store.peek("aborted") is None:
+                self.store.set(VERDICT_COMING_KEY, 1)
+                lost = missing if missing is not None else self._missing_ranks(None)
+                if self.label.endswith(": initialisation"):
+                    lost = self._startup_missing() or lost
+                print(error_line(f"{self.label}: {why}; ranks that did not arrive: "
+                                 f"{', '.join(str(r) for r in sorted(lost)) or 'unknown'}"),
+                      file=sys.stderr, flush=True)
+                assert self.on_stop is not None
+                self.on_stop(why, lost)
+                self.store.set(STOPPED_VERDICT_KEY, 0)
+                self._linger_as_store_host(None, lost)
+                self._outlast_the_others()
+                os._exit(1)
+
+    def _outlast_the_others(self) -> None:
+        """Rank 0, the verdict out: end after every other rank's process has (its control
+        connection closed; at most VERDICT_WAIT_S), so that the launcher hears rank 0's 1
+        last and kills nobody."""
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        with contextlib.suppress(Exception):
+            while time.monotonic() < deadline:
+                closed = {int(k.split("/")[1]) for k in self.store.prefix("dead/")}
+                if closed >= set(range(1, self.world_size)):
+                    return
+                time.sleep(0.05)
 
 
 def _nic_speed_bps() -> float | None:
@@ -294,14 +404,15 @@ class _Rank:
         self.addresses: list[dict[str, str] | None] = []   # per rank: its interfaces
         self.silent_hosts: set[int] = set()
 
-    def ports_down_now(self) -> list[list[Any]]:
+    def ports_down_now(self, reported: list[list[Any]] | None = None) -> list[list[Any]]:
         """Rank 0, when the run stopped: every other host's addresses probed again from here
-        (`mid_run_down`): [[host, interface], ...] that stopped answering; the hosts that
-        answer on none go to `silent_hosts`."""
+        (`mid_run_down`): [[host, interface], ...] that stopped answering, with those a host
+        `reported` down itself (seen in its own port states); the hosts that answer on none
+        go to `silent_hosts`."""
         from ccbench.diagnose.counters import mid_run_down
 
         if not self.addresses:
-            return []
+            return list(reported or [])
         me = self.host_of[self.info.rank]
         failed = probe_failures(me, self.addresses, self.host_of)
         labels = {self.host_of[r]: sorted(a) for r, a in enumerate(self.addresses) if a}
@@ -311,7 +422,16 @@ class _Rank:
         local = {h for h, n in enumerate(self.names) if n.split(" rail ")[0] == machine}
         down, silent = mid_run_down(me, failed, labels, groups, local)
         self.silent_hosts = set(silent)
-        return [list(d) for d in down]
+        return [list(d) for d in sorted(set(down) | {(h, n) for h, n in reported or []})]
+
+    def port_states(self, counters: dict[str, PortCounters] | None = None) -> dict[str, str]:
+        """This host's ports that the plan measures (this rank's addresses) -> their state,
+        by their label in the plan; from `counters`, else read now."""
+        mine = self.addresses[self.info.rank] if self.addresses else None
+        read = counters if counters is not None else read_counters()
+        return {label: state for label, state in self._as_planes(
+            {name: row.get("state", "") for name, row in read.items()}).items()
+            if mine and label in mine}
 
     def my_rail(self) -> int | None:
         return self.rail[self.info.rank] if self.config.rails > 1 and self.rail else None
@@ -901,7 +1021,9 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
                 on_stop(collected, why, {})
                 return
             hosts = {rank.host_of[r]: why for r in lost}
-            down = rank.ports_down_now()
+            down = rank.ports_down_now([[rank.host_of[r], w[len(PORT_DOWN_NOTE):]]
+                                        for r, w in lost.items()
+                                        if w.startswith(PORT_DOWN_NOTE)])
             if down:        # a port went down mid-run: the ranks waiting on it did not stop
                 collected.midrun = {"step": watchdog.label, "why": why, "down": down}
                 hosts = {h: w for h, w in hosts.items() if h in rank.silent_hosts}
@@ -918,6 +1040,9 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
         rank.counters_before = read_counters()
     with watchdog.waiting():
         rank.check_reach()
+    if rank.info.rank in rank.rep:
+        watchdog.port_states = rank.port_states
+        watchdog.ports_before = rank.port_states(rank.counters_before)
     backend = _make_backend(config, rank.info, rank.store, watchdog, len(rank.names))
     try:
         rank.meta = backend.info()

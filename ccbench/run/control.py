@@ -325,7 +325,8 @@ class ControlServer:
         kernel saw it: one epoll, whose ready list is in the order the hang-ups arrived, read
         by one thread. A rank killed closes its connection before its launcher can notice the
         death and end the others; each connection's own thread notices its close later, in
-        whatever order the scheduler runs them (ccbench.run.storehost). Before any rank
+        whatever order the scheduler runs them (ccbench.run.storehost). A get of a rank seen
+        closed stops waiting then: its thread reads nothing while it waits. Before any rank
         connects."""
         self._hangup_poll = select.epoll()
         threading.Thread(target=self._hangup_loop, name="ccbench-store-hangups",
@@ -344,6 +345,9 @@ class ControlServer:
                         poller.unregister(fd)
                         os.close(fd)
                         self.hangups.append(rank)
+                        # a get of that rank waiting for a key ends now: its thread reads
+                        # nothing while it waits, and would see the close only at its timeout
+                        self._cond.notify_all()
             with self._cond:
                 for fd in self._hangup_ranks:
                     os.close(fd)
@@ -449,6 +453,8 @@ class ControlServer:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return {"ok": False, "error": "timeout"}
+                    if claimed in self.hangups:    # the rank's process is gone (watch_hangups)
+                        return {"ok": False, "error": "gone"}
                     self._cond.wait(left)
                 return {"ok": True, "value": self._data[key]}
             if command == "peek":
@@ -673,10 +679,14 @@ class ControlClient:
     def where(self) -> str:
         return f"{self.address[0]}:{self.address[1]}"
 
-    def second_connection(self) -> ControlClient:
+    def second_connection(self, connect_timeout: float | None = None,
+                          rank0_state: Callable[[], str | None] | None = None
+                          ) -> ControlClient:
         """Another connection for the same rank (its watchdog), so a long blocking `get` on the
         main connection never delays liveness posts; it does not count for liveness."""
-        other = ControlClient(*self.address, self.rank, connect_timeout=self.connect_timeout,
+        other = ControlClient(*self.address, self.rank,
+                              connect_timeout=connect_timeout or self.connect_timeout,
+                              rank0_state=rank0_state,
                               reply_timeout=self.reply_timeout, track=False,
                               secret=self._secret)
         other.holder = self.holder
@@ -711,10 +721,12 @@ class ControlClient:
                 self._stream.write((json.dumps(request) + "\n").encode())
                 self._stream.flush()
                 return bytes(self._stream.readline())
-            except TimeoutError:
-                raise StoreLost(f"the control store at {self.where} ({self.holder}) did not "
-                                f"answer within {limit:g} s", unresponsive=True,
-                                holder=self.holder) from None
+            except TimeoutError as exc:
+                # the kernel's user timeout (ETIMEDOUT) or this reply's wait (no errno)
+                silent = f"stopped answering (nothing acknowledged for {PEER_SILENT_S:g} s)" \
+                    if exc.errno == errno.ETIMEDOUT else f"did not answer within {limit:g} s"
+                raise StoreLost(f"the control store at {self.where} ({self.holder}) {silent}",
+                                unresponsive=True, holder=self.holder) from None
             except OSError as exc:
                 raise StoreLost(f"lost the control store at {self.where} ({self.holder}): "
                                 f"{exc}", holder=self.holder) from None
