@@ -5,7 +5,7 @@ scripts/diagnose-faults.sh (tc and ip in the hosts' namespaces, unknown to diagn
     python benchmarks/diagnose_intermittent.py --cells ecmp=5,flap=3,mpi-down=3,healthy=10
     python benchmarks/diagnose_intermittent.py --cells mpi-down-mid=5 --stamp DATE-mpi-midrun
 
-(`mpi-down-mid`: h6's eth1 set down at a random moment 5-25 s into the run, under mpiexec.)
+(`mpi-down-mid`: h6's eth1 set down at a random moment 4-14 s into the run, under mpiexec.)
 
 Needs `ccbench testbed up --hosts 8 --planes 2 --link 50M --slurm` (left as it is). Per run:
 the fault, the launcher, exit status, wall time, the plan's estimates, the load average
@@ -103,8 +103,8 @@ CELLS: dict[str, tuple[str, list[str], list[list[str]], list[list[str]], Any]] =
 
 
 #: cells whose faults are set after a random delay (s) from the start, within these bounds:
-#: during the world step, the pair rounds or the compute probe of the 8-host plan
-DELAYED = {"mpi-down-mid": (5.0, 25.0)}
+#: during the world step, the pair rounds or the compute probe of the 8-host plan (16-25 s)
+DELAYED = {"mpi-down-mid": (4.0, 14.0)}
 
 
 def run(cell: str) -> dict[str, Any]:
@@ -153,7 +153,8 @@ def run(cell: str) -> dict[str, Any]:
                         if f not in named] if findings is not None else None,
               "findings": findings,
               "stderr_lines": [line for line in err.splitlines()
-                               if line.startswith(("ccbench", "srun: error"))][-6:]}
+                               if line.startswith(("ccbench", "srun: error"))][-6:],
+              "stderr_tail": err.splitlines()[-25:]}
     print(json.dumps({k: v for k, v in result.items() if k != "findings"}), flush=True)
     return result
 

@@ -240,3 +240,54 @@ def test_rank_0_ends_after_the_others_have(no_exit: None, monkeypatch: pytest.Mo
     store.set("dead/1", 1)
     rank_0.join(timeout=120)
     assert ended == [1]
+
+
+def test_rank_0_waits_for_a_cut_off_rank_to_leave(no_exit: None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store marked rank 2 dead when its connection went silent (its port went down);
+    it connected again to hear the verdict: rank 0 waits until it says it leaves."""
+    store = MemoryStore()
+    dog = _DiagnoseWatchdog(store, 0, 3, timeout=5)
+    monkeypatch.setattr(measure, "VERDICT_WAIT_S", 600.0)
+    monkeypatch.setattr(measure, "_LEFT_TO_ENDED_S", 0.0)
+    store.set("dead/2", 1)
+    store.set("unreachable/2", 8.0)
+    store.set("dead/1", 1)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (dog._outlast_the_others(), done.set()))
+    waiter.start()
+    assert not done.wait(0.5)                  # rank 2 is still there
+    store.set("left/2", 1)
+    assert done.wait(120)
+
+
+def _rank_0_of(hosts: int, down: list[list[object]], silent: set[int]) -> object:
+    from types import SimpleNamespace
+
+    from ccbench.diagnose.measure import _Rank
+    rank = _Rank.__new__(_Rank)
+    rank.info = SimpleNamespace(rank=0)
+    rank.host_of = list(range(hosts))
+    rank.silent_hosts = set(silent)
+    rank.ports_down_now = lambda reported=None: sorted(down + (reported or []))
+    return rank
+
+
+def test_a_rank_that_ended_on_a_host_with_a_port_down_is_the_port_not_the_process() -> None:
+    """h6's eth1 down mid-plan, and h6's rank's connection closed (its library gave up on the
+    port): `port down`, not `rank ended` beside it (1 of 6 runs under MPI)."""
+    rank = _rank_0_of(8, [[6, "eth1"]], set())
+    midrun, ended, stopped = rank.lost_mid_run("pairs round 3/7", "a rank died", {6: "dead"})
+    assert midrun is not None and midrun["down"] == [[6, "eth1"]]
+    assert ended == {} and stopped == {}
+    # a rank killed on a host that answers on every port: the process
+    rank = _rank_0_of(8, [], set())
+    midrun, ended, stopped = rank.lost_mid_run("pairs round 3/7", "a rank died", {2: "dead"})
+    assert midrun is None and ended == {2: "pairs round 3/7: a rank died"} and stopped == {}
+    # a host that answers on nothing stopped; a port its own rank reported down is named
+    rank = _rank_0_of(8, [], {4})
+    midrun, ended, stopped = rank.lost_mid_run(
+        "pairs round 3/7", "a rank's host stopped answering",
+        {4: "unreachable: no TCP answer for 8 s", 1: "port down: eth0"})
+    assert midrun["down"] == [[1, "eth0"]] and ended == {}
+    assert stopped == {4: "a rank's host stopped answering"}

@@ -165,6 +165,8 @@ PORT_DOWN_S = 5.0
 #: how a rank's own down port is named in its request for the verdict: PORT_DOWN_NOTE + label
 PORT_DOWN_NOTE = "port down: "
 _UP_STATES = ("up", "active")        # operstate, and an RDMA port's state
+#: from a rank's saying it leaves to its process having ended (it only removes a file first)
+_LEFT_TO_ENDED_S = 1.0
 #: how long a rank that lost the control store (no answer: a port of its host went down)
 #: keeps trying to reach it again over another path, to hear the verdict
 REJOIN_S = 30.0
@@ -343,14 +345,19 @@ class _DiagnoseWatchdog(Watchdog):
                 os._exit(1)
 
     def _outlast_the_others(self) -> None:
-        """Rank 0, the verdict out: end after every other rank's process has (its control
-        connection closed; at most VERDICT_WAIT_S), so that the launcher hears rank 0's 1
-        last and kills nobody."""
+        """Rank 0, the verdict out: end after every other rank's process has (at most
+        VERDICT_WAIT_S), so that the launcher hears rank 0's 1 last and kills nobody. A rank
+        has ended when its control connection closed, except one whose connection the store
+        found silent (its host's port went down): that one may have connected again to hear
+        the verdict, and has ended once it says it leaves (and a moment after)."""
         deadline = time.monotonic() + VERDICT_WAIT_S
         with contextlib.suppress(Exception):
             while time.monotonic() < deadline:
-                closed = {int(k.split("/")[1]) for k in self.store.prefix("dead/")}
-                if closed >= set(range(1, self.world_size)):
+                left, dead, silent = ({int(k.split("/")[1]) for k in self.store.prefix(p)}
+                                      for p in ("left/", "dead/", "unreachable/"))
+                if all(r in (left if r in silent else dead) for r in range(1, self.world_size)):
+                    if silent:
+                        time.sleep(_LEFT_TO_ENDED_S)
                     return
                 time.sleep(0.05)
 
@@ -423,6 +430,24 @@ class _Rank:
         down, silent = mid_run_down(me, failed, labels, groups, local)
         self.silent_hosts = set(silent)
         return [list(d) for d in sorted(set(down) | {(h, n) for h, n in reported or []})]
+
+    def lost_mid_run(self, step: str, why: str, lost: dict[int, str]
+                     ) -> tuple[MidRun | None, dict[int, str], dict[int, str]]:
+        """Rank 0, the run stopped at `step` with these ranks lost (rank -> why, as the
+        watchdog names them): the ports found down then (MidRun), the hosts whose rank
+        ended while the host still answered on every port (the process, not the network:
+        host -> why), and the hosts that stopped answering (host -> why)."""
+        down = self.ports_down_now([[self.host_of[r], w[len(PORT_DOWN_NOTE):]]
+                                    for r, w in lost.items() if w.startswith(PORT_DOWN_NOTE)])
+        midrun: MidRun | None = {"step": step, "why": why, "down": down} if down else None
+        hosts = {self.host_of[r]: why for r in lost}
+        if down:            # a port went down mid-run: the ranks waiting on it did not stop
+            hosts = {h: w for h, w in hosts.items() if h in self.silent_hosts}
+        # not a host with a port found down either: its rank may have ended over it
+        gone = self.silent_hosts | {host for host, _port in down}
+        ended = {self.host_of[r]: f"{step}: {why}" for r, w in lost.items()
+                 if w == "dead" and self.host_of[r] not in gone}
+        return midrun, ended, {h: w for h, w in hosts.items() if h not in ended}
 
     def port_states(self, counters: dict[str, PortCounters] | None = None) -> dict[str, str]:
         """This host's ports that the plan measures (this rank's addresses) -> their state,
@@ -1020,18 +1045,8 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
                 collected.startup = _startup_evidence(watchdog, rank, config)
                 on_stop(collected, why, {})
                 return
-            hosts = {rank.host_of[r]: why for r in lost}
-            down = rank.ports_down_now([[rank.host_of[r], w[len(PORT_DOWN_NOTE):]]
-                                        for r, w in lost.items()
-                                        if w.startswith(PORT_DOWN_NOTE)])
-            if down:        # a port went down mid-run: the ranks waiting on it did not stop
-                collected.midrun = {"step": watchdog.label, "why": why, "down": down}
-                hosts = {h: w for h, w in hosts.items() if h in rank.silent_hosts}
-            # a rank whose process ended (its control connection closed) on a host that still
-            # answers on every port: the process, not the network
-            collected.ended = {rank.host_of[r]: f"{watchdog.label}: {why}" for r, w in lost.items()
-                               if w == "dead" and rank.host_of[r] not in rank.silent_hosts}
-            hosts = {h: w for h, w in hosts.items() if h not in collected.ended}
+            collected.midrun, collected.ended, hosts = rank.lost_mid_run(watchdog.label, why,
+                                                                         lost)
             on_stop(collected, why, hosts)
         watchdog.on_stop = stopped
         if config.on_plan is not None:
