@@ -256,3 +256,26 @@ def test_a_one_way_slow_port_says_its_direction():
     assert port.measured.startswith("h3 -> others: 1") and "others -> h3: 4" in port.measured, \
         port.measured
     assert port.evidence.startswith("one way (h3 -> others); "), port.evidence
+
+
+def test_pairs_measured_after_a_port_went_down_are_no_evidence():
+    """MPI, h6's eth1 set down mid-plan: pairs without h6 measured after it were slow to
+    answer (15 ms), and h0's and h7's links were named `high latency` beside the port in 3
+    of 12 runs. h6's rank noted when it saw its port go down; the pair steps measured after
+    that are set aside (the port finding says how many)."""
+    from ccbench.diagnose.analyse import PairMeasure
+
+    rounds = round_robin(8)[:3]
+    measures = [PairMeasure("pairs", n, a, b, 15000.0 if n >= 1 else 300.0,
+                            0.95 * LINK, 0.95 * LINK)
+                for n, r in enumerate(rounds) for a, b in r]
+    latency = Expectation(LINK, 500.0, "--link-rate")
+    midrun = {"step": "pairs round 4/7", "why": "its host's port eth1 went down",
+              "down": [[6, "eth1"]]}
+    assert ("high latency", "host h0's link") in _kinds(
+        analyse(measures, latency, NAMES8, midrun=midrun))
+    midrun["set_aside"] = [["pairs", 1, None], ["pairs", 2, None]]
+    findings = analyse(measures, latency, NAMES8, midrun=midrun)
+    assert _kinds(findings) == [("port down", "host h6's eth1 port")]
+    assert findings[0].evidence.endswith("; the 2 pair steps measured after it went down "
+                                         "set aside"), findings[0].evidence

@@ -291,3 +291,29 @@ def test_a_rank_that_ended_on_a_host_with_a_port_down_is_the_port_not_the_proces
         {4: "unreachable: no TCP answer for 8 s", 1: "port down: eth0"})
     assert midrun["down"] == [[1, "eth0"]] and ended == {}
     assert stopped == {4: "a rank's host stopped answering"}
+
+
+def test_the_moment_a_port_went_down_sets_aside_the_pair_steps_measured_after_it(
+        no_exit: None) -> None:
+    """h6's rank notes when it first saw its port down (running or blocked); rank 0 sets
+    aside the pair steps it had measured after that moment."""
+    from ccbench.diagnose.measure import PORT_DOWN_KEY, Collected
+
+    states = {"eth0": "up", "eth1": "up"}
+    dog = _blocked_on_a_host_with(states, dict(states))
+    dog.leave()                                   # running, not blocked
+    dog._check_continued()
+    assert dog.store.prefix(PORT_DOWN_KEY) == {}
+    states["eth1"] = "down"
+    dog._next_port_look = 0.0
+    dog._check_continued()
+    noted = dog.store.prefix(PORT_DOWN_KEY)
+    assert list(noted) == [f"{PORT_DOWN_KEY}2/eth1"]
+    at = noted[f"{PORT_DOWN_KEY}2/eth1"]
+    rank = _rank_0_of(8, [], set())
+    rank.collected = Collected([f"h{i}" for i in range(8)])
+    rank.collected.measured_at = [("pairs", 0, None, at - 5), ("pairs", 1, None, at + 1),
+                                  ("planes", 0, "eth0", at + 2)]
+    midrun, _, _ = rank.lost_mid_run("pairs round 3/7", "timed out", {}, dog.store)
+    assert midrun == {"step": "pairs round 3/7", "why": "timed out", "down": [[2, "eth1"]],
+                      "set_aside": [["pairs", 1, None], ["planes", 0, "eth0"]]}

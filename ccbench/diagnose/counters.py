@@ -71,11 +71,15 @@ class CounterDelta(_Counts):
 
 
 class MidRun(TypedDict):
-    """The run stopped mid-plan with ports down: the step, why, and [[host, interface]]."""
+    """The run stopped mid-plan with ports down: the step, why, and [[host, interface]];
+    where a host saw its port go down itself, the pair steps measured after that moment
+    ([kind, round, plane]: the library's traffic as a whole was disturbed then, not only
+    the port's), which are no evidence against other components."""
 
     step: str
     why: str
     down: list[list[Any]]
+    set_aside: NotRequired[list[list[Any]]]
 
 
 def _attributes(data: bytes) -> dict[int, bytes]:
@@ -376,10 +380,13 @@ def mid_run_findings(midrun: MidRun, names: list[str], planes: list[str]
                      ) -> list[Finding]:
     """The ports found down when the run stopped mid-plan: `port down` each (the ranks that
     waited on them are not stopped hosts)."""
+    later = len(midrun.get("set_aside", []))
+    aside = (f"; the {later} pair step{'s' if later > 1 else ''} measured after it went "
+             f"down set aside" if later else "")
     return [Finding(_component(names[host], name, planes), "port down",
                     "no answer mid-run", "answers",
                     f"went down during the plan: {midrun.get('step', '?')} {midrun.get('why', '')}"
                     f"; probed again then, no answer on {names[host]}'s "
                     f"{'plane ' + name if name.isdigit() else name} address, an answer on "
-                    f"another", "high", [names[host]])
+                    f"another" + aside, "high", [names[host]])
             for host, name in midrun.get("down", []) if 0 <= host < len(names)]

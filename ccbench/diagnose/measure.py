@@ -125,6 +125,8 @@ class Collected:
     stopped: dict[int, str] = field(default_factory=dict)
     #: hosts whose rank's process ended mid-plan while the host answered on every port
     ended: dict[int, str] = field(default_factory=dict)
+    #: each pair step's [kind, round, plane] and the wall time rank 0 had all its pairs
+    measured_at: list[tuple[str, int, str | None, float]] = field(default_factory=list)
     leaves: list[list[int]] | None = None
     #: per host, per interface: how its counters changed during the run
     counters: dict[int, dict[str, CounterDelta]] = field(default_factory=dict)
@@ -164,6 +166,8 @@ VERDICT_DONE_S = 30.0
 PORT_DOWN_S = 5.0
 #: how a rank's own down port is named in its request for the verdict: PORT_DOWN_NOTE + label
 PORT_DOWN_NOTE = "port down: "
+#: where a rank notes the wall time it first saw a port of its host down: KEY + rank/label
+PORT_DOWN_KEY = "diag/port-down/"
 _UP_STATES = ("up", "active")        # operstate, and an RDMA port's state
 #: from a rank's saying it leaves to its process having ended (it only removes a file first)
 _LEFT_TO_ENDED_S = 1.0
@@ -281,7 +285,7 @@ class _DiagnoseWatchdog(Watchdog):
         verdict while the launcher still runs (Slurm aborted a step whose own traffic
         crossed that port 21 s after it went down, on the testbed). Once a second."""
         now, blocked = time.monotonic(), self.blocked_since
-        if self.port_states is None or blocked is None or now < self._next_port_look:
+        if self.port_states is None or now < self._next_port_look:
             return
         self._next_port_look = now + 1.0
         try:
@@ -292,8 +296,10 @@ class _DiagnoseWatchdog(Watchdog):
             if before not in _UP_STATES or states.get(label) in _UP_STATES:
                 self._down_since.pop(label, None)
                 continue
+            if label not in self._down_since:   # when, for rank 0 (measures after it)
+                self.store.set(f"{PORT_DOWN_KEY}{self.rank}/{label}", time.time())
             since = self._down_since.setdefault(label, now)
-            if min(now - since, now - blocked) >= PORT_DOWN_S:
+            if blocked is not None and min(now - since, now - blocked) >= PORT_DOWN_S:
                 self._give_up(f"its host's port {label} went down and this rank's step has "
                               f"waited {now - blocked:.0f} s since",
                               missing={self.rank: f"{PORT_DOWN_NOTE}{label}"})
@@ -431,15 +437,23 @@ class _Rank:
         self.silent_hosts = set(silent)
         return [list(d) for d in sorted(set(down) | {(h, n) for h, n in reported or []})]
 
-    def lost_mid_run(self, step: str, why: str, lost: dict[int, str]
+    def lost_mid_run(self, step: str, why: str, lost: dict[int, str],
+                     store: ControlClient | None = None
                      ) -> tuple[MidRun | None, dict[int, str], dict[int, str]]:
         """Rank 0, the run stopped at `step` with these ranks lost (rank -> why, as the
         watchdog names them): the ports found down then (MidRun), the hosts whose rank
         ended while the host still answered on every port (the process, not the network:
-        host -> why), and the hosts that stopped answering (host -> why)."""
+        host -> why), and the hosts that stopped answering (host -> why). `store`: the
+        watchdog's connection (the main one may be in a blocking wait)."""
+        seen = _ports_seen_down(store) if store is not None else {}
         down = self.ports_down_now([[self.host_of[r], w[len(PORT_DOWN_NOTE):]]
-                                    for r, w in lost.items() if w.startswith(PORT_DOWN_NOTE)])
+                                    for r, w in lost.items() if w.startswith(PORT_DOWN_NOTE)]
+                                   + [[self.host_of[r], label] for r, label in seen])
         midrun: MidRun | None = {"step": step, "why": why, "down": down} if down else None
+        if midrun is not None and seen and self.collected is not None:
+            since = min(seen.values())
+            midrun["set_aside"] = [[kind, number, plane] for kind, number, plane, at
+                                   in self.collected.measured_at if at >= since]
         hosts = {self.host_of[r]: why for r in lost}
         if down:            # a port went down mid-run: the ranks waiting on it did not stop
             hosts = {h: w for h, w in hosts.items() if h in self.silent_hosts}
@@ -682,6 +696,7 @@ class _Rank:
                             (got[key]["time_us"]["median"] * 1e-6))
             self.collected.measures.append(measure)
             self._records(step, a, b, got)
+        self.collected.measured_at.append((step.kind, step.round, step.plane, time.time()))
 
     # -- world and compute ----------------------------------------------------------------
     def run_world(self, backend: Backend, number: int) -> None:
@@ -988,6 +1003,20 @@ def _make_backend(config: DiagnoseConfig, info: LaunchInfo, store: ControlClient
         return backend
 
 
+def _ports_seen_down(store: ControlClient) -> dict[tuple[int, str], float]:
+    """(rank, port label) -> the wall time that rank first saw the port down (PORT_DOWN_KEY);
+    empty where the store cannot say."""
+    try:
+        noted = store.prefix(PORT_DOWN_KEY)
+    except Exception:           # noqa: BLE001 - the verdict goes on without it
+        return {}
+    seen = {}
+    for key, at in noted.items():
+        rank, label = key[len(PORT_DOWN_KEY):].split("/", 1)
+        seen[(int(rank), label)] = float(at)
+    return seen
+
+
 def diagnose_rank(config: DiagnoseConfig, build: Callable[[int, list[list[int]] | None],
                                                           list[Step]],
                   on_stop: Callable[[Collected, str, dict[int, str]], None],
@@ -1045,8 +1074,8 @@ def _diagnose(rank: _Rank, watchdog: _DiagnoseWatchdog,
                 collected.startup = _startup_evidence(watchdog, rank, config)
                 on_stop(collected, why, {})
                 return
-            collected.midrun, collected.ended, hosts = rank.lost_mid_run(watchdog.label, why,
-                                                                         lost)
+            collected.midrun, collected.ended, hosts = rank.lost_mid_run(
+                watchdog.label, why, lost, watchdog.store)
             on_stop(collected, why, hosts)
         watchdog.on_stop = stopped
         if config.on_plan is not None:
