@@ -125,6 +125,25 @@ def test_the_rank_cut_off_connects_again_and_ends_with_the_verdict(
     # it names its own host: its connection is the one that stopped answering
     assert world.peek(STOP_REQUEST_KEY)["missing"] == {
         "3": "unreachable: its control connection stopped answering"}
+
+
+def test_the_rank_cut_off_names_the_port_it_saw_go_down(
+        no_exit: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its note of the moment went with the old connection: it is set again on the new one,
+    and the request names the port."""
+    from ccbench.diagnose.measure import PORT_DOWN_KEY
+
+    monkeypatch.setattr(measure, "VERDICT_WAIT_S", 0.0)
+    monkeypatch.setattr(watchdog_module, "_SPEAKER_WAIT_S", 0.0)
+    world = MemoryStore()
+    dog = _DiagnoseWatchdog(world, 3, 4, timeout=5)
+    dog.store = _Unanswered(world, fails=0)
+    dog._down_at["eth1"] = 1234.5
+    with pytest.raises(_Exited):
+        dog._give_up("lost the control store",
+                     store_lost=StoreLost("no answer", unresponsive=True))
+    assert world.peek(STOP_REQUEST_KEY)["missing"] == {"3": "port down: eth1"}
+    assert world.prefix(PORT_DOWN_KEY) == {f"{PORT_DOWN_KEY}3/eth1": 1234.5}
     assert world.peek("left/3") == 1
 
 

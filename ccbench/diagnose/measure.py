@@ -256,6 +256,7 @@ class _DiagnoseWatchdog(Watchdog):
         self.ports_before: dict[str, str] = {}
         self.port_states: Callable[[], dict[str, str]] | None = None
         self._down_since: dict[str, float] = {}
+        self._down_at: dict[str, float] = {}      # wall time first seen down, kept
         self._next_port_look = 0.0
         self._stopping = False
 
@@ -297,7 +298,8 @@ class _DiagnoseWatchdog(Watchdog):
                 self._down_since.pop(label, None)
                 continue
             if label not in self._down_since:   # when, for rank 0 (measures after it)
-                self.store.set(f"{PORT_DOWN_KEY}{self.rank}/{label}", time.time())
+                self._down_at.setdefault(label, time.time())
+                self.store.set(f"{PORT_DOWN_KEY}{self.rank}/{label}", self._down_at[label])
             since = self._down_since.setdefault(label, now)
             if blocked is not None and min(now - since, now - blocked) >= PORT_DOWN_S:
                 self._give_up(f"its host's port {label} went down and this rank's step has "
@@ -326,9 +328,14 @@ class _DiagnoseWatchdog(Watchdog):
         if self.rank == 0 and store_lost is None and self.on_stop is not None:
             self._give_verdict(why, missing)
         if store_lost is not None and not self._handing_over and self._rejoin():
-            # this rank's host is the one cut off (on one path at least), not the others
+            # this rank's host is the one cut off (on one path at least), not the others;
+            # a port it saw go down is why (its note was lost with the old connection)
+            for label, at in self._down_at.items():
+                with contextlib.suppress(Exception):
+                    self.store.set(f"{PORT_DOWN_KEY}{self.rank}/{label}", at)
             self._give_up(f"its control connection stopped answering ({store_lost})", None,
-                          {self.rank: "unreachable: its control connection stopped answering"})
+                          {self.rank: f"{PORT_DOWN_NOTE}{min(self._down_at)}" if self._down_at
+                           else "unreachable: its control connection stopped answering"})
         super()._give_up(why, store_lost, missing)
 
     def _give_verdict(self, why: str, missing: dict[int, str] | None) -> None:
