@@ -121,12 +121,16 @@ def run(cell: str) -> dict[str, Any]:
     start = time.monotonic()
     if timer is not None:
         timer.start()
+    proc = subprocess.Popen(_command(launcher, args), env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(_command(launcher, args), env=env, cwd=ROOT, text=True,
-                              capture_output=True, timeout=RUN_LIMIT_S)
-        rc, out, err = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err = None, str(exc.stdout or ""), str(exc.stderr or "")
+        out, err = proc.communicate(timeout=RUN_LIMIT_S)
+        rc: int | None = proc.returncode
+    except subprocess.TimeoutExpired:       # the whole run goes: salloc, mpiexec, the ranks
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc = None
     seconds = time.monotonic() - start
     if timer is not None:
         timer.cancel()

@@ -336,3 +336,20 @@ def test_the_moment_a_port_went_down_sets_aside_the_pair_steps_measured_after_it
     midrun, _, _ = rank.lost_mid_run("pairs round 3/7", "timed out", {}, dog.store)
     assert midrun == {"step": "pairs round 3/7", "why": "timed out", "down": [[2, "eth1"]],
                       "set_aside": [["pairs", 1, None], ["planes", 0, "eth0"]]}
+
+
+def test_a_lost_store_while_noting_a_port_gives_up_instead_of_ending_the_watchdog(
+        no_exit: None) -> None:
+    """The note is set from the watchdog's poll, outside its handling of a lost store: the
+    StoreLost killed the watchdog thread and the run hung for 300 s (MPI, port down)."""
+    class _Cut(MemoryStore):
+        def set(self, key: str, value: object) -> None:
+            raise StoreLost("the control store stopped answering", unresponsive=True)
+    states = {"eth0": "up", "eth1": "up"}
+    dog = _blocked_on_a_host_with(states, dict(states))
+    dog.store = _Cut()
+    given: list[object] = []
+    dog._give_up = lambda why, store_lost=None, missing=None: given.append(store_lost)
+    states["eth1"] = "down"
+    dog._check_continued()
+    assert len(given) == 1 and isinstance(given[0], StoreLost)

@@ -53,7 +53,7 @@ from ccbench.diagnose.counters import (
 from ccbench.diagnose.plan import Step
 from ccbench.errors import BackendUnavailable, RunFailure, UsageError, error_line
 from ccbench.records import Record, append_record
-from ccbench.run.control import ControlClient
+from ccbench.run.control import ControlClient, StoreLost
 from ccbench.run.launchers import LaunchInfo, detect_launch
 from ccbench.run.watchdog import EXIT_HUNG, Watchdog
 from ccbench.trace.ops import Group
@@ -299,12 +299,22 @@ class _DiagnoseWatchdog(Watchdog):
                 continue
             if label not in self._down_since:   # when, for rank 0 (measures after it)
                 self._down_at.setdefault(label, time.time())
-                self.store.set(f"{PORT_DOWN_KEY}{self.rank}/{label}", self._down_at[label])
+                self._note(f"{PORT_DOWN_KEY}{self.rank}/{label}", self._down_at[label])
             since = self._down_since.setdefault(label, now)
             if blocked is not None and min(now - since, now - blocked) >= PORT_DOWN_S:
                 self._give_up(f"its host's port {label} went down and this rank's step has "
                               f"waited {now - blocked:.0f} s since",
                               missing={self.rank: f"{PORT_DOWN_NOTE}{label}"})
+
+    def _note(self, key: str, value: float) -> None:
+        """Set a key from `_check_continued`, which the watchdog's loop calls outside its
+        handling of a lost store: the connection may cross the port that went down."""
+        try:
+            self.store.set(key, value)
+        except StoreLost as lost:
+            self._give_up("lost the control store", store_lost=lost)
+        except RunFailure:
+            pass
 
     def _give_up(self, why: str, store_lost: Any = None,
                  missing: dict[int, str] | None = None) -> None:
