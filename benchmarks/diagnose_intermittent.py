@@ -147,7 +147,10 @@ def run(cell: str) -> dict[str, Any]:
     plan = re.search(r"estimated (\d+) s", err)
     after = re.search(r"after the world step: .*estimated (\d+) s", err)
     named = [f for f in findings or [] if mine is not None and mine(f)]
-    result = {"cell": cell, "launcher": launcher, "rc": rc, "seconds": round(seconds, 1),
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                            capture_output=True).stdout.strip()
+    result = {"cell": cell, "launcher": launcher, "commit": commit, "rc": rc,
+              "seconds": round(seconds, 1),
               "fault_at_s": round(delay, 1) if delay else None,
               "estimated_s": int(plan.group(1)) if plan else None,
               "estimated_after_world_s": int(after.group(1)) if after else None,
