@@ -5,7 +5,8 @@ scripts/diagnose-faults.sh (tc and ip in the hosts' namespaces, unknown to diagn
     python benchmarks/diagnose_intermittent.py --cells ecmp=5,flap=3,mpi-down=3,healthy=10
     python benchmarks/diagnose_intermittent.py --cells mpi-down-mid=5 --stamp DATE-mpi-midrun
 
-(`mpi-down-mid`: h6's eth1 set down at a random moment 4-14 s into the run, under mpiexec.)
+(`mpi-down-mid`: h6's eth1 set down at a random moment 4-14 s into the run, under mpiexec;
+`mpi-slow-mid`: h3's eth1 sending at 12 Mbit/s from 5-9 s into the run.)
 
 Needs `ccbench testbed up --hosts 8 --planes 2 --link 50M --slurm` (left as it is). Per run:
 the fault, the launcher, exit status, wall time, the plan's estimates, the load average
@@ -78,6 +79,12 @@ def _mpi_down(f: dict[str, Any]) -> bool:
     return f["hosts"] == ["h6"] and "eth1" in f["component"] and f["kind"] == "port down"
 
 
+def _slow_port(f: dict[str, Any]) -> bool:
+    """h3's eth1 slow: its host, its port, or the paths of its pairs hashed onto it (without
+    --planes, MPI's connections to h3 cross either plane)."""
+    return f["hosts"] == ["h3"] or bool(f["pairs"]) and all("h3" in p for p in f["pairs"])
+
+
 def _oneway(f: dict[str, Any]) -> bool:
     return f["hosts"] == ["h5"] and f["kind"] == "slow link" \
         and f["evidence"].startswith("one way (h5 -> others)")
@@ -97,6 +104,8 @@ CELLS: dict[str, tuple[str, list[str], list[list[str]], list[list[str]], Any]] =
     # the same port set down during the plan (DELAYED: a random moment after the start)
     "mpi-down-mid": ("mpiexec", MPI, [["down", "h6", "eth1"]], [["up", "h6", "eth1"]],
                      _mpi_down),
+    "mpi-slow-mid": ("mpiexec", MPI, [["slowport", "h3", "eth1", "12mbit"]],
+                     [["clear", "h3", "50mbit"]], _slow_port),
     "oneway": ("srun", GLOO, [["oneway", "h5", "15mbit"]], [["clear", "h5", "50mbit"]],
                _oneway),
 }
@@ -104,7 +113,7 @@ CELLS: dict[str, tuple[str, list[str], list[list[str]], list[list[str]], Any]] =
 
 #: cells whose faults are set after a random delay (s) from the start, within these bounds:
 #: during the world step, the pair rounds or the compute probe of the 8-host plan (16-25 s)
-DELAYED = {"mpi-down-mid": (4.0, 14.0)}
+DELAYED = {"mpi-down-mid": (4.0, 14.0), "mpi-slow-mid": (5.0, 9.0)}
 
 
 def run(cell: str) -> dict[str, Any]:
@@ -170,14 +179,15 @@ def table(lines: list[dict[str, Any]], stamp: str) -> str:
     rows = [f"# ccbench diagnose: intermittent, one-way and MPI faults, {stamp}", "",
             "8 hosts, dual plane, 50 Mbit/s, the testbed's Slurm; faults by "
             "scripts/diagnose-faults.sh; machine: 2 cores shared with other work.", "",
-            "| cell | launcher | named | false findings | exit | wall (s) | fault at (s) | "
-            "plan est. (s) | est. after world (s) | load before/after |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| cell | launcher | commit | named | false findings | exit | wall (s) | "
+            "fault at (s) | plan est. (s) | est. after world (s) | load before/after |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in lines:
         named = {True: "yes", False: "NO", None: "-"}[r["named"]]
         false = "; ".join(r["false"]) if r["false"] else ("none" if r["false"] == []
                                                           else "no verdict")
-        rows.append(f"| {r['cell']} | {r['launcher']} | {named} | {false} | {r['rc']} | "
+        rows.append(f"| {r['cell']} | {r['launcher']} | {r.get('commit', '-')} | {named} | "
+                    f"{false} | {r['rc']} | "
                     f"{r['seconds']} | {r.get('fault_at_s') or '-'} | {r['estimated_s']} | "
                     f"{r['estimated_after_world_s']} | "
                     f"{r['load_before']:.1f}/{r['load_after']:.1f} |")

@@ -8,6 +8,7 @@
 #   scripts/diagnose-faults.sh flap H IF [DOWN UP]   H's IF down DOWN s, up UP s (default 3 3),
 #                                                    until killed (then left up)
 #   scripts/diagnose-faults.sh down H IF | up H IF   H's IF down / up
+#   scripts/diagnose-faults.sh slowport H IF RATE    H's IF sends at RATE (the other port not)
 #   scripts/diagnose-faults.sh oneway H RATE         H's sending side at RATE on every NIC
 #   scripts/diagnose-faults.sh clear H LINK          H's NICs (both ends) back to tbf at LINK
 #
@@ -47,6 +48,7 @@ case "${1:-}" in
             ip -n "$(ns "$2")" link set "$3" up; sleep "$up_s"
         done ;;
     down|up) ip -n "$(ns "$2")" link set "$3" "$1" ;;
+    slowport) tbf "$3" "$4" "$(ns "$2")" ;;
     oneway) for nic in eth0 eth1; do tbf "$nic" "$3" "$(ns "$2")"; done ;;
     clear)
         for p in 0 1; do
@@ -55,5 +57,5 @@ case "${1:-}" in
             tbf "ccb-$2-$p" "$3"
             ip -n "$(ns "$2")" link set "eth$p" up
         done ;;
-    *) sed -n '2,16p' "$0"; exit 2 ;;
+    *) sed -n '2,17p' "$0"; exit 2 ;;
 esac

@@ -683,3 +683,22 @@ def test_a_rank_whose_process_ended_is_not_a_network_finding():
     assert "the process, not the network" in findings[0].evidence
     assert "typically" not in findings[0].evidence
     assert first_clause("a b " * 60, 20) == "a b a b a b a b a b ..."
+
+
+def test_a_flagged_mpi_rank_other_than_0_skips_mpi_finalize_as_rank_0_does(monkeypatch):
+    """Rank 0 ends with the verdict's 1 and so skips MPI_Finalize (a failed rank must not
+    wait in it); the others, ending with 0, waited there for it until the exit alarm, 5
+    minutes with the whole job held (MPI, a slow port: 3 runs). They skip it too."""
+    from ccbench.run import exit as run_exit
+
+    ended: list[int] = []
+    monkeypatch.setattr(run_exit, "_mpi_running", lambda: True)
+    monkeypatch.setattr(run_exit.os, "_exit", lambda code: ended.append(code))
+    monkeypatch.setitem(run_exit._SKIP, "finalize", False)
+    with pytest.raises(SystemExit):
+        run_exit.leave(0)                       # a healthy rank finalizes as usual
+    assert ended == []
+    run_exit.skip_finalize()
+    with pytest.raises(SystemExit):             # (os._exit, stubbed here, returns)
+        run_exit.leave(0)
+    assert ended == [0]

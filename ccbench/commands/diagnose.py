@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ccbench.backends import HOST_BACKEND, backend_class, backend_names
 from ccbench.errors import UsageError, error_line
+from ccbench.run.exit import skip_finalize
 from ccbench.timeouts import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -388,6 +389,7 @@ def main(args: argparse.Namespace) -> int:
         print_verdict(collected, findings, args.format)
         write_verdict(config, collected, findings)
         sys.stdout.flush()
+        _flagged_line(findings)
 
     def status_of(collected: Any) -> int:
         if isinstance(leaves, int):
@@ -415,15 +417,24 @@ def main(args: argparse.Namespace) -> int:
     if collected is None:
         # the run's status is rank 0's: the others end with 0 on a flagged verdict, since a
         # bare mpiexec (hydra) kills every rank once one ends with another status, and then
-        # ends with 255 (a rank killed while it was ending: 3 of 24 runs of a port down)
-        return 0 if status == 1 else status
+        # ends with 255 (a rank killed while it was ending: 3 of 24 runs of a port down);
+        # without MPI_Finalize, which rank 0, ending with 1, skips (ccbench.run.exit)
+        if status == 1:
+            skip_finalize()
+            return 0
+        return status
     status_of(collected)
     findings = findings_of(collected, args.oversub)
     print_verdict(collected, findings, args.format)
     write_verdict(config, collected, findings)
-    if findings:                  # the reason for the exit status, for launchers that ask
-        # `ccbench launch` needs a rank's `ccbench: error:` line for a status other than 0
+    _flagged_line(findings)
+    return 1 if findings else 0
+
+
+def _flagged_line(findings: list[Any]) -> None:
+    """The reason for the exit status, for launchers that ask (`ccbench launch` needs a
+    rank's `ccbench: error:` line for a status other than 0)."""
+    if findings:
         print(error_line(f"diagnose flagged {len(findings)} component"
                          f"{'s' if len(findings) > 1 else ''}: exit status 1 (the verdict is "
                          f"on stdout)"), file=sys.stderr, flush=True)
-    return 1 if findings else 0

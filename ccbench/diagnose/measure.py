@@ -169,6 +169,10 @@ PORT_DOWN_NOTE = "port down: "
 #: where a rank notes the wall time it first saw a port of its host down: KEY + rank/label
 PORT_DOWN_KEY = "diag/port-down/"
 _UP_STATES = ("up", "active")        # operstate, and an RDMA port's state
+#: how late a host may note its port down: it looks once a second, from a thread that a
+#: busy-polling library on a loaded host leaves little time (steps that ended this long
+#: before the note are set aside too)
+_NOTE_SLACK_S = 3.0
 #: from a rank's saying it leaves to its process having ended (it only removes a file first)
 _LEFT_TO_ENDED_S = 1.0
 #: how long a rank that lost the control store (no answer: a port of its host went down)
@@ -468,7 +472,7 @@ class _Rank:
                                    + [[self.host_of[r], label] for r, label in seen])
         midrun: MidRun | None = {"step": step, "why": why, "down": down} if down else None
         if midrun is not None and seen and self.collected is not None:
-            since = min(seen.values())
+            since = min(seen.values()) - _NOTE_SLACK_S
             midrun["set_aside"] = [[kind, number, plane] for kind, number, plane, at
                                    in self.collected.measured_at if at >= since]
         hosts = {self.host_of[r]: why for r in lost}

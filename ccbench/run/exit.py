@@ -14,7 +14,17 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["leave"]
+__all__ = ["leave", "skip_finalize"]
+
+#: set by a command whose rank ends with 0 while a peer ends in failure on purpose (diagnose:
+#: rank 0 ends with the verdict's 1, the others with 0): that peer skips MPI_Finalize, and
+#: this rank would wait there for it until the exit alarm (5 minutes, the whole job held)
+_SKIP = {"finalize": False}
+
+
+def skip_finalize() -> None:
+    """This rank, too, leaves without MPI_Finalize, whatever its status."""
+    _SKIP["finalize"] = True
 
 
 def _mpi_running() -> bool:
@@ -28,9 +38,10 @@ def _mpi_running() -> bool:
 
 
 def leave(status: str | int | None) -> None:
-    """sys.exit(status), except that a failed MPI rank skips MPI_Finalize."""
+    """sys.exit(status), except that a failed MPI rank (or one told to: skip_finalize)
+    skips MPI_Finalize."""
     code = status if isinstance(status, int) else 0 if status is None else 1
-    if code != 0 and _mpi_running():
+    if (code != 0 or _SKIP["finalize"]) and _mpi_running():
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
